@@ -1,0 +1,345 @@
+"""The backend contract: what every kernel family implements so the runner can measure it.
+
+A backend is one small object (a subclass of :class:`Backend`, registered with
+:func:`tflabench.backends.register`). The runner and :mod:`tflabench.measure` call only the
+methods below, in a worker process, and never special-case a family
+(``docs/ARCHITECTURE.md``, "Contract: backends").
+
+How to add a backend
+--------------------
+1. Create ``tflabench/backends/<family>.py``. Import torch and the peer package **inside**
+   the methods, never at module top: the module is imported in the parent process to
+   validate suites and list backends, where the peer may be missing or broken.
+2. Subclass :class:`Backend`; set ``name`` (the suite's ``backend:`` value), ``family``
+   (``mlstm``, ``attention``, ``mamba2``, ``mamba``, ``gla``, ...), ``description`` and
+   ``install_hint``; declare ``Params`` (subclass :class:`BackendParams`, or
+   :class:`HeadLayoutParams` for the usual heads / d_qk / d_hv fields, with the
+   family's defaults). Every field is something a suite may set; unknown keys are refused.
+3. Implement :meth:`Backend.available`, :meth:`Backend.make_inputs`,
+   :meth:`Backend.forward`, :meth:`Backend.reference` (float64 ground truth for the
+   numerics gate) and :meth:`Backend.model_counts`; override
+   :meth:`Backend.unsupported_mode` / :meth:`Backend.layout` / :meth:`Backend.tolerance`
+   where the defaults do not fit.
+4. End the module with ``register(MyBackend())`` (several backends may share a module), and
+   add ``"<name>": "tflabench.backends.<family>"`` to ``BACKEND_MODULES`` in
+   ``tflabench/backends/__init__.py``.
+
+Call order in the worker, per case (one mode each):
+``Params.model_validate(raw)`` -> ``available(params)`` -> ``unsupported_mode(params, mode)``
+-> ``make_inputs(params, shape, ...)`` -> ``forward(params, inputs)`` (first call, timed apart)
+-> numerics gate at ``gate_shape(...)``: ``forward`` vs ``reference`` on float64 copies
+-> warm-ups, peak memory, timed iterations of ``forward`` (+ ``backward`` for ``fwdbw``)
+-> ``model_counts(params, shape, mode)``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import TYPE_CHECKING, Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from tflabench.errors import UserError
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+#: The modes a case can measure: ``fwd`` (forward only, inputs without requires_grad) and
+#: ``fwdbw`` (forward, then ``backward`` of a fixed output gradient).
+MODES: tuple[str, ...] = ("fwd", "fwdbw")
+
+
+@dataclasses.dataclass(frozen=True)
+class Shape:
+    """The problem size of one case.
+
+    Attributes:
+        batch: B, sequences per call.
+        seq_len: S (the paper's T), tokens per sequence.
+        heads: NH.
+        d_qk: query/key head dimension.
+        d_hv: value/hidden head dimension.
+    """
+
+    batch: int
+    seq_len: int
+    heads: int
+    d_qk: int
+    d_hv: int
+
+    @property
+    def tokens(self) -> int:
+        """B * S."""
+        return self.batch * self.seq_len
+
+
+class BackendParams(BaseModel):
+    """Base of every backend's ``Params``: frozen, and ``extra="forbid"`` so that a suite
+    naming a parameter the backend does not take fails validation (suite field path and
+    the allowed names are reported by :mod:`tflabench.suite`)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class HeadLayoutParams(BackendParams):
+    """Head layout fields shared by most backends (paper App. E.3: embedding 4096 is split
+    into heads per family). Resolution in :func:`resolve_layout`:
+
+    - ``heads`` and ``d_hv`` both set: used as given (heads * d_hv need not equal the
+      embedding dimension);
+    - only ``heads``: ``d_hv = embedding_dim / heads``; only ``d_hv``:
+      ``heads = embedding_dim / d_hv`` (must divide);
+    - ``d_qk`` set: used; else ``d_qk = p_qk * d_hv`` (must be an integer).
+
+    Subclasses give the family's defaults (e.g. mLSTM ``heads=16, p_qk=0.5``; attention
+    ``heads=32, p_qk=1``).
+    """
+
+    heads: int | None = None
+    d_hv: int | None = None
+    d_qk: int | None = None
+    p_qk: float = 1.0
+
+
+def resolve_layout(params: Any, embedding_dim: int) -> tuple[int, int, int]:
+    """(heads, d_qk, d_hv) from :class:`HeadLayoutParams` fields and the embedding dimension.
+
+    Raises UserError naming the field when the layout cannot be resolved (neither
+    ``heads`` nor ``d_hv`` given, a non-divisible embedding dimension, a non-integer
+    ``p_qk * d_hv``, or a value < 1).
+    """
+    heads = getattr(params, "heads", None)
+    d_hv = getattr(params, "d_hv", None)
+    d_qk = getattr(params, "d_qk", None)
+    p_qk = getattr(params, "p_qk", 1.0)
+    if heads is None and d_hv is None:
+        raise UserError("heads / d_hv: neither is set; set heads or d_hv (the other is embedding_dim / it)")
+    if heads is None:
+        if embedding_dim % d_hv:
+            raise UserError(f"d_hv: {d_hv} does not divide embedding_dim {embedding_dim}; set heads as well")
+        heads = embedding_dim // d_hv
+    elif d_hv is None:
+        if embedding_dim % heads:
+            raise UserError(f"heads: {heads} does not divide embedding_dim {embedding_dim}; set d_hv as well")
+        d_hv = embedding_dim // heads
+    if d_qk is None:
+        d_qk_f = p_qk * d_hv
+        if abs(d_qk_f - round(d_qk_f)) > 1e-9:
+            raise UserError(f"p_qk: {p_qk} * d_hv {d_hv} = {d_qk_f} is not an integer; set d_qk instead")
+        d_qk = int(round(d_qk_f))
+    for field, value in (("heads", heads), ("d_qk", d_qk), ("d_hv", d_hv)):
+        if value < 1:
+            raise UserError(f"{field}: {value} must be >= 1")
+    return int(heads), int(d_qk), int(d_hv)
+
+
+class Backend:
+    """A kernel the harness can measure. Subclass, set the class attributes, implement the
+    methods marked *required*. All methods run in the worker process; ``Params``,
+    ``layout``, ``chunk_size`` and ``unsupported_mode`` also run in the parent (suite
+    validation, ``tflabench backends``) and must not import torch or peer packages.
+
+    Class attributes:
+        name: registry name, the suite's ``backend:`` value (e.g. ``"sdpa"``).
+        family: kernel family, the row's ``family`` (``mlstm``, ``attention``, ``mamba2``,
+            ``mamba``, ``gla``, ``custom``...); backends of one family share a reference.
+        description: one line for ``tflabench backends``.
+        install_hint: what to install when unavailable (e.g. ``pip install fla-core``).
+        modes: the modes it can ever run; others are reported unavailable.
+        Params: pydantic model of what a suite may set (subclass of :class:`BackendParams`).
+    """
+
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    install_hint: ClassVar[str] = ""
+    modes: ClassVar[tuple[str, ...]] = MODES
+    Params: ClassVar[type[BackendParams]] = BackendParams
+
+    # ---------------------------------------------------------------- parameters, shapes
+
+    def parse_params(self, raw: dict) -> BackendParams:
+        """Validate a suite's parameter dict into ``Params`` (raises pydantic ValidationError)."""
+        return self.Params.model_validate(raw)
+
+    def layout(self, params: BackendParams, embedding_dim: int) -> tuple[int, int, int]:
+        """(heads, d_qk, d_hv) for an embedding dimension (default: :func:`resolve_layout`
+        on :class:`HeadLayoutParams` fields). Raises UserError naming the field."""
+        return resolve_layout(params, embedding_dim)
+
+    def chunk_size(self, params: BackendParams) -> int | None:
+        """The chunk size L the kernel runs with, for the row's ``chunk_size`` column
+        (default: ``params.chunk_size`` if the field exists, else None)."""
+        value = getattr(params, "chunk_size", None)
+        return int(value) if value is not None else None
+
+    # ---------------------------------------------------------------- availability
+
+    def available(self, params: BackendParams) -> str | None:
+        """*Required.* None when the kernel can run here (package importable, device
+        present...), else the reason, ending with the install hint. Runs in the worker;
+        may import the peer. Must not raise for a missing package."""
+        raise NotImplementedError
+
+    def unsupported_mode(self, params: BackendParams, mode: str) -> str | None:
+        """None when ``mode`` (``fwd`` / ``fwdbw``) can run with these params, else the
+        reason (the case becomes ``unavailable``). Default: refuses modes not in
+        :attr:`modes`. Override for environment-dependent refusals (e.g. a backward that a
+        triton version breaks); may import the peer (it runs in the worker)."""
+        if mode not in self.modes:
+            return f"{self.name} has no {mode} (supports: {', '.join(self.modes)})"
+        return None
+
+    def note(self, params: BackendParams, device: str) -> str | None:
+        """Optional text put in the ``reason`` column of an ``ok`` row, to label what
+        actually ran (e.g. ``"impl=reference: PyTorch chunkwise reference"``). Default None."""
+        return None
+
+    # ---------------------------------------------------------------- running
+
+    def make_inputs(
+        self,
+        params: BackendParams,
+        shape: Shape,
+        dtype: "torch.dtype",
+        device: str,
+        seed: int,
+        requires_grad: bool = False,
+    ) -> dict[str, Any]:
+        """*Required.* The keyword inputs of :meth:`forward`, in the kernel's native layout.
+
+        Args:
+            shape: the case's :class:`Shape` (or the numerics gate's reduced one).
+            dtype: element type of the activations (q, k, v, x...); gate pre-activations may
+                be kept in float32 where the kernel expects that (say so in the docstring).
+            device: ``"cuda"`` or ``"cpu"``.
+            seed: seed for a ``torch.Generator`` (same seed -> same inputs).
+            requires_grad: True for ``fwdbw``: set ``requires_grad`` on exactly the floating
+                tensors that the backward differentiates (leaf tensors).
+
+        Returns:
+            dict name -> tensor (or plain value). The numerics gate converts each floating
+            tensor to a float64 copy (keeping ``requires_grad``) before :meth:`reference`,
+            and compares the ``.grad`` of every tensor with ``requires_grad``.
+        """
+        raise NotImplementedError
+
+    def forward(self, params: BackendParams, inputs: dict[str, Any]) -> "torch.Tensor":
+        """*Required.* Run the kernel once on ``inputs``; return the output tensor (for
+        ``fwdbw`` the harness calls ``out.backward(grad)`` with a fixed gradient of the
+        same shape). Return only the main output (e.g. h, not the last states)."""
+        raise NotImplementedError
+
+    def reference(self, params: BackendParams, inputs: dict[str, Any]) -> "torch.Tensor":
+        """The family's float64 ground truth on float64 ``inputs`` (same keys as
+        :meth:`make_inputs`), differentiable by torch autograd in the kernel's gradient
+        convention; same shape and layout as :meth:`forward`'s output. Raise
+        NotImplementedError when the backend has none (the gate then records no error).
+        Shared helpers: :func:`attention_reference`, :func:`mlstm_reference`."""
+        raise NotImplementedError
+
+    def tolerance(self, params: BackendParams, dtype: "torch.dtype") -> float:
+        """Largest max-normalised error (``max|x - x_ref| / max|x_ref|``, per output and per
+        gradient) the numerics gate accepts. Default by dtype: float64 1e-6, float32 2e-2
+        (TF32 dots), float16 5e-2, bfloat16 1e-1 (docs tfla-kernels.md 5.2: bf16 df reaches
+        ~8e-2 at S=8192 for the peer)."""
+        import torch
+
+        return {
+            torch.float64: 1e-6,
+            torch.float32: 2e-2,
+            torch.float16: 5e-2,
+            torch.bfloat16: 1e-1,
+        }.get(dtype, 1e-1)
+
+    def gate_shape(self, params: BackendParams, shape: Shape, max_seq_len: int) -> Shape:
+        """The reduced shape of the numerics gate: batch 1, at most 2 heads, ``seq_len =
+        min(S, max(max_seq_len, 2 * chunk_size))`` (so the chunked path still runs over
+        several chunks); head dimensions unchanged. Override where a kernel constrains S."""
+        L = self.chunk_size(params) or 0
+        seq_len = min(shape.seq_len, max(max_seq_len, 2 * L))
+        return dataclasses.replace(shape, batch=1, heads=min(shape.heads, 2), seq_len=seq_len)
+
+    def model_counts(self, params: BackendParams, shape: Shape, mode: str) -> tuple[float, float] | None:
+        """(FLOPs, bytes) of one call at ``shape`` and ``mode`` from the analytic model
+        (:func:`model_counts` below wraps ``tflabench.model.counts_for_case``), or None
+        where the model has no count for this kernel."""
+        return None
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+def model_counts(kind: str, mode: str, shape: Shape, **kwargs: Any) -> tuple[float, float] | None:
+    """(flops, bytes) from ``tflabench.model.counts_for_case(kind, mode, B=, NH=, T=, d_qk=,
+    d_hv=, **kwargs)`` (kinds: ``mlstm_sig``, ``mlstm_exp``, ``mlstm_exp_limit``,
+    ``attention_causal``, ``mamba2_ssd``, ``gla``, ``simple_gla``; kwargs e.g. ``L``,
+    ``d_state``, ``bytes_qkv``). None when the model is not importable or has no count
+    for these arguments (NotImplementedError / ValueError)."""
+    try:
+        from tflabench.model import counts_for_case
+    except ImportError:
+        return None
+    try:
+        counts = counts_for_case(
+            kind, mode, B=shape.batch, NH=shape.heads, T=shape.seq_len,
+            d_qk=shape.d_qk, d_hv=shape.d_hv, **kwargs,
+        )
+    except (NotImplementedError, ValueError, TypeError):
+        return None
+    return float(counts.flops), float(counts.bytes)
+
+
+def bytes_per_element(dtype: "torch.dtype") -> int:
+    """Bytes per element of a torch dtype (for the model's ``bytes_qkv``)."""
+    import torch
+
+    return torch.empty((), dtype=dtype).element_size()
+
+
+def attention_reference(q, k, v, *, causal: bool = True, scale: float | None = None):
+    """Softmax attention in float64: ``softmax(q kᵀ * scale + causal mask) v``.
+
+    Args:
+        q: (B, NH, S, d_qk); k: (B, NH, S, d_qk); v: (B, NH, S, d_hv), any float dtype
+            (computed in float64).
+        causal: mask j > t (query t attends to keys 0..t).
+        scale: default ``d_qk ** -0.5``.
+
+    Returns:
+        (B, NH, S, d_hv) float64, differentiable.
+    """
+    import torch
+
+    q, k, v = (x.to(torch.float64) for x in (q, k, v))
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    s = torch.matmul(q, k.transpose(-1, -2)) * scale
+    if causal:
+        S_q, S_k = s.shape[-2], s.shape[-1]
+        mask = torch.ones(S_q, S_k, dtype=torch.bool, device=s.device).tril(S_k - S_q)
+        s = s.masked_fill(~mask, float("-inf"))
+    return torch.matmul(torch.softmax(s, dim=-1), v)
+
+
+def mlstm_reference(q, k, v, i, f, *, variant: str, normalize: bool | None = None, eps: float = 1e-6):
+    """mLSTM float64 ground truth (``tfla.reference.mlstm_parallel`` with
+    ``detach_normalizer=True``: the kernels' gradient convention, docs/tfla-kernels.md 1.5).
+
+    Args:
+        q, k: (B, NH, S, d_qk); v: (B, NH, S, d_hv); i, f: (B, NH, S) gate pre-activations.
+        variant: ``"sig"`` (mLSTMsig) or ``"exp"`` (mLSTMexp).
+        normalize: mLSTMsig normaliser on/off (None: the reference's default).
+
+    Returns:
+        h (B, NH, S, d_hv) float64. Raises NotImplementedError when ``tfla.reference`` is
+        not importable (then the gate records no reference).
+    """
+    import torch
+
+    try:
+        from tfla.reference import mlstm_parallel
+    except ImportError as exc:
+        raise NotImplementedError(f"tfla.reference is not importable ({exc})") from None
+    q, k, v, i, f = (x.to(torch.float64) for x in (q, k, v, i, f))
+    return mlstm_parallel(q, k, v, i, f, variant=variant, normalize=normalize, eps=eps,
+                          detach_normalizer=True)
