@@ -1,3 +1,120 @@
-"""Commands: (being written)."""
+"""Commands: compare (regression report between two result sets), merge (join shards).
 
-from tflabench.cli import app, user_errors  # noqa: F401
+Thin: parse, call :mod:`tflabench.compare` / :mod:`tflabench.shard`, render. The decision
+rule and its reasons are in docs/ci.md.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tflabench.cli import app, user_errors
+
+
+@app.command()
+def compare(
+    base: Path = typer.Argument(..., help="Reference result set (directory or one of its files)."),
+    new: Path = typer.Argument(..., help="Result set to judge against BASE."),
+    time_threshold: Optional[float] = typer.Option(
+        None, "--time-threshold", help="Smallest relative change of the median time reported (default 0.03 = 3 %)."
+    ),
+    alpha: Optional[float] = typer.Option(
+        None, "--alpha", help="Significance level of the Mann-Whitney U test on per-iteration samples (default 0.01)."
+    ),
+    min_samples: Optional[int] = typer.Option(
+        None, "--min-samples", help="Fewest samples per side for the test; fewer: IQR rule (default 5)."
+    ),
+    mem_threshold: Optional[float] = typer.Option(
+        None, "--mem-threshold", help="Smallest relative change of peak_mem_bytes reported (default 0.05)."
+    ),
+    mem_floor_bytes: Optional[int] = typer.Option(
+        None, "--mem-floor-bytes", help="Smallest absolute change of peak_mem_bytes reported (default 1 MiB)."
+    ),
+    thresholds_file: Optional[Path] = typer.Option(
+        None, "--thresholds", help="YAML file of thresholds (same names, e.g. time_threshold: 0.05); "
+        "overrides the suite's, overridden by options."
+    ),
+    fail_on: str = typer.Option(
+        "any", "--fail-on", help="Exit 1 on: regression (time/memory), failure (new failure or lost case), "
+        "any (either), none."
+    ),
+    output_format: str = typer.Option(
+        "table", "--format", help="What to print on stdout: table, markdown or json."
+    ),
+    markdown: Optional[Path] = typer.Option(None, "--markdown", help="Also write the Markdown report to FILE."),
+    json_file: Optional[Path] = typer.Option(None, "--json", help="Also write the JSON report to FILE."),
+    step_summary: bool = typer.Option(
+        False, "--step-summary", help="Append the Markdown report to $GITHUB_STEP_SUMMARY (GitHub Actions)."
+    ),
+    show_all: bool = typer.Option(False, "--all", help="List unchanged cases in the terminal table too."),
+) -> None:
+    """Compare two result sets of one suite: slower, faster, broken, added, removed.
+
+    Exit status: 1 when --fail-on finds something, 0 otherwise, 2 for unusable input.
+    """
+    import json
+
+    from tflabench import compare as cmp
+    from tflabench.results import load_results
+
+    with user_errors():
+        from tflabench.errors import UserError
+
+        if fail_on not in cmp.FAIL_ON_CHOICES:
+            raise UserError(f"--fail-on: {fail_on!r} is not one of {', '.join(cmp.FAIL_ON_CHOICES)}")
+        if output_format not in ("table", "markdown", "json"):
+            raise UserError(f"--format: {output_format!r} is not one of table, markdown, json")
+        base_set, new_set = load_results(base), load_results(new)
+        file_values = cmp.load_thresholds_file(thresholds_file) if thresholds_file else None
+        thresholds, source = cmp.resolve_thresholds(
+            base_set.metadata, new_set.metadata, file_values,
+            dict(time_threshold=time_threshold, alpha=alpha, min_samples=min_samples,
+                 mem_threshold=mem_threshold, mem_floor_bytes=mem_floor_bytes),
+        )
+        comparison = cmp.compare_results(base_set, new_set, thresholds, source)
+
+    text_md = cmp.to_markdown(comparison, fail_on)
+    if output_format == "table":
+        cmp.render_table(comparison, show_unchanged=show_all, fail_on=fail_on)
+    elif output_format == "markdown":
+        typer.echo(text_md)
+    else:
+        typer.echo(json.dumps(cmp.to_json(comparison, fail_on), indent=2))
+    if markdown:
+        markdown.parent.mkdir(parents=True, exist_ok=True)
+        markdown.write_text(text_md + "\n", encoding="utf-8")
+    if json_file:
+        json_file.parent.mkdir(parents=True, exist_ok=True)
+        json_file.write_text(json.dumps(cmp.to_json(comparison, fail_on), indent=2) + "\n", encoding="utf-8")
+    if step_summary and cmp.append_step_summary(text_md) is None:
+        typer.echo("warning: --step-summary given but $GITHUB_STEP_SUMMARY is not set; nothing appended", err=True)
+    raise typer.Exit(comparison.exit_status(fail_on))
+
+
+@app.command()
+def merge(
+    dirs: List[Path] = typer.Argument(..., help="Result-set directories of the shards (tflabench run --shard K/N)."),
+    out: Path = typer.Option(..., "--out", help="Directory for the merged result set (must not hold one)."),
+    allow_missing: bool = typer.Option(
+        False, "--allow-missing", help="Merge even when some of the N shards are absent (recorded in the metadata)."
+    ),
+) -> None:
+    """Join the shard result sets of one run into one result set.
+
+    Refuses (exit 2) shards of different suites or environments, repeated shards, and
+    missing shards unless --allow-missing.
+    """
+    from tflabench.results import load_results
+    from tflabench.shard import merge_results
+
+    with user_errors():
+        path = merge_results(dirs, out, allow_missing=allow_missing)
+        merged = load_results(path)
+    missing = merged.metadata.get("shards_missing") or []
+    n_shards = len(merged.metadata.get("merged_from") or [])
+    typer.echo(f"merged {n_shards} shard(s), {len(merged.rows)} row(s) into {path}")
+    if missing:
+        typer.echo(f"warning: shard(s) {', '.join(map(str, missing))} missing; their cases are absent", err=True)

@@ -1,0 +1,868 @@
+"""Regression report between two result sets (``tflabench compare``).
+
+Two result sets of one suite (see "Contract: result sets" in docs/ARCHITECTURE.md) are
+matched case by case on the full configuration, each pair gets one outcome, and the
+report is rendered as a rich table, GitHub-flavoured Markdown or JSON.
+
+The decision rule (docs/ci.md, "How compare decides", gives the reasons):
+
+* **time**: with ``r = new ms_median / base ms_median``, a case is *slower* when
+  ``r >= 1 + time_threshold`` **and** the per-iteration samples (``ms_samples``) of the
+  two runs differ by a two-sided Mann-Whitney U test at level ``alpha``
+  (:func:`scipy.stats.mannwhitneyu`); *faster* when ``r <= 1 / (1 + time_threshold)`` and
+  the test agrees. When either side has fewer than ``min_samples`` samples, the test is
+  replaced by non-overlapping inter-quartile ranges (new ``ms_q25`` above base
+  ``ms_q75``, or new ``ms_q75`` below base ``ms_q25``).
+* **memory**: ``peak_mem_bytes`` is deterministic for a given configuration and
+  allocator, so no test: *larger* when it grew by more than ``mem_threshold``
+  (relative) **and** by more than ``mem_floor_bytes`` (absolute); *smaller* likewise.
+* **status**: ``ok`` in the base and ``wrong``/``crash``/``timeout``/``oom``/``error``
+  in the new run is a *new failure*; so is a case only in the new run that does not
+  run ``ok``. A case that ran ``ok`` in the base and is missing (or ``unavailable``) in
+  the new run is *lost*: the run lost coverage.
+
+Thresholds come from, in rising precedence: the defaults of :class:`Thresholds`, a
+``compare:`` mapping in the base then the new result set's metadata (the suite's own
+thresholds), a YAML thresholds file, and explicit CLI options.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from tflabench.errors import UserError
+
+#: Statuses that mean the case ran and produced a timing.
+OK = "ok"
+#: Statuses that mean the case was attempted and failed (a *failure* when it was ``ok``).
+FAILING = ("wrong", "crash", "timeout", "oom", "error")
+#: The case could not be attempted here (backend not installed, mode unsupported).
+UNAVAILABLE = "unavailable"
+
+#: Identity columns (docs/ARCHITECTURE.md); used to match when ``case_id`` is absent
+#: and to describe a case.
+IDENTITY_COLUMNS = (
+    "kernel", "backend", "family", "params", "mode", "dtype", "device", "batch",
+    "seq_len", "heads", "d_qk", "d_hv", "chunk_size", "embedding_dim",
+)
+
+#: Metadata keys whose difference makes timings incomparable: warned about, never silent.
+ENVIRONMENT_KEYS = ("gpu_name", "driver", "cuda", "torch", "triton")
+
+#: Outcomes, worst first (the order of the report).
+OUTCOMES = (
+    "new_failure",  # ok -> wrong/crash/timeout/oom/error, or an added case that fails
+    "regression",   # slower, or more peak memory
+    "lost",         # ok in base, missing or unavailable in new
+    "still_failing",
+    "added",
+    "removed",      # only in base, and not ok there (an ok one is "lost")
+    "fixed",        # failing in base, ok in new
+    "improvement",  # faster or less memory (and not slower)
+    "unchanged",
+)
+FAIL_ON_CHOICES = ("regression", "failure", "any", "none")
+_FAILURE_OUTCOMES = ("new_failure", "lost")
+
+
+@dataclass(frozen=True)
+class Thresholds:
+    """Decision thresholds of :func:`compare_results` (docs/ci.md, "How compare decides").
+
+    Attributes:
+        time_threshold: smallest relative change of the median time that is reported
+            (0.03 = 3 %); a slowdown must reach ``1 + t``, a speed-up ``1 / (1 + t)``.
+        alpha: significance level of the two-sided Mann-Whitney U test on the
+            per-iteration samples.
+        min_samples: fewest samples per side for the test; below it the
+            inter-quartile-range rule is used.
+        mem_threshold: smallest relative change of ``peak_mem_bytes`` that is reported.
+        mem_floor_bytes: smallest absolute change of ``peak_mem_bytes`` (bytes) that is
+            reported (allocator rounding stays quiet).
+    """
+
+    time_threshold: float = 0.03
+    alpha: float = 0.01
+    min_samples: int = 5
+    mem_threshold: float = 0.05
+    mem_floor_bytes: int = 1 << 20
+
+    @classmethod
+    def names(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+
+def _check_threshold(name: str, value: Any, where: str) -> float | int:
+    """Validate one threshold value; UserError naming ``where`` and the allowed range."""
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise UserError(f"{where}: {name}={value!r} is not a number") from None
+    if name == "alpha" and not 0.0 < number < 1.0:
+        raise UserError(f"{where}: alpha={value!r} must lie in (0, 1)")
+    if name in ("time_threshold", "mem_threshold") and not 0.0 <= number < 10.0:
+        raise UserError(f"{where}: {name}={value!r} must be a fraction in [0, 10), e.g. 0.05 for 5 %")
+    if name in ("min_samples", "mem_floor_bytes"):
+        if number < 0 or number != int(number):
+            raise UserError(f"{where}: {name}={value!r} must be a non-negative integer")
+        return int(number)
+    return number
+
+
+def _threshold_mapping(mapping: Any, where: str) -> dict[str, Any]:
+    if mapping is None:
+        return {}
+    if not isinstance(mapping, Mapping):
+        raise UserError(f"{where}: expected a mapping of thresholds, got {type(mapping).__name__}")
+    out = {}
+    for name, value in mapping.items():
+        if name not in Thresholds.names():
+            allowed = ", ".join(Thresholds.names())
+            raise UserError(f"{where}: unknown threshold {name!r}; allowed: {allowed}")
+        if value is not None:
+            out[name] = _check_threshold(name, value, where)
+    return out
+
+
+def load_thresholds_file(path: str | os.PathLike) -> dict[str, Any]:
+    """Read a YAML thresholds file: a mapping of :class:`Thresholds` field names to values.
+
+    A top-level ``compare:`` key is accepted too, so a suite YAML's section can be reused.
+
+    Raises:
+        UserError: the file is missing, not YAML, or names an unknown/invalid threshold.
+    """
+    import yaml
+
+    path = Path(path)
+    try:
+        data = yaml.safe_load(path.read_text())
+    except FileNotFoundError:
+        raise UserError(f"--thresholds: file {str(path)!r} does not exist") from None
+    except (OSError, yaml.YAMLError) as exc:
+        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        raise UserError(f"--thresholds: cannot read {str(path)!r} as YAML: {reason}") from None
+    if isinstance(data, Mapping) and "compare" in data:
+        data = data["compare"]
+    return _threshold_mapping(data, f"--thresholds {path}")
+
+
+def resolve_thresholds(
+    base_metadata: Mapping[str, Any] | None = None,
+    new_metadata: Mapping[str, Any] | None = None,
+    file_values: Mapping[str, Any] | None = None,
+    overrides: Mapping[str, Any] | None = None,
+) -> tuple[Thresholds, dict[str, str]]:
+    """Combine the threshold sources, later ones winning.
+
+    Order: :class:`Thresholds` defaults < base metadata ``compare`` < new metadata
+    ``compare`` < ``file_values`` (``--thresholds FILE``) < ``overrides`` (CLI options;
+    ``None`` values are ignored).
+
+    Returns:
+        (thresholds, source) where ``source`` maps each field to where its value came from.
+
+    Raises:
+        UserError: an unknown threshold name or an out-of-range value.
+    """
+    values: dict[str, Any] = {}
+    source = {name: "default" for name in Thresholds.names()}
+    layers = (
+        ("base suite", _threshold_mapping((base_metadata or {}).get("compare"), "base metadata 'compare'")),
+        ("new suite", _threshold_mapping((new_metadata or {}).get("compare"), "new metadata 'compare'")),
+        ("thresholds file", _threshold_mapping(file_values, "thresholds file")),
+        ("option", _threshold_mapping({k: v for k, v in (overrides or {}).items() if v is not None}, "option")),
+    )
+    for name, layer in layers:
+        for key, value in layer.items():
+            values[key] = value
+            source[key] = name
+    return Thresholds(**values), source
+
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def parse_samples(value: Any) -> np.ndarray:
+    """Per-iteration times (ms) of one row as a float array; empty when absent.
+
+    Accepts the stored JSON list (``ms_samples`` column), a list/array, or None/NaN.
+    Non-finite entries are dropped.
+    """
+    if value is None:
+        return np.empty(0)
+    if isinstance(value, float) and math.isnan(value):
+        return np.empty(0)
+    if isinstance(value, (bytes, str)):
+        text = value.decode() if isinstance(value, bytes) else value
+        if not text.strip():
+            return np.empty(0)
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            raise UserError(f"corrupt table: ms_samples is not a JSON list: {text[:40]!r}") from None
+    try:
+        array = np.asarray(value, dtype=float).ravel()
+    except (TypeError, ValueError):
+        raise UserError(f"corrupt table: ms_samples is not a list of numbers: {str(value)[:40]!r}") from None
+    return array[np.isfinite(array)]
+
+
+@dataclass(frozen=True)
+class TimeDecision:
+    """Outcome of :func:`decide_time`: ``verdict`` is ``slower``, ``faster``, ``same`` or
+    ``n/a``; ``test`` names the evidence used (``mannwhitneyu``, ``iqr`` or None)."""
+
+    verdict: str
+    ratio: float
+    p_value: float | None
+    test: str | None
+
+
+def decide_time(
+    base_median: float,
+    new_median: float,
+    base_samples: np.ndarray,
+    new_samples: np.ndarray,
+    thresholds: Thresholds,
+    base_iqr: tuple[float, float] | None = None,
+    new_iqr: tuple[float, float] | None = None,
+) -> TimeDecision:
+    """Decide whether one case got slower, faster or stayed the same (times in ms).
+
+    Rule (module docstring; docs/ci.md): the ratio of medians must pass
+    ``time_threshold`` and a two-sided Mann-Whitney U test on the per-iteration samples
+    must reject equal distributions at ``alpha``; with fewer than ``min_samples`` samples
+    on a side, the inter-quartile ranges ``(ms_q25, ms_q75)`` must not overlap instead.
+    """
+    from scipy.stats import mannwhitneyu
+
+    if not (np.isfinite(base_median) and np.isfinite(new_median)) or base_median <= 0 or new_median <= 0:
+        return TimeDecision("n/a", float("nan"), None, None)
+    ratio = float(new_median / base_median)
+    bound = 1.0 + thresholds.time_threshold
+    direction = "slower" if ratio >= bound else "faster" if ratio <= 1.0 / bound else None
+
+    if len(base_samples) >= thresholds.min_samples and len(new_samples) >= thresholds.min_samples:
+        if np.ptp(np.concatenate([base_samples, new_samples])) == 0:
+            p_value = 1.0  # every sample equal: nothing to tell apart
+        else:
+            p_value = float(mannwhitneyu(new_samples, base_samples, alternative="two-sided").pvalue)
+        significant = p_value < thresholds.alpha
+        return TimeDecision(direction if (direction and significant) else "same", ratio, p_value, "mannwhitneyu")
+
+    if base_iqr is not None and new_iqr is not None and all(np.isfinite(base_iqr)) and all(np.isfinite(new_iqr)):
+        separated = (direction == "slower" and new_iqr[0] > base_iqr[1]) or (
+            direction == "faster" and new_iqr[1] < base_iqr[0]
+        )
+        return TimeDecision(direction if separated else "same", ratio, None, "iqr")
+
+    # Neither samples nor quartiles: the ratio alone cannot tell noise from change.
+    return TimeDecision("same", ratio, None, None)
+
+
+def decide_memory(base_bytes: float, new_bytes: float, thresholds: Thresholds) -> tuple[str, float]:
+    """``(verdict, ratio)`` for peak memory: ``larger``/``smaller``/``same``/``n/a``.
+
+    Larger when ``new - base > mem_floor_bytes`` and ``new > base * (1 + mem_threshold)``;
+    smaller symmetrically (``new < base / (1 + mem_threshold)``).
+    """
+    if not (np.isfinite(base_bytes) and np.isfinite(new_bytes)):
+        return "n/a", float("nan")
+    ratio = float(new_bytes / base_bytes) if base_bytes > 0 else (1.0 if new_bytes == 0 else float("inf"))
+    delta = new_bytes - base_bytes
+    bound = 1.0 + thresholds.mem_threshold
+    if delta > thresholds.mem_floor_bytes and ratio > bound:
+        return "larger", ratio
+    if -delta > thresholds.mem_floor_bytes and ratio < 1.0 / bound:
+        return "smaller", ratio
+    return "same", ratio
+
+
+def geometric_mean_speedup(base_ms: Iterable[float], new_ms: Iterable[float]) -> float:
+    """Geometric mean of ``base / new`` (> 1: the new run is faster); NaN when empty."""
+    b = np.asarray(list(base_ms), dtype=float)
+    n = np.asarray(list(new_ms), dtype=float)
+    keep = np.isfinite(b) & np.isfinite(n) & (b > 0) & (n > 0)
+    if not keep.any():
+        return float("nan")
+    return float(np.exp(np.mean(np.log(b[keep] / n[keep]))))
+
+
+# ----------------------------------------------------------------------------- matching
+
+
+def _key_series(rows: pd.DataFrame, label: str) -> pd.Series:
+    """One matching key per row: ``case_id`` and ``mode`` where present, else the
+    identity columns as canonical JSON."""
+    if "case_id" in rows.columns and rows["case_id"].notna().all():
+        mode = rows["mode"].astype(str) if "mode" in rows.columns else ""
+        return rows["case_id"].astype(str) + "|" + mode
+    present = [c for c in IDENTITY_COLUMNS if c in rows.columns]
+    if "backend" not in present:
+        raise UserError(f"corrupt table: {label} has neither a case_id nor a backend column")
+
+    def encode(record: Mapping[str, Any]) -> str:
+        return json.dumps({k: _plain(record[k]) for k in present}, sort_keys=True, default=str)
+
+    return pd.Series([encode(r) for r in rows[present].to_dict("records")], index=rows.index)
+
+
+def _plain(value: Any) -> Any:
+    """A JSON-friendly scalar (NaN/None -> None, numpy -> python)."""
+    if value is None:
+        return None
+    if isinstance(value, (float, np.floating)):
+        return None if math.isnan(value) else float(value)
+    if isinstance(value, (np.integer,)):
+        return int(value)
+    if isinstance(value, np.bool_):
+        return bool(value)
+    try:
+        if pd.isna(value):
+            return None
+    except (TypeError, ValueError):
+        pass
+    return value
+
+
+def _prepare(rows: pd.DataFrame, label: str, warnings: list[str]) -> pd.DataFrame:
+    if not isinstance(rows, pd.DataFrame):
+        raise UserError(f"corrupt table: {label} rows are not a table")
+    if "status" not in rows.columns:
+        raise UserError(f"corrupt table: {label} has no 'status' column")
+    rows = rows.copy()
+    rows["_key"] = _key_series(rows, label)
+    duplicated = rows["_key"].duplicated(keep="last")
+    if duplicated.any():
+        warnings.append(
+            f"{label} holds {int(duplicated.sum())} repeated case row(s); the last of each is used "
+            "(was the run resumed into the same directory?)"
+        )
+        rows = rows[~duplicated]
+    return rows.set_index("_key", drop=False)
+
+
+def _number(record: Mapping[str, Any], column: str) -> float:
+    value = _plain(record.get(column))
+    try:
+        return float(value) if value is not None else float("nan")
+    except (TypeError, ValueError):
+        raise UserError(f"corrupt table: column {column!r} holds {value!r}, not a number") from None
+
+
+def describe_case(record: Mapping[str, Any]) -> str:
+    """Short human label of a case: ``kernel`` then shape, e.g. ``tfla_sig fwd bf16 B1 S8192 NH8 d512/512 L128``."""
+    parts = []
+    name = _plain(record.get("kernel")) or _plain(record.get("backend")) or "?"
+    parts.append(str(name))
+    for column in ("mode", "dtype"):
+        if _plain(record.get(column)) is not None:
+            parts.append(str(record[column]))
+    for column, prefix in (("batch", "B"), ("seq_len", "S"), ("heads", "NH")):
+        value = _plain(record.get(column))
+        if value is not None:
+            parts.append(f"{prefix}{int(value)}")
+    d_qk, d_hv = _plain(record.get("d_qk")), _plain(record.get("d_hv"))
+    if d_qk is not None or d_hv is not None:
+        parts.append(f"d{_int_or_q(d_qk)}/{_int_or_q(d_hv)}")
+    chunk = _plain(record.get("chunk_size"))
+    if chunk is not None:
+        parts.append(f"L{int(chunk)}")
+    return " ".join(parts)
+
+
+def _int_or_q(value: Any) -> str:
+    return "?" if value is None else str(int(value))
+
+
+# ----------------------------------------------------------------------------- comparison
+
+
+@dataclass
+class Comparison:
+    """Result of :func:`compare_results`.
+
+    Attributes:
+        suite: the suite both result sets ran.
+        cases: one row per case (either side): ``key``, ``case_id``, ``case`` (label),
+            ``backend``, ``mode``, ``outcome`` (one of :data:`OUTCOMES`), ``detail``,
+            ``base_status``, ``new_status``, ``base_ms``, ``new_ms`` (medians, ms),
+            ``time_ratio`` (new / base), ``time_verdict``, ``p_value``, ``test``,
+            ``base_peak_mem_bytes``, ``new_peak_mem_bytes``, ``mem_ratio``,
+            ``mem_verdict``, ``new_reason``; sorted worst first.
+        backends: per backend: ``cases`` compared (both ok), ``geomean_speedup``
+            (base / new, > 1 faster), ``slower``, ``faster``.
+        warnings: environment differences and other things a reader must know.
+        thresholds, threshold_source: what decided, and where each value came from.
+        base_path, new_path: the two result sets.
+    """
+
+    suite: str
+    cases: pd.DataFrame
+    backends: pd.DataFrame
+    warnings: list[str]
+    thresholds: Thresholds
+    threshold_source: dict[str, str]
+    base_path: str = ""
+    new_path: str = ""
+    counts: dict[str, int] = field(default_factory=dict)
+
+    def exit_status(self, fail_on: str = "any") -> int:
+        """1 when the comparison fails the ``fail_on`` policy, else 0.
+
+        ``regression``: a slower case or more peak memory; ``failure``: a new failure
+        or a lost case; ``any``: either; ``none``: never.
+
+        Raises:
+            UserError: an unknown ``fail_on``.
+        """
+        if fail_on not in FAIL_ON_CHOICES:
+            raise UserError(f"--fail-on: {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
+        regression = self.counts.get("regression", 0) > 0
+        failure = any(self.counts.get(o, 0) > 0 for o in _FAILURE_OUTCOMES)
+        return int(
+            (fail_on in ("regression", "any") and regression) or (fail_on in ("failure", "any") and failure)
+        )
+
+
+def _suite_name(metadata: Mapping[str, Any], rows: pd.DataFrame) -> str | None:
+    name = metadata.get("suite")
+    if name:
+        return str(name)
+    if "suite" in rows.columns:
+        names = rows["suite"].dropna().astype(str).unique()
+        if len(names) == 1:
+            return str(names[0])
+    return None
+
+
+def environment_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str, Any]) -> list[str]:
+    """One warning per environment key (GPU, driver, CUDA, torch, triton; then peers and
+    the suite file) whose value differs between the two runs."""
+    out = []
+    for key in ENVIRONMENT_KEYS:
+        base, new = base_metadata.get(key), new_metadata.get(key)
+        if base != new:
+            out.append(
+                f"{key} differs: base {base!r}, new {new!r}; timings may move for that reason alone "
+                "(compare runs from the same machine and stack, or refresh the reference)"
+            )
+    base_peers, new_peers = base_metadata.get("peers") or {}, new_metadata.get("peers") or {}
+    for name in sorted(set(base_peers) | set(new_peers)):
+        if base_peers.get(name) != new_peers.get(name):
+            out.append(f"peer {name} differs: base {base_peers.get(name)!r}, new {new_peers.get(name)!r}")
+    base_sha, new_sha = base_metadata.get("suite_sha256"), new_metadata.get("suite_sha256")
+    if base_sha and new_sha and base_sha != new_sha:
+        out.append("the suite file changed between the runs (suite_sha256 differs); added/removed cases may follow")
+    for label, metadata in (("base", base_metadata), ("new", new_metadata)):
+        if metadata.get("shard"):
+            out.append(f"{label} is shard {metadata['shard']} only; merge the shards first (tflabench merge)")
+        if metadata.get("shards_missing"):
+            missing = ", ".join(str(s) for s in metadata["shards_missing"])
+            out.append(f"{label} was merged without shard(s) {missing}; their cases count as missing")
+    return out
+
+
+def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
+                    threshold_source: Mapping[str, str] | None = None) -> Comparison:
+    """Compare two result sets (objects with ``.rows``, ``.metadata``, ``.path``, e.g.
+    :class:`tflabench.results.ResultSet`).
+
+    Matching is by ``case_id`` and ``mode`` (the stable hash of the full configuration);
+    where ``case_id`` is missing, by the identity columns. Decision rule: module docstring.
+
+    Raises:
+        UserError: the two sets ran different suites, or a table is corrupt (no ``status``
+            column, no way to match, unparsable samples or numbers).
+    """
+    if thresholds is None:
+        thresholds, threshold_source = resolve_thresholds(base.metadata, new.metadata)
+    base_meta, new_meta = dict(base.metadata or {}), dict(new.metadata or {})
+    base_suite, new_suite = _suite_name(base_meta, base.rows), _suite_name(new_meta, new.rows)
+    if base_suite and new_suite and base_suite != new_suite:
+        raise UserError(
+            f"the result sets ran different suites: base {base_suite!r}, new {new_suite!r}; compare runs of one suite"
+        )
+    warnings = environment_warnings(base_meta, new_meta)
+    base_rows = _prepare(base.rows, f"base {base.path}", warnings)
+    new_rows = _prepare(new.rows, f"new {new.path}", warnings)
+
+    records = []
+    keys = list(base_rows.index) + [k for k in new_rows.index if k not in base_rows.index]
+    base_dict = base_rows.to_dict("index")
+    new_dict = new_rows.to_dict("index")
+    for key in keys:
+        records.append(_compare_one(key, base_dict.get(key), new_dict.get(key), thresholds))
+
+    cases = pd.DataFrame.from_records(records, columns=_CASE_COLUMNS)
+    order = {o: i for i, o in enumerate(OUTCOMES)}
+    cases["_rank"] = cases["outcome"].map(order)
+    # worst first: by outcome, then the largest slowdown, then the label for stability
+    cases["_ratio"] = cases["time_ratio"].fillna(0.0)
+    cases = (
+        cases.sort_values(["_rank", "_ratio", "case"], ascending=[True, False, True], kind="mergesort")
+        .drop(columns=["_rank", "_ratio"])
+        .reset_index(drop=True)
+    )
+    counts = {o: int((cases["outcome"] == o).sum()) for o in OUTCOMES}
+    return Comparison(
+        suite=base_suite or new_suite or "?",
+        cases=cases,
+        backends=_per_backend(cases),
+        warnings=warnings,
+        thresholds=thresholds,
+        threshold_source=dict(threshold_source or {}),
+        base_path=str(base.path),
+        new_path=str(new.path),
+        counts=counts,
+    )
+
+
+_CASE_COLUMNS = (
+    "key", "case_id", "case", "backend", "mode", "outcome", "detail", "base_status", "new_status",
+    "base_ms", "new_ms", "time_ratio", "time_verdict", "p_value", "test", "base_peak_mem_bytes",
+    "new_peak_mem_bytes", "mem_ratio", "mem_verdict", "new_reason",
+)
+
+
+def _status(record: Mapping[str, Any] | None) -> str | None:
+    if record is None:
+        return None
+    value = _plain(record.get("status"))
+    return None if value is None else str(value)
+
+
+def _compare_one(key: str, b: Mapping[str, Any] | None, n: Mapping[str, Any] | None,
+                 thresholds: Thresholds) -> dict[str, Any]:
+    either = n if n is not None else b
+    out: dict[str, Any] = {c: None for c in _CASE_COLUMNS}
+    out.update(
+        key=key,
+        case_id=_plain(either.get("case_id")),
+        case=describe_case(either),
+        backend=_plain(either.get("backend")),
+        mode=_plain(either.get("mode")),
+        base_status=_status(b),
+        new_status=_status(n),
+        new_reason=_plain(n.get("reason")) if n is not None else None,
+    )
+    bs, ns = out["base_status"], out["new_status"]
+    if b is not None and n is not None and bs == OK and ns == OK:
+        td = decide_time(
+            _number(b, "ms_median"), _number(n, "ms_median"),
+            parse_samples(b.get("ms_samples")), parse_samples(n.get("ms_samples")), thresholds,
+            (_number(b, "ms_q25"), _number(b, "ms_q75")), (_number(n, "ms_q25"), _number(n, "ms_q75")),
+        )
+        mem_verdict, mem_ratio = decide_memory(
+            _number(b, "peak_mem_bytes"), _number(n, "peak_mem_bytes"), thresholds
+        )
+        out.update(
+            base_ms=_number(b, "ms_median"), new_ms=_number(n, "ms_median"), time_ratio=td.ratio,
+            time_verdict=td.verdict, p_value=td.p_value, test=td.test,
+            base_peak_mem_bytes=_number(b, "peak_mem_bytes"), new_peak_mem_bytes=_number(n, "peak_mem_bytes"),
+            mem_ratio=mem_ratio, mem_verdict=mem_verdict,
+        )
+        details = []
+        if td.verdict in ("slower", "faster"):
+            details.append(f"time {td.ratio - 1:+.1%}")
+        if mem_verdict in ("larger", "smaller"):
+            details.append(f"memory {mem_ratio - 1:+.1%}")
+        if td.verdict == "slower" or mem_verdict == "larger":
+            outcome = "regression"
+        elif td.verdict == "faster" or mem_verdict == "smaller":
+            outcome = "improvement"
+        else:
+            outcome = "unchanged"
+            if td.verdict == "n/a":
+                details.append("no timing to compare")
+        out.update(outcome=outcome, detail="; ".join(details))
+        return out
+
+    if b is None:
+        outcome = "added" if ns in (OK, UNAVAILABLE) else "new_failure"
+        detail = "only in new" + ("" if ns == OK else f" ({ns})")
+    elif n is None:
+        outcome = "lost" if bs == OK else "removed"
+        detail = "missing in new" + ("" if bs == OK else f" (was {bs})")
+    elif bs == OK:
+        outcome = "lost" if ns == UNAVAILABLE else "new_failure"
+        detail = f"ok -> {ns}"
+    elif ns == OK:
+        outcome, detail = "fixed", f"{bs} -> ok"
+    elif bs == UNAVAILABLE and ns != UNAVAILABLE:
+        outcome, detail = "new_failure", f"{bs} -> {ns}"
+    else:
+        outcome = "still_failing" if ns != UNAVAILABLE or bs != UNAVAILABLE else "unchanged"
+        detail = f"{bs} -> {ns}" if bs != ns else str(ns)
+    if n is not None and ns == OK:
+        out.update(new_ms=_number(n, "ms_median"), new_peak_mem_bytes=_number(n, "peak_mem_bytes"))
+    if b is not None and bs == OK:
+        out.update(base_ms=_number(b, "ms_median"), base_peak_mem_bytes=_number(b, "peak_mem_bytes"))
+    out.update(outcome=outcome, detail=detail)
+    return out
+
+
+def _per_backend(cases: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    both = cases[cases["base_status"].eq(OK) & cases["new_status"].eq(OK)]
+    for backend in sorted({str(b) for b in cases["backend"].dropna()}):
+        sub = both[both["backend"].astype(str) == backend]
+        rows.append(
+            dict(
+                backend=backend,
+                cases=int(len(sub)),
+                geomean_speedup=geometric_mean_speedup(sub["base_ms"], sub["new_ms"]),
+                slower=int((sub["time_verdict"] == "slower").sum()),
+                faster=int((sub["time_verdict"] == "faster").sum()),
+                failures=int(cases[(cases["backend"].astype(str) == backend)
+                                   & cases["outcome"].isin(_FAILURE_OUTCOMES)].shape[0]),
+            )
+        )
+    frame = pd.DataFrame(rows, columns=["backend", "cases", "geomean_speedup", "slower", "faster", "failures"])
+    # worst backend first (lowest speed-up)
+    return frame.sort_values("geomean_speedup", na_position="last", kind="mergesort").reset_index(drop=True)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+_OUTCOME_LABEL = {
+    "new_failure": "new failure",
+    "regression": "regression",
+    "lost": "lost",
+    "still_failing": "still failing",
+    "added": "added",
+    "removed": "removed",
+    "fixed": "fixed",
+    "improvement": "improvement",
+    "unchanged": "unchanged",
+}
+_OUTCOME_MARK = {
+    "new_failure": "\N{LARGE RED CIRCLE}",
+    "regression": "\N{LARGE RED CIRCLE}",
+    "lost": "\N{LARGE ORANGE CIRCLE}",
+    "still_failing": "\N{LARGE ORANGE CIRCLE}",
+    "added": "\N{LARGE BLUE CIRCLE}",
+    "removed": "\N{MEDIUM WHITE CIRCLE}",
+    "fixed": "\N{LARGE GREEN CIRCLE}",
+    "improvement": "\N{LARGE GREEN CIRCLE}",
+    "unchanged": "\N{MEDIUM WHITE CIRCLE}",
+}
+_OUTCOME_STYLE = {
+    "new_failure": "bold red",
+    "regression": "bold red",
+    "lost": "yellow",
+    "still_failing": "yellow",
+    "added": "cyan",
+    "removed": "dim",
+    "fixed": "green",
+    "improvement": "green",
+    "unchanged": "dim",
+}
+
+
+def _fmt_ms(value: Any) -> str:
+    value = _plain(value)
+    if value is None:
+        return "-"
+    return f"{value:.4g}"
+
+
+def _fmt_change(ratio: Any) -> str:
+    ratio = _plain(ratio)
+    if ratio is None or not math.isfinite(ratio):
+        return "-"
+    return f"{ratio - 1:+.1%}"
+
+
+def _fmt_p(value: Any) -> str:
+    value = _plain(value)
+    if value is None:
+        return "-"
+    return f"{value:.1e}" if value < 1e-3 else f"{value:.3f}"
+
+
+def _fmt_speedup(value: Any) -> str:
+    value = _plain(value)
+    if value is None or not math.isfinite(value):
+        return "-"
+    return f"{value:.3f}x"
+
+
+def _status_text(record: Mapping[str, Any]) -> str:
+    bs, ns = _plain(record.get("base_status")), _plain(record.get("new_status"))
+    text = f"{bs or 'absent'} -> {ns or 'absent'}" if bs != ns else str(ns)
+    reason = _plain(record.get("new_reason"))
+    if ns not in (None, OK) and reason:
+        text += f" ({str(reason).splitlines()[0][:80]})"
+    return text
+
+
+def verdict_line(comparison: Comparison, fail_on: str = "any") -> str:
+    """One line: the counts that matter and whether the policy fails."""
+    c = comparison.counts
+    parts = [f"{c.get(o, 0)} {_OUTCOME_LABEL[o]}" for o in OUTCOMES if c.get(o, 0)]
+    status = "FAIL" if comparison.exit_status(fail_on) else "pass"
+    return f"{status} (--fail-on {fail_on}): " + (", ".join(parts) if parts else "no cases")
+
+
+def render_table(comparison: Comparison, console: Any = None, show_unchanged: bool = False,
+                 fail_on: str = "any") -> None:
+    """Print the comparison as rich tables (warnings, per-backend speed-up, cases worst first).
+
+    Unchanged cases are counted but only listed with ``show_unchanged``.
+    """
+    from rich.console import Console
+    from rich.table import Table
+
+    console = console or Console()
+    for warning in comparison.warnings:
+        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+
+    per_backend = Table(title=f"{comparison.suite}: geometric-mean speed-up per backend (base / new)")
+    for column in ("backend", "cases", "speed-up", "slower", "faster", "failures"):
+        per_backend.add_column(column, justify="left" if column == "backend" else "right")
+    for r in comparison.backends.to_dict("records"):
+        per_backend.add_row(r["backend"], str(r["cases"]), _fmt_speedup(r["geomean_speedup"]),
+                            str(r["slower"]), str(r["faster"]), str(r["failures"]))
+    console.print(per_backend)
+
+    table = Table(title="cases, worst first")
+    for column, justify in (("outcome", "left"), ("case", "left"), ("status", "left"), ("base ms", "right"),
+                            ("new ms", "right"), ("time", "right"), ("p", "right"), ("memory", "right")):
+        table.add_column(column, justify=justify, no_wrap=column in ("outcome", "time", "p", "memory"),
+                         min_width=24 if column == "case" else None, max_width=28 if column == "status" else None)
+    hidden = 0
+    for r in comparison.cases.to_dict("records"):
+        if r["outcome"] == "unchanged" and not show_unchanged:
+            hidden += 1
+            continue
+        style = _OUTCOME_STYLE[r["outcome"]]
+        table.add_row(
+            f"[{style}]{_OUTCOME_LABEL[r['outcome']]}[/{style}]", r["case"], _status_text(r),
+            _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]),
+            _fmt_change(r["mem_ratio"]),
+        )
+    if table.row_count:
+        console.print(table)
+    if hidden:
+        console.print(f"{hidden} unchanged case(s) not listed (--all lists them)")
+    console.print(verdict_line(comparison, fail_on), highlight=False)
+
+
+def _md_cell(value: Any) -> str:
+    return str(value).replace("|", "\\|").replace("\n", " ")
+
+
+_MD_HEADER = ("", "case", "backend", "base ms", "new ms", "time", "p", "peak memory", "status")
+
+
+def _md_table(records: list[Mapping[str, Any]]) -> list[str]:
+    lines = ["| " + " | ".join(_MD_HEADER) + " |", "|" + "|".join(
+        [":-:", "---", "---", "--:", "--:", "--:", "--:", "--:", "---"]) + "|"]
+    for r in records:
+        cells = (
+            f"{_OUTCOME_MARK[r['outcome']]} {_OUTCOME_LABEL[r['outcome']]}",
+            r["case"], r["backend"] or "-", _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]),
+            _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]), _fmt_change(r["mem_ratio"]), _status_text(r),
+        )
+        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+    return lines
+
+
+def to_markdown(comparison: Comparison, fail_on: str = "any", max_rows: int = 200) -> str:
+    """GitHub-flavoured Markdown report (PR comment or ``$GITHUB_STEP_SUMMARY``).
+
+    Sections: verdict, warnings, geometric-mean speed-up per backend (worst first), a
+    table of every case that is not unchanged (worst first), and the unchanged cases in
+    a collapsed ``<details>`` table. At most ``max_rows`` case rows in all; the rest are
+    counted in a note (GitHub caps a comment at 65536 characters).
+    """
+    t = comparison.thresholds
+    lines = [f"## tflabench compare: `{comparison.suite}`", ""]
+    lines.append(f"**{verdict_line(comparison, fail_on)}**")
+    lines.append("")
+    lines.append(
+        f"Base `{comparison.base_path}` vs new `{comparison.new_path}`. Rule: time change "
+        f"beyond ±{t.time_threshold:.0%} of the median and Mann-Whitney U p < {t.alpha:g} on the "
+        f"per-iteration samples (non-overlapping IQRs when fewer than {t.min_samples} samples); "
+        f"peak memory beyond ±{t.mem_threshold:.0%} and {t.mem_floor_bytes / 2**20:g} MiB."
+    )
+    lines.append("")
+    for warning in comparison.warnings:
+        lines.append(f"> [!WARNING]\n> {_md_cell(warning)}\n")
+    lines += ["### Geometric-mean speed-up per backend (base / new; > 1 is faster)", ""]
+    lines += ["| backend | cases | speed-up | slower | faster | failures |", "|---|--:|--:|--:|--:|--:|"]
+    for r in comparison.backends.to_dict("records"):
+        lines.append(
+            f"| {_md_cell(r['backend'])} | {r['cases']} | {_fmt_speedup(r['geomean_speedup'])} | "
+            f"{r['slower']} | {r['faster']} | {r['failures']} |"
+        )
+    lines.append("")
+    records = comparison.cases.to_dict("records")
+    changed = [r for r in records if r["outcome"] != "unchanged"]
+    unchanged = [r for r in records if r["outcome"] == "unchanged"]
+    shown_changed = changed[:max_rows]
+    shown_unchanged = unchanged[: max(0, max_rows - len(shown_changed))]
+    lines += ["### Changed cases, worst first", ""]
+    if shown_changed:
+        lines += _md_table(shown_changed)
+    else:
+        lines.append("No case changed.")
+    lines.append("")
+    if shown_unchanged:
+        lines += [f"<details><summary>{len(unchanged)} unchanged case(s)</summary>", ""]
+        lines += _md_table(shown_unchanged)
+        lines += ["", "</details>", ""]
+    left_out = len(records) - len(shown_changed) - len(shown_unchanged)
+    if left_out:
+        lines += [f"{left_out} more case(s) not shown (see the JSON report).", ""]
+    return "\n".join(lines)
+
+
+def to_json(comparison: Comparison, fail_on: str = "any") -> dict[str, Any]:
+    """The comparison as plain JSON-ready data (every case, all fields)."""
+
+    def clean(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        out = []
+        for r in records:
+            item = {}
+            for k, v in r.items():
+                v = _plain(v)
+                if isinstance(v, float) and not math.isfinite(v):
+                    v = None
+                item[k] = v
+            out.append(item)
+        return out
+
+    return {
+        "suite": comparison.suite,
+        "base": comparison.base_path,
+        "new": comparison.new_path,
+        "fail_on": fail_on,
+        "exit_status": comparison.exit_status(fail_on),
+        "counts": comparison.counts,
+        "warnings": list(comparison.warnings),
+        "thresholds": {f.name: getattr(comparison.thresholds, f.name) for f in fields(Thresholds)},
+        "threshold_source": comparison.threshold_source,
+        "backends": clean(comparison.backends.to_dict("records")),
+        "cases": clean(comparison.cases.to_dict("records")),
+    }
+
+
+def append_step_summary(markdown: str) -> Path | None:
+    """Append ``markdown`` to the file named by ``$GITHUB_STEP_SUMMARY``; None when unset."""
+    target = os.environ.get("GITHUB_STEP_SUMMARY")
+    if not target:
+        return None
+    with open(target, "a", encoding="utf-8") as handle:
+        handle.write(markdown.rstrip("\n") + "\n\n")
+    return Path(target)

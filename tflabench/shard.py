@@ -1,0 +1,243 @@
+"""Deterministic split of a suite's cases into N shards, and merging shard results.
+
+``tflabench run SUITE --shard K/N`` runs :func:`select_shard` of the expanded cases, so a
+SLURM job array or a CI matrix runs N shards in parallel (docs/ci.md), and
+``tflabench merge DIR... --out DIR`` joins their result sets with :func:`merge_results`.
+
+The split is balanced by the model's predicted cost, not by count: greedy
+longest-processing-time scheduling (Graham, 1969: sort jobs by cost descending, give each
+to the least-loaded shard; the makespan is at most 4/3 of the optimum). Ties are broken by
+the case key and the shard index, so the split depends only on the cases and their costs:
+the same on every machine, whatever the order the cases arrive in.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import math
+import os
+import re
+from pathlib import Path
+from typing import Any, Callable, Iterable, Mapping, Sequence
+
+from tflabench.errors import UserError
+
+_SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
+
+#: Metadata keys that must agree between shards of one run (beyond the suite itself).
+MERGE_ENVIRONMENT_KEYS = (
+    "gpu_name", "driver", "cuda", "torch", "triton", "python", "peers", "tflabench", "git_revision",
+)
+
+
+def parse_shard(text: str) -> tuple[int, int]:
+    """Parse ``"K/N"`` (1-based: K in 1..N) into ``(k, n)``.
+
+    Raises:
+        UserError: not of the form K/N with integers 1 <= K <= N.
+    """
+    match = _SHARD_RE.match(str(text))
+    if not match:
+        raise UserError(f"--shard: {text!r} is not of the form K/N (e.g. 2/4: the second of four shards)")
+    k, n = int(match.group(1)), int(match.group(2))
+    if n < 1 or not 1 <= k <= n:
+        raise UserError(f"--shard: {text!r} needs 1 <= K <= N (K counts from 1)")
+    return k, n
+
+
+def format_shard(k: int, n: int) -> str:
+    """``"K/N"``, the form stored in the metadata ``shard`` field."""
+    return f"{k}/{n}"
+
+
+def _default_key(case: Any) -> str:
+    for attribute in ("case_id", "id", "name"):
+        value = getattr(case, attribute, None)
+        if value is not None and not callable(value):
+            return str(value)
+    if isinstance(case, Mapping) and "case_id" in case:
+        return str(case["case_id"])
+    return repr(case)
+
+
+def shard_assignment(
+    cases: Sequence[Any],
+    n: int,
+    cost: Callable[[Any], float] | Sequence[float],
+    key: Callable[[Any], str] | None = None,
+) -> list[int]:
+    """The 1-based shard of every case (same order as ``cases``), by greedy LPT.
+
+    Args:
+        cases: the expanded cases of a suite (any objects).
+        n: number of shards (>= 1).
+        cost: predicted cost of each case (a callable on a case, or one number per case),
+            in any unit proportional to run time (e.g. the model's roofline ms or FLOPs).
+            Costs that are missing, non-finite or negative are replaced by the mean of
+            the valid ones (1.0 when none is valid), so such cases still spread out.
+        key: a stable, unique text per case (default: its ``case_id``, ``id`` or ``name``
+            attribute, else ``repr``); the tie-breaker that makes the split deterministic.
+
+    Raises:
+        ValueError: ``n < 1`` or ``cost`` has the wrong length.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    key = key or _default_key
+    costs = [cost(c) for c in cases] if callable(cost) else list(cost)
+    if len(costs) != len(cases):
+        raise ValueError(f"cost has {len(costs)} entries for {len(cases)} cases")
+    valid = [float(c) for c in costs if c is not None and math.isfinite(float(c)) and float(c) >= 0]
+    fill = sum(valid) / len(valid) if valid else 1.0
+    clean = [
+        float(c) if (c is not None and math.isfinite(float(c)) and float(c) >= 0) else fill for c in costs
+    ]
+    keys = [key(c) for c in cases]
+    order = sorted(range(len(cases)), key=lambda i: (-clean[i], keys[i]))
+    loads = [0.0] * n
+    shard_of = [0] * len(cases)
+    for i in order:
+        target = min(range(n), key=lambda s: (loads[s], s))
+        loads[target] += clean[i]
+        shard_of[i] = target + 1
+    return shard_of
+
+
+def select_shard(
+    cases: Sequence[Any],
+    k: int,
+    n: int,
+    cost: Callable[[Any], float] | Sequence[float],
+    key: Callable[[Any], str] | None = None,
+) -> list:
+    """The cases of shard ``k`` of ``n`` (1-based), in their original order.
+
+    Balanced by predicted cost with greedy longest-processing-time scheduling (see
+    :func:`shard_assignment` for ``cost`` and ``key``); deterministic: the N shards
+    partition ``cases`` identically on every machine.
+
+    Raises:
+        UserError: ``k`` outside ``1..n``.
+    """
+    if not (n >= 1 and 1 <= k <= n):
+        raise UserError(f"--shard: {k}/{n} needs 1 <= K <= N (K counts from 1)")
+    assignment = shard_assignment(cases, n, cost, key)
+    return [case for case, shard in zip(cases, assignment) if shard == k]
+
+
+# ----------------------------------------------------------------------------- merging
+
+
+def merge_results(
+    dirs: Iterable[str | os.PathLike],
+    out_dir: str | os.PathLike,
+    allow_missing: bool = False,
+) -> Path:
+    """Join the result sets of the shards of one run into one result set in ``out_dir``.
+
+    Every input must be a shard (metadata ``shard`` ``"K/N"``) of the same suite (name
+    and ``suite_sha256``), the same N, and the same environment
+    (:data:`MERGE_ENVIRONMENT_KEYS`); no shard may appear twice and no case may be in two
+    shards. The merged metadata is the first shard's with ``shard`` null, ``merged_from``
+    (each shard's ``shard``, ``path``, ``hostname``, ``date``), ``shards_missing`` (list of
+    K) and ``date`` the earliest shard's.
+
+    Args:
+        dirs: result-set directories (or files in them) of the shards.
+        out_dir: where to write the merged set (created; must not hold a result set).
+        allow_missing: write the merge even when some of the N shards are absent
+            (recorded in ``shards_missing``; ``compare`` warns about it).
+
+    Returns:
+        ``out_dir`` as a Path.
+
+    Raises:
+        UserError: no input; an input that is missing, corrupt or not a shard; shards of
+            different suites, environments or N; a repeated shard or case; missing
+            shards (without ``allow_missing``); an ``out_dir`` that already holds results.
+    """
+    from tflabench import results
+
+    paths = [Path(d) for d in dirs]
+    if not paths:
+        raise UserError("merge: give at least one shard result directory")
+    sets = [results.load_results(p) for p in paths]
+
+    shards: list[tuple[int, int, Any]] = []
+    for rs in sets:
+        text = rs.metadata.get("shard")
+        if not text:
+            raise UserError(f"merge: {str(rs.path)!r} is not a shard (its metadata 'shard' is empty)")
+        try:
+            k, n = parse_shard(text)
+        except UserError:
+            raise UserError(f"merge: {str(rs.path)!r} has metadata shard={text!r}, not K/N") from None
+        shards.append((k, n, rs))
+    shards.sort(key=lambda item: item[0])
+
+    first_k, first_n, first = shards[0]
+    ref = first.metadata
+    for k, n, rs in shards[1:]:
+        meta = rs.metadata
+        for key in ("suite", "suite_sha256"):
+            if meta.get(key) != ref.get(key):
+                raise UserError(
+                    f"merge: {str(rs.path)!r} is a shard of another suite ({key} {meta.get(key)!r}, "
+                    f"{str(first.path)!r} has {ref.get(key)!r}); merge shards of one run only"
+                )
+        if n != first_n:
+            raise UserError(
+                f"merge: {str(rs.path)!r} is shard {k}/{n} but {str(first.path)!r} is {first_k}/{first_n}; "
+                "all shards must split into the same N"
+            )
+        for key in MERGE_ENVIRONMENT_KEYS:
+            if meta.get(key) != ref.get(key):
+                raise UserError(
+                    f"merge: {str(rs.path)!r} ran in another environment ({key} {meta.get(key)!r}, "
+                    f"{str(first.path)!r} has {ref.get(key)!r}); rerun the shards with one setup"
+                )
+
+    seen: dict[int, Any] = {}
+    for k, _, rs in shards:
+        if k in seen:
+            raise UserError(f"merge: shard {k}/{first_n} given twice: {str(seen[k].path)!r} and {str(rs.path)!r}")
+        seen[k] = rs
+    missing = [k for k in range(1, first_n + 1) if k not in seen]
+    if missing and not allow_missing:
+        listed = ", ".join(format_shard(k, first_n) for k in missing)
+        raise UserError(
+            f"merge: missing shard(s) {listed} of {first.metadata.get('suite')!r}; "
+            "run them, or pass --allow-missing to merge the rest"
+        )
+
+    rows: list[dict] = []
+    owner: dict[str, str] = {}
+    for k, _, rs in shards:
+        for row in rs.rows.to_dict("records"):
+            cid = row.get("case_id") or results.case_id(row)
+            if cid in owner:
+                raise UserError(
+                    f"merge: case {cid} is in shard {owner[cid]} and {format_shard(k, first_n)}; "
+                    "shards of one run never overlap"
+                )
+            owner[cid] = format_shard(k, first_n)
+            rows.append(row)
+
+    out = Path(out_dir)
+    if out.exists() and any((out / f).exists() for f in (results.ROWS_FILE, results.PARQUET_FILE, results.CSV_FILE)):
+        raise UserError(f"merge: --out {str(out)!r} already holds a result set; choose a new directory")
+
+    metadata = dict(ref)
+    metadata["shard"] = None
+    metadata["merged_from"] = [
+        {"shard": format_shard(k, n), "path": str(rs.path), "hostname": rs.metadata.get("hostname"),
+         "date": rs.metadata.get("date")}
+        for k, n, rs in shards
+    ]
+    metadata["shards_missing"] = missing
+    hostnames = sorted({str(rs.metadata.get("hostname")) for _, _, rs in shards if rs.metadata.get("hostname")})
+    if hostnames:
+        metadata["hostname"] = ",".join(hostnames)
+    dates = sorted(str(rs.metadata["date"]) for _, _, rs in shards if rs.metadata.get("date"))
+    metadata["date"] = dates[0] if dates else _dt.datetime.now().isoformat(timespec="seconds")
+    return results.write_results(out, rows, metadata)
