@@ -1,0 +1,114 @@
+"""The analytic FLOP/byte model of TFLA and its peers (paper App. F and G; docs/model.md).
+
+No torch, numpy or matplotlib is imported here: the analytic commands must start cold in < 2 s.
+
+Main entry points:
+
+- :func:`counts_for_case` — the harness's one call per result row (docs/ARCHITECTURE.md,
+  "Contract: the model").
+- :func:`mlstm_counts` — forward counts, Tables 8-17, ``counts="rows"|"paper"``.
+- :func:`mlstm_backward_counts`, :func:`mlstm_fwdbw_counts` — the derived backward.
+- :func:`attention_counts`, :func:`ssd_counts`, :func:`gla_counts` — peers.
+- runtime, intensity, roofline and optimal chunk sizes in :mod:`tflabench.model.analysis`.
+"""
+
+from __future__ import annotations
+
+from tflabench.errors import UserError
+from tflabench.model._common import (
+    COUNT_MODES,
+    FORMULATIONS,
+    MODES,
+    VARIANTS,
+    Counts,
+    FOps,
+    check_choice,
+    check_positive,
+)
+from tflabench.model.backward import mlstm_backward_counts, mlstm_fwdbw_counts
+from tflabench.model.mlstm import mlstm_counts
+from tflabench.model.peers import attention_counts, gla_counts, ssd_counts
+from tflabench.model.analysis import (
+    chunkwise_coefficients,
+    intensity,
+    l_opt_flop,
+    l_opt_flop_numeric,
+    l_opt_runtime,
+    l_opt_runtime_numeric,
+    l_ridge,
+    l_opt_runtime_max_numeric,
+    best_power_of_two,
+    roofline,
+    runtime,
+)
+
+KINDS = ("mlstm_sig", "mlstm_exp", "mlstm_exp_limit", "attention_causal", "mamba2_ssd", "gla",
+         "simple_gla")
+
+#: Default chunk sizes when a case gives none (kernel defaults: xl_chunk 128, limit_chunk 64,
+#: fla 64, mamba_ssm 256).
+DEFAULT_CHUNK = {"mlstm_sig": 128, "mlstm_exp": 128, "mlstm_exp_limit": 64, "gla": 64,
+                 "simple_gla": 64, "mamba2_ssd": 256}
+
+
+def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_state=None,
+                    bytes_qkv=2, bytes_Cmn=4, F_causal=0.5, counts="rows") -> Counts:
+    """FLOPs and HBM bytes of one benchmark case (one kernel call), for a result row.
+
+    Args:
+        kind: ``mlstm_sig``, ``mlstm_exp`` (TFLA xl_chunk), ``mlstm_exp_limit`` (limit_chunk),
+            ``attention_causal`` (FlashAttention accounting), ``mamba2_ssd``, ``gla``, ``simple_gla``.
+        mode: ``fwd`` or ``fwdbw`` (forward + backward).
+        B, NH, T: batch, heads, sequence length. d_qk, d_hv: head dims (for attention d_qk and
+            d_v; for Mamba 2, d_hv is the head dim P). L: chunk size (default per kind:
+            DEFAULT_CHUNK); L > T is clamped to T (a single chunk), T not a multiple of L is
+            counted with padded chunks N_c = ceil(T/L). d_state: Mamba 2 state dim N (default d_qk).
+        bytes_qkv: bytes per element of inputs/outputs (also used for the gates). bytes_Cmn: bytes
+            per state element (mLSTM; fla GLA keeps states in the input dtype: bytes_qkv).
+        F_causal: fraction of each causal score matrix counted, the same for every kind so that
+            achieved FLOP/s compare like for like (0.5: useful work only, FlashAttention's habit).
+        counts: ``rows`` or ``paper`` (mLSTM forward only; see :mod:`tflabench.model.mlstm`).
+
+    Returns:
+        :class:`Counts` (``.flops``, ``.bytes``, ``.intensity_flop_per_byte``, breakdown rows).
+
+    Raises:
+        UserError: unknown kind/mode/counts, non-positive sizes, F_causal outside [0.5, 1].
+    """
+    check_choice("kind", kind, KINDS)
+    check_choice("mode", mode, MODES)
+    check_choice("counts", counts, COUNT_MODES)
+    for name, v in (("B", B), ("NH", NH), ("T", T), ("d_qk", d_qk), ("d_hv", d_hv)):
+        check_positive(name, v)
+    if L is None:
+        L = DEFAULT_CHUNK.get(kind)
+    if L is not None:
+        check_positive("L", L)
+        L = min(L, T)
+    if kind.startswith("mlstm"):
+        variant = "sig" if kind == "mlstm_sig" else "exp"
+        kw = dict(T=T, d_hv=d_hv, L=L, d_qk=d_qk, N_batch=B, N_head=NH, F_causal=F_causal,
+                  bytes_qkv=bytes_qkv, bytes_if=bytes_qkv, bytes_Cmn=bytes_Cmn, chunks="pad")
+        if mode == "fwd":
+            return mlstm_counts(variant, "chunkwise", counts=counts, **kw)
+        split = "limit_chunk" if kind == "mlstm_exp_limit" else "xl_chunk"
+        return mlstm_fwdbw_counts(variant, counts=counts, kernel_split=split, **kw)
+    if kind == "attention_causal":
+        return attention_counts(mode, B=B, H=NH, T=T, d_qk=d_qk, d_v=d_hv, F_causal=F_causal,
+                                bytes_qkv=bytes_qkv)
+    if kind == "mamba2_ssd":
+        N = d_qk if d_state is None else d_state
+        return ssd_counts(mode, B=B, T=T, H=NH, P=d_hv, N=N, G=1, Q=L, F_causal=F_causal,
+                          bytes_x=bytes_qkv)
+    return gla_counts(kind, mode, B=B, H=NH, T=T, d_k=d_qk, d_v=d_hv, L=L, F_causal=F_causal,
+                      bytes_qkv=bytes_qkv)
+
+
+__all__ = [
+    "COUNT_MODES", "FORMULATIONS", "KINDS", "MODES", "VARIANTS", "Counts", "FOps", "UserError",
+    "attention_counts", "best_power_of_two", "check_positive", "chunkwise_coefficients",
+    "counts_for_case", "gla_counts", "intensity", "l_opt_flop", "l_opt_flop_numeric",
+    "l_opt_runtime", "l_opt_runtime_max_numeric", "l_opt_runtime_numeric", "l_ridge",
+    "mlstm_backward_counts", "mlstm_counts", "mlstm_fwdbw_counts", "roofline", "runtime",
+    "ssd_counts",
+]
