@@ -1,0 +1,68 @@
+"""Plots (matplotlib, imported lazily): analytic figures (analytic.py) and benchmark figures.
+
+Shared helpers: :func:`save_figure` (directories, format by extension, returns the path) and
+:func:`new_figure` (a figure on the non-interactive Agg backend).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+#: Where plots go unless ``--out`` says otherwise (relative to the working directory).
+DEFAULT_PLOT_DIR = Path("results") / "plots"
+
+_FORMATS = {".png", ".svg", ".pdf"}
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg", force=True)
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def new_figure(figsize=(7.0, 4.8)):
+    """A new (figure, axes) pair on the Agg backend (no display needed)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=figsize, layout="constrained")
+    return fig, ax
+
+
+def plot_path(out: str | Path | None, default_name: str) -> Path:
+    """The path a plot is written to: ``out`` if given (a file, or a directory ending in ``/``
+    or existing as one), else ``results/plots/<default_name>``."""
+    if out is None:
+        return DEFAULT_PLOT_DIR / default_name
+    p = Path(out)
+    if p.is_dir() or str(out).endswith(("/", "\\")):
+        return p / default_name
+    return p
+
+
+def save_figure(fig, path: str | Path, *, dpi: int = 150) -> Path:
+    """Write ``fig`` to ``path`` (parent directories created), close it and return the path.
+
+    The format follows the extension: ``.png`` (default when there is none), ``.svg`` or ``.pdf``.
+
+    Raises:
+        tflabench.errors.UserError: another extension, or the file cannot be written.
+    """
+    from tflabench.errors import UserError
+
+    path = Path(path)
+    if path.suffix == "":
+        path = path.with_suffix(".png")
+    if path.suffix.lower() not in _FORMATS:
+        raise UserError(
+            f"--out={str(path)!r} has an unsupported extension; allowed: {', '.join(sorted(_FORMATS))}"
+        )
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."))
+    except OSError as exc:
+        raise UserError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}") from None
+    finally:
+        _pyplot().close(fig)
+    return path
