@@ -504,6 +504,8 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
         records.append(_compare_one(key, base_dict.get(key), new_dict.get(key), thresholds))
 
     cases = pd.DataFrame.from_records(records, columns=_CASE_COLUMNS)
+    for column in _TEXT_COLUMNS:  # None stays None (not NaN) in the text columns
+        cases[column] = cases[column].astype(object).where(cases[column].notna(), None)
     order = {o: i for i, o in enumerate(OUTCOMES)}
     cases["_rank"] = cases["outcome"].map(order)
     # worst first: by outcome, then the largest slowdown, then the label for stability
@@ -531,6 +533,11 @@ _CASE_COLUMNS = (
     "key", "case_id", "case", "backend", "mode", "outcome", "detail", "base_status", "new_status",
     "base_ms", "new_ms", "time_ratio", "time_verdict", "p_value", "test", "base_peak_mem_bytes",
     "new_peak_mem_bytes", "mem_ratio", "mem_verdict", "new_reason",
+)
+
+_TEXT_COLUMNS = (
+    "key", "case_id", "case", "backend", "mode", "outcome", "detail", "base_status", "new_status",
+    "time_verdict", "test", "mem_verdict", "new_reason",
 )
 
 

@@ -1,0 +1,394 @@
+"""tflabench compare: matching, the per-case decision, warnings, outputs, exit status.
+
+Result sets are built here with ``tflabench.results.write_results``. Timing noise is
+synthetic with fixed seeds: per-iteration samples ``median * (1 + 0.03 * N(0, 1))`` with
+about 5 % outliers 1.3-3x slower (a GPU that is preempted, a clock dip), plus a run-level
+drift of ``N(0, 0.5 %)`` per run and case (thermal/clock state between two runs). A/A
+stays quiet, 10 % (and 5 %) slowdowns are flagged: issue 7, "Done when".
+"""
+
+from __future__ import annotations
+
+import json
+import re
+
+import numpy as np
+import pytest
+from typer.testing import CliRunner
+
+from tflabench import compare as cmp
+from tflabench.cli import app
+from tflabench.errors import UserError
+from tflabench.results import load_results, write_results
+
+SUITE = "cmp_demo"
+METADATA = dict(
+    suite=SUITE, suite_path="suites/cmp_demo.yaml", suite_sha256="ab" * 32, date="2025-01-01T00:00:00",
+    git_revision="0" * 40, hostname="runner-1", gpu_name="NVIDIA H200", gpu_count=1, driver="570.86",
+    cuda="12.8", torch="2.13.0", triton="3.6.0", python="3.12.3", peers={"fla": "0.3.0"}, tflabench="0.1.0",
+    shard=None, ceilings=None,
+)
+SEQ_LENS = (512, 1024, 2048, 4096, 8192)
+BACKENDS = ("tfla_sig", "tfla_exp", "fa2")
+N_ITER = 50
+
+
+def noisy_samples(median_ms: float, seed: int, n: int = N_ITER, drift_sd: float = 0.005) -> np.ndarray:
+    """Per-iteration times (ms): 3 % Gaussian spread, ~5 % outliers 1.3-3x, run drift."""
+    rng = np.random.default_rng(seed)
+    drift = 1.0 + drift_sd * rng.standard_normal()
+    samples = median_ms * drift * (1.0 + 0.03 * rng.standard_normal(n))
+    outliers = rng.random(n) < 0.05
+    samples[outliers] *= rng.uniform(1.3, 3.0, int(outliers.sum()))
+    return samples
+
+
+def make_row(backend: str, seq_len: int, *, samples=None, status: str = "ok", reason=None,
+             peak_mem_bytes: float = 64 * 2**20, with_samples: bool = True, q=None) -> dict:
+    row = dict(
+        suite=SUITE, kernel=backend, backend=backend, family="mlstm", params={"chunk_size": 64}, mode="fwd",
+        dtype="bfloat16", device="cuda", batch=1, seq_len=seq_len, heads=8, d_qk=256, d_hv=512,
+        chunk_size=64, embedding_dim=4096, status=status, reason=reason,
+    )
+    if status == "ok":
+        s = np.asarray(samples, dtype=float)
+        q25, q75 = q if q is not None else (float(np.quantile(s, 0.25)), float(np.quantile(s, 0.75)))
+        row.update(
+            ms_median=float(np.median(s)), ms_mean=float(s.mean()), ms_min=float(s.min()), ms_max=float(s.max()),
+            ms_q25=q25, ms_q75=q75, ms_samples=[float(x) for x in s] if with_samples else None,
+            n_iter=len(s), peak_mem_bytes=peak_mem_bytes,
+        )
+    return row
+
+
+def base_median_ms(backend: str, seq_len: int) -> float:
+    # arbitrary, distinct per case (the decision is relative)
+    return 0.05 * seq_len / 512 * (1 + BACKENDS.index(backend))
+
+
+def suite_rows(run_seed: int, slow: dict | None = None, **overrides) -> list[dict]:
+    """One row per (backend, seq_len); ``slow`` maps (backend, seq_len) -> time factor."""
+    rows = []
+    for bi, backend in enumerate(BACKENDS):
+        for si, seq_len in enumerate(SEQ_LENS):
+            factor = (slow or {}).get((backend, seq_len), 1.0)
+            seed = run_seed * 1000 + bi * 10 + si
+            rows.append(make_row(backend, seq_len, samples=noisy_samples(base_median_ms(backend, seq_len) * factor, seed)))
+    return rows
+
+
+def write(tmp_path, name, rows, **meta):
+    return load_results(write_results(tmp_path / name, rows, dict(METADATA, **meta)))
+
+
+def outcome_of(comparison, backend, seq_len):
+    cases = comparison.cases
+    hit = cases[(cases["backend"] == backend) & cases["case"].str.contains(f" S{seq_len} ")]
+    assert len(hit) == 1
+    return hit.iloc[0]
+
+
+# ----------------------------------------------------------------------------- decisions
+
+
+def test_identical_runs_report_no_change(tmp_path):
+    rows = suite_rows(1)
+    base, new = write(tmp_path, "a", rows), write(tmp_path, "b", rows)
+    comparison = cmp.compare_results(base, new)
+    assert set(comparison.cases["outcome"]) == {"unchanged"}
+    assert len(comparison.cases) == len(BACKENDS) * len(SEQ_LENS)
+    assert comparison.warnings == []
+    assert comparison.exit_status("any") == 0
+    # every backend's geometric-mean speed-up is exactly 1 (same medians)
+    assert np.allclose(comparison.backends["geomean_speedup"], 1.0)
+
+
+@pytest.mark.parametrize("run_seeds", [(1, 2), (3, 4), (5, 6)])
+def test_same_noise_without_slowdown_is_not_flagged(tmp_path, run_seeds):
+    base = write(tmp_path, "a", suite_rows(run_seeds[0]))
+    new = write(tmp_path, "b", suite_rows(run_seeds[1]))
+    comparison = cmp.compare_results(base, new)
+    assert comparison.counts["regression"] == 0
+    assert comparison.counts["improvement"] == 0
+    assert comparison.exit_status("any") == 0
+
+
+@pytest.mark.parametrize("factor", [1.10, 1.05])
+@pytest.mark.parametrize("run_seeds", [(1, 2), (3, 4), (5, 6)])
+def test_noisy_slowdown_is_flagged_and_only_that_case(tmp_path, factor, run_seeds):
+    slowed = ("tfla_sig", 2048)
+    base = write(tmp_path, "a", suite_rows(run_seeds[0]))
+    new = write(tmp_path, "b", suite_rows(run_seeds[1], slow={slowed: factor}))
+    comparison = cmp.compare_results(base, new)
+    row = outcome_of(comparison, *slowed)
+    assert row["outcome"] == "regression"
+    assert row["time_verdict"] == "slower"
+    assert row["test"] == "mannwhitneyu" and row["p_value"] < 0.01
+    assert comparison.counts["regression"] == 1
+    # worst first: the regression heads the table
+    assert comparison.cases.iloc[0]["key"] == row["key"]
+    assert comparison.exit_status("regression") == 1
+    assert comparison.exit_status("failure") == 0
+
+
+def test_speedup_is_an_improvement_not_a_failure(tmp_path):
+    base = write(tmp_path, "a", suite_rows(1))
+    new = write(tmp_path, "b", suite_rows(2, slow={("fa2", 4096): 0.8}))
+    comparison = cmp.compare_results(base, new)
+    assert outcome_of(comparison, "fa2", 4096)["outcome"] == "improvement"
+    assert comparison.exit_status("any") == 0
+    fa2 = comparison.backends.set_index("backend").loc["fa2"]
+    # geometric mean over 5 cases, one of them 1/0.8 = 1.25x faster: about 1.25 ** (1/5) = 1.046
+    assert 1.03 < fa2["geomean_speedup"] < 1.07
+
+
+def test_median_shift_inside_a_wide_spread_stays_quiet():
+    # medians differ by 5 % (past the 3 % threshold) but 8 samples spread over +-50 %:
+    # the rank test cannot tell them apart, so it is not a regression.
+    base = np.linspace(0.5, 1.5, 8)
+    new = base * 1.05
+    decision = cmp.decide_time(float(np.median(base)), float(np.median(new)), base, new, cmp.Thresholds())
+    assert decision.ratio == pytest.approx(1.05)
+    assert decision.p_value > 0.01
+    assert decision.verdict == "same"
+
+
+def test_iqr_rule_decides_when_samples_are_missing(tmp_path):
+    base = write(tmp_path, "a", [
+        make_row("tfla_sig", 512, samples=[1.0] * 3, q=(0.98, 1.02), with_samples=False),
+        make_row("tfla_sig", 1024, samples=[2.0] * 3, q=(1.9, 2.1), with_samples=False),
+    ])
+    new = write(tmp_path, "b", [
+        make_row("tfla_sig", 512, samples=[1.10] * 3, q=(1.08, 1.12), with_samples=False),  # IQRs apart
+        make_row("tfla_sig", 1024, samples=[2.10] * 3, q=(2.0, 2.2), with_samples=False),  # IQRs overlap
+    ])
+    comparison = cmp.compare_results(base, new)
+    apart, overlap = outcome_of(comparison, "tfla_sig", 512), outcome_of(comparison, "tfla_sig", 1024)
+    assert (apart["outcome"], apart["test"]) == ("regression", "iqr")
+    assert (overlap["outcome"], overlap["test"]) == ("unchanged", "iqr")
+
+
+def test_memory_is_compared_with_its_own_threshold(tmp_path):
+    s = noisy_samples(1.0, 7)
+    mib = 2**20
+    base = write(tmp_path, "a", [
+        make_row("tfla_sig", 512, samples=s, peak_mem_bytes=100 * mib),
+        make_row("tfla_sig", 1024, samples=s, peak_mem_bytes=100 * mib),
+        make_row("tfla_sig", 2048, samples=s, peak_mem_bytes=4 * 1024),
+    ])
+    new = write(tmp_path, "b", [
+        make_row("tfla_sig", 512, samples=s, peak_mem_bytes=120 * mib),   # +20 %: larger
+        make_row("tfla_sig", 1024, samples=s, peak_mem_bytes=103 * mib),  # +3 %: under 5 %
+        make_row("tfla_sig", 2048, samples=s, peak_mem_bytes=8 * 1024),   # +100 % but 4 KiB: under the floor
+    ])
+    comparison = cmp.compare_results(base, new)
+    grown = outcome_of(comparison, "tfla_sig", 512)
+    assert (grown["outcome"], grown["mem_verdict"], grown["time_verdict"]) == ("regression", "larger", "same")
+    assert outcome_of(comparison, "tfla_sig", 1024)["outcome"] == "unchanged"
+    assert outcome_of(comparison, "tfla_sig", 2048)["outcome"] == "unchanged"
+
+
+@pytest.mark.parametrize("status", ["crash", "oom", "wrong", "timeout"])
+def test_status_change_from_ok_is_a_new_failure(tmp_path, status):
+    rows = suite_rows(1)
+    new_rows = suite_rows(1)
+    new_rows[3] = make_row(rows[3]["backend"], rows[3]["seq_len"], status=status, reason=f"{status} in worker")
+    comparison = cmp.compare_results(write(tmp_path, "a", rows), write(tmp_path, "b", new_rows))
+    row = outcome_of(comparison, rows[3]["backend"], rows[3]["seq_len"])
+    assert row["outcome"] == "new_failure"
+    assert row["detail"] == f"ok -> {status}"
+    assert comparison.counts["new_failure"] == 1
+    assert comparison.exit_status("failure") == 1
+    assert comparison.exit_status("any") == 1
+    assert comparison.exit_status("regression") == 0
+    assert comparison.exit_status("none") == 0
+
+
+def test_added_and_removed_cases_are_listed(tmp_path):
+    rows = suite_rows(1)
+    extra = make_row("tfla_sig", 16384, samples=noisy_samples(2.0, 99))
+    base = write(tmp_path, "a", rows)
+    new = write(tmp_path, "b", rows[1:] + [extra])
+    comparison = cmp.compare_results(base, new)
+    assert outcome_of(comparison, "tfla_sig", 16384)["outcome"] == "added"
+    removed = outcome_of(comparison, rows[0]["backend"], rows[0]["seq_len"])
+    # it ran ok in the base and is gone: the run lost coverage
+    assert removed["outcome"] == "lost"
+    assert (removed["base_status"], removed["new_status"]) == ("ok", None)
+    assert comparison.exit_status("regression") == 0
+    assert comparison.exit_status("failure") == 1
+
+
+def test_added_case_that_fails_is_a_new_failure(tmp_path):
+    rows = suite_rows(1)
+    base = write(tmp_path, "a", rows)
+    new = write(tmp_path, "b", rows + [make_row("tfla_exp", 16384, status="oom", reason="CUDA out of memory")])
+    comparison = cmp.compare_results(base, new)
+    assert outcome_of(comparison, "tfla_exp", 16384)["outcome"] == "new_failure"
+
+
+def test_environment_mismatch_warns_and_still_compares(tmp_path):
+    rows = suite_rows(1)
+    base = write(tmp_path, "a", rows)
+    new = write(tmp_path, "b", rows, gpu_name="NVIDIA H100 80GB HBM3", torch="2.14.0", triton="3.7.0")
+    comparison = cmp.compare_results(base, new)
+    warned = " ".join(comparison.warnings)
+    for key in ("gpu_name", "torch", "triton"):
+        assert f"{key} differs" in warned
+    assert "driver differs" not in warned and "cuda differs" not in warned
+    assert set(comparison.cases["outcome"]) == {"unchanged"}
+
+
+# ----------------------------------------------------------------------------- thresholds
+
+
+def test_suite_thresholds_from_metadata_then_file_then_option(tmp_path):
+    slow = {("tfla_sig", 2048): 1.10}
+    base = write(tmp_path, "a", suite_rows(1), compare={"time_threshold": 0.2})
+    new = write(tmp_path, "b", suite_rows(2, slow=slow), compare={"time_threshold": 0.2})
+    thresholds, source = cmp.resolve_thresholds(base.metadata, new.metadata)
+    assert (thresholds.time_threshold, source["time_threshold"]) == (0.2, "new suite")
+    assert cmp.compare_results(base, new, thresholds).counts["regression"] == 0
+
+    path = tmp_path / "thresholds.yaml"
+    path.write_text("compare:\n  time_threshold: 0.05\n  alpha: 0.001\n")
+    thresholds, source = cmp.resolve_thresholds(base.metadata, new.metadata, cmp.load_thresholds_file(path))
+    assert (thresholds.time_threshold, thresholds.alpha, source["alpha"]) == (0.05, 0.001, "thresholds file")
+    assert cmp.compare_results(base, new, thresholds).counts["regression"] == 1
+
+    thresholds, source = cmp.resolve_thresholds(
+        base.metadata, new.metadata, cmp.load_thresholds_file(path), {"time_threshold": 0.5, "alpha": None})
+    assert (thresholds.time_threshold, source["time_threshold"], thresholds.alpha) == (0.5, "option", 0.001)
+
+
+def test_bad_threshold_file_is_a_user_error(tmp_path):
+    path = tmp_path / "t.yaml"
+    path.write_text("time_treshold: 0.05\n")
+    with pytest.raises(UserError, match="unknown threshold 'time_treshold'"):
+        cmp.load_thresholds_file(path)
+    path.write_text("alpha: 2\n")
+    with pytest.raises(UserError, match="alpha"):
+        cmp.load_thresholds_file(path)
+
+
+# ----------------------------------------------------------------------------- rendering
+
+
+def _markdown_tables(text: str) -> list[list[str]]:
+    tables, current = [], []
+    for line in text.splitlines():
+        if line.startswith("|"):
+            current.append(line)
+        elif current:
+            tables.append(current)
+            current = []
+    if current:
+        tables.append(current)
+    return tables
+
+
+def test_markdown_has_a_header_and_one_row_per_reported_case(tmp_path):
+    rows = suite_rows(1)
+    new_rows = suite_rows(2, slow={("tfla_sig", 2048): 1.10})
+    new_rows[5] = make_row(rows[5]["backend"], rows[5]["seq_len"], status="crash", reason="segfault | core dumped")
+    comparison = cmp.compare_results(write(tmp_path, "a", rows), write(tmp_path, "b", new_rows[1:]))
+    text = cmp.to_markdown(comparison)
+    tables = _markdown_tables(text)
+    # per-backend table, changed cases, unchanged cases (in <details>)
+    assert len(tables) == 3
+    per_backend, changed, unchanged = tables
+    assert re.match(r"^\|\s*backend\s*\|", per_backend[0]) and len(per_backend) == 2 + len(BACKENDS)
+    for table in (changed, unchanged):
+        assert "case" in table[0] and re.fullmatch(r"\|[:\-|]+\|", table[1])
+        width = table[0].count(" | ")
+        assert all(row.replace("\\|", "").count(" | ") == width for row in table[2:])
+    n_changed = int((comparison.cases["outcome"] != "unchanged").sum())
+    assert n_changed == 3  # the regression, the crash, the lost case
+    assert len(changed) - 2 == n_changed
+    assert len(unchanged) - 2 == len(comparison.cases) - n_changed
+    assert "new failure" in changed[2] and "regression" in changed[3]  # worst first
+    assert "<details>" in text
+
+
+def test_json_report_lists_every_case(tmp_path):
+    base = write(tmp_path, "a", suite_rows(1))
+    new = write(tmp_path, "b", suite_rows(2, slow={("fa2", 512): 1.2}))
+    report = json.loads(json.dumps(cmp.to_json(cmp.compare_results(base, new))))
+    assert len(report["cases"]) == len(BACKENDS) * len(SEQ_LENS)
+    assert report["exit_status"] == 1 and report["counts"]["regression"] == 1
+    assert report["cases"][0]["outcome"] == "regression"
+
+
+# ----------------------------------------------------------------------------- command line
+
+
+def _run(*args, env=None):
+    return CliRunner().invoke(app, ["compare", *map(str, args)], env=env)
+
+
+def test_cli_exit_status_follows_fail_on(tmp_path):
+    write(tmp_path, "a", suite_rows(1))
+    write(tmp_path, "b", suite_rows(2, slow={("tfla_exp", 1024): 1.10}))
+    assert _run(tmp_path / "a", tmp_path / "a").exit_code == 0
+    assert _run(tmp_path / "a", tmp_path / "b").exit_code == 1
+    assert _run(tmp_path / "a", tmp_path / "b", "--fail-on", "failure").exit_code == 0
+    assert _run(tmp_path / "a", tmp_path / "b", "--fail-on", "none").exit_code == 0
+    assert _run(tmp_path / "a", tmp_path / "b", "--time-threshold", "0.2").exit_code == 0
+
+
+def test_cli_writes_markdown_json_and_step_summary(tmp_path):
+    write(tmp_path, "a", suite_rows(1))
+    write(tmp_path, "b", suite_rows(2, slow={("tfla_exp", 1024): 1.10}))
+    summary = tmp_path / "summary.md"
+    summary.write_text("earlier step\n")
+    result = _run(tmp_path / "a", tmp_path / "b", "--markdown", tmp_path / "r.md", "--json", tmp_path / "r.json",
+                  "--step-summary", env={"GITHUB_STEP_SUMMARY": str(summary)})
+    assert result.exit_code == 1
+    markdown = (tmp_path / "r.md").read_text()
+    assert markdown.startswith("## tflabench compare")
+    assert summary.read_text().startswith("earlier step\n## tflabench compare")
+    assert json.loads((tmp_path / "r.json").read_text())["counts"]["regression"] == 1
+
+
+def test_cli_warns_about_environment_mismatch(tmp_path):
+    write(tmp_path, "a", suite_rows(1))
+    write(tmp_path, "b", suite_rows(1), driver="575.00")
+    result = _run(tmp_path / "a", tmp_path / "b", "--format", "markdown")
+    assert result.exit_code == 0
+    assert "driver differs: base '570.86', new '575.00'" in result.output
+
+
+def _one_line_error(result, fragment):
+    assert result.exit_code == 2
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: ") and fragment in lines[0]
+    assert "Traceback" not in result.output
+
+
+def test_missing_file_is_unusable_input(tmp_path):
+    write(tmp_path, "a", suite_rows(1))
+    _one_line_error(_run(tmp_path / "a", tmp_path / "nope"), "does not exist")
+
+
+def test_different_suites_are_unusable_input(tmp_path):
+    write(tmp_path, "a", suite_rows(1))
+    write(tmp_path, "b", [dict(r, suite="other") for r in suite_rows(1)], suite="other")
+    _one_line_error(_run(tmp_path / "a", tmp_path / "b"), "different suites")
+
+
+def test_corrupt_table_is_unusable_input(tmp_path):
+    write(tmp_path, "a", suite_rows(1))
+    b = write_results(tmp_path / "b", suite_rows(1), METADATA)
+    lines = (b / "rows.jsonl").read_text().splitlines()
+    lines[2] = lines[2][: len(lines[2]) // 2]  # a torn line in the middle, not the tail
+    (b / "rows.jsonl").write_text("\n".join(lines) + "\n")
+    _one_line_error(_run(tmp_path / "a", b), "not JSON")
+
+
+def test_corrupt_samples_are_unusable_input(tmp_path):
+    rows = suite_rows(1)
+    write(tmp_path, "a", rows)
+    bad = [dict(r) for r in rows]
+    bad[0]["ms_samples"] = "[1.0, 2.0"
+    write(tmp_path, "b", bad)
+    _one_line_error(_run(tmp_path / "a", tmp_path / "b"), "ms_samples")
