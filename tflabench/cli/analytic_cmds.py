@@ -1,3 +1,656 @@
-"""Commands: (being written)."""
+"""Commands of the analytic model: flops, roofline, intensity, optimal-chunk, gpus.
 
-from tflabench.cli import app, user_errors  # noqa: F401
+Thin: parse, call :mod:`tflabench.model` / :mod:`tflabench.hardware`, render (rich tables or
+``--json``), plot (:mod:`tflabench.plots.analytic`, imported only when a plot is drawn).
+No torch, pandas or matplotlib import on the paths that print numbers only.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from tflabench.cli import app, user_errors
+from tflabench.errors import UserError
+
+# ------------------------------------------------------------------ shared option vocabulary
+
+_H_VARIANT = "mLSTM variant: sig (sigmoid input gate) or exp (exponential input gate)."
+_H_FORM = "Formulation: chunkwise (TFLA), parallel or recurrent."
+_H_T = "Sequence length T (tokens)."
+_H_B = "Batch size N_batch."
+_H_NH = "Number of heads N_head."
+_H_DHV = "Value/hidden head dimension d_hv."
+_H_DQK = "Query/key head dimension d_qk (give --dqk or --pqk, not both)."
+_H_PQK = "p_qk = d_qk / d_hv (default 0.5, the paper's)."
+_H_STATE = "Bytes per state element C, n, m (bytes_Cmn): 4 (fp32) or 2 (bf16)."
+_H_QKV = "Bytes per q, k, v, h element (bytes_qkv)."
+_H_IF = "Bytes per gate pre-activation element (bytes_if)."
+_H_CAUSAL = "F_causal: fraction of each L x L matrix computed, in [0.5, 1] (0.66: the paper's figures)."
+_H_COUNTS = "rows: totals are the sums of the table rows (default); paper: printed Table 17 / eqs. 111-121."
+_H_CEIL = "Ceilings: datasheet or measured (measured: recorded by `tflabench calibrate`)."
+_H_GPU = "GPU key or name (repeat for several); see `tflabench gpus`."
+_H_JSON = "Print machine-readable JSON instead of tables."
+_H_HW = "YAML file adding or overriding GPUs (else $TFLABENCH_HARDWARE or ~/.config/tflabench/gpus.yaml)."
+_H_OUT = "Plot file (.png, .svg, .pdf) or directory; default results/plots/<name>.png."
+_H_MODE = "fwd (forward, the paper's model) or fwdbw (forward + derived backward, docs/model.md)."
+
+DEFAULT_ROOFLINE_L = "64,128,256,512,1024,2048,4096"
+
+
+def _parse_list(name: str, text, kind=float) -> list:
+    """'64,128,256' -> [64, 128, 256]; one line UserError naming the option on bad items."""
+    if isinstance(text, (list, tuple)):
+        items = [str(t) for t in text]
+        items = [p for t in items for p in t.split(",")]
+    else:
+        items = str(text).split(",")
+    out = []
+    for raw in items:
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            v = float(raw)
+            if kind is int:
+                if not v.is_integer():
+                    raise ValueError
+                v = int(v)
+        except ValueError:
+            what = "integers" if kind is int else "numbers"
+            raise UserError(f"{name}={text!r} is not valid; give comma-separated {what}, e.g. 64,128,256") from None
+        out.append(v)
+    if not out:
+        raise UserError(f"{name}={text!r} is empty; give at least one value")
+    return out
+
+
+def _positive(name: str, value):
+    if value is None or not (value > 0) or (isinstance(value, float) and not math.isfinite(value)):
+        raise UserError(f"{name}={value!r} is not valid; it must be a positive number")
+    return value
+
+
+def _one_of(name: str, value: str, allowed) -> str:
+    v = str(value).lower()
+    if v not in allowed:
+        raise UserError(f"{name}={value!r} is not valid; allowed: {'|'.join(allowed)}")
+    return v
+
+
+def _dqk_pqk(d_hv, dqk, pqk):
+    if dqk is not None and pqk is not None:
+        raise UserError("--dqk and --pqk given together; give one (p_qk = d_qk / d_hv)")
+    if dqk is not None:
+        _positive("--dqk", dqk)
+        return dqk, dqk / d_hv
+    p = 0.5 if pqk is None else pqk
+    if not (p > 0):
+        raise UserError(f"--pqk={pqk!r} is not valid; p_qk must be > 0")
+    return p * d_hv, p
+
+
+def _causal(value) -> float:
+    if not (0.5 <= value <= 1.0):
+        raise UserError(f"--causal-factor={value!r} is not valid; F_causal must lie in [0.5, 1]")
+    return value
+
+
+def _gpus(names, ceilings, hardware):
+    from tflabench.hardware import get_gpu
+
+    _one_of("--ceilings", ceilings, ("datasheet", "measured"))
+    return [get_gpu(n, ceilings=ceilings, hardware_file=hardware) for n in names]
+
+
+def _echo_json(obj) -> None:
+    typer.echo(json.dumps(obj, indent=2, default=_json_default))
+
+
+def _json_default(o):
+    if isinstance(o, Path):
+        return str(o)
+    if isinstance(o, float) and not math.isfinite(o):
+        return None
+    raise TypeError(type(o).__name__)
+
+
+def _console():
+    from rich.console import Console
+
+    con = Console()
+    if not con.is_terminal:  # piped or captured: do not squeeze the tables into 80 columns
+        con = Console(width=max(con.width, 120))
+    return con
+
+
+def _table(title):
+    from rich import box
+    from rich.table import Table
+
+    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+
+
+def _e(x) -> str:
+    if x is None:
+        return "-"
+    return f"{x:.4g}" if abs(x) < 1e5 else f"{x:.4e}"
+
+
+# ------------------------------------------------------------------ flops
+
+
+@app.command()
+def flops(
+    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
+    formulation: str = typer.Option("chunkwise", "--formulation", help=_H_FORM),
+    chunk_size: int = typer.Option(128, "--chunk-size", "-L", help="Chunk size L (chunkwise only)."),
+    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
+    batch: int = typer.Option(8, "--batch", help=_H_B),
+    heads: int = typer.Option(8, "--heads", help=_H_NH),
+    dhv: int = typer.Option(512, "--dhv", help=_H_DHV),
+    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
+    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
+    state_bytes: float = typer.Option(4, "--state-bytes", help=_H_STATE),
+    qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
+    gate_bytes: float = typer.Option(2, "--gate-bytes", help=_H_IF),
+    causal_factor: float = typer.Option(0.66, "--causal-factor", help=_H_CAUSAL),
+    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
+    pad: bool = typer.Option(False, "--pad", help="Allow L not dividing T: count ceil(T/L) padded chunks."),
+    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+) -> None:
+    """FLOP and byte counts of one mLSTM configuration, by part, with intensity (paper App. F).
+
+    Example: tflabench flops --variant exp -L 256 -T 8192 --dhv 512 --pqk 0.5
+    """
+    with user_errors():
+        from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
+
+        variant = _one_of("--variant", variant, ("sig", "exp"))
+        formulation = _one_of("--formulation", formulation, ("chunkwise", "parallel", "recurrent"))
+        counts = _one_of("--counts", counts, ("rows", "paper"))
+        mode = _one_of("--mode", mode, ("fwd", "fwdbw"))
+        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--dhv", dhv),
+                        ("--chunk-size", chunk_size), ("--state-bytes", state_bytes),
+                        ("--qkv-bytes", qkv_bytes), ("--gate-bytes", gate_bytes)):
+            _positive(name, v)
+        d_qk, p_qk = _dqk_pqk(dhv, dqk, pqk)
+        _causal(causal_factor)
+        if formulation == "chunkwise" and chunk_size > seq_len:
+            raise UserError(f"--chunk-size={chunk_size} is not valid; it must satisfy 1 <= L <= T (T={seq_len})")
+        if formulation == "chunkwise" and seq_len % chunk_size and not pad:
+            raise UserError(f"--chunk-size={chunk_size} does not divide --seq-len={seq_len}; "
+                            "choose L dividing T or pass --pad")
+        if mode == "fwdbw" and formulation != "chunkwise":
+            raise UserError(f"--mode=fwdbw is modelled for --formulation chunkwise only (got {formulation})")
+        kw = dict(T=seq_len, d_hv=dhv, d_qk=d_qk, N_batch=batch, N_head=heads, F_causal=causal_factor,
+                  bytes_qkv=qkv_bytes, bytes_if=gate_bytes, bytes_Cmn=state_bytes,
+                  chunks="pad" if pad else "divide")
+        L = chunk_size if formulation == "chunkwise" else None
+        if mode == "fwd":
+            c = mlstm_counts(variant, formulation, L=L, counts=counts, **kw)
+        else:
+            c = mlstm_fwdbw_counts(variant, L=L, counts=counts, **kw)
+        config = {"variant": variant, "formulation": formulation, "mode": mode, "counts": counts,
+                  "N_batch": batch, "N_head": heads, "T": seq_len, "L": L, "d_qk": d_qk, "d_hv": dhv,
+                  "p_qk": p_qk, "F_causal": causal_factor, "bytes_qkv": qkv_bytes,
+                  "bytes_if": gate_bytes, "bytes_Cmn": state_bytes, "pad": pad}
+        if as_json:
+            _echo_json({"config": config, **c.as_dict()})
+            return
+        _render_counts(config, c)
+
+
+def _row_kernel(formulation: str, row: str) -> str:
+    if row.startswith("bwd_"):
+        return "backward"
+    name = row[4:] if row.startswith("fwd_") else row
+    if formulation == "chunkwise":
+        if name in ("gates", "numerator", "denominator"):
+            return "recurrent kernel"
+        if name == "paper_table17_adjustment":
+            return "(paper mode)"
+        return "parallel kernel"
+    return formulation
+
+
+def _render_counts(config: dict, c) -> None:
+    con = _console()
+    form = config["formulation"]
+    title = (f"mLSTM{config['variant']} {form} {config['mode']}: B={config['N_batch']} NH={config['N_head']} "
+             f"T={config['T']}" + (f" L={config['L']}" if config["L"] else "")
+             + f" d_qk={_e(config['d_qk'])} d_hv={config['d_hv']} F_causal={config['F_causal']} "
+             f"counts={config['counts']}")
+    t = _table(title)
+    t.add_column("part")
+    t.add_column("kernel")
+    t.add_column("FLOPs", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in c.flop_rows.items():
+        t.add_row(k, _row_kernel(form, k), f"{v:.4e}", f"{100 * v / c.flops:.2f} %")
+    t.add_row("[b]total[/b]", "", f"[b]{c.flops:.4e}[/b]", "100 %")
+    if c.matmul_flops is not None:
+        t.add_row("of which matmul (tensor core)", "", f"{c.matmul_flops:.4e}",
+                  f"{100 * c.matmul_flops / c.flops:.2f} %")
+    con.print(t)
+    b = _table("HBM bytes (loads + stores)")
+    b.add_column("kernel, direction")
+    b.add_column("bytes", justify="right")
+    b.add_column("share", justify="right")
+    for k, v in c.byte_rows.items():
+        b.add_row(k, f"{v:.4e}", f"{100 * v / c.bytes:.2f} %")
+    b.add_row("[b]total[/b]", f"[b]{c.bytes:.4e}[/b]", "100 %")
+    con.print(b)
+    con.print(f"arithmetic intensity: [b]{c.intensity_flop_per_byte:.2f}[/b] FLOP/byte (eq. 117)")
+    for n in c.notes:
+        con.print(f"[dim]{n}[/dim]")
+
+
+# ------------------------------------------------------------------ roofline
+
+
+def _mlstm_points(variant, mode, Ls, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv, bytes_if,
+                  bytes_Cmn, counts):
+    from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
+
+    pts = []
+    for L in Ls:
+        if L > T:
+            raise UserError(f"--chunk-size={L} is not valid; it must satisfy 1 <= L <= T (T={T})")
+        kw = dict(T=T, d_hv=dhv, d_qk=d_qk, L=L, N_batch=batch, N_head=heads, F_causal=F_causal,
+                  bytes_qkv=bytes_qkv, bytes_if=bytes_if, bytes_Cmn=bytes_Cmn, counts=counts, chunks="pad")
+        c = (mlstm_counts(variant, "chunkwise", **kw) if mode == "fwd" else mlstm_fwdbw_counts(variant, **kw))
+        pts.append({"label": f"L={L}", "L": L, "flops": c.flops, "bytes": c.bytes,
+                    "intensity_flop_per_byte": c.intensity_flop_per_byte})
+    return pts
+
+
+def _peer_points(mode, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv):
+    from tflabench.model import counts_for_case
+
+    pts = []
+    for kind, label, kw in (
+        ("attention_causal", "FlashAttn causal", dict(NH=heads, d_qk=d_qk, d_hv=d_qk)),
+        ("simple_gla", "simple GLA L=64", dict(NH=heads, d_qk=d_qk, d_hv=dhv)),
+        ("mamba2_ssd", "Mamba2 SSD Q=256",
+         dict(NH=max(1, heads * dhv // 64), d_qk=128, d_hv=64, d_state=128)),
+    ):
+        c = counts_for_case(kind, mode, B=batch, T=T, F_causal=F_causal, bytes_qkv=bytes_qkv, **kw)
+        pts.append({"label": label, "kind": kind, "flops": c.flops, "bytes": c.bytes,
+                    "intensity_flop_per_byte": c.intensity_flop_per_byte})
+    return pts
+
+
+def _measured_points(path) -> list[dict]:
+    from tflabench.results import load_results
+
+    rs = load_results(path)
+    df = rs.rows
+    if "status" in df.columns:
+        df = df[df["status"] == "ok"]
+    pts = []
+    for _, r in df.iterrows():
+        def num(col):
+            v = r.get(col) if col in df.columns else None
+            try:
+                v = float(v)
+            except (TypeError, ValueError):
+                return None
+            return v if math.isfinite(v) else None
+
+        inten = num("intensity_flop_per_byte")
+        if inten is None and num("flops") and num("bytes"):
+            inten = num("flops") / num("bytes")
+        perf = num("tflops_per_s")
+        if perf is None and num("flops") and num("ms_median"):
+            perf = num("flops") / (num("ms_median") * 1e-3) / 1e12
+        if inten is None or perf is None or inten <= 0 or perf <= 0:
+            continue
+        name = r.get("kernel") if "kernel" in df.columns and r.get("kernel") else r.get("backend", "?")
+        mode = r.get("mode", "") if "mode" in df.columns else ""
+        pts.append({"label": f"{name} {mode}".strip(), "kernel": str(name), "mode": str(mode),
+                    "chunk_size": num("chunk_size"), "seq_len": num("seq_len"),
+                    "intensity_flop_per_byte": inten, "flops_per_s": perf * 1e12})
+    if not pts:
+        raise UserError(f"--results={str(path)!r} has no rows with status ok and usable flops/bytes/tflops_per_s")
+    return pts
+
+
+@app.command()
+def roofline(
+    gpu: List[str] = typer.Option(["h100"], "--gpu", help=_H_GPU),
+    chunk_size: str = typer.Option(DEFAULT_ROOFLINE_L, "--chunk-size", "-L", help="Chunk sizes, comma-separated."),
+    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
+    mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
+    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
+    batch: int = typer.Option(8, "--batch", help=_H_B),
+    heads: int = typer.Option(8, "--heads", help=_H_NH),
+    dhv: int = typer.Option(512, "--dhv", help=_H_DHV),
+    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
+    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
+    state_bytes: float = typer.Option(4, "--state-bytes", help=_H_STATE),
+    qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
+    causal_factor: float = typer.Option(0.66, "--causal-factor", help=_H_CAUSAL),
+    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
+    peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, T)."),
+    results: Optional[Path] = typer.Option(None, "--results", help="Result set whose measured points to add."),
+    plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw the figure (default on)."),
+    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
+    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+) -> None:
+    """Roofline (eq. 119) of TFLA's chunkwise kernel for chunk sizes, optionally with measured points.
+
+    Defaults: the paper's roofline figure (mLSTMsig, d_hv 512, p_qk 0.5, B 8, NH 8, T 8192, F_causal 0.66).
+
+    Example: tflabench roofline --gpu h100 --gpu h200 -L 64,128,256 --results results/h100_7b/latest
+    """
+    with user_errors():
+        from tflabench.model import roofline as roof
+
+        variant = _one_of("--variant", variant, ("sig", "exp"))
+        mode = _one_of("--mode", mode, ("fwd", "fwdbw"))
+        counts = _one_of("--counts", counts, ("rows", "paper"))
+        Ls = _parse_list("--chunk-size", chunk_size, int)
+        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--dhv", dhv),
+                        ("--state-bytes", state_bytes), ("--qkv-bytes", qkv_bytes)):
+            _positive(name, v)
+        for L in Ls:
+            _positive("--chunk-size", L)
+        d_qk, p_qk = _dqk_pqk(dhv, dqk, pqk)
+        _causal(causal_factor)
+        gpus = _gpus(gpu, ceilings, hardware)
+        pts = _mlstm_points(variant, mode, Ls, T=seq_len, batch=batch, heads=heads, dhv=dhv, d_qk=d_qk,
+                            F_causal=causal_factor, bytes_qkv=qkv_bytes, bytes_if=qkv_bytes,
+                            bytes_Cmn=state_bytes, counts=counts)
+        peer_pts = (_peer_points(mode, T=seq_len, batch=batch, heads=heads, dhv=dhv, d_qk=d_qk,
+                                 F_causal=causal_factor, bytes_qkv=qkv_bytes) if peers else [])
+        measured = _measured_points(results) if results is not None else []
+        table = []
+        for g in gpus:
+            for p in pts + peer_pts:
+                I = p["intensity_flop_per_byte"]
+                att = roof(I, g.flops_per_s, g.bytes_per_s)
+                table.append({
+                    "gpu": g.key, "ceilings": g.ceilings, "label": p["label"], "L": p.get("L"),
+                    "flops": p["flops"], "bytes": p["bytes"], "intensity_flop_per_byte": I,
+                    "attainable_tflops_per_s": att / 1e12,
+                    "bound": "compute" if I >= g.intensity_flop_per_byte else "memory",
+                    "roofline_ms": p["flops"] / att * 1e3,
+                    "sum_form_ms": (p["flops"] / g.flops_per_s + p["bytes"] / g.bytes_per_s) * 1e3,
+                })
+        path = None
+        if plot:
+            from tflabench.plots import plot_path
+            from tflabench.plots.analytic import roofline_figure
+
+            name = f"roofline_{'_'.join(g.key for g in gpus)}_{variant}_{mode}.png"
+            path = roofline_figure(
+                gpus, pts, path=plot_path(out, name), peer_points=peer_pts, measured_points=measured,
+                title=(f"Roofline, mLSTM{variant} chunkwise {mode} (d_hv={dhv}, p_qk={p_qk:g}, "
+                       f"F_causal={causal_factor}, bytes_Cmn={state_bytes:g}, {ceilings} ceilings)"),
+            )
+        if as_json:
+            _echo_json({
+                "config": {"variant": variant, "mode": mode, "counts": counts, "T": seq_len, "N_batch": batch,
+                           "N_head": heads, "d_hv": dhv, "d_qk": d_qk, "p_qk": p_qk, "F_causal": causal_factor,
+                           "bytes_Cmn": state_bytes, "bytes_qkv": qkv_bytes, "ceilings": ceilings},
+                "gpus": [g.as_dict() for g in gpus],
+                "points": table,
+                "measured": measured,
+                "plot": str(path) if path else None,
+            })
+            return
+        con = _console()
+        for g in gpus:
+            t = _table(f"{g.name}: {g.flops_per_s / 1e12:.0f} TFLOP/s, {g.bytes_per_s / 1e12:.3g} TB/s, "
+                            f"I_acc {g.intensity_flop_per_byte:.1f} FLOP/byte ({g.ceilings})")
+            for col in ("point", "FLOPs", "bytes", "I", "TFLOP/s", "bound", "ms max", "ms sum"):
+                t.add_column(col, justify="left" if col in ("point", "bound") else "right")
+            for r in (r for r in table if r["gpu"] == g.key):
+                t.add_row(r["label"], f"{r['flops']:.3e}", f"{r['bytes']:.3e}",
+                          f"{r['intensity_flop_per_byte']:.1f}", f"{r['attainable_tflops_per_s']:.1f}",
+                          r["bound"], f"{r['roofline_ms']:.3f}", f"{r['sum_form_ms']:.3f}")
+            con.print(t)
+        con.print("[dim]I: FLOP/byte (eq. 117); TFLOP/s: attainable, min(beta*I, alpha) (eq. 119); "
+                  "ms max: roofline bound FLOPs/attainable = max form (eq. 114); ms sum: eq. 113/116[/dim]")
+        if measured:
+            con.print(f"{len(measured)} measured points from {results}")
+        if path:
+            con.print(f"plot: {path}")
+
+
+# ------------------------------------------------------------------ intensity
+
+
+@app.command()
+def intensity(
+    gpu: List[str] = typer.Option(["v100", "a100", "h100", "b200"], "--gpu", help=_H_GPU),
+    chunk_size: str = typer.Option("16,32,64,128,256,512,1024,2048,4096", "--chunk-size", "-L",
+                                   help="Chunk sizes for the table, comma-separated."),
+    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
+    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
+    dhv: int = typer.Option(512, "--dhv", help=_H_DHV),
+    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
+    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
+    state_bytes: str = typer.Option("4,2", "--state-bytes", help="State bytes, comma-separated (4: float32, 2: bfloat16)."),
+    causal_factor: str = typer.Option("0.66", "--causal-factor", help="F_causal values, comma-separated, in [0.5, 1]."),
+    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
+    plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw the figure (default on)."),
+    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
+    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+) -> None:
+    """Arithmetic intensity over chunk size (eq. 118) for float32 and bfloat16 states, with GPUs' I_acc.
+
+    Also gives the chunk size where the kernel turns compute-bound on each GPU (I_algo = I_acc).
+
+    Example: tflabench intensity --dhv 512 --state-bytes 4,2 --causal-factor 0.5,0.66,1
+    """
+    with user_errors():
+        from tflabench.model import chunkwise_coefficients, l_ridge
+
+        variant = _one_of("--variant", variant, ("sig", "exp"))
+        counts = _one_of("--counts", counts, ("rows", "paper"))
+        Ls = _parse_list("--chunk-size", chunk_size, int)
+        sbs = _parse_list("--state-bytes", state_bytes)
+        fcs = _parse_list("--causal-factor", causal_factor)
+        for name, v in (("--seq-len", seq_len), ("--dhv", dhv)):
+            _positive(name, v)
+        for L in Ls:
+            _positive("--chunk-size", L)
+            if L > seq_len:
+                raise UserError(f"--chunk-size={L} is not valid; it must satisfy 1 <= L <= T (T={seq_len})")
+        for s in sbs:
+            _positive("--state-bytes", s)
+        for f in fcs:
+            _causal(f)
+        d_qk, p_qk = _dqk_pqk(dhv, dqk, pqk)
+        gpus = _gpus(gpu, ceilings, hardware)
+        curves = []
+        for sb in sbs:
+            for fc in fcs:
+                co = chunkwise_coefficients(variant, d_hv=dhv, d_qk=d_qk, F_causal=fc, bytes_Cmn=sb,
+                                            counts=counts)
+                inten = {L: (co["a"] * L * L + co["b"] * L + co["c"]) / (co["m"] * L + co["n"]) for L in Ls}
+                cross = {g.key: min(l_ridge(co, g.intensity_flop_per_byte), float("inf"))
+                         for g in gpus}
+                dtype = {4: "fp32", 2: "bf16"}.get(sb, f"{sb:g} B")
+                curves.append({"label": f"{dtype}, F_c={fc:g}", "bytes_Cmn": sb, "F_causal": fc,
+                               "coefficients": co, "intensity": inten, "L_at_I_acc": cross})
+        path = None
+        if plot:
+            from tflabench.plots import plot_path
+            from tflabench.plots.analytic import intensity_figure
+
+            path = intensity_figure(
+                curves, gpus, T=seq_len, path=plot_path(out, f"intensity_{variant}_dhv{dhv}.png"),
+                title=f"Arithmetic intensity of mLSTM{variant} chunkwise (d_hv={dhv}, p_qk={p_qk:g}, {ceilings} ceilings)",
+            )
+        if as_json:
+            _echo_json({
+                "config": {"variant": variant, "counts": counts, "d_hv": dhv, "d_qk": d_qk, "p_qk": p_qk,
+                           "T": seq_len, "ceilings": ceilings},
+                "gpus": [g.as_dict() for g in gpus],
+                "curves": [{**c, "intensity": {str(k): v for k, v in c["intensity"].items()}} for c in curves],
+                "plot": str(path) if path else None,
+            })
+            return
+        con = _console()
+        t = _table(f"I_algo (FLOP/byte) over chunk size L, mLSTM{variant} chunkwise, d_hv={dhv}, "
+                        f"p_qk={p_qk:g} (eq. 118)")
+        t.add_column("states, F_c")
+        for L in Ls:
+            t.add_column(f"{L}", justify="right")
+        for c in curves:
+            t.add_row(c["label"], *(f"{c['intensity'][L]:.1f}" for L in Ls))
+        con.print(t)
+        x = _table("chunk size L where I_algo = I_acc (compute-bound above)")
+        x.add_column("states, F_c")
+        for g in gpus:
+            x.add_column(f"{g.key} ({g.intensity_flop_per_byte:.1f})", justify="right")
+        for c in curves:
+            x.add_row(c["label"], *(f"{c['L_at_I_acc'][g.key]:.1f}" for g in gpus))
+        con.print(x)
+        if path:
+            con.print(f"plot: {path}")
+
+
+# ------------------------------------------------------------------ optimal-chunk
+
+
+@app.command("optimal-chunk")
+def optimal_chunk(
+    dhv: str = typer.Option("512", "--dhv", help="d_hv values, comma-separated."),
+    gpu: List[str] = typer.Option(["h100"], "--gpu", help=_H_GPU),
+    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
+    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
+    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
+    state_bytes: float = typer.Option(4, "--state-bytes", help=_H_STATE),
+    qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
+    causal_factor: float = typer.Option(0.66, "--causal-factor", help=_H_CAUSAL),
+    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
+    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T + " (for the predicted runtime; caps L)"),
+    batch: int = typer.Option(8, "--batch", help=_H_B + " (for the predicted runtime)"),
+    heads: int = typer.Option(8, "--heads", help=_H_NH + " (for the predicted runtime)"),
+    plot: bool = typer.Option(False, "--plot", help="Draw the optimum over d_hv and over accelerator intensity."),
+    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
+    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+) -> None:
+    """FLOP-optimal (eq. 111) and runtime-optimal (eq. 121) chunk size, continuous and best power of two.
+
+    Runtime is the paper's sum form (eq. 116); the max form (eq. 114) optimum is shown too.
+
+    Example: tflabench optimal-chunk --dhv 512 --gpu h100 --gpu h200 --state-bytes 2
+    """
+    with user_errors():
+        from tflabench.model.analysis import optimal_chunk as opt
+
+        variant = _one_of("--variant", variant, ("sig", "exp"))
+        counts = _one_of("--counts", counts, ("rows", "paper"))
+        dhvs = _parse_list("--dhv", dhv, int)
+        for d in dhvs:
+            _positive("--dhv", d)
+        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads),
+                        ("--state-bytes", state_bytes), ("--qkv-bytes", qkv_bytes)):
+            _positive(name, v)
+        if dqk is not None and pqk is not None:
+            raise UserError("--dqk and --pqk given together; give one (p_qk = d_qk / d_hv)")
+        if dqk is not None:
+            _positive("--dqk", dqk)
+        if pqk is not None and not (pqk > 0):
+            raise UserError(f"--pqk={pqk!r} is not valid; p_qk must be > 0")
+        _causal(causal_factor)
+        gpus = _gpus(gpu, ceilings, hardware)
+        rows = []
+        for g in gpus:
+            for d in dhvs:
+                r = opt(variant, alpha=g.flops_per_s, beta=g.bytes_per_s, d_hv=d,
+                        d_qk=dqk, p_qk=None if dqk is not None else (pqk if pqk is not None else 0.5),
+                        F_causal=causal_factor, bytes_qkv=qkv_bytes, bytes_if=qkv_bytes,
+                        bytes_Cmn=state_bytes, counts=counts, N_batch=batch, N_head=heads, T=seq_len)
+                rows.append({"gpu": g.key, "gpu_name": g.name, "ceilings": g.ceilings, **r})
+        path = None
+        if plot:
+            from tflabench.plots import plot_path
+            from tflabench.plots.analytic import optimal_chunk_figure
+
+            p = (dqk / dhvs[0]) if dqk is not None else (pqk if pqk is not None else 0.5)
+            path = optimal_chunk_figure(
+                gpus, variant=variant, p_qk=p, F_causal=causal_factor, bytes_Cmn=state_bytes,
+                counts=counts, path=plot_path(out, f"optimal_chunk_{variant}.png"),
+            )
+        if as_json:
+            _echo_json({"results": rows, "plot": str(path) if path else None})
+            return
+        con = _console()
+        t = _table((f"Optimal chunk size, mLSTM{variant} chunkwise forward (F_causal={causal_factor}, "
+                         f"bytes_Cmn={state_bytes:g}, counts={counts}, {ceilings} ceilings; runtime for "
+                         f"B={batch}, NH={heads}, T={seq_len})"))
+        for col in ("GPU", "I_acc", "d_hv", "d_qk", "L_flop", "L_runtime", "numeric", "best 2^k",
+                    "ms at 2^k", "L_max"):
+            t.add_column(col, justify="left" if col == "GPU" else "right")
+        for r in rows:
+            t.add_row(r["gpu"], f"{r['I_acc']:.1f}", str(r["d_hv"]), f"{r['d_qk']:g}",
+                      f"{r['L_opt_flop']:.2f}", f"{r['L_opt_runtime']:.2f}",
+                      f"{r['L_opt_runtime_numeric']:.2f}", str(r["L_pow2_runtime"]),
+                      f"{r['runtime_ms_pow2']:.3f}", f"{r['L_opt_runtime_max']:.1f}")
+        con.print(t)
+        con.print("[dim]L_flop: FLOP-optimal, eq. 111; L_runtime: runtime-optimal (sum form), eq. 121; "
+                  "numeric: golden-section argmin of the runtime; best 2^k and its predicted ms "
+                  "(sum form, eq. 116); L_max: argmin of the max form (eq. 114), the ridge crossing[/dim]")
+        if path:
+            con.print(f"plot: {path}")
+
+
+# ------------------------------------------------------------------ gpus
+
+
+@app.command()
+def gpus(
+    ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
+    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+) -> None:
+    """The GPU catalogue: dense bf16 FLOP/s, HBM bandwidth, intensity, measured ceilings, sources.
+
+    Example: tflabench gpus --hardware my_gpus.yaml --json
+    """
+    with user_errors():
+        from tflabench.hardware import list_gpus
+
+        ceilings = _one_of("--ceilings", ceilings, ("datasheet", "measured"))
+        gs = list_gpus(ceilings, hardware_file=hardware)
+        if as_json:
+            _echo_json({"gpus": [g.as_dict() for g in gs]})
+            return
+        t = _table(f"GPU catalogue ({ceilings} ceilings where available)")
+        for col in ("key", "name", "year", "TFLOP/s", "TB/s", "I_acc", "meas. TFLOP/s", "meas. TB/s", "src"):
+            t.add_column(col, justify="left" if col in ("key", "name") else "right")
+        sources: list[str] = []
+        for g in gs:
+            for s in (g.source, g.measured_note):
+                if s and s not in sources:
+                    sources.append(s)
+            t.add_row(g.key, g.name, str(g.year or "-"),
+                      _e(g.datasheet_flops_per_s / 1e12) if g.datasheet_flops_per_s else "-",
+                      _e(g.datasheet_bytes_per_s / 1e12) if g.datasheet_bytes_per_s else "-",
+                      f"{g.intensity_flop_per_byte:.1f}" + ("*" if g.ceilings == "measured" else ""),
+                      _e(g.measured_flops_per_s / 1e12) if g.measured_flops_per_s else "-",
+                      _e(g.measured_bytes_per_s / 1e12) if g.measured_bytes_per_s else "-",
+                      ",".join(str(sources.index(s) + 1) for s in (g.source, g.measured_note) if s))
+        con = _console()
+        con.print(t)
+        con.print("TFLOP/s: dense bf16; TB/s: HBM bandwidth; I_acc = alpha/beta in FLOP/byte"
+                  + (" (* from measured ceilings)" if ceilings == "measured" else ""))
+        for i, s in enumerate(sources, 1):
+            con.print(f"[{i}] {s}", markup=False, highlight=False)
