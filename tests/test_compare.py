@@ -392,3 +392,18 @@ def test_corrupt_samples_are_unusable_input(tmp_path):
     bad[0]["ms_samples"] = "[1.0, 2.0"
     write(tmp_path, "b", bad)
     _one_line_error(_run(tmp_path / "a", tmp_path / "b"), "ms_samples")
+
+
+def test_directory_that_is_not_a_result_set_is_unusable_input(tmp_path):
+    write(tmp_path, "a", suite_rows(1))
+    (tmp_path / "empty").mkdir()
+    _one_line_error(_run(tmp_path / "a", tmp_path / "empty"), "not a result set")
+
+
+def test_empty_new_run_warns_and_loses_every_case(tmp_path):
+    base = write(tmp_path, "a", suite_rows(1))
+    new = write(tmp_path, "b", [])
+    comparison = cmp.compare_results(base, new)
+    assert any("new holds no case rows" in w for w in comparison.warnings)
+    assert comparison.counts["lost"] == len(BACKENDS) * len(SEQ_LENS)
+    assert comparison.exit_status("failure") == 1

@@ -495,6 +495,9 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
     warnings = environment_warnings(base_meta, new_meta)
     base_rows = _prepare(base.rows, f"base {base.path}", warnings)
     new_rows = _prepare(new.rows, f"new {new.path}", warnings)
+    for label, frame in (("base", base_rows), ("new", new_rows)):
+        if frame.empty:
+            warnings.append(f"{label} holds no case rows (an interrupted or empty run?)")
 
     records = []
     keys = list(base_rows.index) + [k for k in new_rows.index if k not in base_rows.index]
