@@ -59,6 +59,8 @@ class Shape:
         heads: NH.
         d_qk: query/key head dimension.
         d_hv: value/hidden head dimension.
+        dtype: the case's activation dtype name (``bfloat16``, ``float16``, ``float32``,
+            ``float64``); :func:`model_counts` derives ``bytes_qkv`` from it.
     """
 
     batch: int
@@ -66,6 +68,12 @@ class Shape:
     heads: int
     d_qk: int
     d_hv: int
+    dtype: str = "bfloat16"
+
+    @property
+    def bytes_qkv(self) -> int:
+        """Bytes per element of the activations (2 for bf16/fp16, 4 fp32, 8 fp64)."""
+        return {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}.get(self.dtype, 2)
 
     @property
     def tokens(self) -> int:
@@ -274,12 +282,13 @@ def model_counts(kind: str, mode: str, shape: Shape, **kwargs: Any) -> tuple[flo
     """(flops, bytes) from ``tflabench.model.counts_for_case(kind, mode, B=, NH=, T=, d_qk=,
     d_hv=, **kwargs)`` (kinds: ``mlstm_sig``, ``mlstm_exp``, ``mlstm_exp_limit``,
     ``attention_causal``, ``mamba2_ssd``, ``gla``, ``simple_gla``; kwargs e.g. ``L``,
-    ``d_state``, ``bytes_qkv``). None when the model is not importable or has no count
-    for these arguments (NotImplementedError / ValueError)."""
+    ``d_state``; ``bytes_qkv`` defaults to ``shape.bytes_qkv``). None when the model is not
+    importable or has no count for these arguments (NotImplementedError / ValueError)."""
     try:
         from tflabench.model import counts_for_case
     except ImportError:
         return None
+    kwargs.setdefault("bytes_qkv", shape.bytes_qkv)
     try:
         counts = counts_for_case(
             kind, mode, B=shape.batch, NH=shape.heads, T=shape.seq_len,
@@ -343,3 +352,66 @@ def mlstm_reference(q, k, v, i, f, *, variant: str, normalize: bool | None = Non
     q, k, v, i, f = (x.to(torch.float64) for x in (q, k, v, i, f))
     return mlstm_parallel(q, k, v, i, f, variant=variant, normalize=normalize, eps=eps,
                           detach_normalizer=True)
+
+
+# ------------------------------------------------------------------------ shared inputs
+
+
+def _generator(device: str, seed: int):
+    import torch
+
+    return torch.Generator(device=device).manual_seed(int(seed))
+
+
+def gate_dtype(dtype: "torch.dtype") -> "torch.dtype":
+    """Dtype of the mLSTM gate pre-activations for activations of ``dtype``: float32 for
+    bf16/fp16 (docs/tfla-kernels.md, Pitfall 17), else ``dtype``."""
+    import torch
+
+    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
+
+
+def mlstm_inputs(shape: Shape, dtype, device: str, seed: int, requires_grad: bool = False,
+                 gates_dtype=None) -> dict:
+    """The mLSTM family's inputs (the benchmark setting of ``peer-baselines-h200.md``):
+    ``q``, ``k`` (B, NH, S, d_qk), ``v`` (B, NH, S, d_hv) ~ N(0, 1) in ``dtype``; input gate
+    ``i`` ~ N(0, 1) and forget gate ``f`` ~ N(3, 1) pre-activations (B, NH, S) in
+    ``gates_dtype`` (default :func:`gate_dtype`). Deterministic in ``seed``; with
+    ``requires_grad`` all five are leaf tensors requiring grad."""
+    import torch
+
+    gen = _generator(device, seed)
+    B, NH, S = shape.batch, shape.heads, shape.seq_len
+    gd = gates_dtype or gate_dtype(dtype)
+
+    def randn(*size, dt, mean=0.0):
+        x = torch.randn(*size, generator=gen, device=device, dtype=torch.float32)
+        return (x + mean).to(dt).requires_grad_(requires_grad)
+
+    return {
+        "q": randn(B, NH, S, shape.d_qk, dt=dtype),
+        "k": randn(B, NH, S, shape.d_qk, dt=dtype),
+        "v": randn(B, NH, S, shape.d_hv, dt=dtype),
+        "i": randn(B, NH, S, dt=gd),
+        "f": randn(B, NH, S, dt=gd, mean=3.0),
+    }
+
+
+def attention_inputs(shape: Shape, dtype, device: str, seed: int, requires_grad: bool = False,
+                     layout: str = "BHSD") -> dict:
+    """Attention inputs ``q``, ``k`` (d_qk) and ``v`` (d_hv) ~ N(0, 1) in ``dtype``, in
+    ``layout`` ``"BHSD"`` (B, NH, S, D) or ``"BSHD"`` (B, S, NH, D; FlashAttention's).
+    Deterministic in ``seed``; leaf tensors requiring grad when ``requires_grad``."""
+    import torch
+
+    if layout not in ("BHSD", "BSHD"):
+        raise ValueError(f"layout: got {layout!r}; allowed: 'BHSD', 'BSHD'")
+    gen = _generator(device, seed)
+    B, NH, S = shape.batch, shape.heads, shape.seq_len
+
+    def randn(d):
+        size = (B, NH, S, d) if layout == "BHSD" else (B, S, NH, d)
+        x = torch.randn(*size, generator=gen, device=device, dtype=torch.float32)
+        return x.to(dtype).requires_grad_(requires_grad)
+
+    return {"q": randn(shape.d_qk), "k": randn(shape.d_qk), "v": randn(shape.d_hv)}

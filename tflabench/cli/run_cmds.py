@@ -1,3 +1,248 @@
-"""Commands: (being written)."""
+"""Commands: run, report, backends, doctor, calibrate (the main job and its helpers).
 
-from tflabench.cli import app, user_errors  # noqa: F401
+Thin: parse, call :mod:`tflabench.runner` / :mod:`tflabench.results` /
+:mod:`tflabench.environment`, render with rich. torch, pandas and matplotlib are imported
+inside the command functions.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tflabench.cli import app, user_errors
+from tflabench.errors import UserError
+
+
+def _console(stderr: bool = False):
+    """A rich Console; 200 columns wide when the output is not a terminal (files, CI logs),
+    so that result tables do not wrap."""
+    import sys
+
+    from rich.console import Console
+
+    stream = sys.stderr if stderr else sys.stdout
+    width = None if stream.isatty() else 200
+    return Console(stderr=stderr, highlight=False, width=width)
+
+
+def _status_line(rows) -> str:
+    from collections import Counter
+
+    counts = Counter(r["status"] for r in rows)
+    order = ["ok", "wrong", "crash", "timeout", "oom", "error", "unavailable"]
+    return ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
+
+
+@app.command()
+def run(
+    suite: Optional[Path] = typer.Argument(
+        None, help="Suite YAML (default: suites/cpu_demo.yaml, a small suite that runs on the CPU)."),
+    resume: Optional[Path] = typer.Option(
+        None, "--resume", help="Finish an interrupted run: append to this result set, skipping measured cases."),
+    out: Path = typer.Option(Path("results"), "--out", help="Root of new result sets: OUT/<suite>/<timestamp>/."),
+    shard: Optional[str] = typer.Option(None, "--shard", help="Run shard K of N (e.g. 2/4), balanced by model cost."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU: 'all' or indices like 0,1."),
+    ceilings: str = typer.Option("datasheet", "--ceilings", help="Roofline ceilings: datasheet or measured."),
+    device: Optional[str] = typer.Option(None, "--device", help="Override the suite's device: cpu or cuda."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the figures after the run."),
+) -> None:
+    """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
+    from tflabench import runner
+    from tflabench.suite import default_suite_path, load_suite
+
+    def _term(signum, frame):  # a device job's time limit sends SIGTERM: stop like Ctrl-C
+        raise KeyboardInterrupt
+
+    with user_errors():
+        if device not in (None, "cpu", "cuda"):
+            raise UserError(f"--device={device!r}; allowed: cpu, cuda")
+        if ceilings not in ("datasheet", "measured"):
+            raise UserError(f"--ceilings={ceilings!r}; allowed: datasheet, measured")
+        path = suite if suite is not None else default_suite_path()
+        loaded = load_suite(path)
+        gpu_list = runner.parse_gpus(gpus)
+        if shard is not None:
+            from tflabench.shard import parse_shard
+
+            parse_shard(shard)
+        previous = signal.signal(signal.SIGTERM, _term)
+        try:
+            result = runner.run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
+                                      ceilings=ceilings, device=device, progress=progress, plots=plots)
+        except KeyboardInterrupt:
+            where = resume or "the new result set under " + str(out)
+            typer.echo(f"interrupted: rows measured so far are kept in {where}; "
+                       f"finish with `tflabench run {path} --resume DIR`", err=True)
+            raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    from tflabench.results import load_results
+
+    con = _console()
+    frame = load_results(result.directory).rows
+    con.print(runner.summary_table(frame, title=f"{loaded.suite.name}: {len(frame)} rows"))
+    skipped = f", {result.skipped} already measured (skipped)" if result.skipped else ""
+    con.print(f"{len(result.rows)} cases run in {result.wall_s:.1f} s ({_status_line(result.rows) or 'none'}){skipped}")
+    con.print(f"results: {result.directory}")
+    for p in result.plots:
+        con.print(f"plot: {p}")
+
+
+@app.command()
+def report(
+    results_dir: Path = typer.Argument(..., help="A result set (directory or one of its files)."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Redraw the figures."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory for the figures (default RESULTS_DIR/plots)."),
+) -> None:
+    """Print a result set's table and redraw its figures."""
+    with user_errors():
+        from tflabench.results import load_results
+        from tflabench.runner import summary_table
+
+        rs = load_results(results_dir)
+        con = _console()
+        meta = rs.metadata
+        con.print(f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} "
+                  f"({meta.get('date')}, torch {meta.get('torch')}, triton {meta.get('triton')}, "
+                  f"git {meta.get('git_revision')})")
+        con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
+        con.print(_status_line(rs.rows.to_dict("records")))
+        if plots:
+            from tflabench.plots.benchmark import write_plots
+
+            for p in write_plots(rs.path, out):
+                con.print(f"plot: {p}")
+
+
+def backend_table():
+    """A rich Table of every backend: name, family, available or why not, parameters."""
+    from rich.table import Table
+
+    from tflabench.backends import all_backends
+
+    table = Table(title="backends")
+    for col in ("name", "family", "status", "parameters"):
+        table.add_column(col, overflow="fold")
+    for b in all_backends():
+        try:
+            params = b.parse_params({})
+        except Exception:  # required parameters (e.g. custom's function)
+            status = "[cyan]needs parameters[/] (" + ", ".join(
+                n for n, f in b.Params.model_fields.items() if f.is_required()) + ")"
+        else:
+            try:
+                reason = b.available(params)
+            except Exception as exc:  # availability checks must not end the listing
+                reason = f"{type(exc).__name__}: {exc}"
+            status = "[green]available[/]" if reason is None else f"[yellow]unavailable[/]: {reason}"
+        table.add_row(b.name, b.family, status, ", ".join(b.Params.model_fields))
+    return table
+
+
+@app.command()
+def backends() -> None:
+    """List every backend, whether it can run here, and why not."""
+    with user_errors():
+        _console().print(backend_table())
+
+
+@app.command()
+def doctor() -> None:
+    """Check the environment: GPU, driver, CUDA, torch, triton, peers, known-bad combinations."""
+    import importlib.util
+
+    from tflabench import environment
+
+    with user_errors():
+        con = _console()
+        env = environment.collect()
+        con.print(f"python      {env['python']} ({environment.python_executable()})")
+        con.print(f"tflabench   {env['tflabench']} (git {env['git_revision']})")
+        con.print(f"torch       {env['torch']} (CUDA build {env['cuda']})")
+        con.print(f"triton      {env['triton']}")
+        con.print(f"GPU         {env['gpu_name'] or 'none'} x {env['gpu_count']} (driver {env['driver']})")
+        try:
+            import torch
+
+            if torch.cuda.is_available():
+                cap = torch.cuda.get_device_capability()
+                con.print(f"torch sees  {torch.cuda.device_count()} GPU(s), compute capability {cap[0]}.{cap[1]}")
+            else:
+                con.print("torch sees  no GPU")
+        except Exception as exc:  # pragma: no cover
+            con.print(f"[red]torch CUDA query failed[/]: {exc}")
+        con.print("peers:")
+        for dist, module in environment.PEERS.items():
+            version = env["peers"].get(dist)
+            spec = importlib.util.find_spec(module) if "." not in module else None
+            where = spec.origin if spec is not None and spec.origin else ("-" if spec is None else "namespace")
+            if version or spec is not None:
+                con.print(f"  {dist:24s} {version or '(no dist metadata)':12s} import {module}: {where}")
+            else:
+                con.print(f"  {dist:24s} [dim]not installed[/]")
+        problems = environment.known_problems(env)
+        if problems:
+            con.print("[yellow]known problems:[/]")
+            for p in problems:
+                con.print(f"  - {p}")
+        else:
+            con.print("[green]no known problem[/]")
+        con.print(backend_table())
+
+
+@app.command()
+def calibrate(
+    matmul_n: int = typer.Option(8192, "--matmul-n", help="n of the bf16 n x n x n matmul."),
+    copy_gib: float = typer.Option(4.0, "--copy-gib", help="GiB copied device to device."),
+    iterations: int = typer.Option(20, "--iterations", help="Timed repetitions (median taken)."),
+    save: bool = typer.Option(True, "--save/--no-save", help="Store as this GPU's measured ceilings."),
+    hardware: Optional[Path] = typer.Option(None, "--hardware", help="Hardware YAML to write (default: user file)."),
+) -> None:
+    """Measure this GPU's ceilings (bf16 matmul FLOP/s, device-to-device copy bytes/s) and
+    store them for `--ceilings measured`."""
+    with user_errors():
+        import torch
+
+        from tflabench import hardware as hw
+        from tflabench.measure import time_callable
+
+        if matmul_n < 256:
+            raise UserError(f"--matmul-n={matmul_n}; allowed: >= 256")
+        if copy_gib <= 0:
+            raise UserError(f"--copy-gib={copy_gib}; allowed: > 0")
+        if iterations < 1:
+            raise UserError(f"--iterations={iterations}; allowed: >= 1")
+        if not torch.cuda.is_available():
+            raise UserError("calibrate needs a CUDA GPU (torch sees none)")
+        name = torch.cuda.get_device_name()
+        key = hw.detect_gpu(name)
+        if key is None and save:
+            raise UserError(f"GPU {name!r} is not in the catalogue; add it to a hardware YAML "
+                            "(--hardware) first, or use --no-save")
+        con = _console()
+        n = matmul_n
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+        b = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=gen)
+        ms = time_callable(lambda: torch.mm(a, b), device="cuda", warmup=5, iterations=iterations)
+        ms_mm = sorted(ms)[len(ms) // 2]
+        flops_per_s = 2 * n**3 / (ms_mm * 1e-3)
+        del a, b
+        numel = int(copy_gib * 2**30) // 4
+        src = torch.empty(numel, device="cuda", dtype=torch.float32).normal_(generator=gen)
+        dst = torch.empty_like(src)
+        ms = time_callable(lambda: dst.copy_(src), device="cuda", warmup=3, iterations=iterations)
+        ms_cp = sorted(ms)[len(ms) // 2]
+        bytes_per_s = 2 * src.numel() * src.element_size() / (ms_cp * 1e-3)  # read + write
+        con.print(f"{name}: bf16 {n}^3 matmul {ms_mm:.3f} ms -> {flops_per_s / 1e12:.1f} TFLOP/s; "
+                  f"{copy_gib:g} GiB copy {ms_cp:.3f} ms -> {bytes_per_s / 1e12:.2f} TB/s (read + write)")
+        if save:
+            note = (f"tflabench calibrate: bf16 {n}^3 matmul, {copy_gib:g} GiB device copy (read+write), "
+                    f"median of {iterations}; torch {torch.__version__}")
+            path = hw.save_measured(key, flops_per_s, bytes_per_s, note, path=hardware)
+            con.print(f"saved as measured ceilings of {key!r} in {path}")

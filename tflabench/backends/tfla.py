@@ -1,0 +1,136 @@
+"""Backend ``tfla``: our TFLA mLSTM kernels (mLSTMsig / mLSTMexp, ``xl_chunk`` /
+``limit_chunk``, any chunk size), or their PyTorch reference where the kernels cannot run.
+
+``impl`` chooses what runs: ``triton`` (``tfla.mlstm_sig`` / ``tfla.mlstm_exp``; on the CPU
+through Triton's interpreter, which the runner enables for CPU workers), ``reference``
+(``tfla.reference.mlstm_chunkwise``, PyTorch, same chunk size; ``algorithm`` does not change
+it), or ``auto`` (the Triton kernels on a GPU when they are installed, else the
+reference). What ran is written in the ``reason`` column of every ``ok`` row
+(``impl=...``), so reference rows are never mistaken for kernel timings.
+
+Inputs: :func:`tflabench.backends.base.mlstm_inputs` (q, k, v in the case dtype; gates in
+float32 for bf16/fp16). Numerics reference: ``tfla.reference.mlstm_parallel`` in float64.
+"""
+
+from __future__ import annotations
+
+import inspect
+from typing import Literal
+
+from pydantic import Field
+
+from tflabench.backends import register
+from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, mlstm_inputs,
+                                     mlstm_reference, model_counts)
+
+
+class TflaParams(HeadLayoutParams):
+    """Parameters of the ``tfla`` backend (defaults: the paper's Figure-4 mLSTM layout at
+    embedding 4096: 16 heads, d_hv = 256, d_qk = d_hv / 2; App. E.3)."""
+
+    heads: int | None = 16
+    p_qk: float = 0.5
+    variant: Literal["sig", "exp"] = "sig"
+    algorithm: Literal["xl_chunk", "limit_chunk"] = "xl_chunk"
+    chunk_size: int = Field(128, ge=1)
+    normalize: bool = False
+    eps: float = Field(1e-6, ge=0)
+    impl: Literal["auto", "triton", "reference"] = "auto"
+
+
+def _kernel(variant: str):
+    import tfla
+
+    return tfla.mlstm_sig if variant == "sig" else tfla.mlstm_exp
+
+
+def _kernel_landed(variant: str) -> str | None:
+    """None when ``tfla.mlstm_<variant>`` is the real kernel, else why not."""
+    try:
+        fn = _kernel(variant)
+    except Exception as exc:  # ImportError, or an error inside tfla
+        return f"tfla cannot be imported ({type(exc).__name__}: {exc})"
+    try:
+        names = inspect.signature(fn).parameters
+    except (TypeError, ValueError):  # pragma: no cover
+        return None
+    if "chunk_size" not in names:  # the placeholder takes (*args, **kwargs)
+        return f"tfla.mlstm_{variant} is not implemented yet in this checkout"
+    return None
+
+
+def _reference_available() -> str | None:
+    try:
+        from tfla.reference import mlstm_chunkwise  # noqa: F401
+    except Exception as exc:
+        return f"tfla.reference cannot be imported ({type(exc).__name__}: {exc})"
+    return None
+
+
+class TflaBackend(Backend):
+    name = "tfla"
+    family = "mlstm"
+    description = "TFLA mLSTM kernels of this project (mLSTMsig/mLSTMexp, xl_chunk/limit_chunk)"
+    install_hint = "part of tflabench: pip install -e ."
+    Params = TflaParams
+
+    def _impl(self, params: TflaParams, device: str | None = None) -> str:
+        if params.impl != "auto":
+            return params.impl
+        if device is not None and not device.startswith("cuda"):
+            return "reference"
+        return "triton" if _kernel_landed(params.variant) is None else "reference"
+
+    def available(self, params: TflaParams) -> str | None:
+        if params.impl == "triton":
+            return _kernel_landed(params.variant)
+        if params.impl == "reference":
+            return _reference_available()
+        if _kernel_landed(params.variant) is None:
+            return None
+        return _reference_available()
+
+    def note(self, params: TflaParams, device: str) -> str:
+        impl = self._impl(params, device)
+        if impl == "triton":
+            where = " (Triton interpreter on the CPU)" if not device.startswith("cuda") else ""
+            return f"impl=triton: tfla.mlstm_{params.variant} {params.algorithm}{where}"
+        why = "" if params.impl == "reference" else "; Triton kernels not used here"
+        return f"impl=reference: tfla.reference.mlstm_chunkwise (PyTorch){why}"
+
+    def make_inputs(self, params, shape: Shape, dtype, device, seed, requires_grad=False):
+        inputs = mlstm_inputs(shape, dtype, device, seed, requires_grad)
+        inputs["_device"] = device  # plain value: lets forward pick the implementation
+        return inputs
+
+    def forward(self, params: TflaParams, inputs):
+        q, k, v, i, f = (inputs[n] for n in "qkvif")
+        impl = self._impl(params, inputs.get("_device", str(q.device)))
+        normalize = params.normalize if params.variant == "sig" else None
+        if impl == "triton":
+            fn = _kernel(params.variant)
+            kwargs = dict(chunk_size=params.chunk_size, algorithm=params.algorithm)
+            if params.variant == "sig":
+                kwargs["normalize"] = params.normalize
+            else:
+                kwargs["eps"] = params.eps
+            out = fn(q, k, v, i, f, **kwargs)
+        else:
+            from tfla.reference import mlstm_chunkwise
+
+            out = mlstm_chunkwise(q, k, v, i, f, variant=params.variant, chunk_size=params.chunk_size,
+                                  normalize=normalize, eps=params.eps)
+        return out[0] if isinstance(out, tuple) else out
+
+    def reference(self, params: TflaParams, inputs):
+        normalize = params.normalize if params.variant == "sig" else None
+        return mlstm_reference(*(inputs[n] for n in "qkvif"), variant=params.variant,
+                               normalize=normalize, eps=params.eps)
+
+    def model_counts(self, params: TflaParams, shape: Shape, mode: str):
+        kind = "mlstm_sig" if params.variant == "sig" else (
+            "mlstm_exp_limit" if params.algorithm == "limit_chunk" else "mlstm_exp")
+        return model_counts(kind, mode, shape, L=params.chunk_size)
+
+
+register(TflaBackend())

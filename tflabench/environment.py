@@ -1,0 +1,186 @@
+"""The environment a run happens in: what every result set records and ``doctor`` checks.
+
+:func:`collect` gives the metadata fields (GPU name and count, driver, CUDA, torch, triton,
+python, peers' versions, git revision, hostname, tflabench version) without creating a CUDA
+context in the calling process (``nvidia-smi`` first; torch's device query only as a
+fallback), so that the runner's parent process leaves the GPU to its workers.
+:func:`known_problems` lists known-bad combinations (``shared/wheels/README.md``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.metadata
+import importlib.util
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+#: Peer distributions whose versions are recorded: distribution name -> import name.
+PEERS: dict[str, str] = {
+    "mlstm_kernels": "mlstm_kernels",
+    "fla-core": "fla",
+    "flash-linear-attention": "fla",
+    "mamba_ssm": "mamba_ssm",
+    "causal-conv1d": "causal_conv1d",
+    "flash_attn": "flash_attn",
+    "flash_attn_3": "flash_attn_interface",
+    "fa3_fwd": "fa3_fwd_interface",
+    "flash-attn-4": "flash_attn",
+}
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def peer_versions() -> dict[str, str]:
+    """Installed peer distributions -> version (only those installed)."""
+    out = {}
+    for dist in PEERS:
+        v = _version(dist)
+        if v is not None:
+            out[dist] = v
+    return out
+
+
+def git_revision(path: str | Path | None = None) -> str | None:
+    """``git rev-parse HEAD`` of the checkout holding tflabench (``+dirty`` when the
+    working tree has changes to tracked files); None outside a git checkout."""
+    root = Path(path) if path else Path(__file__).resolve().parent.parent
+    if shutil.which("git") is None:
+        return None
+    try:
+        rev = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
+                             text=True, timeout=10)
+        if rev.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, timeout=10)
+        return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
+@dataclasses.dataclass
+class GpuInfo:
+    """What is known about the visible GPUs: names (one per GPU), driver version."""
+
+    names: list[str]
+    driver: str | None
+
+
+def gpu_info() -> GpuInfo:
+    """GPU names and driver from ``nvidia-smi`` (no CUDA context here); falls back to
+    torch (which creates one) when ``nvidia-smi`` is absent. Empty on a CPU machine.
+    Honours ``CUDA_VISIBLE_DEVICES`` only through the torch fallback."""
+    if shutil.which("nvidia-smi"):
+        try:
+            res = subprocess.run(
+                ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                capture_output=True, text=True, timeout=30)
+            if res.returncode == 0:
+                rows = [r.split(",") for r in res.stdout.strip().splitlines() if r.strip()]
+                names = [r[0].strip() for r in rows]
+                driver = rows[0][1].strip() if rows and len(rows[0]) > 1 else None
+                return GpuInfo(names, driver)
+        except (OSError, subprocess.TimeoutExpired):
+            pass
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+            return GpuInfo(names, None)
+    except Exception:  # pragma: no cover - broken CUDA setups
+        pass
+    return GpuInfo([], None)
+
+
+def collect() -> dict:
+    """The environment part of ``metadata.json``: ``gpu_name`` (first GPU, None on CPU),
+    ``gpu_count``, ``driver``, ``cuda`` (torch's CUDA build), ``torch``, ``triton``,
+    ``python``, ``peers`` (name -> version), ``git_revision``, ``hostname``, ``tflabench``.
+    Imports torch (not CUDA-initialising)."""
+    from tflabench import __version__
+
+    info = gpu_info()
+    try:
+        import torch
+
+        torch_version, cuda = torch.__version__, torch.version.cuda
+    except ImportError:  # pragma: no cover
+        torch_version, cuda = None, None
+    return {
+        "gpu_name": info.names[0] if info.names else None,
+        "gpu_count": len(info.names),
+        "driver": info.driver,
+        "cuda": cuda,
+        "torch": torch_version,
+        "triton": _version("triton"),
+        "python": platform.python_version(),
+        "peers": peer_versions(),
+        "git_revision": git_revision(),
+        "hostname": socket.gethostname(),
+        "tflabench": __version__,
+    }
+
+
+def _parse_version(text: str | None) -> tuple[int, ...] | None:
+    if not text:
+        return None
+    parts = []
+    for piece in text.split("+")[0].split("."):
+        digits = "".join(ch for ch in piece if ch.isdigit())
+        if not digits:
+            break
+        parts.append(int(digits))
+    return tuple(parts) or None
+
+
+def is_hopper(gpu_name: str | None) -> bool:
+    """True for Hopper GPUs (H100, H200, H20, H800, GH200) by device name."""
+    if not gpu_name:
+        return False
+    s = gpu_name.lower()
+    return any(tag in s for tag in ("h100", "h200", "h800", "h20", "gh200"))
+
+
+def known_problems(env: dict) -> list[str]:
+    """Known-bad combinations in ``env`` (as :func:`collect` returns it), one advice line
+    each (source: ``shared/wheels/README.md``, measured on an H200 with triton 3.6)."""
+    problems = []
+    triton = _parse_version(env.get("triton"))
+    peers = env.get("peers") or {}
+    hopper = is_hopper(env.get("gpu_name"))
+    fla = peers.get("fla-core") or peers.get("flash-linear-attention")
+    if fla and hopper and triton and (3, 4) <= triton < (3, 7, 1):
+        problems.append(
+            f"fla {fla} on triton {env.get('triton')} on Hopper: the gated backward "
+            "(chunk_gla, chunk_simple_gla) refuses to run (fla issue #640); fla fwdbw rows will "
+            "be unavailable. Fix: triton >= 3.7.1.")
+    if peers.get("mlstm_kernels") and triton and triton[:2] == (3, 6):
+        problems.append(
+            f"mlstm_kernels {peers['mlstm_kernels']} on triton 3.6: its mLSTMexp xl_chunk kernel "
+            "aborts the process while compiling (LLVM assertion); those rows become `crash`. "
+            "mLSTMsig xl_chunk and mLSTMexp limit_chunk run.")
+    if peers.get("mamba_ssm") and importlib.util.find_spec("selective_scan_cuda") is None:
+        problems.append(
+            f"mamba_ssm {peers['mamba_ssm']} has no compiled selective_scan_cuda: Mamba (v1) is "
+            "unavailable; the Mamba 2 SSD Triton kernel still runs. Fix: build mamba_ssm with its "
+            "CUDA extension (pip install mamba_ssm --no-build-isolation).")
+    if env.get("gpu_count", 0) == 0:
+        problems.append("no GPU visible: only the CPU suite (suites/cpu_demo.yaml) can run; "
+                        "GPU suites need a CUDA build of torch and an NVIDIA driver.")
+    return problems
+
+
+def python_executable() -> str:
+    """The interpreter running tflabench (shown by ``doctor``)."""
+    return sys.executable

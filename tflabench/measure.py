@@ -1,0 +1,376 @@
+"""Measuring one case: first-call time, numerics gate, timings, peak memory.
+
+:func:`time_callable` is the one timing function of the project (``calibrate`` uses it
+too). Method (paper App. E.3; ``docs/harness.md``):
+
+1. **First call** (compile / autotune) timed apart with ``time.perf_counter`` around the
+   call and a device synchronise: ``first_call_s``. It never enters the timings.
+2. **Numerics gate** (:func:`numerics_gate`): at a reduced shape (batch 1, <= 2 heads,
+   S <= ``max_seq_len``), the output, and in ``fwdbw`` the gradient of every input with
+   ``requires_grad`` (for a fixed random output gradient), are compared with the backend's
+   float64 reference on float64 copies of the same inputs; the error is max-normalised,
+   ``max|x - x_ref| / max|x_ref|``, worst over output and gradients. Above the tolerance
+   the case is ``wrong`` and is not timed.
+3. **Peak memory** (CUDA): one call after ``torch.cuda.reset_peak_memory_stats()``;
+   ``max_memory_allocated()`` minus what was allocated before the call (inputs and the
+   output gradient included in that base), i.e. the peak above the inputs.
+4. **Timings**: ``warmup`` untimed calls, then ``iterations`` calls each between two CUDA
+   events (CPU: ``time.perf_counter`` around each call); optionally a 256 MiB buffer is
+   overwritten before each timed call to flush L2. ``fwdbw`` times forward plus
+   ``backward`` of a fixed output gradient; gradients are set to None before each call,
+   outside the timed region. Statistics: median, mean, min, max, quartiles (linear
+   interpolation, numpy's default) and every sample.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import time
+from typing import Any, Callable
+
+from tflabench.backends.base import Backend, BackendParams, Shape
+
+#: Bytes overwritten before each timed call when flushing L2 (larger than any current L2).
+L2_FLUSH_BYTES = 256 * 1024 * 1024
+
+
+def torch_dtype(name: str):
+    """torch dtype from a suite dtype name (``bfloat16``, ``float16``, ``float32``, ``float64``)."""
+    import torch
+
+    return {"bfloat16": torch.bfloat16, "float16": torch.float16,
+            "float32": torch.float32, "float64": torch.float64}[name]
+
+
+def synchronize(device: str) -> None:
+    """Wait for the device's queued work (no-op on the CPU)."""
+    if device.startswith("cuda"):
+        import torch
+
+        torch.cuda.synchronize()
+
+
+def summarize(samples_ms: list[float]) -> dict:
+    """The timing columns from per-iteration milliseconds: ``ms_median``, ``ms_mean``,
+    ``ms_min``, ``ms_max``, ``ms_q25``, ``ms_q75`` (quartiles by linear interpolation between
+    order statistics, as numpy.percentile), ``ms_samples`` (the list), ``n_iter``."""
+    import numpy as np
+
+    arr = np.asarray(samples_ms, dtype=float)
+    q25, q50, q75 = np.percentile(arr, [25, 50, 75])
+    return {
+        "ms_median": float(q50),
+        "ms_mean": float(arr.mean()),
+        "ms_min": float(arr.min()),
+        "ms_max": float(arr.max()),
+        "ms_q25": float(q25),
+        "ms_q75": float(q75),
+        "ms_samples": [float(x) for x in arr],
+        "n_iter": int(arr.size),
+    }
+
+
+def time_callable(
+    fn: Callable[[], Any],
+    *,
+    device: str,
+    warmup: int,
+    iterations: int,
+    flush_l2: bool = False,
+    before_each: Callable[[], Any] | None = None,
+) -> list[float]:
+    """Per-iteration runtimes of ``fn`` in milliseconds: the one timing function.
+
+    Args:
+        fn: the work to time (its result is dropped each iteration).
+        device: ``"cuda..."``: CUDA events around each call, one synchronise at the end;
+            otherwise ``time.perf_counter`` around each call.
+        warmup: untimed calls first (then a synchronise).
+        iterations: timed calls (>= 1).
+        flush_l2: overwrite a :data:`L2_FLUSH_BYTES` buffer before each timed call (CUDA).
+        before_each: untimed callback before each call (e.g. set gradients to None).
+
+    Returns:
+        ``iterations`` floats, milliseconds. Raises ValueError for iterations < 1.
+    """
+    if iterations < 1:
+        raise ValueError(f"iterations: got {iterations}; allowed: >= 1")
+    for _ in range(warmup):
+        if before_each is not None:
+            before_each()
+        fn()
+    synchronize(device)
+    if device.startswith("cuda"):
+        import torch
+
+        flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if flush_l2 else None
+        starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+        ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
+        for n in range(iterations):
+            if before_each is not None:
+                before_each()
+            if flush is not None:
+                flush.zero_()
+            starts[n].record()
+            fn()
+            ends[n].record()
+        torch.cuda.synchronize()
+        return [float(s.elapsed_time(e)) for s, e in zip(starts, ends)]
+    samples = []
+    for _ in range(iterations):
+        if before_each is not None:
+            before_each()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    return samples
+
+
+def first_call_seconds(fn: Callable[[], Any], device: str) -> float:
+    """Wall seconds of one call of ``fn`` including a device synchronise (the first call:
+    compilation and autotuning)."""
+    synchronize(device)
+    t0 = time.perf_counter()
+    fn()
+    synchronize(device)
+    return time.perf_counter() - t0
+
+
+def peak_memory_bytes(fn: Callable[[], Any], device: str) -> int | None:
+    """Peak device memory of one call of ``fn`` above what was allocated before it
+    (``torch.cuda.max_memory_allocated`` after ``reset_peak_memory_stats``, paper App. E.3).
+    None on the CPU."""
+    if not device.startswith("cuda"):
+        return None
+    import torch
+
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    result = fn()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated() - base
+    del result
+    return int(peak)
+
+
+# --------------------------------------------------------------------------- numerics
+
+
+@dataclasses.dataclass
+class GateResult:
+    """Outcome of the numerics gate.
+
+    Attributes:
+        err: worst max-normalised error over output and gradients (None: no reference).
+        worst: which tensor had it (``out`` or ``d<input name>``).
+        errors: every compared tensor's error.
+        tolerance: the accepted maximum.
+        ref: label of the reference and the gate's shape (the ``numerics_ref`` column).
+        passed: True when err is None or err <= tolerance.
+        problem: a reason when the comparison itself failed (shape mismatch, NaN...).
+    """
+
+    err: float | None
+    worst: str | None
+    errors: dict
+    tolerance: float
+    ref: str
+    passed: bool
+    problem: str | None = None
+
+    def reason(self) -> str:
+        """One line for the ``reason`` column of a ``wrong`` row."""
+        if self.problem:
+            return f"numerics: {self.problem} ({self.ref})"
+        return (f"numerics: max-normalised error {self.err:.3g} on {self.worst} exceeds "
+                f"tolerance {self.tolerance:.3g} ({self.ref})")
+
+
+def max_normalised_error(x, ref) -> float:
+    """``max|x - ref| / max|ref|`` in float64 (``max|x|`` when ref is all zero); inf when
+    x holds NaN or inf where ref does not."""
+    import torch
+
+    x = x.detach().to(torch.float64)
+    ref = ref.detach().to(torch.float64)
+    if not torch.isfinite(x).all():
+        return float("inf")
+    diff = (x - ref).abs().max().item()
+    scale = ref.abs().max().item()
+    return diff / scale if scale > 0 else diff
+
+
+def _to_float64(value):
+    import torch
+
+    if isinstance(value, torch.Tensor) and value.is_floating_point():
+        return value.detach().to(torch.float64).requires_grad_(value.requires_grad)
+    return value
+
+
+def numerics_gate(
+    backend: Backend,
+    params: BackendParams,
+    shape: Shape,
+    *,
+    mode: str,
+    dtype,
+    device: str,
+    seed: int,
+    max_seq_len: int,
+    tolerance: float | None = None,
+) -> GateResult:
+    """Check the kernel against its family's float64 reference at a reduced shape
+    (``backend.gate_shape``): output, and for ``fwdbw`` every input gradient.
+
+    Args:
+        shape: the case's full shape (reduced here).
+        dtype: torch dtype of the case.
+        tolerance: accepted max-normalised error (default ``backend.tolerance``).
+
+    Returns a :class:`GateResult`. Exceptions of the kernel propagate (the caller records
+    them as ``error`` / ``oom``); a backend without reference passes with ``err=None``.
+    """
+    import torch
+
+    gshape = backend.gate_shape(params, shape, max_seq_len)
+    tol = tolerance if tolerance is not None else backend.tolerance(params, dtype)
+    where = f"B={gshape.batch} NH={gshape.heads} S={gshape.seq_len}"
+    grad = mode == "fwdbw"
+    inputs = backend.make_inputs(params, gshape, dtype, device, seed + 1, requires_grad=grad)
+    out = backend.forward(params, inputs)
+    ref_inputs = {k: _to_float64(v) for k, v in inputs.items()}
+    try:
+        ref = backend.reference(params, ref_inputs)
+    except NotImplementedError as exc:
+        note = str(exc) or "the backend has no reference"
+        return GateResult(None, None, {}, tol, f"none: {note}", True)
+    label = f"{backend.family} float64 reference at {where}"
+    if tuple(out.shape) != tuple(ref.shape):
+        return GateResult(None, "out", {}, tol, label, False,
+                          problem=f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
+    errors = {"out": max_normalised_error(out, ref)}
+    if grad:
+        gen = torch.Generator(device=device).manual_seed(seed + 2)
+        g = torch.randn(tuple(ref.shape), generator=gen, dtype=torch.float64, device=device)
+        out.backward(g.to(out.dtype))
+        ref.backward(g)
+        for name, value in inputs.items():
+            if isinstance(value, torch.Tensor) and value.requires_grad:
+                if value.grad is None:
+                    return GateResult(None, f"d{name}", errors, tol, label, False,
+                                      problem=f"no gradient for input {name!r}")
+                errors[f"d{name}"] = max_normalised_error(value.grad, ref_inputs[name].grad)
+    worst = max(errors, key=lambda k: errors[k])
+    err = errors[worst]
+    passed = err <= tol
+    return GateResult(err, worst, errors, tol, label, passed)
+
+
+# --------------------------------------------------------------------------- a case
+
+
+def is_oom(exc: BaseException) -> bool:
+    """True for a device out-of-memory error (torch's OutOfMemoryError or its message)."""
+    try:
+        import torch
+
+        if isinstance(exc, torch.cuda.OutOfMemoryError):
+            return True
+    except ImportError:  # pragma: no cover
+        pass
+    text = str(exc).lower()
+    return "out of memory" in text and ("cuda" in text or "hip" in text or "device" in text)
+
+
+def measure_case(case) -> dict:
+    """Run one :class:`tflabench.suite.Case` in this process; returns the outcome columns
+    (``status``, ``reason``, timings, ``first_call_s``, ``peak_mem_bytes``,
+    ``numerics_err``, ``numerics_ref``, ``flops``, ``bytes``).
+
+    Status here is ``ok``, ``wrong`` or ``unavailable``; a kernel's exception propagates
+    (the worker turns it into ``error`` / ``oom``), as does a crash (the process dies).
+    """
+    import torch
+
+    from tflabench.backends import get_backend
+
+    backend = get_backend(case.backend)
+    params = backend.parse_params(json.loads(case.params))
+    shape = Shape(case.batch, case.seq_len, case.heads, case.d_qk, case.d_hv, case.dtype)
+    out: dict[str, Any] = {}
+    counts = None
+    try:
+        counts = backend.model_counts(params, shape, case.mode)
+    except Exception:  # the model is optional for a row
+        counts = None
+    if counts is not None:
+        out["flops"], out["bytes"] = float(counts[0]), float(counts[1])
+
+    if case.device.startswith("cuda") and not torch.cuda.is_available():
+        return {**out, "status": "unavailable", "reason": "no CUDA device visible to torch"}
+    reason = backend.available(params)
+    if reason is None:
+        reason = backend.unsupported_mode(params, case.mode)
+    if reason is not None:
+        return {**out, "status": "unavailable", "reason": reason}
+
+    device, dtype = case.device, torch_dtype(case.dtype)
+    grad = case.mode == "fwdbw"
+    torch.manual_seed(case.seed)
+    inputs = backend.make_inputs(params, shape, dtype, device, case.seed, requires_grad=grad)
+    grad_tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+
+    def clear_grads():
+        for t in grad_tensors:
+            t.grad = None
+
+    if grad:
+        probe = {}
+
+        def first():
+            o = backend.forward(params, inputs)
+            probe["shape"], probe["dtype"] = tuple(o.shape), o.dtype
+            o.backward(torch.ones_like(o))
+
+        out["first_call_s"] = first_call_seconds(first, device)
+        clear_grads()
+        gen = torch.Generator(device=device).manual_seed(case.seed + 3)
+        grad_out = torch.randn(probe["shape"], generator=gen, dtype=torch.float32,
+                               device=device).to(probe["dtype"])
+
+        def step():
+            backend.forward(params, inputs).backward(grad_out)
+    else:
+        out["first_call_s"] = first_call_seconds(lambda: backend.forward(params, inputs), device)
+
+        def step():
+            return backend.forward(params, inputs)
+
+    if case.check_numerics:
+        gate = numerics_gate(backend, params, shape, mode=case.mode, dtype=dtype, device=device,
+                             seed=case.seed, max_seq_len=case.numerics_max_seq_len,
+                             tolerance=case.tolerance)
+        out["numerics_err"], out["numerics_ref"] = gate.err, gate.ref
+        if not gate.passed:
+            return {**out, "status": "wrong", "reason": gate.reason()}
+        if device.startswith("cuda"):
+            torch.cuda.empty_cache()
+
+    clear_grads()
+    out["peak_mem_bytes"] = peak_memory_bytes(step, device)
+    clear_grads()
+    samples = time_callable(step, device=device, warmup=case.warmup, iterations=case.iterations,
+                            flush_l2=case.flush_l2, before_each=clear_grads if grad else None)
+    out.update(summarize(samples))
+    out["ms_samples"] = json.dumps(out["ms_samples"])
+    note = backend.note(params, device)
+    return {**out, "status": "ok", "reason": note}
+
+
+__all__ = [
+    "time_callable", "summarize", "first_call_seconds", "peak_memory_bytes", "numerics_gate",
+    "max_normalised_error", "measure_case", "GateResult", "is_oom", "torch_dtype",
+]

@@ -1,0 +1,143 @@
+"""Benchmark figures drawn from a result set (matplotlib, imported lazily).
+
+- :func:`plot_runtime`: median runtime over sequence length, one panel per mode (the
+  paper's Figure 4: forward left, forward+backward right; fixed tokens, so batch falls as S
+  grows). Only ``ok`` rows are drawn; kernels with other statuses are listed in the panel
+  title's legend with their status count.
+- :func:`plot_memory_runtime`: peak memory against runtime over chunk size, one panel per
+  mode (the paper's Figure 5), for every kernel measured at more than one chunk size at
+  the same shape; points are labelled with L.
+
+:func:`write_plots` draws whichever apply into ``<result dir>/plots/`` (used by ``run``
+and ``report``).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from tflabench.plots import save_figure
+
+GIB = 2**30
+MODE_TITLES = {"fwd": "forward", "fwdbw": "forward + backward"}
+
+
+def _figure(ncols: int):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6.0 * ncols, 4.6), layout="constrained")
+    axes = fig.subplots(1, ncols, squeeze=False)[0]
+    return fig, list(axes)
+
+
+def _series_labels(frame) -> list[str]:
+    """Label per row: the kernel, plus the parameters that vary within that kernel label
+    (e.g. ``chunk_size=64``), plus ``B=`` when one (kernel, S) has several batch sizes."""
+    labels = []
+    varying: dict[str, list[str]] = {}
+    for kernel, group in frame.groupby("kernel", sort=False):
+        dicts = [json.loads(p) if isinstance(p, str) else {} for p in group["params"]]
+        keys = sorted({k for d in dicts for k in d})
+        varying[kernel] = [k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in dicts}) > 1]
+    multi_batch = frame.groupby(["kernel", "params", "mode", "seq_len"])["batch"].transform("nunique") > 1
+    for (_, row), mb in zip(frame.iterrows(), multi_batch):
+        params = json.loads(row["params"]) if isinstance(row["params"], str) else {}
+        extra = [f"{k}={params.get(k)}" for k in varying.get(row["kernel"], [])]
+        if mb:
+            extra.append(f"B={int(row['batch'])}")
+        labels.append(row["kernel"] + (f" ({', '.join(extra)})" if extra else ""))
+    return labels
+
+
+def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | None:
+    """Median runtime (ms, log scale) over sequence length (log2 scale), one panel per mode,
+    one line per kernel series (paper Fig. 4). Returns the path, or None when no row is
+    ``ok``.
+
+    Args:
+        frame: result rows (:attr:`tflabench.results.ResultSet.rows`).
+    """
+    ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()].copy()
+    if ok.empty:
+        return None
+    ok["series"] = _series_labels(ok)
+    modes = [m for m in ("fwd", "fwdbw") if (ok["mode"] == m).any()]
+    fig, axes = _figure(len(modes))
+    for ax, mode in zip(axes, modes):
+        part = ok[ok["mode"] == mode]
+        for series, group in part.groupby("series", sort=False):
+            group = group.sort_values("seq_len")
+            ax.plot(group["seq_len"], group["ms_median"], marker="o", label=series)
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("sequence length S (tokens)")
+        ax.set_ylabel("runtime, median (ms)")
+        ax.set_title(MODE_TITLES.get(mode, mode))
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def chunk_sweeps(frame):
+    """Rows of kernels measured at more than one chunk size at the same shape, mode and
+    dtype (with runtime and peak memory): the Figure-5 subset; empty when none."""
+    ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()
+               & frame["peak_mem_bytes"].notna() & frame["chunk_size"].notna()]
+    if ok.empty:
+        return ok
+    keys = ["kernel", "mode", "dtype", "batch", "seq_len", "heads", "d_qk", "d_hv"]
+    n_chunks = ok.groupby(keys)["chunk_size"].transform("nunique")
+    return ok[n_chunks > 1]
+
+
+def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Path | None:
+    """Peak memory above the inputs (GiB) against median runtime (ms) over chunk size, one
+    panel per mode, one line per kernel and shape, points labelled with L (paper Fig. 5).
+    Returns the path, or None when no kernel sweeps chunk sizes (or no memory was measured,
+    as on the CPU)."""
+    sweep = chunk_sweeps(frame)
+    if sweep.empty:
+        return None
+    modes = [m for m in ("fwd", "fwdbw") if (sweep["mode"] == m).any()]
+    fig, axes = _figure(len(modes))
+    for ax, mode in zip(axes, modes):
+        part = sweep[sweep["mode"] == mode]
+        for (kernel, b, s), group in part.groupby(["kernel", "batch", "seq_len"], sort=False):
+            group = group.sort_values("chunk_size")
+            ax.plot(group["ms_median"], group["peak_mem_bytes"] / GIB, marker="o",
+                    label=f"{kernel} (B={int(b)}, S={int(s)})")
+            for _, r in group.iterrows():
+                ax.annotate(f"L={int(r['chunk_size'])}", (r["ms_median"], r["peak_mem_bytes"] / GIB),
+                            textcoords="offset points", xytext=(4, 4), fontsize="small")
+        ax.set_xlabel("runtime, median (ms)")
+        ax.set_ylabel("peak memory above inputs (GiB)")
+        ax.set_title(MODE_TITLES.get(mode, mode))
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize="small")
+    if title:
+        fig.suptitle(title)
+    return save_figure(fig, path)
+
+
+def write_plots(directory: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+    """Draw every benchmark figure that applies to the result set at ``directory`` into
+    ``out_dir`` (default ``<directory>/plots/``): ``runtime.png`` (Fig. 4) and, when a
+    kernel sweeps chunk sizes, ``memory_vs_runtime.png`` (Fig. 5). Returns the paths written.
+    Raises UserError when ``directory`` is not a result set."""
+    from tflabench.results import load_results
+
+    rs = load_results(directory)
+    out = Path(out_dir) if out_dir is not None else rs.path / "plots"
+    frame = rs.rows
+    suite = rs.metadata.get("suite") or ""
+    gpu = rs.metadata.get("gpu_name") or "CPU"
+    title = f"{suite} on {gpu}".strip()
+    written = []
+    for fn, name in ((plot_runtime, "runtime.png"), (plot_memory_runtime, "memory_vs_runtime.png")):
+        path = fn(frame, out / name, title=title)
+        if path is not None:
+            written.append(path)
+    return written

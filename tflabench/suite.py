@@ -1,0 +1,419 @@
+"""Suites: YAML files that say what to measure, validated and expanded into cases.
+
+A suite (see ``docs/harness.md`` for a full example)::
+
+    name: cpu_demo                    # required; results go to results/<name>/<timestamp>/
+    description: a small CPU suite
+    device: auto                      # auto | cuda | cpu   (auto: cuda when available)
+    dtype: float32                    # bfloat16 | float16 | float32 | float64, or a list
+    modes: [fwd, fwdbw]
+    seed: 0
+    timing: {warmup: 10, iterations: 30, timeout_s: 300, flush_l2: false}
+    numerics: {check: true, max_seq_len: 512, tolerance: null}
+    model: {embedding_dim: 4096}      # int or list
+    sweep: {tokens: 65536, seq_len: [512, 1024]}     # batch = tokens / seq_len
+    # or:  sweep: {batch: [1, 4], seq_len: [256, 512]}   (every batch x every length)
+    kernels:
+      - backend: tfla
+        label: mLSTMsig TFLA xl_chunk    # the results' `kernel` column (default: derived)
+        params: {variant: sig, chunk_size: [64, 128]}   # the backend's Params
+        modes: [fwd]                     # optional: overrides the suite's modes
+        timeout_s: 600                   # optional: overrides timing.timeout_s
+
+Any list value in ``dtype``, ``modes``, ``model.embedding_dim``, ``sweep.seq_len``,
+``sweep.batch`` and in a kernel's ``params`` expands (the cross product). Invalid suites
+raise :class:`~tflabench.errors.UserError` with ``<file>: <field path>: <reason>`` before
+anything runs: YAML syntax, unknown field, wrong type, unknown backend, ``tokens`` not
+divisible by a sequence length, a kernel parameter its backend does not take (or a bad
+value of one), an unresolvable head layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import itertools
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from tflabench.errors import UserError
+
+DTYPES = ("bfloat16", "float16", "float32", "float64")
+DType = Literal["bfloat16", "float16", "float32", "float64"]
+Mode = Literal["fwd", "fwdbw"]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Timing(_Strict):
+    """How each case is timed (paper App. E.3: median of 30 after 10 warm-ups)."""
+
+    warmup: int = Field(10, ge=0, description="untimed calls after the first call")
+    iterations: int = Field(30, ge=1, description="timed calls; the row gives their median etc.")
+    timeout_s: float = Field(300.0, gt=0, description="wall-clock limit per case (worker killed past it)")
+    flush_l2: bool = Field(False, description="overwrite a buffer larger than L2 before each timed call")
+
+
+class Numerics(_Strict):
+    """The numerics gate: output (and gradients in fwdbw) vs the family's float64 reference."""
+
+    check: bool = True
+    max_seq_len: int = Field(512, ge=1, description="gate runs at batch 1, <=2 heads, S <= this")
+    tolerance: float | None = Field(None, gt=0, description="max-normalised error accepted; default per backend/dtype")
+
+
+class ModelSettings(_Strict):
+    """Model-level settings: the embedding dimension the head layouts split."""
+
+    embedding_dim: int | list[int] = 4096
+
+
+class Sweep(_Strict):
+    """Shapes: ``tokens`` + ``seq_len`` (batch = tokens / seq_len; paper App. E.3) or
+    ``batch`` x ``seq_len``."""
+
+    tokens: int | None = Field(None, ge=1)
+    batch: int | list[int] | None = None
+    seq_len: int | list[int]
+
+
+class KernelSpec(_Strict):
+    """One kernel entry: a backend and its parameters (validated by the backend's Params)."""
+
+    backend: str
+    label: str | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    modes: list[Mode] | None = None
+    timeout_s: float | None = Field(None, gt=0, description="overrides timing.timeout_s for this kernel")
+
+
+class Suite(_Strict):
+    """A whole suite file (schema; see the module docstring)."""
+
+    name: str = Field(min_length=1)
+    description: str = ""
+    device: Literal["auto", "cuda", "cpu"] = "auto"
+    dtype: DType | list[DType] = "bfloat16"
+    modes: list[Mode] = Field(default_factory=lambda: ["fwd", "fwdbw"], min_length=1)
+    seed: int = 0
+    timing: Timing = Field(default_factory=Timing)
+    numerics: Numerics = Field(default_factory=Numerics)
+    model: ModelSettings = Field(default_factory=ModelSettings)
+    sweep: Sweep
+    kernels: list[KernelSpec] = Field(min_length=1)
+
+
+#: Top-level and nested field names, for docs and error messages.
+SUITE_FIELDS = {
+    "": list(Suite.model_fields),
+    "timing": list(Timing.model_fields),
+    "numerics": list(Numerics.model_fields),
+    "model": list(ModelSettings.model_fields),
+    "sweep": list(Sweep.model_fields),
+    "kernels[]": list(KernelSpec.model_fields),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One measurement: a kernel configuration x shape x mode (one result row).
+
+    Identity (the result row's identity columns; ``params`` is the canonical JSON of the
+    validated backend parameters) plus how to measure it (timing and numerics settings).
+    """
+
+    suite: str
+    kernel: str
+    backend: str
+    family: str
+    params: str
+    mode: str
+    dtype: str
+    device: str
+    batch: int
+    seq_len: int
+    heads: int
+    d_qk: int
+    d_hv: int
+    chunk_size: int | None
+    embedding_dim: int
+    warmup: int = 10
+    iterations: int = 30
+    timeout_s: float = 300.0
+    flush_l2: bool = False
+    seed: int = 0
+    check_numerics: bool = True
+    numerics_max_seq_len: int = 512
+    tolerance: float | None = None
+
+    def identity(self) -> dict:
+        """The identity columns of the result row (without ``case_id``)."""
+        from tflabench.results import IDENTITY_COLUMNS
+
+        return {col: getattr(self, col) for col in IDENTITY_COLUMNS[1:]}
+
+    @property
+    def case_id(self) -> str:
+        """Stable id of the case (:func:`tflabench.results.case_id`)."""
+        from tflabench.results import case_id
+
+        return case_id(self.identity())
+
+    @property
+    def params_dict(self) -> dict:
+        return json.loads(self.params)
+
+    def describe(self) -> str:
+        """Short one-line description for progress bars and tables."""
+        return f"{self.kernel} {self.mode} B={self.batch} S={self.seq_len} {self.dtype}"
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class LoadedSuite:
+    """A validated suite: the schema object, its file path and the file's sha256."""
+
+    suite: Suite
+    path: Path
+    sha256: str
+
+
+# --------------------------------------------------------------------------- errors
+
+
+def _path_str(loc: tuple) -> str:
+    out = ""
+    for part in loc:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        else:
+            out += ("." if out else "") + str(part)
+    return out or "(top level)"
+
+
+def _allowed_fields(model: type[BaseModel], loc: tuple) -> list[str]:
+    """Field names allowed at the parent of ``loc`` in ``model``."""
+    current: Any = model
+    for part in loc[:-1]:
+        if isinstance(part, int):
+            continue
+        field = getattr(current, "model_fields", {}).get(part)
+        if field is None:
+            return []
+        ann = field.annotation
+        current = _model_in(ann)
+        if current is None:
+            return []
+    return list(getattr(current, "model_fields", {}))
+
+
+def _model_in(ann: Any) -> Any:
+    import typing
+
+    if isinstance(ann, type) and issubclass(ann, BaseModel):
+        return ann
+    for arg in typing.get_args(ann):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _strip_union(loc: tuple) -> tuple:
+    """Drop pydantic's union-member tags (e.g. ``'int'``, ``'list[int]'``) from a loc."""
+    tags = {"int", "str", "float", "bool", "none"}
+    return tuple(p for p in loc if not (isinstance(p, str) and ("[" in p or p in tags)))
+
+
+def _format_validation(error: ValidationError, model: type[BaseModel], prefix: tuple = ()) -> str:
+    """One line for a pydantic ValidationError: ``path: reason`` of the most specific error
+    (union members tried in turn report one error each; the deepest location wins)."""
+    errors = [dict(e, loc=_strip_union(tuple(e["loc"]))) for e in error.errors()]
+    first = max(errors, key=lambda e: len(e["loc"]))
+    loc = first["loc"]
+    path = _path_str(prefix + loc)
+    if first["type"] == "extra_forbidden":
+        allowed = _allowed_fields(model, loc)
+        reason = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+    elif first["type"] == "missing":
+        reason = "required field is missing"
+    else:
+        value = first.get("input")
+        reason = first["msg"] if isinstance(value, (dict, list)) else f"{first['msg']} (got {value!r})"
+    more = len({e["loc"] for e in errors if e["loc"] != loc[: len(e["loc"])]})
+    return f"{path}: {reason}" + (f" (and {more} more error{'s' if more > 1 else ''})" if more else "")
+
+
+# --------------------------------------------------------------------------- loading
+
+
+def load_suite(path: str | os.PathLike) -> LoadedSuite:
+    """Read and validate a suite file (schema, backends and their parameters, sweep).
+
+    Returns a :class:`LoadedSuite`. Raises UserError ``<file>: <field path>: <reason>`` for
+    a missing file, YAML syntax, unknown field, wrong type, unknown backend, a parameter
+    the backend does not take, ``tokens`` not divisible by a sequence length, or an
+    unresolvable head layout. Expansion with :func:`expand_cases` then cannot fail.
+    """
+    import yaml
+
+    p = Path(path)
+    if not p.is_file():
+        raise UserError(f"suite file {str(p)!r} does not exist")
+    raw_bytes = p.read_bytes()
+    try:
+        data = yaml.safe_load(raw_bytes.decode("utf-8"))
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UserError(f"{p}{where}: YAML syntax error: {problem}") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{p}: not UTF-8 text") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{p}: a suite is a YAML mapping (name, sweep, kernels, ...), got {type(data).__name__}")
+    try:
+        suite = Suite.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"{p}: {_format_validation(exc, Suite)}") from None
+    loaded = LoadedSuite(suite=suite, path=p, sha256=hashlib.sha256(raw_bytes).hexdigest())
+    try:
+        expand_cases(loaded, device="cpu")  # validates backends, params, sweep, layouts
+    except UserError as exc:
+        raise UserError(f"{p}: {exc}") from None
+    return loaded
+
+
+def _as_list(value: Any) -> list:
+    return list(value) if isinstance(value, (list, tuple)) else [value]
+
+
+def _shapes(sweep: Sweep) -> list[tuple[int, int]]:
+    """(batch, seq_len) pairs of the sweep; UserError (field path) when invalid."""
+    seq_lens = _as_list(sweep.seq_len)
+    for n, s in enumerate(seq_lens):
+        if s < 1:
+            raise UserError(f"sweep.seq_len[{n}]: {s} must be >= 1")
+    if sweep.tokens is not None and sweep.batch is not None:
+        raise UserError("sweep: give tokens (batch = tokens / seq_len) or batch, not both")
+    if sweep.tokens is not None:
+        out = []
+        for n, s in enumerate(seq_lens):
+            if sweep.tokens % s:
+                raise UserError(f"sweep.seq_len[{n}]: tokens {sweep.tokens} is not divisible by seq_len {s}")
+            out.append((sweep.tokens // s, s))
+        return out
+    if sweep.batch is None:
+        raise UserError("sweep: give tokens (batch = tokens / seq_len) or batch")
+    batches = _as_list(sweep.batch)
+    for n, b in enumerate(batches):
+        if b < 1:
+            raise UserError(f"sweep.batch[{n}]: {b} must be >= 1")
+    return [(b, s) for b in batches for s in seq_lens]
+
+
+def _expand_params(params: dict) -> list[tuple[dict, dict]]:
+    """Cross product over list-valued params: [(values, {key: index in its list})]."""
+    keys = list(params)
+    lists = [_as_list(params[k]) for k in keys]
+    out = []
+    for combo in itertools.product(*[list(enumerate(v)) for v in lists]):
+        values = {k: v for k, (_, v) in zip(keys, combo)}
+        index = {k: i for k, (i, _) in zip(keys, combo) if isinstance(params[k], (list, tuple))}
+        out.append((values, index))
+    return out
+
+
+def _default_label(spec: KernelSpec) -> str:
+    fixed = [f"{k}={v}" for k, v in spec.params.items() if not isinstance(v, (list, tuple))]
+    return " ".join([spec.backend] + fixed)
+
+
+def resolve_device(device: str) -> str:
+    """``auto`` -> ``cuda`` when torch sees a GPU, else ``cpu``; others unchanged."""
+    if device != "auto":
+        return device
+    import torch
+
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list[Case]:
+    """All cases of a suite, in run order: kernels in file order, then parameter
+    combinations, embedding dimensions, dtypes, shapes (batch, seq_len), modes.
+
+    Args:
+        device: the device the cases run on (default: the suite's, ``auto`` resolved).
+
+    Raises UserError (field path: reason) for an unknown backend, a parameter the backend
+    does not take or a bad value, an invalid sweep, or an unresolvable layout.
+    """
+    from tflabench.backends import get_backend
+
+    suite = loaded.suite if isinstance(loaded, LoadedSuite) else loaded
+    device = device or resolve_device(suite.device)
+    shapes = _shapes(suite.sweep)
+    embeddings = _as_list(suite.model.embedding_dim)
+    for n, e in enumerate(embeddings):
+        if e < 1:
+            raise UserError(f"model.embedding_dim[{n}]: {e} must be >= 1")
+    dtypes = _as_list(suite.dtype)
+    cases: list[Case] = []
+    for kn, spec in enumerate(suite.kernels):
+        where = f"kernels[{kn}]"
+        try:
+            backend = get_backend(spec.backend)
+        except UserError as exc:
+            raise UserError(f"{where}.backend: {exc}") from None
+        modes = spec.modes if spec.modes is not None else suite.modes
+        label = spec.label or _default_label(spec)
+        for values, index in _expand_params(spec.params):
+            try:
+                params = backend.parse_params(values)
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                key = err["loc"][0] if err["loc"] else None
+                at = f"{where}.params"
+                if key is not None:
+                    at += f".{key}" + (f"[{index[key]}]" if key in index else "")
+                if err["type"] == "extra_forbidden":
+                    allowed = ", ".join(backend.Params.model_fields) or "nothing"
+                    raise UserError(f"{at}: not a parameter of backend {spec.backend!r}; it takes: {allowed}") from None
+                raise UserError(f"{at}: {err['msg']} (got {err.get('input')!r})") from None
+            params_text = json.dumps(params.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+            chunk = backend.chunk_size(params)
+            for emb in embeddings:
+                try:
+                    heads, d_qk, d_hv = backend.layout(params, emb)
+                except UserError as exc:
+                    raise UserError(f"{where}.params: {exc}") from None
+                for dtype in dtypes:
+                    for batch, seq_len in shapes:
+                        for mode in modes:
+                            cases.append(Case(
+                                suite=suite.name, kernel=label, backend=spec.backend,
+                                family=backend.family, params=params_text, mode=mode,
+                                dtype=dtype, device=device, batch=batch, seq_len=seq_len,
+                                heads=heads, d_qk=d_qk, d_hv=d_hv, chunk_size=chunk,
+                                embedding_dim=emb, warmup=suite.timing.warmup,
+                                iterations=suite.timing.iterations,
+                                timeout_s=spec.timeout_s or suite.timing.timeout_s,
+                                flush_l2=suite.timing.flush_l2, seed=suite.seed,
+                                check_numerics=suite.numerics.check,
+                                numerics_max_seq_len=suite.numerics.max_seq_len,
+                                tolerance=suite.numerics.tolerance,
+                            ))
+    return cases
+
+
+def default_suite_path() -> Path:
+    """``suites/cpu_demo.yaml`` of the checkout (the default of ``tflabench run``)."""
+    return Path(__file__).resolve().parent.parent / "suites" / "cpu_demo.yaml"
