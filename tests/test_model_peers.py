@@ -62,7 +62,7 @@ def test_chunkwise_gla_counts_section_8c():
     assert math.isclose(gla_counts("simple_gla", "fwd", F_causal=1.0, **kw).flops, 1.900e11, rel_tol=3e-4)
     c = gla_counts("simple_gla", "fwd", F_causal=0.5, **kw)
     assert close_printed(c.bytes, "4.568e9")  # bf16 states
-    assert 36 <= c.intensity_flop_per_byte <= 42.5  # "I ≈ 36-42"
+    assert 35.5 <= c.intensity_flop_per_byte <= 42.5  # "I ≈ 36-42" (F_c = 0.5 ... 1)
     # GLA's per-channel gate only adds gate bytes (2L·d_k·bytes_g instead of 2L·bytes_g) at this level
     g = gla_counts("gla", "fwd", F_causal=0.5, **kw)
     assert g.flops == c.flops
