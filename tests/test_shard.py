@@ -183,3 +183,59 @@ def test_merge_command_reports_missing_and_foreign_shards_in_one_line(tmp_path):
     result = runner.invoke(app, ["merge", *dirs, "--allow-missing", "--out", str(tmp_path / "m")])
     assert result.exit_code == 0 and "missing" in result.stderr
     assert len(load_results(tmp_path / "m").rows) == 4
+
+
+# ----------------------------------------------------------------------------- end to end
+
+
+def _result_dir(root):
+    """The one result set ``tflabench run --out ROOT`` wrote (ROOT/<suite>/<timestamp>/)."""
+    found = [p.parent for p in root.glob("*/*/metadata.json")]
+    assert len(found) == 1, found
+    return found[0]
+
+
+def test_cpu_default_suite_in_three_shards_merges_to_one_run(tmp_path, monkeypatch):
+    """The CPU default suite run as 3 shards (`tflabench run --shard K/3`) and merged holds
+    exactly the cases of one run: one row per case of the suite's expansion, which is what
+    a single `tflabench run` writes (a full extra run would double this test's time)."""
+    from tflabench import environment
+    from tflabench.suite import default_suite_path, expand_cases, load_suite
+
+    # other commits may land in a shared checkout between the runs; one run = one revision
+    monkeypatch.setattr(environment, "git_revision", lambda path=None: "f" * 40)
+    suite = default_suite_path()
+    runner = CliRunner()
+    shard_dirs = []
+    for k in (1, 2, 3):
+        result = runner.invoke(app, ["run", str(suite), "--no-progress", "--no-plots", "--shard", f"{k}/3",
+                                     "--out", str(tmp_path / f"shard{k}")])
+        assert result.exit_code == 0, result.output
+        shard_dirs.append(_result_dir(tmp_path / f"shard{k}"))
+
+    shard_sets = [load_results(d) for d in shard_dirs]
+    assert [s.metadata["shard"] for s in shard_sets] == ["1/3", "2/3", "3/3"]
+    assert all(len(s.rows) > 0 for s in shard_sets)  # the split leaves no shard empty here
+
+    result = runner.invoke(app, ["merge", *map(str, shard_dirs), "--out", str(tmp_path / "merged")])
+    assert result.exit_code == 0, result.output
+    merged = load_results(tmp_path / "merged")
+    one_run = {c.case_id for c in expand_cases(load_suite(suite), device="cpu")}
+    assert merged.rows["case_id"].is_unique
+    assert set(merged.rows["case_id"]) == one_run
+    assert merged.metadata["shard"] is None and merged.metadata["suite"] == "cpu_demo"
+
+    # compare sees the merged set as one run of the suite: nothing lost, nothing added
+    from tflabench.compare import compare_results
+
+    comparison = compare_results(merged, merged)
+    assert set(comparison.cases["outcome"]) <= {"unchanged", "still_failing"}
+    assert len(comparison.cases) == len(one_run)
+
+    # a missing shard and a foreign shard are reported by the command (exit 2, one line)
+    result = runner.invoke(app, ["merge", str(shard_dirs[0]), str(shard_dirs[2]), "--out", str(tmp_path / "m2")])
+    assert result.exit_code == 2 and "missing shard(s) 2/3" in result.stderr
+    foreign = write_results(tmp_path / "foreign", rows_for([64]), dict(METADATA, shard="2/3"))
+    result = runner.invoke(app, ["merge", str(shard_dirs[0]), str(foreign), str(shard_dirs[2]),
+                                 "--out", str(tmp_path / "m3")])
+    assert result.exit_code == 2 and "another suite" in result.stderr
