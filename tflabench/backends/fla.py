@@ -1,0 +1,391 @@
+"""``fla`` backend: chunkwise kernels of flash-linear-attention (``fla-core``, ``fla.ops``).
+
+``op`` selects the kernel (paper App. E.3, Figures 4, 12, 13):
+
+- ``chunk_simple_gla``: ``fla.ops.simple_gla.chunk_simple_gla``, a scalar log-forget gate
+  per head and step, g (B, T, H) (mLSTMsig without input gate);
+- ``chunk_gla``: ``fla.ops.gla.chunk_gla``, a log-forget gate per key dimension,
+  g (B, T, H, K) (Yang et al. 2024, GLA);
+- ``lightning_attn``: ``fla.ops.lightning_attn.chunk_lightning_attn``, a fixed decay per
+  head, log γ_h = -(8 / H)(1 - layer_idx / num_layers) h (Lightning Attention 2).
+
+fla's conventions (read from fla-core 0.6.0): inputs (B, T, H, K) / (B, T, H, V),
+contiguous; g is a *log* forget gate (the state is multiplied by exp(g_t)); scale defaults
+to K^-1/2 on the query; no input gate, no normaliser; o_t = (scale q_t)ᵀ S_t with
+S_t = exp(g_t) S_{t-1} + k_t v_tᵀ. The gates here are logsigmoid(N(3, 1)), the forget-gate
+distribution of the peer baselines.
+
+Known refusal: fla's gated ``chunk_bwd_dqkwg`` (the backward of ``chunk_simple_gla`` with a
+data-dependent g) raises a RuntimeError (fla issue #640) on Hopper GPUs with
+3.4.0 <= triton < 3.7.1 (``shared/wheels/README.md``: seen on the H200, triton 3.6).
+``unsupported_mode`` reports ``fwdbw`` unsupported there, per case, with that reason;
+:meth:`FlaBackend.classify_error` recognises the RuntimeError itself. ``chunk_gla`` (own
+backward kernels) and ``lightning_attn`` (g_gamma, no g) do not pass through that guard in
+fla-core 0.6.0, so their backward is not refused by it; the numerics gate checks them.
+
+Paper App. E.3 layout at embedding 4096: chunk_gla and chunk_simple_gla 16 heads, d_hv 256,
+d_qk 128 (as the mLSTM); lightning_attn 32 heads of d_qk = d_hv = 128 (Figure 13; Lightning
+Attention 2 takes equal head dimensions up to 128).
+
+torch and the peer are imported inside the methods only (``backends/base.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.metadata
+import importlib.util
+import os
+import re
+import subprocess
+import sys
+from typing import Any, Literal
+
+from pydantic import model_validator
+
+from tflabench.backends import register
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape, model_counts, resolve_layout
+
+INSTALL_HINT = "pip install fla-core einops (Triton kernels: a CUDA GPU)"
+
+#: op -> (module, function) in fla-core.
+FLA_OPS: dict[str, tuple[str, str]] = {
+    "chunk_simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
+    "chunk_gla": ("fla.ops.gla", "chunk_gla"),
+    "lightning_attn": ("fla.ops.lightning_attn", "chunk_lightning_attn"),
+}
+
+#: Ops whose backward passes a data-dependent g to fla's guarded ``chunk_bwd_dqkwg``
+#: (fla-core 0.6.0, fla/ops/common/chunk_o.py): refused on Hopper with triton in
+#: [3.4.0, 3.7.1).
+GUARDED_BACKWARD_OPS = frozenset({"chunk_simple_gla"})
+
+#: fla's default chunk size (``chunk_simple_gla``'s default, ``chunk_gla``'s for T >= 64).
+FLA_DEFAULT_CHUNK = 64
+
+#: (heads, p_qk) when a suite sets neither heads nor d_hv (paper App. E.3).
+FLA_DEFAULT_LAYOUT: dict[str, tuple[int, float]] = {
+    "chunk_simple_gla": (16, 0.5),
+    "chunk_gla": (16, 0.5),
+    "lightning_attn": (32, 1.0),
+}
+
+
+def _find_spec(module: str):
+    """``importlib.util.find_spec`` without importing (None when absent). Tests replace it."""
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+
+
+def _version_tuple(text: str | None) -> tuple[int, int, int] | None:
+    """(major, minor, patch) of a version string such as ``3.6.0`` or ``3.7.0+git...``."""
+    if not text:
+        return None
+    m = re.match(r"(\d+)\.(\d+)(?:\.(\d+))?", text)
+    return (int(m.group(1)), int(m.group(2)), int(m.group(3) or 0)) if m else None
+
+
+def triton_version() -> tuple[int, int, int] | None:
+    """The installed triton's version from its distribution metadata (nothing imported);
+    None when triton is not installed."""
+    for dist in ("triton", "pytorch-triton"):
+        try:
+            return _version_tuple(importlib.metadata.version(dist))
+        except importlib.metadata.PackageNotFoundError:
+            continue
+    return None
+
+
+def gpu_is_hopper() -> bool | None:
+    """Whether the first visible GPU is a Hopper (compute capability 9.x, fla's
+    ``IS_NVIDIA_HOPPER``); None when unknown. Creates no CUDA context: torch is asked
+    only when it already initialised CUDA, otherwise ``nvidia-smi``."""
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return torch.cuda.get_device_capability()[0] == 9
+    major = _nvidia_smi_compute_major(os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",")[0].strip())
+    return None if major is None else major == 9
+
+
+@functools.lru_cache(maxsize=None)
+def _nvidia_smi_compute_major(visible: str) -> int | None:
+    """Major compute capability of a GPU by ``nvidia-smi`` (``visible``: the first entry
+    of CUDA_VISIBLE_DEVICES when it is an index, else the first GPU); None when unknown."""
+    cmd = ["nvidia-smi", "--query-gpu=compute_cap", "--format=csv,noheader"]
+    if visible.isdigit():
+        cmd.append(f"--id={visible}")
+    try:
+        out = subprocess.run(cmd, capture_output=True, text=True, timeout=20, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    lines = out.strip().splitlines()
+    m = re.match(r"\s*(\d+)", lines[0]) if lines else None
+    return int(m.group(1)) if m else None
+
+
+def fla_backward_refused() -> tuple[bool, str]:
+    """(refused, environment text) for fla's gated backward guard: Hopper GPU and
+    3.4.0 <= triton < 3.7.1. In a process that has imported fla (the worker, after
+    :meth:`FlaBackend.available`), fla's own flags decide; otherwise the triton version
+    and the GPU's compute capability."""
+    fla_utils = sys.modules.get("fla.utils")
+    if fla_utils is not None and hasattr(fla_utils, "TRITON_ABOVE_3_7_1"):
+        hopper = bool(fla_utils.IS_NVIDIA_HOPPER)
+        above_340 = bool(fla_utils.TRITON_ABOVE_3_4_0)
+        above_371 = bool(fla_utils.TRITON_ABOVE_3_7_1)
+        version = "fla.utils flags"
+    else:
+        hopper = bool(gpu_is_hopper())
+        tv = triton_version()
+        above_340 = tv is not None and tv >= (3, 4, 0)
+        above_371 = tv is not None and tv >= (3, 7, 1)
+        version = ".".join(map(str, tv)) if tv else "absent"
+    refused = hopper and above_340 and not above_371
+    return refused, f"Hopper GPU={hopper}, triton {version}"
+
+
+class FlaParams(HeadLayoutParams):
+    """What a suite may set for ``fla``.
+
+    Attributes:
+        op: ``chunk_simple_gla`` (default), ``chunk_gla`` or ``lightning_attn``.
+        chunk_size: chunk length for ``chunk_simple_gla`` / ``lightning_attn`` (a power of
+            two; None = fla's default 64). ``chunk_gla`` fixes it (64 for T >= 64) and
+            refuses the field.
+        layer_idx, num_layers: ``lightning_attn`` only (its decay; default 0 of 32 layers:
+            log γ_h = -8 h / H).
+        heads, d_hv, d_qk, p_qk: head layout; with neither heads nor d_hv set, 16 heads
+            with d_qk = 0.5 d_hv (chunk_gla, chunk_simple_gla) or 32 heads with d_qk = d_hv
+            (lightning_attn), paper App. E.3. ``p_qk`` None means that default.
+    """
+
+    op: Literal["chunk_simple_gla", "chunk_gla", "lightning_attn"] = "chunk_simple_gla"
+    chunk_size: int | None = None
+    layer_idx: int | None = None
+    num_layers: int | None = None
+    p_qk: float | None = None  # type: ignore[assignment]
+
+    @model_validator(mode="after")
+    def _check_op_fields(self):
+        if self.chunk_size is not None:
+            if self.op == "chunk_gla":
+                raise ValueError("chunk_size: chunk_gla fixes its chunk size (64); leave chunk_size unset")
+            if self.chunk_size < 16 or self.chunk_size & (self.chunk_size - 1):
+                raise ValueError(f"chunk_size: fla takes a power of two >= 16, got {self.chunk_size}")
+        if self.op != "lightning_attn" and (self.layer_idx is not None or self.num_layers is not None):
+            raise ValueError(f"layer_idx / num_layers: only for op lightning_attn, not {self.op}")
+        if self.num_layers is not None and self.num_layers < 1:
+            raise ValueError(f"num_layers: must be >= 1, got {self.num_layers}")
+        if self.layer_idx is not None and not 0 <= self.layer_idx < (self.num_layers or 32):
+            raise ValueError(f"layer_idx: must be in [0, num_layers), got {self.layer_idx}")
+        return self
+
+
+def lightning_log_decay(heads: int, layer_idx: int, num_layers: int):
+    """Lightning Attention's per-head log decay, float64 (H,):
+    log γ_h = -(8 / H)(1 - layer_idx / num_layers) h, h = 0..H-1 (as fla's chunk_lightning_attn)."""
+    import torch
+
+    return -(8.0 / heads * (1.0 - layer_idx / num_layers)) * torch.arange(heads, dtype=torch.float64)
+
+
+def gla_reference(q, k, v, g=None, g_gamma=None, scale=None, chunk_size=64):
+    """Gated linear attention in float64, chunked (exact), differentiable; fla's conventions.
+
+    S_t = diag(exp(g_t)) S_{t-1} + k_t v_tᵀ (K x V), o_t = S_tᵀ (scale q_t). Within a chunk:
+    o_t = Σ_{j<=t} (Σ_d q_td k_jd exp(G_td - G_jd)) v_j + (q_t ∘ exp(G_t))ᵀ S_prev, with G the
+    cumulative log gate inside the chunk; the state carries across chunks (Yang et al. 2024,
+    GLA chunkwise form; here every exponent is <= 0, so nothing overflows).
+
+    Args:
+        q, k: (B, T, H, K); v: (B, T, H, V).
+        g: (B, T, H, K) (GLA) or (B, T, H) (simple GLA) log forget gates; or None with
+        g_gamma: (H,) fixed log decay per head (Lightning Attention / RetNet).
+        scale: default K^-1/2.
+        chunk_size: block length of the computation (any >= 1; the result does not depend on it).
+
+    Returns:
+        o (B, T, H, V) float64.
+    """
+    import torch
+
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    B, T, H, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    if g is None:
+        g = g_gamma.to(device=q.device, dtype=torch.float64).expand(B, T, H)
+    g = g.to(torch.float64)
+    if g.dim() == 3:
+        g = g[..., None].expand(B, T, H, K)
+    q, k, v, g = (t.transpose(1, 2) for t in (q * scale, k, v, g))   # (B, H, T, .)
+    state = q.new_zeros(B, H, K, v.shape[-1])
+    outs = []
+    for c0 in range(0, T, chunk_size):
+        c1 = min(T, c0 + chunk_size)
+        G = g[:, :, c0:c1].cumsum(2)                                 # (B, H, l, K)
+        qc, kc, vc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1]
+        l = c1 - c0
+        causal = torch.ones(l, l, dtype=torch.bool, device=q.device).tril()
+        diff = (G[:, :, :, None, :] - G[:, :, None, :, :]).masked_fill(~causal[..., None], float("-inf"))
+        A = torch.einsum("bhtd,bhjd,bhtjd->bhtj", qc, kc, diff.exp())
+        outs.append(A @ vc + (qc * G.exp()) @ state)
+        last = G[:, :, -1:, :]                                       # (B, H, 1, K)
+        state = last.transpose(-1, -2).exp() * state + (kc * (last - G).exp()).transpose(-1, -2) @ vc
+    return torch.cat(outs, dim=2).transpose(1, 2)
+
+
+def gla_recurrent_reference(q, k, v, g=None, g_gamma=None, scale=None):
+    """Gated linear attention by its recurrence, one step at a time, float64 (same
+    arguments and result as :func:`gla_reference`; the ground truth it is tested against)."""
+    import torch
+
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    B, T, H, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    if g is None:
+        g = g_gamma.to(device=q.device, dtype=torch.float64).expand(B, T, H)
+    g = g.to(torch.float64)
+    if g.dim() == 3:
+        g = g[..., None].expand(B, T, H, K)
+    state = q.new_zeros(B, H, K, v.shape[-1])
+    outs = []
+    for t in range(T):
+        state = g[:, t].exp()[..., None] * state + k[:, t, :, :, None] * v[:, t, :, None, :]
+        outs.append(torch.einsum("bhk,bhkv->bhv", q[:, t] * scale, state))
+    return torch.stack(outs, dim=1)
+
+
+@functools.lru_cache(maxsize=None)
+def _fla_op(op: str):
+    module, function = FLA_OPS[op]
+    return getattr(importlib.import_module(module), function)
+
+
+class FlaBackend(Backend):
+    """flash-linear-attention's chunkwise GLA, simple GLA and Lightning Attention kernels."""
+
+    name = "fla"
+    family = "gla"
+    description = ("flash-linear-attention chunk_simple_gla | chunk_gla | lightning_attn; "
+                   "16 heads, d_qk 128, d_hv 256 by default (lightning: 32 of 128)")
+    install_hint = INSTALL_HINT
+    Params = FlaParams
+
+    def layout(self, params: FlaParams, embedding_dim: int) -> tuple[int, int, int]:
+        """(heads, d_qk, d_hv) with the op's defaults (paper App. E.3). Raises UserError
+        naming the field."""
+        heads, p_qk = FLA_DEFAULT_LAYOUT[params.op]
+        update: dict[str, Any] = {"p_qk": p_qk if params.p_qk is None else params.p_qk}
+        if params.heads is None and params.d_hv is None:
+            update["heads"] = heads
+        return resolve_layout(params.model_copy(update=update), embedding_dim)
+
+    def chunk_size(self, params: FlaParams) -> int:
+        """The chunk length fla runs (default 64; chunk_gla: 64 for T >= 64)."""
+        return params.chunk_size or FLA_DEFAULT_CHUNK
+
+    def available(self, params: FlaParams) -> str | None:
+        """None when ``fla.ops`` imports the op and a CUDA GPU is present; else the reason
+        with the install hint."""
+        for package in ("fla", "einops", "triton"):
+            if _find_spec(package) is None:
+                return f"{package} is not installed; {self.install_hint}"
+        import torch
+
+        if not torch.cuda.is_available():
+            return "fla's Triton kernels need a CUDA GPU (torch.cuda.is_available() is False)"
+        try:
+            _fla_op(params.op)
+        except Exception as exc:
+            return f"fla.ops ({params.op}) does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
+        return None
+
+    def unsupported_mode(self, params: FlaParams, mode: str) -> str | None:
+        """``fwdbw`` of ``chunk_simple_gla`` is unsupported where fla refuses its gated
+        backward: Hopper GPU with 3.4.0 <= triton < 3.7.1 (fla issue #640). Creates no CUDA
+        context (see :func:`fla_backward_refused`)."""
+        base = super().unsupported_mode(params, mode)
+        if base is not None or mode != "fwdbw" or params.op not in GUARDED_BACKWARD_OPS:
+            return base
+        refused, env = fla_backward_refused()
+        if refused:
+            return (f"fla refuses the gated backward of {params.op} on Hopper with "
+                    f"3.4.0 <= triton < 3.7.1 (fla issue #640; {env}); "
+                    "upgrade triton to >= 3.7.1 to measure fwdbw")
+        return None
+
+    def classify_error(self, params: FlaParams, mode: str, exc: BaseException) -> str | None:
+        """The unsupported-mode reason when ``exc`` is fla's #640 refusal (a RuntimeError
+        naming #640 raised by the backward), else None; for a runner that maps such errors
+        to ``unavailable`` rows instead of ``error``."""
+        text = str(exc)
+        if isinstance(exc, RuntimeError) and "#640" in text:
+            return f"fla refused the backward of {params.op}: {text.strip().splitlines()[0]}"
+        return None
+
+    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
+        """fla's native layout, contiguous, in ``dtype`` ("bf16 everywhere", as the peer
+        baselines): q, k (B, T, H, d_qk), v (B, T, H, d_hv) ~ N(0, 1); log forget gates
+        g = logsigmoid(N(3, 1)) of shape (B, T, H) (chunk_simple_gla) or (B, T, H, d_qk)
+        (chunk_gla); no g for lightning_attn. With ``requires_grad`` all are leaves with
+        gradients."""
+        import torch
+        import torch.nn.functional as F
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+        B, T, H = shape.batch, shape.seq_len, shape.heads
+
+        def normal(dims, mean=0.0):
+            return torch.randn(dims, generator=gen, device=device, dtype=torch.float32) + mean
+
+        inputs = {
+            "q": normal((B, T, H, shape.d_qk)).to(dtype),
+            "k": normal((B, T, H, shape.d_qk)).to(dtype),
+            "v": normal((B, T, H, shape.d_hv)).to(dtype),
+        }
+        if params.op == "chunk_simple_gla":
+            inputs["g"] = F.logsigmoid(normal((B, T, H), mean=3.0)).to(dtype)
+        elif params.op == "chunk_gla":
+            inputs["g"] = F.logsigmoid(normal((B, T, H, shape.d_qk), mean=3.0)).to(dtype)
+        for t in inputs.values():
+            t.requires_grad_(requires_grad)
+        return inputs
+
+    def _lightning(self, params: FlaParams) -> tuple[int, int]:
+        return (params.layer_idx or 0), (params.num_layers or 32)
+
+    def forward(self, params: FlaParams, inputs: dict[str, Any]):
+        """The fla op with its default scale (d_qk^-1/2) and no initial state; returns
+        o (B, T, H, d_hv) in the input dtype."""
+        fn = _fla_op(params.op)
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        kwargs: dict[str, Any] = {}
+        if params.chunk_size is not None:
+            kwargs["chunk_size"] = params.chunk_size
+        if params.op == "lightning_attn":
+            layer_idx, num_layers = self._lightning(params)
+            out = fn(q, k, v, layer_idx, num_layers, **kwargs)
+        else:
+            out = fn(q, k, v, inputs["g"], **kwargs)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    def reference(self, params: FlaParams, inputs: dict[str, Any]):
+        """float64 gated linear attention in fla's conventions (:func:`gla_reference`),
+        o (B, T, H, d_hv)."""
+        if params.op == "lightning_attn":
+            layer_idx, num_layers = self._lightning(params)
+            gamma = lightning_log_decay(inputs["q"].shape[2], layer_idx, num_layers)
+            return gla_reference(inputs["q"], inputs["k"], inputs["v"], g_gamma=gamma)
+        return gla_reference(inputs["q"], inputs["k"], inputs["v"], g=inputs["g"])
+
+    def model_counts(self, params: FlaParams, shape: Shape, mode: str):
+        """Model kinds ``gla`` (chunk_gla) and ``simple_gla`` (chunk_simple_gla and
+        lightning_attn, the same computation with a fixed decay), at chunk length L."""
+        kind = "gla" if params.op == "chunk_gla" else "simple_gla"
+        return model_counts(kind, mode, shape, L=self.chunk_size(params))
+
+
+register(FlaBackend())

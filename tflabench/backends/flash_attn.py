@@ -1,0 +1,214 @@
+"""FlashAttention backends: ``fa3`` (FlashAttention 3) and ``fa2`` (FlashAttention 2).
+
+- ``fa3`` runs through whichever interface is installed: ``flash_attn_interface`` (built
+  from the flash-attention repository's ``hopper/`` folder; forward and backward) or
+  ``fa3_fwd_interface`` (the ``fa3_fwd`` wheel; forward only, bf16 only, built with
+  ``FLASHATTENTION_DISABLE_BACKWARD`` and ``FLASHATTENTION_DISABLE_FP16``). With only
+  ``fa3_fwd``, ``fwdbw`` is reported unsupported per case (``shared/wheels/README.md``).
+- ``fa2`` runs ``flash_attn.flash_attn_func`` when the ``flash-attn`` package is installed.
+
+Paper App. E.3: 32 heads of 128 at embedding 4096, causal, bf16. Native layout of
+``flash_attn_func``: (B, S, NH, D), contiguous along D; the inputs are made in it, so the
+timed call converts nothing. The float64 reference transposes to (B, NH, S, D) and back.
+
+torch and the peers are imported inside the methods only (``backends/base.py``).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import sys
+from typing import Any, Literal
+
+from tflabench.backends import register
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape, attention_inputs, attention_reference
+from tflabench.backends.sdpa import attention_layout, attention_model_counts
+
+#: FA3 interfaces in the order ``interface="auto"`` tries them: module -> has a backward.
+FA3_INTERFACES: dict[str, bool] = {
+    "flash_attn_interface": True,
+    "fa3_fwd_interface": False,
+}
+
+FA3_INSTALL_HINT = (
+    "build FlashAttention 3 from the flash-attention repository's hopper/ folder "
+    "(cd hopper && python setup.py install: module flash_attn_interface, fwd+bwd), "
+    "or pip install the fa3_fwd wheel (module fa3_fwd_interface, forward only)"
+)
+FA2_INSTALL_HINT = "pip install flash-attn --no-build-isolation"
+
+
+def _find_spec(module: str):
+    """``importlib.util.find_spec`` without importing the module (None when absent or
+    when looking it up fails). Tests replace this to simulate installed packages."""
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+
+
+class FlashAttnParams(HeadLayoutParams):
+    """What a suite may set for ``fa3`` / ``fa2``.
+
+    Attributes:
+        causal: causal mask (the paper's benchmark is causal).
+        heads, d_hv, d_qk, p_qk: head layout; with neither ``heads`` nor ``d_hv`` set,
+            32 heads of embedding / 32 (paper App. E.3).
+    """
+
+    causal: bool = True
+    p_qk: float = 1.0
+
+
+class Fa3Params(FlashAttnParams):
+    """``fa3`` parameters: those of :class:`FlashAttnParams` plus
+
+    Attributes:
+        interface: ``auto`` (``flash_attn_interface`` if installed, else
+            ``fa3_fwd_interface``), or one of them by name.
+    """
+
+    interface: Literal["auto", "flash_attn_interface", "fa3_fwd_interface"] = "auto"
+
+
+def resolve_fa3_interface(interface: str) -> str | None:
+    """The FA3 module ``interface`` resolves to here, or None when it is not installed.
+    Looks modules up with ``find_spec`` only (nothing is imported)."""
+    candidates = list(FA3_INTERFACES) if interface == "auto" else [interface]
+    for module in candidates:
+        if _find_spec(module) is not None:
+            return module
+    return None
+
+
+def _alias_fa3_fwd_config() -> None:
+    """``fa3_fwd_interface.round_up_headdim`` imports ``flash_attn_config``, which the
+    ``fa3_fwd`` wheel does not ship (it ships ``fa3_fwd_config``, same ``CONFIG``). Register
+    the latter under the former's name unless a real ``flash_attn_config`` exists."""
+    if "flash_attn_config" in sys.modules or _find_spec("flash_attn_config") is not None:
+        return
+    if _find_spec("fa3_fwd_config") is not None:
+        sys.modules["flash_attn_config"] = importlib.import_module("fa3_fwd_config")
+
+
+class _FlashAttnBase(Backend):
+    """Shared by ``fa3`` and ``fa2``: inputs (B, S, NH, D), causal ``flash_attn_func``."""
+
+    family = "attention"
+    Params = FlashAttnParams
+
+    def _module(self, params) -> str | None:  # pragma: no cover - overridden
+        raise NotImplementedError
+
+    def _load(self, params):
+        """``flash_attn_func`` of the resolved module (imported here, in the worker)."""
+        module = self._module(params)
+        if module == "fa3_fwd_interface":
+            _alias_fa3_fwd_config()
+        return importlib.import_module(module).flash_attn_func
+
+    def layout(self, params, embedding_dim: int) -> tuple[int, int, int]:
+        """(heads, d_qk, d_hv): 32 heads of embedding_dim / 32 unless set (paper App. E.3)."""
+        return attention_layout(params, embedding_dim)
+
+    def available(self, params) -> str | None:
+        """None when the module is installed, imports, and a CUDA GPU is present; else the
+        reason with the install hint."""
+        module = self._module(params)
+        if module is None:
+            return f"{self._missing_text(params)}; {self.install_hint}"
+        try:
+            import torch
+        except ImportError as exc:  # pragma: no cover - torch is a dependency
+            return f"torch is not importable ({exc})"
+        if not torch.cuda.is_available():
+            return f"{module} needs a CUDA GPU (torch.cuda.is_available() is False)"
+        try:
+            self._load(params)
+        except Exception as exc:  # a broken build (ABI mismatch, missing .so) is a reason, not a crash
+            return f"{module} does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
+        return None
+
+    def _missing_text(self, params) -> str:
+        return "flash_attn is not installed"
+
+    def note(self, params, device: str) -> str | None:
+        """Which module ran, for the row's ``reason`` column."""
+        module = self._module(params)
+        return f"via {module}" if module else None
+
+    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
+        """q, k (B, S, NH, d_qk), v (B, S, NH, d_hv), N(0, 1) in ``dtype``, contiguous:
+        ``flash_attn_func``'s native layout."""
+        return attention_inputs(shape, dtype, device, seed, requires_grad, layout="BSHD")
+
+    def forward(self, params, inputs: dict[str, Any]):
+        """``flash_attn_func(q, k, v, causal=causal)`` (default scale d_qk^-1/2); returns
+        (B, S, NH, d_hv). Interfaces that return ``(out, lse)`` give ``out``."""
+        out = self._load(params)(inputs["q"], inputs["k"], inputs["v"], causal=params.causal)
+        return out[0] if isinstance(out, (tuple, list)) else out
+
+    def reference(self, params, inputs: dict[str, Any]):
+        """float64 softmax attention on (B, NH, S, D) views, returned as (B, S, NH, d_hv)."""
+        q, k, v = (inputs[n].transpose(1, 2) for n in ("q", "k", "v"))
+        return attention_reference(q, k, v, causal=params.causal).transpose(1, 2)
+
+    def model_counts(self, params, shape: Shape, mode: str):
+        """Model kind ``attention_causal`` (None when ``causal`` is False)."""
+        return attention_model_counts(params.causal, shape, mode)
+
+
+class Fa3Backend(_FlashAttnBase):
+    """FlashAttention 3 through ``flash_attn_interface`` (fwd+bwd) or ``fa3_fwd_interface``
+    (forward only)."""
+
+    name = "fa3"
+    description = "FlashAttention 3 (flash_attn_interface fwd+bwd, or fa3_fwd_interface fwd only), causal"
+    install_hint = FA3_INSTALL_HINT
+    Params = Fa3Params
+
+    def _module(self, params: Fa3Params) -> str | None:
+        return resolve_fa3_interface(params.interface)
+
+    def _missing_text(self, params: Fa3Params) -> str:
+        if params.interface == "auto":
+            return "neither flash_attn_interface nor fa3_fwd_interface is installed"
+        return f"{params.interface} is not installed"
+
+    def unsupported_mode(self, params: Fa3Params, mode: str) -> str | None:
+        """``fwdbw`` is unsupported when the resolved interface is ``fa3_fwd_interface``
+        (built without backward). Uses ``find_spec`` only (no import)."""
+        base = super().unsupported_mode(params, mode)
+        if base is not None:
+            return base
+        module = self._module(params)
+        if mode == "fwdbw" and module is not None and not FA3_INTERFACES[module]:
+            return (f"fa3 via {module} is forward only (the fa3_fwd wheel is built without "
+                    "backward); for fwdbw build flash_attn_interface from flash-attention's hopper/, "
+                    "or measure sdpa impl=cudnn")
+        return None
+
+    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
+        """As :meth:`_FlashAttnBase.make_inputs`; raises ValueError for a dtype other than
+        bfloat16 with ``fa3_fwd_interface`` (built without fp16; fp8 is not benchmarked)."""
+        import torch
+
+        if self._module(params) == "fa3_fwd_interface" and dtype != torch.bfloat16:
+            raise ValueError(f"dtype: fa3_fwd_interface runs bfloat16 only, got {dtype}")
+        return super().make_inputs(params, shape, dtype, device, seed, requires_grad)
+
+
+class Fa2Backend(_FlashAttnBase):
+    """FlashAttention 2 through the ``flash_attn`` package."""
+
+    name = "fa2"
+    description = "FlashAttention 2 (flash_attn.flash_attn_func), causal"
+    install_hint = FA2_INSTALL_HINT
+
+    def _module(self, params) -> str | None:
+        return "flash_attn" if _find_spec("flash_attn") is not None else None
+
+
+register(Fa3Backend())
+register(Fa2Backend())

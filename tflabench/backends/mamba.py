@@ -1,0 +1,456 @@
+"""Mamba backends: ``mamba2`` (the Mamba 2 SSD Triton kernel) and ``mamba`` (Mamba v1's
+selective scan, a compiled CUDA extension).
+
+``mamba2`` calls ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined``, loaded
+**without executing** ``mamba_ssm/__init__.py``: that file imports the v1 selective scan,
+which needs the compiled ``selective_scan_cuda`` and fails without it (the ``mamba_ssm``
+wheel of ``shared/wheels/`` is built with ``MAMBA_SKIP_CUDA_BUILD=TRUE``). A stand-in
+parent package (the real package directory as ``__path__``, nothing executed) is put in
+``sys.modules["mamba_ssm"]`` of the worker, and the Triton submodules import normally
+under it (:func:`import_mamba_submodule`).
+
+Paper App. E.3: Mamba 2 with head dimension 64 and 4096 / 64 = 64 heads; state size 128,
+one group, chunk 256 (the Mamba2 module's defaults, as ``shared/docs/peer-baselines-h200.md``).
+Mamba (v1): the embedding dimension 4096 as the inner dimension, state size 16.
+
+Native layouts: Mamba 2 x (B, S, H, P), dt (B, S, H), B/C (B, S, G, N); Mamba x (B, D, S),
+B/C (B, N, S). The row's (heads, d_qk, d_hv) are (H, N, P) for Mamba 2 and (1, N, D) for
+Mamba (d_qk is the state size N).
+
+torch and the peer are imported inside the methods only (``backends/base.py``).
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import importlib.util
+import math
+import sys
+import types
+from typing import Any
+
+from pydantic import field_validator
+
+from tflabench.backends import register
+from tflabench.backends.base import Backend, BackendParams, Shape, model_counts, resolve_layout
+from tflabench.errors import UserError
+
+MAMBA2_INSTALL_HINT = ("pip install mamba_ssm einops (the Mamba 2 SSD Triton kernels need no compiled "
+                       "extension; a CUDA GPU)")
+MAMBA_INSTALL_HINT = ("install mamba_ssm with its compiled CUDA extension, built against this torch: "
+                      "pip install mamba-ssm --no-build-isolation (needs nvcc)")
+
+#: Mamba 2 head dimension P when a suite sets neither heads nor d_hv (paper App. E.3).
+MAMBA2_DEFAULT_HEAD_DIM = 64
+
+
+def _find_spec(module: str):
+    """``importlib.util.find_spec`` without importing (None when absent). Tests replace it."""
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+
+
+def import_mamba_submodule(name: str):
+    """Import ``mamba_ssm.<name>`` without running ``mamba_ssm/__init__.py``.
+
+    When ``mamba_ssm`` is not imported yet, a stand-in module with the package directory as
+    ``__path__`` is registered as ``sys.modules["mamba_ssm"]`` (so ``import mamba_ssm`` in
+    this process then gives that stand-in, without ``Mamba``/``Mamba2`` classes). Raises
+    ImportError when ``mamba_ssm`` is not installed, or the submodule's own import error.
+    """
+    if "mamba_ssm" not in sys.modules:
+        spec = _find_spec("mamba_ssm")
+        if spec is None or not spec.submodule_search_locations:
+            raise ImportError("mamba_ssm is not installed")
+        stub = types.ModuleType("mamba_ssm", "stand-in parent: mamba_ssm/__init__.py not executed")
+        stub.__path__ = list(spec.submodule_search_locations)
+        stub.__file__ = spec.origin
+        stub.__spec__ = spec
+        sys.modules["mamba_ssm"] = stub
+    return importlib.import_module(f"mamba_ssm.{name}")
+
+
+@functools.lru_cache(maxsize=None)
+def _chunk_scan_combined():
+    return import_mamba_submodule("ops.triton.ssd_combined").mamba_chunk_scan_combined
+
+
+@functools.lru_cache(maxsize=None)
+def _selective_scan_fn():
+    return import_mamba_submodule("ops.selective_scan_interface").selective_scan_fn
+
+
+def _inverse_softplus_dt_bias(n: int, gen, device: str):
+    """Per-channel dt bias as the Mamba modules initialise it: dt ~ log-uniform in
+    [1e-3, 1e-1] (floored at 1e-4), bias = softplus^-1(dt) = dt + log(-expm1(-dt)); float32."""
+    import torch
+
+    u = torch.rand(n, generator=gen, device=device, dtype=torch.float32)
+    dt = torch.exp(u * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3)).clamp(min=1e-4)
+    return dt + torch.log(-torch.expm1(-dt))
+
+
+# ------------------------------------------------------------------------ references
+
+
+def ssd_reference(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=True, chunk_size=64):
+    """Mamba 2 SSD in float64, chunked (exact; O(S * chunk_size) memory), differentiable.
+
+    Recurrence (per head h, group g = h // (H / G)): with Δ_t = softplus(dt_t + dt_bias)
+    (or dt_t + dt_bias without softplus), state_t = exp(Δ_t A) state_{t-1} + Δ_t x_t B_tᵀ
+    (P x N), y_t = state_t C_t + D x_t (Dao & Gu 2024, SSD). Within a chunk the output is
+    (C Bᵀ ∘ W) (Δ x) with W_tj = exp(Σ_{j<s<=t} Δ_s A) for j <= t, plus the decayed carried
+    state; between chunks the state is carried as in the recurrence.
+
+    Args:
+        x: (B, S, H, P); dt: (B, S, H) (before bias and softplus); A: (H,) (negative);
+        B, C: (B, S, G, N); D: (H,) or (H, P) or None; dt_bias: (H,) or None.
+        chunk_size: block length of the computation (any >= 1; the result does not depend on it).
+
+    Returns:
+        y (B, S, H, P) float64.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    x, dt, A, B, C = (t.to(torch.float64) for t in (x, dt, A, B, C))
+    b, S, H, P = x.shape
+    G = B.shape[2]
+    B = B.repeat_interleave(H // G, dim=2)
+    C = C.repeat_interleave(H // G, dim=2)
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(torch.float64)
+    if dt_softplus:
+        dt = F.softplus(dt)
+    a = dt * A                                              # (b, S, H) log decay per step
+    state = x.new_zeros(b, H, P, B.shape[-1])
+    ys = []
+    for c0 in range(0, S, chunk_size):
+        c1 = min(S, c0 + chunk_size)
+        cum = a[:, c0:c1].transpose(1, 2).cumsum(-1)        # (b, H, l)
+        l = c1 - c0
+        causal = torch.ones(l, l, dtype=torch.bool, device=x.device).tril()
+        seg = (cum[..., :, None] - cum[..., None, :]).masked_fill(~causal, float("-inf"))
+        Bc, Cc = B[:, c0:c1].transpose(1, 2), C[:, c0:c1].transpose(1, 2)  # (b, H, l, N)
+        xdt = (x[:, c0:c1] * dt[:, c0:c1, :, None]).transpose(1, 2)         # (b, H, l, P)
+        y = ((Cc @ Bc.transpose(-1, -2)) * seg.exp()) @ xdt
+        y = y + cum.exp()[..., None] * (Cc @ state.transpose(-1, -2))
+        ys.append(y.transpose(1, 2))
+        last = cum[..., -1:]
+        state = last.exp()[..., None] * state + (xdt * (last - cum).exp()[..., None]).transpose(-1, -2) @ Bc
+    y = torch.cat(ys, dim=1)
+    if D is not None:
+        Dd = D.to(torch.float64)
+        y = y + (Dd[:, None] if Dd.dim() == 1 else Dd) * x
+    return y
+
+
+def ssd_recurrent_reference(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=True):
+    """Mamba 2 SSD by its recurrence, one step at a time, float64 (same arguments and
+    result as :func:`ssd_reference`; the ground truth it is tested against)."""
+    import torch
+    import torch.nn.functional as F
+
+    x, dt, A, B, C = (t.to(torch.float64) for t in (x, dt, A, B, C))
+    b, S, H, P = x.shape
+    G = B.shape[2]
+    B = B.repeat_interleave(H // G, dim=2)
+    C = C.repeat_interleave(H // G, dim=2)
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(torch.float64)
+    if dt_softplus:
+        dt = F.softplus(dt)
+    state = x.new_zeros(b, H, P, B.shape[-1])
+    ys = []
+    for t in range(S):
+        decay = torch.exp(dt[:, t] * A)[..., None, None]                   # (b, H, 1, 1)
+        state = decay * state + (dt[:, t, :, None, None] * x[:, t, :, :, None]) * B[:, t, :, None, :]
+        ys.append(torch.einsum("bhpn,bhn->bhp", state, C[:, t]))
+    y = torch.stack(ys, dim=1)
+    if D is not None:
+        Dd = D.to(torch.float64)
+        y = y + (Dd[:, None] if Dd.dim() == 1 else Dd) * x
+    return y
+
+
+def selective_scan_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=True):
+    """Mamba (v1) selective scan in float64, step by step, differentiable.
+
+    With Δ = softplus(delta + delta_bias): h_t = exp(Δ_t A) ∘ h_{t-1} + Δ_t u_t B_t
+    (per channel d: an N-vector), y_t = C_t · h_t + D u_t, then y ∘ silu(z) (Gu & Dao 2023,
+    Algorithm 2).
+
+    Args:
+        u, delta, z: (B, D, S); A: (D, N); B, C: (B, N, S); D, delta_bias: (D,) or None.
+
+    Returns:
+        y (B, D, S) float64.
+    """
+    import torch
+    import torch.nn.functional as F
+
+    u, delta, A, B, C = (t.to(torch.float64) for t in (u, delta, A, B, C))
+    if delta_bias is not None:
+        delta = delta + delta_bias.to(torch.float64)[:, None]
+    if delta_softplus:
+        delta = F.softplus(delta)
+    h = u.new_zeros(u.shape[0], u.shape[1], A.shape[1])
+    ys = []
+    for t in range(u.shape[-1]):
+        h = torch.exp(delta[:, :, t, None] * A) * h + (delta[:, :, t] * u[:, :, t])[..., None] * B[:, None, :, t]
+        ys.append((h * C[:, None, :, t]).sum(-1))
+    y = torch.stack(ys, dim=-1)
+    if D is not None:
+        y = y + D.to(torch.float64)[:, None] * u
+    if z is not None:
+        y = y * F.silu(z.to(torch.float64))
+    return y
+
+
+# ------------------------------------------------------------------------ Mamba 2
+
+
+class Mamba2Params(BackendParams):
+    """What a suite may set for ``mamba2``.
+
+    Attributes:
+        heads: H; d_hv: the head dimension P. With neither set, P = 64 and H = embedding / 64
+            (paper App. E.3); with one set, the other is embedding / it.
+        d_state: state size N (default 128, the Mamba2 module's; shown as ``d_qk``).
+        ngroups: G, groups sharing B and C (default 1); must divide H.
+        chunk_size: the SSD chunk length (default 256, the module's); a power of two >= 16.
+    """
+
+    heads: int | None = None
+    d_hv: int | None = None
+    d_state: int = 128
+    ngroups: int = 1
+    chunk_size: int = 256
+
+    @field_validator("d_state", "ngroups", "heads", "d_hv")
+    @classmethod
+    def _positive(cls, value):
+        if value is not None and value < 1:
+            raise ValueError(f"must be >= 1, got {value}")
+        return value
+
+    @field_validator("chunk_size")
+    @classmethod
+    def _power_of_two(cls, value):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"must be a power of two >= 16, got {value}")
+        return value
+
+
+class Mamba2Backend(Backend):
+    """Mamba 2's SSD Triton kernel ``mamba_chunk_scan_combined`` (no compiled extension)."""
+
+    name = "mamba2"
+    family = "mamba2"
+    description = "Mamba 2 SSD Triton kernel (mamba_chunk_scan_combined); 64 heads of 64, state 128"
+    install_hint = MAMBA2_INSTALL_HINT
+    Params = Mamba2Params
+
+    def layout(self, params: Mamba2Params, embedding_dim: int) -> tuple[int, int, int]:
+        """(H, N, P): heads, state size (as d_qk), head dimension (as d_hv). Raises UserError
+        naming the field for a non-dividing embedding or ngroups."""
+        heads, d_hv = params.heads, params.d_hv
+        if heads is None and d_hv is None:
+            d_hv = MAMBA2_DEFAULT_HEAD_DIM
+        view = types.SimpleNamespace(heads=heads, d_hv=d_hv, d_qk=params.d_state, p_qk=1.0)
+        heads, d_qk, d_hv = resolve_layout(view, embedding_dim)
+        if heads % params.ngroups:
+            raise UserError(f"ngroups: {params.ngroups} does not divide heads {heads}")
+        return heads, d_qk, d_hv
+
+    def available(self, params: Mamba2Params) -> str | None:
+        """None when the SSD Triton module imports (without ``mamba_ssm/__init__``) and a
+        CUDA GPU is present; else the reason with the install hint."""
+        for package in ("mamba_ssm", "einops", "triton"):
+            if _find_spec(package) is None:
+                return f"{package} is not installed; {self.install_hint}"
+        import torch
+
+        if not torch.cuda.is_available():
+            return "the Mamba 2 SSD Triton kernel needs a CUDA GPU (torch.cuda.is_available() is False)"
+        try:
+            _chunk_scan_combined()
+        except Exception as exc:
+            return f"mamba_ssm.ops.triton.ssd_combined does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
+        return None
+
+    def note(self, params, device):
+        return "mamba_chunk_scan_combined, mamba_ssm/__init__ not executed"
+
+    def gate_shape(self, params: Mamba2Params, shape: Shape, max_seq_len: int) -> Shape:
+        """The default reduced shape, with a whole number of groups of heads (B and C are
+        shared by H / G heads)."""
+        import dataclasses
+
+        reduced = super().gate_shape(params, shape, max_seq_len)
+        G = params.ngroups
+        heads = G * max(1, min(2, shape.heads // G)) if shape.heads >= G else shape.heads
+        return dataclasses.replace(reduced, heads=heads)
+
+    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
+        """Mamba2-module-like inputs in the kernel's native layout, contiguous:
+
+        - x (B, S, H, P), B and C (B, S, G, N): N(0, 1) in ``dtype``;
+        - dt (B, S, H): the dt projection's output, N(0, 1) in ``dtype``; the kernel adds
+          ``dt_bias`` and applies softplus (``dt_softplus=True``), as the module does;
+        - A (H,) float32 = -U(1, 16) (the module's ``A_init_range``, A = -exp(A_log));
+        - D (H,) float32 ones (the module's init); dt_bias (H,) float32 = softplus^-1 of a
+          log-uniform dt in [1e-3, 1e-1] (the module's init).
+
+        With ``requires_grad`` all seven are leaves with gradients (the layer's trainables
+        and activations). Raises ValueError when ngroups does not divide H.
+        """
+        import torch
+
+        B_, S, H, P, N, G = shape.batch, shape.seq_len, shape.heads, shape.d_hv, shape.d_qk, params.ngroups
+        if H % G:
+            raise ValueError(f"ngroups: {G} does not divide heads {H}")
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def normal(dims):
+            return torch.randn(dims, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+        inputs = {
+            "x": normal((B_, S, H, P)),
+            "dt": normal((B_, S, H)),
+            "A": -(1.0 + 15.0 * torch.rand(H, generator=gen, device=device, dtype=torch.float32)),
+            "B": normal((B_, S, G, N)),
+            "C": normal((B_, S, G, N)),
+            "D": torch.ones(H, device=device, dtype=torch.float32),
+            "dt_bias": _inverse_softplus_dt_bias(H, gen, device),
+        }
+        for t in inputs.values():
+            t.requires_grad_(requires_grad)
+        return inputs
+
+    def forward(self, params: Mamba2Params, inputs: dict[str, Any]):
+        """``mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
+        dt_softplus=True)`` (z=None, as the Mamba2 module with its gated RMSNorm);
+        returns y (B, S, H, P) in the input dtype."""
+        return _chunk_scan_combined()(
+            inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"], params.chunk_size,
+            D=inputs["D"], dt_bias=inputs["dt_bias"], dt_softplus=True)
+
+    def reference(self, params: Mamba2Params, inputs: dict[str, Any]):
+        """float64 SSD (:func:`ssd_reference`), y (B, S, H, P)."""
+        return ssd_reference(inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],
+                             D=inputs["D"], dt_bias=inputs["dt_bias"], dt_softplus=True)
+
+    def model_counts(self, params: Mamba2Params, shape: Shape, mode: str):
+        """Model kind ``mamba2_ssd`` with N = d_state and Q = chunk_size."""
+        return model_counts("mamba2_ssd", mode, shape, L=params.chunk_size, d_state=shape.d_qk)
+
+
+# ------------------------------------------------------------------------ Mamba (v1)
+
+
+class MambaParams(BackendParams):
+    """What a suite may set for ``mamba``.
+
+    Attributes:
+        d_inner: channels D of the selective scan (default: the embedding dimension, paper
+            App. E.3: "we use our embedding dimension of 4096"); shown as ``d_hv`` with one head.
+        d_state: state size N (default 16, paper App. E.3); shown as ``d_qk``.
+    """
+
+    d_inner: int | None = None
+    d_state: int = 16
+
+    @field_validator("d_inner", "d_state")
+    @classmethod
+    def _positive(cls, value):
+        if value is not None and value < 1:
+            raise ValueError(f"must be >= 1, got {value}")
+        return value
+
+
+class MambaBackend(Backend):
+    """Mamba (v1) ``selective_scan_fn``: needs ``mamba_ssm``'s compiled ``selective_scan_cuda``."""
+
+    name = "mamba"
+    family = "mamba"
+    description = "Mamba selective scan (compiled selective_scan_cuda); D = embedding, state 16"
+    install_hint = MAMBA_INSTALL_HINT
+    Params = MambaParams
+
+    def layout(self, params: MambaParams, embedding_dim: int) -> tuple[int, int, int]:
+        """(1, N, D): one "head" of D = d_inner channels (default the embedding), state N."""
+        return 1, params.d_state, params.d_inner or embedding_dim
+
+    def available(self, params: MambaParams) -> str | None:
+        """None when ``selective_scan_cuda`` (the compiled extension) and the interface
+        import and a CUDA GPU is present; else the reason with the install hint."""
+        for package in ("mamba_ssm", "einops"):
+            if _find_spec(package) is None:
+                return f"{package} is not installed; {self.install_hint}"
+        if _find_spec("selective_scan_cuda") is None:
+            return ("mamba_ssm has no compiled extension selective_scan_cuda (a build with "
+                    f"MAMBA_SKIP_CUDA_BUILD=TRUE has none); {self.install_hint}")
+        import torch
+
+        if not torch.cuda.is_available():
+            return "selective_scan_cuda needs a CUDA GPU (torch.cuda.is_available() is False)"
+        try:
+            _selective_scan_fn()
+        except Exception as exc:
+            return f"mamba_ssm's selective scan does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
+        return None
+
+    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
+        """Mamba-module-like inputs in ``selective_scan_fn``'s native layout, contiguous
+        (D = shape.d_hv channels, N = shape.d_qk):
+
+        - u, z (B, D, S) and the dt projection's output delta (B, D, S): N(0, 1) in ``dtype``;
+        - B, C (B, N, S): N(0, 1) in ``dtype`` (input-dependent, shared by the channels);
+        - A (D, N) float32 = -[1, 2, ..., N] per channel (the module's S4D-real A_log init);
+        - D (D,) float32 ones; delta_bias (D,) float32 = softplus^-1 of a log-uniform dt in
+          [1e-3, 1e-1] (the module's dt_proj bias init).
+
+        With ``requires_grad`` all eight are leaves with gradients.
+        """
+        import torch
+
+        B_, S, Dm, N = shape.batch, shape.seq_len, shape.d_hv * shape.heads, shape.d_qk
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def normal(dims):
+            return torch.randn(dims, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+        inputs = {
+            "u": normal((B_, Dm, S)),
+            "delta": normal((B_, Dm, S)),
+            "A": -torch.arange(1, N + 1, device=device, dtype=torch.float32).repeat(Dm, 1),
+            "B": normal((B_, N, S)),
+            "C": normal((B_, N, S)),
+            "D": torch.ones(Dm, device=device, dtype=torch.float32),
+            "z": normal((B_, Dm, S)),
+            "delta_bias": _inverse_softplus_dt_bias(Dm, gen, device),
+        }
+        for t in inputs.values():
+            t.requires_grad_(requires_grad)
+        return inputs
+
+    def forward(self, params: MambaParams, inputs: dict[str, Any]):
+        """``selective_scan_fn(u, delta, A, B, C, D, z=z, delta_bias=delta_bias,
+        delta_softplus=True)``, as the Mamba module calls it; y (B, D, S)."""
+        return _selective_scan_fn()(
+            inputs["u"], inputs["delta"], inputs["A"], inputs["B"], inputs["C"], inputs["D"],
+            z=inputs["z"], delta_bias=inputs["delta_bias"], delta_softplus=True)
+
+    def reference(self, params: MambaParams, inputs: dict[str, Any]):
+        """float64 selective scan (:func:`selective_scan_reference`), y (B, D, S)."""
+        return selective_scan_reference(inputs["u"], inputs["delta"], inputs["A"], inputs["B"],
+                                        inputs["C"], D=inputs["D"], z=inputs["z"],
+                                        delta_bias=inputs["delta_bias"], delta_softplus=True)
+
+
+register(Mamba2Backend())
+register(MambaBackend())

@@ -1,0 +1,242 @@
+"""``mlstm_kernels`` backend: the TFLA paper authors' Triton kernels (NX-AI, 2.0.6).
+
+``variant`` x ``algorithm`` select the peer kernel (``mlstm_kernels.torch.get_mlstm_kernel``
+names, ``shared/docs/tfla-kernels.md`` 1.6):
+
+============  ===========  ======================================  ==========================
+variant       algorithm    peer kernel                              default chunk_size
+============  ===========  ======================================  ==========================
+``sig``       xl_chunk     ``chunkwise--triton_xl_chunk_siging``   128 (paper App. E.3)
+``exp``       xl_chunk     ``chunkwise--triton_xl_chunk``          128 (paper App. E.3)
+``exp``       limit_chunk  ``chunkwise--triton_limit_chunk``       64 (paper App. E.3)
+============  ===========  ======================================  ==========================
+
+mLSTMsig's normaliser is passed explicitly (the peer's own default is ``normalize=True``;
+the paper's mLSTMsig and the peer baselines use ``normalize=False``, which is ours).
+On triton 3.6 the mLSTMexp ``xl_chunk`` kernel aborts the process while compiling
+(``shared/wheels/README.md``); the runner's isolation turns that into a ``crash`` row.
+
+Native layout (docs 1.1): q, k (B, NH, S, d_qk), v (B, NH, S, d_hv), i, f (B, NH, S),
+contiguous. Paper App. E.3 layout at embedding 4096: 16 heads, d_hv 256, d_qk 128.
+
+torch and the peer are imported inside the methods only (``backends/base.py``).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import importlib
+import importlib.util
+from typing import Any, Literal
+
+from pydantic import model_validator
+
+from tflabench.backends import register
+from tflabench.backends.base import (
+    Backend,
+    HeadLayoutParams,
+    Shape,
+    mlstm_inputs,
+    mlstm_reference,
+    model_counts,
+    resolve_layout,
+)
+
+#: (variant, algorithm) -> (peer module, function, peer registry name).
+PEER_KERNELS: dict[tuple[str, str], tuple[str, str, str]] = {
+    ("sig", "xl_chunk"): ("mlstm_kernels.torch.chunkwise.triton_xl_chunk_siging",
+                          "mlstm_siging_chunkwise__xl_chunk", "chunkwise--triton_xl_chunk_siging"),
+    ("exp", "xl_chunk"): ("mlstm_kernels.torch.chunkwise.triton_xl_chunk",
+                          "mlstm_chunkwise__xl_chunk", "chunkwise--triton_xl_chunk"),
+    ("exp", "limit_chunk"): ("mlstm_kernels.torch.chunkwise.triton_limit_chunk",
+                             "mlstm_chunkwise__limit_chunk", "chunkwise--triton_limit_chunk"),
+}
+
+#: Default chunk size per algorithm (paper App. E.3: xl_chunk 128, limit_chunk 64).
+DEFAULT_CHUNK: dict[str, int] = {"xl_chunk": 128, "limit_chunk": 64}
+
+#: mLSTM heads when a suite sets neither heads nor d_hv (paper App. E.3).
+MLSTM_DEFAULT_HEADS = 16
+
+INSTALL_HINT = "pip install mlstm_kernels einops (Triton kernels: a CUDA GPU)"
+
+
+def _find_spec(module: str):
+    """``importlib.util.find_spec`` without importing (None when absent). Tests replace it."""
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+
+
+class MlstmKernelsParams(HeadLayoutParams):
+    """What a suite may set for ``mlstm_kernels``.
+
+    Attributes:
+        variant: ``sig`` (mLSTMsig) or ``exp`` (mLSTMexp).
+        algorithm: ``xl_chunk`` (TFLA) or ``limit_chunk`` (one level; mLSTMexp only: the peer
+            has no mLSTMsig limit_chunk).
+        chunk_size: L; default 128 (xl_chunk) / 64 (limit_chunk). Peer constraints, checked
+            per case: S % 16 == 0; xl_chunk: for S < 128 the peer runs L = S (S a power of
+            two), else L a power of two below 64 or a multiple of 64, dividing S; limit_chunk:
+            L a power of two dividing S.
+        normalize: mLSTMsig normaliser (None = False, the paper's mLSTMsig eqs. 22-23);
+            mLSTMexp always normalises (None or True).
+        eps: added to the normaliser (docs 1.2; peer default 1e-6).
+        heads, d_hv, d_qk, p_qk: head layout; with neither heads nor d_hv set, 16 heads,
+            d_qk = 0.5 d_hv (paper App. E.3: 16 heads, d_hv 256, d_qk 128 at 4096).
+    """
+
+    variant: Literal["sig", "exp"] = "sig"
+    algorithm: Literal["xl_chunk", "limit_chunk"] = "xl_chunk"
+    chunk_size: int | None = None
+    normalize: bool | None = None
+    eps: float = 1e-6
+    p_qk: float = 0.5
+
+    @model_validator(mode="after")
+    def _check_combination(self):
+        if (self.variant, self.algorithm) not in PEER_KERNELS:
+            raise ValueError(f"algorithm: mlstm_kernels has no mLSTM{self.variant} {self.algorithm} "
+                             f"(it has: sig/xl_chunk, exp/xl_chunk, exp/limit_chunk)")
+        if self.variant == "exp" and self.normalize is False:
+            raise ValueError("normalize: mLSTMexp always normalises; use None or True")
+        L = self.chunk_size
+        if L is not None and (L < 16 or (L & (L - 1) and L % 64)):
+            raise ValueError(f"chunk_size: {self.chunk_size}; the peer takes a power of two >= 16 "
+                             "or a multiple of 64")
+        if self.eps < 0:
+            raise ValueError(f"eps: {self.eps} must be >= 0")
+        return self
+
+
+@functools.lru_cache(maxsize=None)
+def _peer_kernel(variant: str, algorithm: str):
+    """The peer's public kernel function (imported here, in the worker)."""
+    module, function, _ = PEER_KERNELS[(variant, algorithm)]
+    return getattr(importlib.import_module(module), function)
+
+
+def effective_chunk_size(params: MlstmKernelsParams, seq_len: int) -> int:
+    """The chunk size the peer runs at sequence length ``seq_len``: for xl_chunk with
+    S < 128 the peer uses L = S (``select_heuristic_xl_chunk_kernel_params``), else the
+    requested L (default per algorithm)."""
+    L = params.chunk_size or DEFAULT_CHUNK[params.algorithm]
+    if params.algorithm == "xl_chunk" and seq_len < 128:
+        return seq_len
+    return L
+
+
+def check_peer_shape(params: MlstmKernelsParams, seq_len: int) -> None:
+    """Raise ValueError when the peer cannot run ``seq_len`` with these params (the peer
+    would fail an assertion): S % 16, power-of-two S below 128 (xl_chunk), S % L."""
+    L = params.chunk_size or DEFAULT_CHUNK[params.algorithm]
+    if seq_len % 16:
+        raise ValueError(f"seq_len: mlstm_kernels needs S % 16 == 0, got S={seq_len}")
+    if params.algorithm == "xl_chunk" and seq_len < 128:
+        if seq_len & (seq_len - 1):
+            raise ValueError(f"seq_len: mlstm_kernels xl_chunk needs a power of two below 128, got S={seq_len}")
+        return
+    if params.algorithm == "limit_chunk" and L & (L - 1):
+        raise ValueError(f"chunk_size: mlstm_kernels limit_chunk needs a power of two, got {L}")
+    if seq_len % L:
+        raise ValueError(f"chunk_size: {L} does not divide S={seq_len} (mlstm_kernels needs S % L == 0)")
+
+
+class MlstmKernelsBackend(Backend):
+    """The TFLA paper authors' mLSTM Triton kernels (``mlstm_kernels``)."""
+
+    name = "mlstm_kernels"
+    family = "mlstm"
+    description = ("the authors' mLSTM kernels: mLSTMsig/mLSTMexp xl_chunk, mLSTMexp limit_chunk; "
+                   "16 heads, d_qk 128, d_hv 256 by default")
+    install_hint = INSTALL_HINT
+    Params = MlstmKernelsParams
+
+    def layout(self, params: MlstmKernelsParams, embedding_dim: int) -> tuple[int, int, int]:
+        """(heads, d_qk, d_hv): 16 heads, d_qk = 0.5 d_hv unless set (paper App. E.3)."""
+        if params.heads is None and params.d_hv is None:
+            params = params.model_copy(update={"heads": MLSTM_DEFAULT_HEADS})
+        return resolve_layout(params, embedding_dim)
+
+    def chunk_size(self, params: MlstmKernelsParams) -> int:
+        """L requested (default 128 xl_chunk, 64 limit_chunk); for xl_chunk at S < 128 the
+        peer runs L = S instead."""
+        return params.chunk_size or DEFAULT_CHUNK[params.algorithm]
+
+    def available(self, params: MlstmKernelsParams) -> str | None:
+        """None when ``mlstm_kernels`` (and its dependency ``einops``) imports and a CUDA GPU
+        is present; else the reason with the install hint."""
+        for package in ("mlstm_kernels", "einops", "triton"):
+            if _find_spec(package) is None:
+                return f"{package} is not installed; {self.install_hint}"
+        import torch
+
+        if not torch.cuda.is_available():
+            return "mlstm_kernels' Triton kernels need a CUDA GPU (torch.cuda.is_available() is False)"
+        try:
+            _peer_kernel(params.variant, params.algorithm)
+        except Exception as exc:
+            return f"mlstm_kernels does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
+        return None
+
+    def note(self, params: MlstmKernelsParams, device: str) -> str | None:
+        """The peer kernel's registry name and the normaliser setting."""
+        normalize = bool(params.normalize) if params.variant == "sig" else True
+        return f"{PEER_KERNELS[(params.variant, params.algorithm)][2]}, normalize={normalize}"
+
+    def gate_shape(self, params: MlstmKernelsParams, shape: Shape, max_seq_len: int) -> Shape:
+        """The default reduced shape with S rounded up to a length the peer takes (a
+        multiple of L, or of 16 below 128 for xl_chunk) and at most the case's S."""
+        reduced = super().gate_shape(params, shape, max_seq_len)
+        S = reduced.seq_len
+        if S == shape.seq_len:
+            return reduced
+        L = self.chunk_size(params)
+        step = L if S >= 128 or params.algorithm == "limit_chunk" else 16
+        S = min(shape.seq_len, -(-S // step) * step)
+        if params.algorithm == "xl_chunk" and S < 128:
+            S = min(shape.seq_len, 1 << (S - 1).bit_length())
+        return dataclasses.replace(reduced, seq_len=S)
+
+    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
+        """The mLSTM family's inputs (:func:`tflabench.backends.base.mlstm_inputs`, the
+        same as the ``tfla`` backend's for the same seed): q, k (B, NH, S, d_qk),
+        v (B, NH, S, d_hv) ~ N(0, 1) in ``dtype``; input-gate pre-activations i ~ N(0, 1)
+        and forget-gate pre-activations f ~ N(3, 1), (B, NH, S), in float32 for bf16/fp16
+        activations (the peer upcasts them itself; peer baselines' distributions,
+        ``shared/docs/peer-baselines-h200.md``). The peer's native layout, contiguous; with
+        ``requires_grad`` all five are leaves with gradients. Raises ValueError when the
+        peer cannot run S (:func:`check_peer_shape`)."""
+        check_peer_shape(params, shape.seq_len)
+        return mlstm_inputs(shape, dtype, device, seed, requires_grad)
+
+    def forward(self, params: MlstmKernelsParams, inputs: dict[str, Any]):
+        """The peer kernel on (q, k, v, i, f) with ``chunk_size`` and ``eps`` (and
+        ``normalize`` for mLSTMsig) passed explicitly; returns h (B, NH, S, d_hv) in the
+        input dtype."""
+        fn = _peer_kernel(params.variant, params.algorithm)
+        kwargs: dict[str, Any] = {"chunk_size": self.chunk_size(params), "eps": params.eps}
+        if params.variant == "sig":
+            kwargs["normalize"] = bool(params.normalize)
+        return fn(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"], **kwargs)
+
+    def reference(self, params: MlstmKernelsParams, inputs: dict[str, Any]):
+        """float64 mLSTM of the same variant and normaliser
+        (:func:`tflabench.backends.base.mlstm_reference`: ``tfla.reference``, normaliser and
+        max state detached as the kernels' gradients, docs 1.5); h (B, NH, S, d_hv)."""
+        normalize = bool(params.normalize) if params.variant == "sig" else True
+        return mlstm_reference(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"],
+                               variant=params.variant, normalize=normalize, eps=params.eps)
+
+    def model_counts(self, params: MlstmKernelsParams, shape: Shape, mode: str):
+        """Model kinds ``mlstm_sig`` / ``mlstm_exp`` (xl_chunk) / ``mlstm_exp_limit``, at the
+        chunk size the peer runs (bf16 inputs: ``bytes_qkv`` = 2, the model's default)."""
+        kind = {"sig": "mlstm_sig", "exp": "mlstm_exp"}[params.variant]
+        if params.algorithm == "limit_chunk":
+            kind = "mlstm_exp_limit"
+        return model_counts(kind, mode, shape, L=effective_chunk_size(params, shape.seq_len))
+
+
+register(MlstmKernelsBackend())
