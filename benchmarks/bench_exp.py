@@ -1,0 +1,326 @@
+"""Device benchmark: mLSTMexp xl_chunk and limit_chunk (ours) beside mlstm_kernels' limit_chunk.
+
+Issue 6. Setting of the paper's Figure 4: embedding 4096, 16 heads, d_qk 128, d_hv 256,
+bfloat16, 65,536 tokens (batch = 65,536 / S), S in {2048, 8192, 32768}; forward and
+forward+backward (backward of a ones gradient, gradients set to None between calls);
+median of 30 timed calls after 10 warm-ups, CUDA events around each call, no L2 flush;
+peak memory = torch.cuda.max_memory_allocated during one call minus what was allocated
+before it (inputs and the output gradient included in that base). Gates f ~ N(3, 1),
+i ~ N(0, 1) as in shared/docs/peer-baselines-h200.md.
+
+Numerics (before timing): bf16 kernels against a float64 reference on the same rounded
+inputs (tfla.reference.mlstm_chunkwise; gradients with normaliser and max states
+detached, docs/tfla-kernels.md 3.1), and the float64 reference against mlstm_kernels'
+torch references (chunkwise--native_autograd, parallel--native_stablef_autograd).
+
+mlstm_kernels' own mLSTMexp xl_chunk aborts the process while compiling on triton 3.6;
+``--peer-xl`` tries it in a subprocess only.
+
+Run on the device (see docs/kernels-exp-notes.md):
+    python3 benchmarks/bench_exp.py --out $OUT
+Writes speed.csv, numerics.csv and env.json under --out and prints tables.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+import traceback
+
+import torch
+
+TOKENS = 65536
+NH, D_QK, D_HV = 16, 128, 256
+
+
+def env_info() -> dict:
+    import triton
+    info = {"torch": torch.__version__, "triton": triton.__version__,
+            "device": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+            "python": sys.version.split()[0]}
+    try:
+        from importlib.metadata import version
+        info["mlstm_kernels"] = version("mlstm_kernels")
+    except Exception as e:  # noqa: BLE001
+        info["mlstm_kernels"] = f"unavailable: {e}"
+    try:
+        info["git_revision"] = subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                              capture_output=True, text=True).stdout.strip()
+    except Exception:  # noqa: BLE001
+        info["git_revision"] = None
+    return info
+
+
+def make_inputs(B, S, *, dtype=torch.bfloat16, gate_dtype=None, i_mean=0.0, seed=0,
+                requires_grad=False, nh=NH, d_qk=D_QK, d_hv=D_HV):
+    g = torch.Generator(device="cuda").manual_seed(seed)
+    gate_dtype = gate_dtype or dtype
+
+    def rn(*shape, dt=dtype, mean=0.0, std=1.0):
+        x = torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32) * std + mean
+        return x.to(dt).requires_grad_(requires_grad)
+
+    q = rn(B, nh, S, d_qk)
+    k = rn(B, nh, S, d_qk)
+    v = rn(B, nh, S, d_hv)
+    i = rn(B, nh, S, dt=gate_dtype, mean=i_mean)
+    f = rn(B, nh, S, dt=gate_dtype, mean=3.0)
+    return q, k, v, i, f
+
+
+# ---------------------------------------------------------------- implementations
+
+def impls(include_sig_xl=True):
+    """name -> callable(q, k, v, i, f) -> h."""
+    import tfla
+    from tfla.limit_chunk import mlstm_limit_chunk
+
+    out = {
+        "ours exp xl_chunk L128": lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=128),
+        "ours exp xl_chunk L256": lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=256),
+        "ours exp xl_chunk L512": lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=512),
+        "ours exp limit_chunk L64": lambda q, k, v, i, f: tfla.mlstm_exp(
+            q, k, v, i, f, chunk_size=64, algorithm="limit_chunk"),
+        "ours exp limit_chunk L128": lambda q, k, v, i, f: tfla.mlstm_exp(
+            q, k, v, i, f, chunk_size=128, algorithm="limit_chunk"),
+        "ours sig limit_chunk L64": lambda q, k, v, i, f: mlstm_limit_chunk(
+            q, k, v, i, f, variant="sig", chunk_size=64, normalize=False),
+    }
+    if include_sig_xl:
+        out["ours sig xl_chunk L128 (issue 5)"] = lambda q, k, v, i, f: tfla.mlstm_sig(
+            q, k, v, i, f, chunk_size=128, normalize=False)
+    try:
+        from mlstm_kernels.torch import get_mlstm_kernel
+        peer = get_mlstm_kernel("chunkwise--triton_limit_chunk")
+        out["peer exp limit_chunk L64"] = lambda q, k, v, i, f: peer(q, k, v, i, f, chunk_size=64)
+    except Exception as e:  # noqa: BLE001
+        print(f"peer limit_chunk unavailable: {e}")
+    return out
+
+
+# ---------------------------------------------------------------- timing
+
+def time_call(fn, n_warmup=10, n_iter=30):
+    for _ in range(n_warmup):
+        fn()
+    torch.cuda.synchronize()
+    ms = []
+    for _ in range(n_iter):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        fn()
+        b.record()
+        torch.cuda.synchronize()
+        ms.append(a.elapsed_time(b))
+    return ms
+
+
+def peak_mem(fn):
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats()
+    base = torch.cuda.memory_allocated()
+    fn()
+    torch.cuda.synchronize()
+    return torch.cuda.max_memory_allocated() - base
+
+
+def bench_one(fn, S, mode):
+    B = TOKENS // S
+    inputs = make_inputs(B, S, requires_grad=(mode == "fwdbw"))
+    if mode == "fwd":
+        def call():
+            with torch.no_grad():
+                fn(*inputs)
+    else:
+        dh = torch.ones(B, NH, S, D_HV, device="cuda", dtype=torch.bfloat16)
+
+        def call():
+            h = fn(*inputs)
+            h.backward(dh)
+            for x in inputs:
+                x.grad = None
+    t0 = time.time()
+    call()
+    torch.cuda.synchronize()
+    first_s = time.time() - t0
+    ms = time_call(call)
+    mem = peak_mem(call)
+    return statistics.median(ms), min(ms), max(ms), mem, first_s
+
+
+def run_speed(names, seqs, modes, rows):
+    fns = impls()
+    for S in seqs:
+        for mode in modes:
+            for name in names or fns:
+                if name not in fns:
+                    continue
+                try:
+                    med, lo, hi, mem, first = bench_one(fns[name], S, mode)
+                    row = dict(S=S, B=TOKENS // S, mode=mode, impl=name, ms_median=med, ms_min=lo,
+                               ms_max=hi, peak_mem_bytes=mem, first_call_s=first, status="ok")
+                except Exception as e:  # noqa: BLE001
+                    row = dict(S=S, B=TOKENS // S, mode=mode, impl=name, status=f"error: {e!r}"[:300])
+                    traceback.print_exc()
+                rows.append(row)
+                if row["status"] == "ok":
+                    print(f"S={S:6d} {mode:6s} {name:36s} {row['ms_median']:8.3f} ms "
+                          f"[{row['ms_min']:.3f}, {row['ms_max']:.3f}]  "
+                          f"{row['peak_mem_bytes'] / 2**30:6.2f} GiB  first {row['first_call_s']:.1f}s",
+                          flush=True)
+                else:
+                    print(f"S={S:6d} {mode:6s} {name:36s} {row['status']}", flush=True)
+                torch.cuda.empty_cache()
+
+
+# ---------------------------------------------------------------- numerics
+
+def errs(x, ref):
+    x = x.double()
+    ref = ref.double()
+    d = x - ref
+    return (d.norm() / ref.norm()).item(), (d.abs().max() / ref.abs().max()).item()
+
+
+def fwdbw(fn, inputs, dh):
+    xs = [x.detach().clone().requires_grad_(True) for x in inputs]
+    h = fn(*xs)
+    h.backward(dh.to(h.dtype))
+    return [h.detach()] + [x.grad.detach() for x in xs]
+
+
+def run_numerics(rows, S=2048, B=1, nh=4):
+    from tfla.reference import mlstm_chunkwise
+    import tfla
+    from tfla.limit_chunk import mlstm_limit_chunk
+    names = ["h", "dq", "dk", "dv", "di", "df"]
+    for regime, i_mean in (("paper i~N(0,1)", 0.0), ("i~N(-10,1)", -10.0), ("i~N(10,1)", 10.0)):
+        inp = make_inputs(B, S, gate_dtype=torch.float32, i_mean=i_mean, seed=1, nh=nh)
+        g = torch.Generator(device="cuda").manual_seed(2)
+        dh = torch.randn(B, nh, S, D_HV, generator=g, device="cuda").to(torch.bfloat16)
+        inp64 = [x.double() for x in inp]
+        for variant, normalize in (("exp", True), ("sig", False)):
+            ref = fwdbw(lambda *a: mlstm_chunkwise(*a, variant=variant, chunk_size=64,
+                                                   normalize=normalize), inp64, dh.double())
+            cands = {}
+            if variant == "exp":
+                cands["ours exp xl_chunk L128"] = lambda *a: tfla.mlstm_exp(*a, chunk_size=128)
+                cands["ours exp xl_chunk L256"] = lambda *a: tfla.mlstm_exp(*a, chunk_size=256)
+                cands["ours exp limit_chunk L64"] = lambda *a: tfla.mlstm_exp(
+                    *a, chunk_size=64, algorithm="limit_chunk")
+                try:
+                    from mlstm_kernels.torch import get_mlstm_kernel
+                    peer = get_mlstm_kernel("chunkwise--triton_limit_chunk")
+                    cands["peer exp limit_chunk L64"] = lambda *a: peer(*a, chunk_size=64)
+                    nat = get_mlstm_kernel("chunkwise--native_autograd")
+                    par = get_mlstm_kernel("parallel--native_stablef_autograd")
+                    # conventions: float64 peer torch references vs our float64 reference (h only;
+                    # the peer's autograd differentiates through the normaliser, docs 1.5)
+                    h_nat = nat(*inp64, chunk_size=64)
+                    rows.append(dict(regime=regime, variant=variant,
+                                     impl="peer chunkwise--native_autograd fp64 vs our fp64 ref",
+                                     h=errs(h_nat, ref[0])))
+                    if S <= 4096:
+                        h_par = par(*inp64)
+                        rows.append(dict(regime=regime, variant=variant,
+                                         impl="peer parallel--native_stablef fp64 vs our fp64 ref",
+                                         h=errs(h_par, ref[0])))
+                except Exception as e:  # noqa: BLE001
+                    print(f"peer numerics unavailable: {e!r}")
+            else:
+                cands["ours sig limit_chunk L64"] = lambda *a: mlstm_limit_chunk(
+                    *a, variant="sig", chunk_size=64, normalize=False)
+            for name, fn in cands.items():
+                try:
+                    out = fwdbw(fn, inp, dh)
+                    bad = [n for n, x in zip(names, out) if not torch.isfinite(x).all()]
+                    row = dict(regime=regime, variant=variant, impl=name, nonfinite=bad)
+                    for n, x, r in zip(names, out, ref):
+                        row[n] = errs(x, r)
+                except Exception as e:  # noqa: BLE001
+                    row = dict(regime=regime, variant=variant, impl=name, error=repr(e)[:300])
+                    traceback.print_exc()
+                rows.append(row)
+    print("\nnumerics (bf16 vs float64 reference, relF / maxnorm), B=%d NH=%d S=%d" % (B, nh, S))
+    for r in rows:
+        cells = " ".join(f"{n}={r[n][0]:.1e}/{r[n][1]:.1e}" for n in names if n in r)
+        extra = f" NONFINITE {r['nonfinite']}" if r.get("nonfinite") else ""
+        extra += f" ERROR {r['error']}" if r.get("error") else ""
+        print(f"{r['regime']:15s} {r['variant']} {r['impl']:52s} {cells}{extra}")
+
+
+def peer_xl_probe(S=2048):
+    """Try mlstm_kernels' mLSTMexp xl_chunk in a subprocess (it aborts on triton 3.6)."""
+    code = ("import torch; from mlstm_kernels.torch import get_mlstm_kernel;"
+            "fn=get_mlstm_kernel('chunkwise--triton_xl_chunk');"
+            f"q=torch.randn(1,4,{S},128,device='cuda',dtype=torch.bfloat16);"
+            f"v=torch.randn(1,4,{S},256,device='cuda',dtype=torch.bfloat16);"
+            f"i=torch.randn(1,4,{S},device='cuda');f=i+3;"
+            "h=fn(q,q,v,i,f,chunk_size=128);torch.cuda.synchronize();print('ran',h.float().abs().mean().item())")
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    return p.returncode, (p.stdout + p.stderr)[-600:]
+
+
+def print_table(rows):
+    seqs = sorted({r["S"] for r in rows})
+    impl_names = list(dict.fromkeys(r["impl"] for r in rows))
+    for mode in ("fwd", "fwdbw"):
+        print(f"\n{mode}: ms_median (peak GiB above inputs)")
+        print(f"{'impl':40s}" + "".join(f"{'S=' + str(s):>22s}" for s in seqs))
+        for name in impl_names:
+            cells = []
+            for s in seqs:
+                r = next((r for r in rows if r["impl"] == name and r["S"] == s and r["mode"] == mode), None)
+                if r is None:
+                    cells.append(f"{'-':>22s}")
+                elif r["status"] != "ok":
+                    cells.append(f"{'error':>22s}")
+                else:
+                    cells.append(f"{r['ms_median']:>12.3f} ({r['peak_mem_bytes'] / 2**30:5.2f})")
+            print(f"{name:40s}" + "".join(cells))
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    ap.add_argument("--seqs", default="2048,8192,32768")
+    ap.add_argument("--modes", default="fwd,fwdbw")
+    ap.add_argument("--impls", default="", help="comma-separated subset of implementation names")
+    ap.add_argument("--no-numerics", action="store_true")
+    ap.add_argument("--no-speed", action="store_true")
+    ap.add_argument("--peer-xl", action="store_true")
+    args = ap.parse_args()
+    os.makedirs(args.out, exist_ok=True)
+    info = env_info()
+    print(json.dumps(info))
+    with open(os.path.join(args.out, "env.json"), "w") as fh:
+        json.dump(info, fh, indent=1)
+    if args.peer_xl:
+        rc, tail = peer_xl_probe()
+        print(f"peer mLSTMexp xl_chunk probe: returncode {rc}\n{tail}")
+    if not args.no_numerics:
+        nrows = []
+        run_numerics(nrows)
+        with open(os.path.join(args.out, "numerics.json"), "w") as fh:
+            json.dump(nrows, fh, indent=1)
+    if not args.no_speed:
+        rows = []
+        names = [n.strip() for n in args.impls.split(",") if n.strip()]
+        run_speed(names, [int(s) for s in args.seqs.split(",")], args.modes.split(","), rows)
+        import csv
+        keys = sorted({k for r in rows for k in r})
+        with open(os.path.join(args.out, "speed.csv"), "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=keys)
+            w.writeheader()
+            w.writerows(rows)
+        print_table(rows)
+
+
+if __name__ == "__main__":
+    main()

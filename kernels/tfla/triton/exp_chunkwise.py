@@ -1,0 +1,217 @@
+"""Host side of the chunkwise Triton kernels: launch order, saved tensors, autograd.
+
+Used by :func:`tfla.mlstm_exp` (mLSTMexp ``xl_chunk``) and :func:`tfla.limit_chunk.mlstm_limit_chunk`
+(``limit_chunk``, mLSTMexp and mLSTMsig). Forward (docs/tfla-kernels.md 4.1): the recurrent
+kernel (chunk states, b, m^comb), then the parallel H kernel. Backward: the recurrent dC
+kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three kernels as in the paper's
+Table 1; limit_chunk: one fused kernel per chunk), then the gate gradients (docs 3.4)
+from the fp32 row sums q·dq and k·dk.
+
+Conventions (docs 1.3-1.5): states (C, n, m) in stabilised form, m_0 = 0 without an
+initial state; the normaliser n_out and the max states are constants in the backward;
+dC_last is used (with the last-state term T in df), dn_last and dm_last are ignored;
+dn_0 and dm_0 are returned as zeros.
+"""
+
+from __future__ import annotations
+
+import importlib
+from dataclasses import dataclass
+
+import torch
+import triton
+
+_MODULES = (
+    "tfla.triton.exp_recurrent",
+    "tfla.triton.exp_parallel_fw",
+    "tfla.triton.exp_parallel_bw",
+    "tfla.triton.limit_parallel_bw",
+)
+
+
+def _interpreter_numpy_compat() -> None:
+    """Let triton's interpreter take Python loop bounds from runtime scalars under numpy >= 2.3.
+
+    The interpreter (triton 3.6) holds scalars as 1-element numpy arrays and converts them
+    for ``range()`` with ``int(array)``, which numpy 2.3+ refuses for arrays of ndim > 0
+    ("only 0-dimensional arrays can be converted"). This wraps the interpreter's tensor
+    patching so that ``__index__`` reads the single element instead. Interpreter only,
+    idempotent, and a no-op where int(array) still works.
+    """
+    import numpy as np
+    from triton.runtime import interpreter as interp
+
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return
+    except TypeError:
+        pass
+    if getattr(interp._patch_lang_tensor, "_tfla_compat", False):
+        return
+    original = interp._patch_lang_tensor
+
+    def patched(tensor, scope):
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
+
+    patched._tfla_compat = True
+    interp._patch_lang_tensor = patched
+
+
+def kernels():
+    """The kernel modules, (re)imported so that they match the current TRITON_INTERPRET.
+
+    ``@triton.jit`` decides between compiled and interpreted kernels when a module is
+    imported; a test that sets TRITON_INTERPRET=1 after an import would otherwise get
+    compiled kernels for CPU tensors. Returns (recurrent, parallel_fw, parallel_bw, limit_bw).
+    """
+    want = bool(triton.knobs.runtime.interpret)
+    if want:
+        _interpreter_numpy_compat()
+    mods = [importlib.import_module(name) for name in _MODULES]
+    if any(m.INTERPRET != want for m in mods):
+        mods = [importlib.reload(m) for m in mods]   # exp_recurrent first: the others import it
+    return tuple(mods)
+
+
+# Defaults that benchmarks may change: recompute the chunk states in the backward (as the
+# peer does; saves holding (N_c + 1) states between forward and backward) and the step of
+# the recurrent kernels for xl_chunk (limit_chunk steps a whole chunk).
+TUNING: dict = {"recompute_states": True, "L_sub_xl": 64}
+
+
+@dataclass(frozen=True)
+class Config:
+    """What a call computes. variant "exp" | "sig"; L the chunk size actually used (a power of
+    two >= 16); L_sub the recurrent kernels' step; limit: one-level limit_chunk kernels."""
+
+    variant: str
+    normalize: bool
+    eps: float
+    L: int
+    L_sub: int
+    limit: bool
+    recompute_states: bool = True
+
+    @classmethod
+    def make(cls, *, variant: str, normalize: bool, eps: float, L: int, limit: bool) -> "Config":
+        """A Config with the TUNING defaults for L_sub and recompute_states."""
+        L_sub = L if limit else min(L, TUNING["L_sub_xl"])
+        return cls(variant=variant, normalize=normalize, eps=eps, L=L, L_sub=L_sub, limit=limit,
+                   recompute_states=TUNING["recompute_states"])
+
+    @property
+    def is_exp(self) -> bool:
+        return self.variant == "exp"
+
+
+def effective_chunk(S: int, chunk_size: int) -> int:
+    """The chunk size run: chunk_size, but no larger than the sequence needs (min 16).
+
+    Any chunk size gives the same h and gradients up to round-off (docs 2.4), so a chunk
+    longer than the padded sequence only adds padded work.
+    """
+    return min(chunk_size, max(16, triton.next_power_of_2(S)))
+
+
+def _flat(x, *tail):
+    return x.reshape(-1, *tail).contiguous() if x is not None else None
+
+
+def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config):
+    """Run the forward kernels on flattened (B*NH, ...) contiguous tensors.
+
+    Returns h (BNH, S, d_hv), n_out, C_st, n_st, m_st, b, m_comb (fp32 internals)."""
+    rec, pfw, _, _ = kernels()
+    C_st, n_st, m_st, b_vec, mc_vec = rec.recurrent_fw(
+        k, v, i, f, C0, n0, m0, L=cfg.L, L_sub=cfg.L_sub, is_exp=cfg.is_exp)
+    h, n_out = pfw.parallel_fw(q, k, v, i, b_vec, mc_vec, C_st, n_st, m_st, L=cfg.L,
+                               is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
+                               limit=cfg.limit)
+    return h, n_out, C_st, n_st, m_st, b_vec, mc_vec
+
+
+class ChunkwiseFunction(torch.autograd.Function):
+    """autograd.Function over the Triton kernels; inputs (B, NH, S, d) / (B, NH, S)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, i, f, C0, n0, m0, cfg: Config, return_last: bool):
+        B, NH, S, d_qk = q.shape
+        d_hv = v.shape[-1]
+        qf, kf, vf = _flat(q, S, d_qk), _flat(k, S, d_qk), _flat(v, S, d_hv)
+        i_f, f_f = _flat(i, S), _flat(f, S)
+        C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
+        m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
+        h, n_out, C_st, n_st, m_st, b_vec, mc_vec = forward_kernels(
+            qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg)
+        C_last = n_last = m_last = None
+        if return_last:
+            C_last = C_st[:, -1].reshape(B, NH, d_qk, d_hv).clone()
+            n_last = n_st[:, -1].reshape(B, NH, d_qk).clone()
+            m_last = m_st[:, -1].reshape(B, NH, 1).clone()
+            ctx.mark_non_differentiable(n_last, m_last)
+        ctx.cfg = cfg
+        ctx.shapes = (B, NH, S, d_qk, d_hv)
+        ctx.has = (C0 is not None, n0 is not None, m0 is not None)
+        ctx.n0_shape = tuple(n0.shape) if n0 is not None else None
+        ctx.m0_shape = tuple(m0.shape) if m0 is not None else None
+        ctx.in_dtypes = (i.dtype, f.dtype, C0.dtype if C0 is not None else None)
+        if cfg.recompute_states:
+            ctx.save_for_backward(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out)
+        else:
+            ctx.save_for_backward(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out,
+                                  C_st, n_st, m_st, b_vec, mc_vec)
+        ctx.set_materialize_grads(False)
+        return h.reshape(B, NH, S, d_hv), C_last, n_last, m_last
+
+    @staticmethod
+    def backward(ctx, dh, dC_last, dn_last, dm_last):
+        cfg = ctx.cfg
+        B, NH, S, d_qk, d_hv = ctx.shapes
+        saved = ctx.saved_tensors
+        qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out = saved[:9]
+        rec, _, pbw, lbw = kernels()
+        if cfg.recompute_states:
+            C_st, n_st, m_st, b_vec, mc_vec = rec.recurrent_fw(
+                kf, vf, i_f, f_f, C0f, n0f, m0f, L=cfg.L, L_sub=cfg.L_sub, is_exp=cfg.is_exp)
+        else:
+            C_st, n_st, m_st, b_vec, mc_vec = saved[9:]
+        if dh is None:
+            dh = torch.zeros((B, NH, S, d_hv), device=qf.device, dtype=qf.dtype)
+        dhf = _flat(dh.to(qf.dtype), S, d_hv)
+        dCf = _flat(dC_last.float(), d_qk, d_hv) if dC_last is not None else None
+        dC_st = rec.recurrent_bw(qf, b_vec, mc_vec, m_st, n_out, dhf, dCf, L=cfg.L,
+                                 L_sub=cfg.L_sub, is_exp=cfg.is_exp, normalize=cfg.normalize,
+                                 eps=cfg.eps, d_hv=d_hv)
+        par = lbw.limit_parallel_bw if cfg.limit else pbw.parallel_bw
+        dq, dk, dv, qdq, kdk = par(qf, kf, vf, i_f, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dhf,
+                                   L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
+                                   eps=cfg.eps)
+        # gate gradients (docs 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
+        qdq = qdq[:, :S]
+        kdk = kdk[:, :S]
+        df_log = torch.flip(torch.cumsum(torch.flip(qdq - kdk, (-1,)), -1), (-1,))
+        if dCf is not None:
+            df_log = df_log + (dCf * C_st[:, -1]).sum((-2, -1))[:, None]
+        df = df_log * torch.sigmoid(-f_f.float())
+        di = kdk if cfg.is_exp else kdk * torch.sigmoid(-i_f.float())
+        i_dtype, f_dtype, C_dtype = ctx.in_dtypes
+        has_C0, has_n0, has_m0 = ctx.has
+        dC0 = dC_st[:, 0].reshape(B, NH, d_qk, d_hv).to(C_dtype) if has_C0 else None
+        dn0 = torch.zeros(ctx.n0_shape, device=qf.device, dtype=torch.float32) if has_n0 else None
+        dm0 = torch.zeros(ctx.m0_shape, device=qf.device, dtype=torch.float32) if has_m0 else None
+        return (dq.reshape(B, NH, S, d_qk), dk.reshape(B, NH, S, d_qk),
+                dv.reshape(B, NH, S, d_hv), di.reshape(B, NH, S).to(i_dtype),
+                df.reshape(B, NH, S).to(f_dtype), dC0, dn0, dm0, None, None)
+
+
+def run(q, k, v, i, f, C0, n0, m0, cfg: Config, return_last: bool):
+    """Apply :class:`ChunkwiseFunction`; returns h or (h, last state) as the references do
+    ((C, n, m (B, NH, 1)) for mLSTMexp, (C, n) for mLSTMsig)."""
+    h, C_last, n_last, m_last = ChunkwiseFunction.apply(q, k, v, i, f, C0, n0, m0, cfg,
+                                                        return_last)
+    if not return_last:
+        return h
+    if cfg.is_exp:
+        return h, (C_last, n_last, m_last)
+    return h, (C_last, n_last)

@@ -1,0 +1,333 @@
+"""Parallel (intra-chunk) backward kernels of xl_chunk: dQ, dK, dV (paper Table 1, rows 2-4).
+
+docs/tfla-kernels.md 3.3 (per-chunk gradients) and 4.5 (tiled loops). One program of
+
+- dQ: (d_qk block, query tile, chunk·b·head), loops over kv tiles up to the diagonal;
+- dK: (d_qk block, kv tile, chunk·b·head), loops over query tiles from the diagonal on;
+- dV: (d_hv block, kv tile, chunk·b·head), same loop as dK.
+
+No kernel has an online max: D is rebuilt from b, ī and the saved m^comb. The normaliser
+1/(n_out + eps) is applied as a row (query) scale in fp32 after each dot. dQ and dK also
+write the fp32 row sums q·dq and k·dk (before dq, dk are rounded to the input dtype) for
+the gate gradients (docs 3.4, 4.5); with several d_qk blocks they are added atomically.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tfla.triton.exp_recurrent import dot_precision, logsigmoid
+
+INTERPRET = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _q_rows(B_vec, MC_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
+            IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr):
+    """Per query row: b, m^comb (0 for sig), b̄·scale and scale/(n_out + eps) (scale if unnormalised)."""
+    b_q = tl.load(B_vec + bh * S_pad + rows)
+    if IS_EXP:
+        mc_q = tl.load(MC_vec + bh * S_pad + rows)
+        m_prev = tl.load(M_st + bh * (NC + 1) + c)
+        b_bar = tl.exp(b_q + m_prev - mc_q)
+    else:
+        mc_q = b_q * 0.0
+        b_bar = tl.exp(b_q)
+    if NORMALIZE:
+        rs = scale / (tl.load(NOUT + bh * S_pad + rows) + eps)
+    else:
+        rs = b_q * 0.0 + scale
+    return b_q, mc_q, b_bar, rs
+
+
+@triton.jit
+def _kv_rows(I, B_vec, M_st, bh, c, cols, S, S_pad, NC, L: tl.constexpr, IS_EXP: tl.constexpr):
+    """Per key/value row: b, ī (-inf beyond S) and ā = exp(a - m_k) (docs 2.4)."""
+    col_ok = cols < S
+    b_kv = tl.load(B_vec + bh * S_pad + cols)
+    i_kv = tl.load(I + bh * S + cols, mask=col_ok, other=0.0).to(tl.float32)
+    if not IS_EXP:
+        i_kv = logsigmoid(i_kv)
+    i_kv = tl.where(col_ok, i_kv, float("-inf"))
+    g = tl.load(B_vec + bh * S_pad + c * L + L - 1)
+    if IS_EXP:
+        m_k = tl.load(M_st + bh * (NC + 1) + c + 1)
+        a_bar = tl.exp(g - b_kv + i_kv - m_k)
+    else:
+        a_bar = tl.exp(g - b_kv + i_kv)
+    return b_kv, i_kv, a_bar
+
+
+@triton.jit
+def _dq_kernel(
+    Q, K, V, I, B_vec, MC_vec, M_st, NOUT, C_st, DH, DQ, QDQ,
+    S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+    B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DHV: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(d_qk, B_DQK)
+    n_q = L // B_LQ
+    pid_k = pid % n_k
+    pid_q = (pid // n_k) % n_q
+    pid_cbh = pid // (n_k * n_q)
+    c = pid_cbh % NC
+    bh = (pid_cbh // NC).to(tl.int64)
+    S_pad = NC * L
+    r_loc = pid_q * B_LQ + tl.arange(0, B_LQ)
+    rows = c * L + r_loc
+    row_ok = rows < S
+    offs_k = pid_k * B_DQK + tl.arange(0, B_DQK)
+    mask_k = offs_k < d_qk
+    offs_dv = tl.arange(0, B_DHV)
+    dh_base = DH + bh * S * d_hv
+    v_base = V + bh * S * d_hv
+    b_q, mc_q, b_bar, rs = _q_rows(B_vec, MC_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
+                                   IS_EXP, NORMALIZE)
+    # inter: b̄ ⊙ dH̃ C_{k-1}ᵀ · scale
+    acc = tl.zeros((B_LQ, B_DQK), dtype=tl.float32)
+    c_base = C_st + (bh * (NC + 1) + c) * d_qk * d_hv
+    for vb in range(NUM_DHV):
+        offs_v = vb * B_DHV + offs_dv
+        mask_v = offs_v < d_hv
+        dh_blk = tl.load(dh_base + rows[:, None] * d_hv + offs_v[None, :],
+                         mask=row_ok[:, None] & mask_v[None, :], other=0.0)
+        c_blk = tl.load(c_base + offs_k[:, None] * d_hv + offs_v[None, :],
+                        mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        acc = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), acc, input_precision=DOT_PREC)
+    acc = acc * (b_bar * rs)[:, None]
+    # intra: (dH̃ Vᵀ ⊙ D) K · scale
+    n_kv = ((pid_q + 1) * B_LQ) // B_LKV
+    for j in range(n_kv):
+        s_loc = j * B_LKV + tl.arange(0, B_LKV)
+        cols = c * L + s_loc
+        col_ok = cols < S
+        ds = tl.zeros((B_LQ, B_LKV), dtype=tl.float32)
+        for vb in range(NUM_DHV):
+            offs_v = vb * B_DHV + offs_dv
+            mask_v = offs_v < d_hv
+            dh_blk = tl.load(dh_base + rows[:, None] * d_hv + offs_v[None, :],
+                             mask=row_ok[:, None] & mask_v[None, :], other=0.0)
+            v_blk = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
+                            mask=col_ok[:, None] & mask_v[None, :], other=0.0)
+            ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
+        b_kv = tl.load(B_vec + bh * S_pad + cols)
+        i_kv = tl.load(I + bh * S + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if not IS_EXP:
+            i_kv = logsigmoid(i_kv)
+        i_kv = tl.where(col_ok, i_kv, float("-inf"))
+        d_log = b_q[:, None] - mc_q[:, None] + (i_kv - b_kv)[None, :]
+        d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
+        ds = ds * tl.exp(d_log) * rs[:, None]
+        k_blk = tl.load(K + bh * S * d_qk + cols[:, None] * d_qk + offs_k[None, :],
+                        mask=col_ok[:, None] & mask_k[None, :], other=0.0)
+        acc = tl.dot(ds.to(k_blk.dtype), k_blk, acc, input_precision=DOT_PREC)
+    q_blk = tl.load(Q + bh * S * d_qk + rows[:, None] * d_qk + offs_k[None, :],
+                    mask=row_ok[:, None] & mask_k[None, :], other=0.0)
+    tl.store(DQ + bh * S * d_qk + rows[:, None] * d_qk + offs_k[None, :],
+             acc.to(DQ.dtype.element_ty), mask=row_ok[:, None] & mask_k[None, :])
+    rowsum = tl.sum(q_blk.to(tl.float32) * acc, 1)
+    if ATOMIC_ROWSUM:
+        tl.atomic_add(QDQ + bh * S_pad + rows, rowsum)
+    else:
+        tl.store(QDQ + bh * S_pad + rows, rowsum)
+
+
+@triton.jit
+def _dk_kernel(
+    Q, K, V, I, B_vec, MC_vec, M_st, NOUT, DC_st, DH, DK, KDK,
+    S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+    B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DHV: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
+    DOT_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_k = tl.cdiv(d_qk, B_DQK)
+    n_kv = L // B_LKV
+    pid_k = pid % n_k
+    pid_kv = (pid // n_k) % n_kv
+    pid_cbh = pid // (n_k * n_kv)
+    c = pid_cbh % NC
+    bh = (pid_cbh // NC).to(tl.int64)
+    S_pad = NC * L
+    s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
+    cols = c * L + s_loc
+    col_ok = cols < S
+    offs_k = pid_k * B_DQK + tl.arange(0, B_DQK)
+    mask_k = offs_k < d_qk
+    offs_dv = tl.arange(0, B_DHV)
+    dh_base = DH + bh * S * d_hv
+    v_base = V + bh * S * d_hv
+    b_kv, i_kv, a_bar = _kv_rows(I, B_vec, M_st, bh, c, cols, S, S_pad, NC, L, IS_EXP)
+    # inter: ā ⊙ (V dC_kᵀ)
+    acc = tl.zeros((B_LKV, B_DQK), dtype=tl.float32)
+    dc_base = DC_st + (bh * (NC + 1) + c + 1) * d_qk * d_hv
+    for vb in range(NUM_DHV):
+        offs_v = vb * B_DHV + offs_dv
+        mask_v = offs_v < d_hv
+        v_blk = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
+                        mask=col_ok[:, None] & mask_v[None, :], other=0.0)
+        dc_blk = tl.load(dc_base + offs_k[:, None] * d_hv + offs_v[None, :],
+                         mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        acc = tl.dot(v_blk, tl.trans(dc_blk.to(v_blk.dtype)), acc, input_precision=DOT_PREC)
+    acc = acc * a_bar[:, None]
+    # intra: (V dH̃ᵀ ⊙ Dᵀ) Q · scale over query tiles on or after the diagonal
+    j0 = (pid_kv * B_LKV) // B_LQ
+    for j in range(j0, L // B_LQ):
+        r_loc = j * B_LQ + tl.arange(0, B_LQ)
+        rows = c * L + r_loc
+        row_ok = rows < S
+        b_q, mc_q, b_bar, rs = _q_rows(B_vec, MC_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
+                                       scale, eps, IS_EXP, NORMALIZE)
+        dst = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
+        for vb in range(NUM_DHV):
+            offs_v = vb * B_DHV + offs_dv
+            mask_v = offs_v < d_hv
+            v_blk = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
+                            mask=col_ok[:, None] & mask_v[None, :], other=0.0)
+            dh_blk = tl.load(dh_base + rows[:, None] * d_hv + offs_v[None, :],
+                             mask=row_ok[:, None] & mask_v[None, :], other=0.0)
+            dst = tl.dot(v_blk, tl.trans(dh_blk), dst, input_precision=DOT_PREC)
+        d_log = (b_q - mc_q)[None, :] + (i_kv - b_kv)[:, None]
+        d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
+        dst = dst * tl.exp(d_log) * rs[None, :]
+        q_blk = tl.load(Q + bh * S * d_qk + rows[:, None] * d_qk + offs_k[None, :],
+                        mask=row_ok[:, None] & mask_k[None, :], other=0.0)
+        acc = tl.dot(dst.to(q_blk.dtype), q_blk, acc, input_precision=DOT_PREC)
+    k_blk = tl.load(K + bh * S * d_qk + cols[:, None] * d_qk + offs_k[None, :],
+                    mask=col_ok[:, None] & mask_k[None, :], other=0.0)
+    tl.store(DK + bh * S * d_qk + cols[:, None] * d_qk + offs_k[None, :],
+             acc.to(DK.dtype.element_ty), mask=col_ok[:, None] & mask_k[None, :])
+    rowsum = tl.sum(k_blk.to(tl.float32) * acc, 1)
+    if ATOMIC_ROWSUM:
+        tl.atomic_add(KDK + bh * S_pad + cols, rowsum)
+    else:
+        tl.store(KDK + bh * S_pad + cols, rowsum)
+
+
+@triton.jit
+def _dv_kernel(
+    Q, K, I, B_vec, MC_vec, M_st, NOUT, DC_st, DH, DV,
+    S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+    B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    n_v = tl.cdiv(d_hv, B_DHV)
+    n_kv = L // B_LKV
+    pid_v = pid % n_v
+    pid_kv = (pid // n_v) % n_kv
+    pid_cbh = pid // (n_v * n_kv)
+    c = pid_cbh % NC
+    bh = (pid_cbh // NC).to(tl.int64)
+    S_pad = NC * L
+    s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
+    cols = c * L + s_loc
+    col_ok = cols < S
+    offs_v = pid_v * B_DHV + tl.arange(0, B_DHV)
+    mask_v = offs_v < d_hv
+    offs_dk = tl.arange(0, B_DQK)
+    q_base = Q + bh * S * d_qk
+    k_base = K + bh * S * d_qk
+    b_kv, i_kv, a_bar = _kv_rows(I, B_vec, M_st, bh, c, cols, S, S_pad, NC, L, IS_EXP)
+    # inter: (ā ⊙ K) dC_k
+    acc = tl.zeros((B_LKV, B_DHV), dtype=tl.float32)
+    dc_base = DC_st + (bh * (NC + 1) + c + 1) * d_qk * d_hv
+    for kb in range(NUM_DQK):
+        offs_k = kb * B_DQK + offs_dk
+        mask_k = offs_k < d_qk
+        k_blk = tl.load(k_base + cols[:, None] * d_qk + offs_k[None, :],
+                        mask=col_ok[:, None] & mask_k[None, :], other=0.0)
+        dc_blk = tl.load(dc_base + offs_k[:, None] * d_hv + offs_v[None, :],
+                         mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        acc = tl.dot(k_blk, dc_blk.to(k_blk.dtype), acc, input_precision=DOT_PREC)
+    acc = acc * a_bar[:, None]
+    # intra: (K Qᵀ · scale ⊙ Dᵀ) dH̃
+    j0 = (pid_kv * B_LKV) // B_LQ
+    for j in range(j0, L // B_LQ):
+        r_loc = j * B_LQ + tl.arange(0, B_LQ)
+        rows = c * L + r_loc
+        row_ok = rows < S
+        b_q, mc_q, b_bar, rs = _q_rows(B_vec, MC_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
+                                       scale, eps, IS_EXP, NORMALIZE)
+        st = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
+        for kb in range(NUM_DQK):
+            offs_k = kb * B_DQK + offs_dk
+            mask_k = offs_k < d_qk
+            k_blk = tl.load(k_base + cols[:, None] * d_qk + offs_k[None, :],
+                            mask=col_ok[:, None] & mask_k[None, :], other=0.0)
+            q_blk = tl.load(q_base + rows[:, None] * d_qk + offs_k[None, :],
+                            mask=row_ok[:, None] & mask_k[None, :], other=0.0)
+            st = tl.dot(k_blk, tl.trans(q_blk), st, input_precision=DOT_PREC)
+        d_log = (b_q - mc_q)[None, :] + (i_kv - b_kv)[:, None]
+        d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
+        st = st * tl.exp(d_log) * rs[None, :]
+        dh_blk = tl.load(DH + bh * S * d_hv + rows[:, None] * d_hv + offs_v[None, :],
+                         mask=row_ok[:, None] & mask_v[None, :], other=0.0)
+        acc = tl.dot(st.to(dh_blk.dtype), dh_blk, acc, input_precision=DOT_PREC)
+    tl.store(DV + bh * S * d_hv + cols[:, None] * d_hv + offs_v[None, :],
+             acc.to(DV.dtype.element_ty), mask=col_ok[:, None] & mask_v[None, :])
+
+
+def _p2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 1))
+
+
+# Tuning overrides for benchmarks, merged into bw_config.
+BW_OVERRIDE: dict = {}
+
+
+def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
+    """Tile sizes of the xl_chunk backward kernels (heuristic, docs/kernels-exp-notes.md)."""
+    fp32 = dtype == torch.float32
+    b_l = min(64, L)
+    cap = 64 if fp32 else 128
+    cfg = dict(
+        B_LQ=b_l, B_LKV=b_l,
+        B_DQK=max(16, min(cap, _p2(d_qk))),
+        B_DHV=max(16, min(cap, _p2(d_hv))),
+        num_warps=4, num_stages=2,
+    )
+    cfg.update(BW_OVERRIDE)
+    cfg["B_LQ"] = min(cfg["B_LQ"], L)
+    cfg["B_LKV"] = min(cfg["B_LKV"], L)
+    return cfg
+
+
+def parallel_bw(q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dh, *, L: int,
+                is_exp: bool, normalize: bool, eps: float):
+    """dq, dk, dv (input dtype) and the fp32 row sums q·dq, k·dk (BNH, N_c*L)."""
+    BNH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    NC = triton.cdiv(S, L)
+    cfg = bw_config(L, d_qk, d_hv, q.dtype)
+    prec = dot_precision(q.dtype)
+    scale = d_qk ** -0.5
+    n_dqk = triton.cdiv(d_qk, cfg["B_DQK"])
+    n_dhv = triton.cdiv(d_hv, cfg["B_DHV"])
+    atomic = n_dqk > 1
+    alloc = torch.zeros if atomic else torch.empty
+    qdq = alloc((BNH, NC * L), device=q.device, dtype=torch.float32)
+    kdk = alloc((BNH, NC * L), device=q.device, dtype=torch.float32)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    common = dict(L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"],
+                  B_DHV=cfg["B_DHV"], IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec,
+                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    _dq_kernel[(n_dqk * (L // cfg["B_LQ"]) * NC * BNH,)](
+        q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dh, dq, qdq,
+        S, NC, d_qk, d_hv, scale, eps, NUM_DHV=n_dhv, ATOMIC_ROWSUM=atomic, **common)
+    _dk_kernel[(n_dqk * (L // cfg["B_LKV"]) * NC * BNH,)](
+        q, k, v, i, b_vec, mc_vec, m_st, n_out, dC_st, dh, dk, kdk,
+        S, NC, d_qk, d_hv, scale, eps, NUM_DHV=n_dhv, ATOMIC_ROWSUM=atomic, **common)
+    _dv_kernel[(n_dhv * (L // cfg["B_LKV"]) * NC * BNH,)](
+        q, k, i, b_vec, mc_vec, m_st, n_out, dC_st, dh, dv,
+        S, NC, d_qk, d_hv, scale, eps, NUM_DQK=n_dqk, **common)
+    return dq, dk, dv, qdq, kdk

@@ -1,0 +1,193 @@
+"""Parallel (intra-chunk) forward kernel: H^(k) for all chunks at once (paper Table 1, row H).
+
+One program = (d_hv block, query tile of B_Lhq rows, chunk, b, head); it loops over the
+key/value tiles of its chunk on or below the diagonal (causal skipping, docs 4.6) and over
+the d_qk blocks. Implements docs/tfla-kernels.md 2.4 ("intra-chunk part and combination").
+
+Difference from the paper's Algorithm 1 (docs 4.4): the combined max state m^comb is not
+found online. Every entry of the intra-chunk log-gate matrix D̃_rs = b_r - b_s + ī_s depends
+on the gates alone, so m^comb_r = b_r + max(m_{k-1}, max_{s<=r}(ī_s - b_s)), a prefix
+maximum that the recurrent kernel already computes and stores per position (it is the
+recurrent max state m_t, docs 2.4). With m^comb known before the loop, mLSTMexp needs no
+running max and no rescaling of the accumulators, and the inter-chunk term Q̄ C_{k-1}
+shares the Q loads with the first S tile: the loop fusion the paper (C.2) reserves for
+mLSTMsig applies to mLSTMexp as well.
+
+With B_Lhq = B_Lkv = L the kernel is the one-level ``limit_chunk`` forward (docs 4.9):
+one program holds the whole L x L gate and score matrices of its chunk.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tfla.triton.exp_recurrent import dot_precision, logsigmoid
+
+INTERPRET = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _parallel_fw_kernel(
+    Q, K, V, I, B_vec, MC_vec, C_st, N_st, M_st, H, NOUT,
+    S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+    B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    # 1-D grid, (d_hv block) fastest, then query tile, then chunk*b*head: programs that
+    # share a chunk's K, V and C_{k-1} run next to each other (L2 reuse)
+    pid = tl.program_id(0)
+    n_v = tl.cdiv(d_hv, B_DHV)
+    n_q = L // B_LQ
+    pid_v = pid % n_v
+    pid_q = (pid // n_v) % n_q
+    pid_cbh = pid // (n_v * n_q)
+    c = pid_cbh % NC
+    bh = (pid_cbh // NC).to(tl.int64)
+    S_pad = NC * L
+    q_base = Q + bh * S * d_qk
+    k_base = K + bh * S * d_qk
+    v_base = V + bh * S * d_hv
+
+    r_loc = pid_q * B_LQ + tl.arange(0, B_LQ)          # position inside the chunk
+    rows = c * L + r_loc
+    row_ok = rows < S
+    offs_v = pid_v * B_DHV + tl.arange(0, B_DHV)
+    mask_v = offs_v < d_hv
+    offs_dk = tl.arange(0, B_DQK)
+
+    b_q = tl.load(B_vec + bh * S_pad + rows)
+    if IS_EXP:
+        mc_q = tl.load(MC_vec + bh * S_pad + rows)
+        m_prev = tl.load(M_st + bh * (NC + 1) + c)
+        b_bar = tl.exp(b_q + m_prev - mc_q)
+    else:
+        mc_q = tl.zeros((B_LQ,), dtype=tl.float32)
+        b_bar = tl.exp(b_q)
+
+    # inter-chunk part: Q C_{k-1} (and Q n_{k-1}); rows scaled by b̄ * scale afterwards
+    acc = tl.zeros((B_LQ, B_DHV), dtype=tl.float32)
+    den = tl.zeros((B_LQ,), dtype=tl.float32)
+    c_base = C_st + (bh * (NC + 1) + c) * d_qk * d_hv
+    n_base = N_st + (bh * (NC + 1) + c) * d_qk
+    if NUM_DQK == 1:
+        mask_k = offs_dk < d_qk
+        q_tile = tl.load(q_base + rows[:, None] * d_qk + offs_dk[None, :],
+                         mask=row_ok[:, None] & mask_k[None, :], other=0.0)
+        c_blk = tl.load(c_base + offs_dk[:, None] * d_hv + offs_v[None, :],
+                        mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        acc = tl.dot(q_tile, c_blk.to(q_tile.dtype), acc, input_precision=DOT_PREC)
+        if NORMALIZE:
+            n_blk = tl.load(n_base + offs_dk, mask=mask_k, other=0.0)
+            den += tl.sum(q_tile.to(tl.float32) * n_blk[None, :], 1)
+    else:
+        for kb in range(NUM_DQK):
+            offs_k = kb * B_DQK + offs_dk
+            mask_k = offs_k < d_qk
+            q_blk = tl.load(q_base + rows[:, None] * d_qk + offs_k[None, :],
+                            mask=row_ok[:, None] & mask_k[None, :], other=0.0)
+            c_blk = tl.load(c_base + offs_k[:, None] * d_hv + offs_v[None, :],
+                            mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+            acc = tl.dot(q_blk, c_blk.to(q_blk.dtype), acc, input_precision=DOT_PREC)
+            if NORMALIZE:
+                n_blk = tl.load(n_base + offs_k, mask=mask_k, other=0.0)
+                den += tl.sum(q_blk.to(tl.float32) * n_blk[None, :], 1)
+    row_scale = b_bar * scale
+    acc = acc * row_scale[:, None]
+    den = den * row_scale
+
+    # intra-chunk part over key/value tiles on or below the diagonal
+    n_kv = ((pid_q + 1) * B_LQ) // B_LKV
+    for j in range(n_kv):
+        s_loc = j * B_LKV + tl.arange(0, B_LKV)
+        cols = c * L + s_loc
+        col_ok = cols < S
+        if NUM_DQK == 1:
+            k_tile = tl.load(k_base + cols[:, None] * d_qk + offs_dk[None, :],
+                             mask=col_ok[:, None] & (offs_dk < d_qk)[None, :], other=0.0)
+            s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PREC)
+        else:
+            s = tl.zeros((B_LQ, B_LKV), dtype=tl.float32)
+            for kb in range(NUM_DQK):
+                offs_k = kb * B_DQK + offs_dk
+                mask_k = offs_k < d_qk
+                q_blk = tl.load(q_base + rows[:, None] * d_qk + offs_k[None, :],
+                                mask=row_ok[:, None] & mask_k[None, :], other=0.0)
+                k_blk = tl.load(k_base + cols[:, None] * d_qk + offs_k[None, :],
+                                mask=col_ok[:, None] & mask_k[None, :], other=0.0)
+                s = tl.dot(q_blk, tl.trans(k_blk), s, input_precision=DOT_PREC)
+        b_kv = tl.load(B_vec + bh * S_pad + cols)
+        i_kv = tl.load(I + bh * S + cols, mask=col_ok, other=0.0).to(tl.float32)
+        if not IS_EXP:
+            i_kv = logsigmoid(i_kv)
+        i_kv = tl.where(col_ok, i_kv, float("-inf"))
+        d_log = b_q[:, None] - mc_q[:, None] + (i_kv - b_kv)[None, :]
+        d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
+        s_bar = s * scale * tl.exp(d_log)
+        if NORMALIZE:
+            den += tl.sum(s_bar, 1)
+        v_tile = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
+                         mask=col_ok[:, None] & mask_v[None, :], other=0.0)
+        acc = tl.dot(s_bar.to(v_tile.dtype), v_tile, acc, input_precision=DOT_PREC)
+
+    if NORMALIZE:
+        if IS_EXP:
+            floor = tl.exp(-mc_q)
+        else:
+            floor = tl.full((B_LQ,), 1.0, dtype=tl.float32)
+        n_out = tl.maximum(tl.abs(den), floor)
+        acc = acc / (n_out + eps)[:, None]
+        tl.store(NOUT + bh * S_pad + rows, n_out, mask=(rows < S_pad) & (pid_v == 0))
+    tl.store(H + bh * S * d_hv + rows[:, None] * d_hv + offs_v[None, :],
+             acc.to(H.dtype.element_ty), mask=row_ok[:, None] & mask_v[None, :])
+
+
+def _p2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 1))
+
+
+# Tuning overrides for benchmarks: {"xl": {...}, "limit": {...}} merged into fw_config.
+FW_OVERRIDE: dict = {"xl": {}, "limit": {}}
+
+
+def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool) -> dict:
+    """Tile sizes and warps of the H kernel (a heuristic, docs/kernels-exp-notes.md).
+
+    limit_chunk: B_Lhq = B_Lkv = L (the whole chunk). xl_chunk: 64 x 64 tiles (L >= 64).
+    Head dims: B_dqk covers d_qk up to 128 in one block (Q stays in registers across the
+    key/value loop); B_dhv at most 128 (64 for limit_chunk's L = 128 to bound registers).
+    """
+    fp32 = dtype == torch.float32
+    b_l = L if limit else min(64, L)
+    b_qk = max(16, min(64 if fp32 else 128, _p2(d_qk)))
+    b_hv = max(16, min(64 if (fp32 or b_l >= 128) else 128, _p2(d_hv)))
+    warps = 8 if b_l * b_hv >= 128 * 128 or b_l >= 128 else 4
+    cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2)
+    cfg.update(FW_OVERRIDE["limit" if limit else "xl"])
+    if limit:
+        cfg["B_LQ"] = cfg["B_LKV"] = L
+    cfg["B_LQ"] = min(cfg["B_LQ"], L)
+    cfg["B_LKV"] = min(cfg["B_LKV"], cfg["B_LQ"])
+    return cfg
+
+
+def parallel_fw(q, k, v, i, b_vec, mc_vec, C_st, n_st, m_st, *, L: int, is_exp: bool,
+                normalize: bool, eps: float, limit: bool):
+    """h (BNH, S, d_hv) in the input dtype and n_out (BNH, N_c*L) fp32 (unset if not normalised)."""
+    BNH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    NC = triton.cdiv(S, L)
+    cfg = fw_config(L, d_qk, d_hv, q.dtype, limit)
+    h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
+    n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
+    grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
+    _parallel_fw_kernel[grid](
+        q, k, v, i, b_vec, mc_vec, C_st, n_st, m_st, h, n_out,
+        S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
+        L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
+        NUM_DQK=triton.cdiv(d_qk, cfg["B_DQK"]), IS_EXP=is_exp, NORMALIZE=normalize,
+        DOT_PREC=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return h, n_out

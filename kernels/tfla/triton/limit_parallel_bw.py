@@ -1,0 +1,178 @@
+"""limit_chunk parallel backward: dQ, dK, dV of one chunk in one program (docs/tfla-kernels.md 4.9).
+
+One level of sequence parallelism: the grid is (N_c · B · NH,), and each program holds its
+chunk's whole L x L matrices (S = QKᵀ, dS̄ = dH̃Vᵀ and the gate matrix D) on chip, then
+loops over the d_qk blocks (dQ, dK) and the d_hv blocks (dV), adding the inter-chunk terms
+with C_{k-1} and dC_k (docs 3.3). Also writes the fp32 row sums q·dq and k·dk for the gate
+gradients (docs 3.4, 4.5). L is limited by registers: 16..128.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tfla.triton.exp_recurrent import dot_precision, logsigmoid
+
+INTERPRET = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _limit_bw_kernel(
+    Q, K, V, I, B_vec, MC_vec, M_st, NOUT, C_st, DC_st, DH, DQ, DK, DV, QDQ, KDK,
+    S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
+    NUM_DQK: tl.constexpr, NUM_DHV: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    c = pid % NC
+    bh = (pid // NC).to(tl.int64)
+    S_pad = NC * L
+    loc = tl.arange(0, L)
+    t = c * L + loc
+    ok = t < S
+    q_base = Q + bh * S * d_qk
+    k_base = K + bh * S * d_qk
+    v_base = V + bh * S * d_hv
+    dh_base = DH + bh * S * d_hv
+    offs_dk = tl.arange(0, B_DQK)
+    offs_dv = tl.arange(0, B_DHV)
+
+    # gates of the chunk (docs 2.4)
+    b = tl.load(B_vec + bh * S_pad + t)
+    i_log = tl.load(I + bh * S + t, mask=ok, other=0.0).to(tl.float32)
+    if not IS_EXP:
+        i_log = logsigmoid(i_log)
+    i_log = tl.where(ok, i_log, float("-inf"))
+    g = tl.load(B_vec + bh * S_pad + c * L + L - 1)
+    if IS_EXP:
+        mc = tl.load(MC_vec + bh * S_pad + t)
+        m_prev = tl.load(M_st + bh * (NC + 1) + c)
+        m_k = tl.load(M_st + bh * (NC + 1) + c + 1)
+        b_bar = tl.exp(b + m_prev - mc)
+        a_bar = tl.exp(g - b + i_log - m_k)
+    else:
+        mc = b * 0.0
+        b_bar = tl.exp(b)
+        a_bar = tl.exp(g - b + i_log)
+    if NORMALIZE:
+        rs = scale / (tl.load(NOUT + bh * S_pad + t) + eps)
+    else:
+        rs = b * 0.0 + scale
+    d_log = (b - mc)[:, None] + (i_log - b)[None, :]
+    d_log = tl.where(loc[:, None] >= loc[None, :], d_log, float("-inf"))
+    dmat = tl.exp(d_log) * rs[:, None]          # D with the query-row factor scale/(n_out+eps)
+
+    # S = Q Kᵀ and dS̄ = dH Vᵀ over the whole chunk
+    s = tl.zeros((L, L), dtype=tl.float32)
+    for kb in range(NUM_DQK):
+        offs_k = kb * B_DQK + offs_dk
+        mk = ok[:, None] & (offs_k < d_qk)[None, :]
+        q_blk = tl.load(q_base + t[:, None] * d_qk + offs_k[None, :], mask=mk, other=0.0)
+        k_blk = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :], mask=mk, other=0.0)
+        s = tl.dot(q_blk, tl.trans(k_blk), s, input_precision=DOT_PREC)
+    ds = tl.zeros((L, L), dtype=tl.float32)
+    for vb in range(NUM_DHV):
+        offs_v = vb * B_DHV + offs_dv
+        mv = ok[:, None] & (offs_v < d_hv)[None, :]
+        dh_blk = tl.load(dh_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
+        v_blk = tl.load(v_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
+        ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
+    ds = (ds * dmat).to(Q.dtype.element_ty)       # dS ⊙ D · scale / (n_out + eps)
+    s_bar = (s * dmat).to(Q.dtype.element_ty)     # S̄ · 1/(n_out + eps)  (scale included)
+
+    c_base = C_st + (bh * (NC + 1) + c) * d_qk * d_hv
+    dc_base = DC_st + (bh * (NC + 1) + c + 1) * d_qk * d_hv
+    qdq = tl.zeros((L,), dtype=tl.float32)
+    kdk = tl.zeros((L,), dtype=tl.float32)
+    for kb in range(NUM_DQK):
+        offs_k = kb * B_DQK + offs_dk
+        mask_k = offs_k < d_qk
+        mk = ok[:, None] & mask_k[None, :]
+        q_blk = tl.load(q_base + t[:, None] * d_qk + offs_k[None, :], mask=mk, other=0.0)
+        k_blk = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :], mask=mk, other=0.0)
+        inter_q = tl.zeros((L, B_DQK), dtype=tl.float32)
+        inter_k = tl.zeros((L, B_DQK), dtype=tl.float32)
+        for vb in range(NUM_DHV):
+            offs_v = vb * B_DHV + offs_dv
+            mask_v = offs_v < d_hv
+            mv = ok[:, None] & mask_v[None, :]
+            dh_blk = tl.load(dh_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
+            v_blk = tl.load(v_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
+            cm = mask_k[:, None] & mask_v[None, :]
+            c_blk = tl.load(c_base + offs_k[:, None] * d_hv + offs_v[None, :], mask=cm, other=0.0)
+            dc_blk = tl.load(dc_base + offs_k[:, None] * d_hv + offs_v[None, :], mask=cm, other=0.0)
+            inter_q = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), inter_q,
+                             input_precision=DOT_PREC)
+            inter_k = tl.dot(v_blk, tl.trans(dc_blk.to(v_blk.dtype)), inter_k,
+                             input_precision=DOT_PREC)
+        dq = tl.dot(ds, k_blk, inter_q * (b_bar * rs)[:, None], input_precision=DOT_PREC)
+        dk = tl.dot(tl.trans(ds), q_blk, inter_k * a_bar[:, None], input_precision=DOT_PREC)
+        tl.store(DQ + bh * S * d_qk + t[:, None] * d_qk + offs_k[None, :],
+                 dq.to(DQ.dtype.element_ty), mask=mk)
+        tl.store(DK + bh * S * d_qk + t[:, None] * d_qk + offs_k[None, :],
+                 dk.to(DK.dtype.element_ty), mask=mk)
+        qdq += tl.sum(q_blk.to(tl.float32) * dq, 1)
+        kdk += tl.sum(k_blk.to(tl.float32) * dk, 1)
+    tl.store(QDQ + bh * S_pad + t, qdq)
+    tl.store(KDK + bh * S_pad + t, kdk)
+
+    for vb in range(NUM_DHV):
+        offs_v = vb * B_DHV + offs_dv
+        mask_v = offs_v < d_hv
+        mv = ok[:, None] & mask_v[None, :]
+        inter_v = tl.zeros((L, B_DHV), dtype=tl.float32)
+        for kb in range(NUM_DQK):
+            offs_k = kb * B_DQK + offs_dk
+            mask_k = offs_k < d_qk
+            k_blk = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :],
+                            mask=ok[:, None] & mask_k[None, :], other=0.0)
+            dc_blk = tl.load(dc_base + offs_k[:, None] * d_hv + offs_v[None, :],
+                             mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+            inter_v = tl.dot(k_blk, dc_blk.to(k_blk.dtype), inter_v, input_precision=DOT_PREC)
+        dh_blk = tl.load(dh_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
+        dv = tl.dot(tl.trans(s_bar), dh_blk, inter_v * a_bar[:, None], input_precision=DOT_PREC)
+        tl.store(DV + bh * S * d_hv + t[:, None] * d_hv + offs_v[None, :],
+                 dv.to(DV.dtype.element_ty), mask=mv)
+
+
+def _p2(x: int) -> int:
+    return triton.next_power_of_2(max(int(x), 1))
+
+
+# Tuning overrides for benchmarks, merged into limit_bw_config.
+LIMIT_BW_OVERRIDE: dict = {}
+
+
+def limit_bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
+    """Head-dim blocks and warps of the limit_chunk backward (heuristic, docs/kernels-exp-notes.md)."""
+    cap = 32 if (dtype == torch.float32 or L >= 128) else 64
+    cfg = dict(B_DQK=max(16, min(cap, _p2(d_qk))), B_DHV=max(16, min(cap, _p2(d_hv))),
+               num_warps=8 if L >= 128 else 4, num_stages=1)
+    cfg.update(LIMIT_BW_OVERRIDE)
+    return cfg
+
+
+def limit_parallel_bw(q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dh, *, L: int,
+                      is_exp: bool, normalize: bool, eps: float):
+    """dq, dk, dv (input dtype) and fp32 row sums q·dq, k·dk (BNH, N_c*L) for limit_chunk."""
+    BNH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    NC = triton.cdiv(S, L)
+    cfg = limit_bw_config(L, d_qk, d_hv, q.dtype)
+    qdq = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
+    kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
+    dq = torch.empty_like(q)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    _limit_bw_kernel[(NC * BNH,)](
+        q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dh, dq, dk, dv, qdq, kdk,
+        S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
+        L=L, B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
+        NUM_DQK=triton.cdiv(d_qk, cfg["B_DQK"]), NUM_DHV=triton.cdiv(d_hv, cfg["B_DHV"]),
+        IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=dot_precision(q.dtype),
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+    )
+    return dq, dk, dv, qdq, kdk
