@@ -311,8 +311,9 @@ def _measured_points(path) -> list[dict]:
             perf = num("flops") / (num("ms_median") * 1e-3) / 1e12
         if inten is None or perf is None or inten <= 0 or perf <= 0:
             continue
-        name = r.get("kernel") if "kernel" in df.columns and r.get("kernel") else r.get("backend", "?")
-        mode = r.get("mode", "") if "mode" in df.columns else ""
+        name = next((str(r.get(c)) for c in ("kernel", "backend")
+                     if c in df.columns and isinstance(r.get(c), str) and r.get(c)), "?")
+        mode = r.get("mode") if isinstance(r.get("mode"), str) else ""
         pts.append({"label": f"{name} {mode}".strip(), "kernel": str(name), "mode": str(mode),
                     "chunk_size": num("chunk_size"), "seq_len": num("seq_len"),
                     "intensity_flop_per_byte": inten, "flops_per_s": perf * 1e12})
