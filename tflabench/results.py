@@ -171,6 +171,11 @@ def case_id(identity: Mapping[str, Any]) -> str:
     parts = {}
     for col in IDENTITY_COLUMNS[1:]:
         value = identity.get(col)
+        if col == "params" and isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError:
+                pass
         if col == "params" and isinstance(value, Mapping):
             value = params_json(value)
         if isinstance(value, float) and value.is_integer():

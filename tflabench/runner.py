@@ -12,8 +12,9 @@ case's timeout:
 - the backend or mode cannot run here -> ``unavailable``; numerics gate fails -> ``wrong``.
 
 Workers are reused for consecutive cases of the same backend while they stay healthy; a
-worker is replaced after a crash, timeout, oom or error, and when the backend changes
-(peers' global state stays with their own worker). With ``gpus=[0, 1]`` one worker per GPU
+worker is replaced after a crash or timeout (on a GPU also after an exception or OOM, which
+can leave the CUDA context unusable), and when the backend changes (peers' global state
+stays with their own worker). With ``gpus=[0, 1]`` one worker per GPU
 runs, pinned with ``CUDA_VISIBLE_DEVICES``; the rows are the same in form.
 
 Each worker's stdout and stderr go to ``<result dir>/logs/worker-<slot>.log``.
@@ -32,7 +33,7 @@ import threading
 import time
 import traceback
 from pathlib import Path
-from typing import Any, Callable
+from typing import Callable
 
 from tflabench import results as R
 from tflabench.errors import UserError
@@ -43,8 +44,11 @@ from tflabench.suite import Case, LoadedSuite, expand_cases, resolve_device
 WORKER_START_TIMEOUT_S = 180.0
 #: Lines of a worker's output or traceback kept in a row's ``reason``.
 REASON_LINES = 8
-#: Statuses after which the worker process is replaced.
-RESTART_AFTER = {"crash", "timeout", "oom", "error"}
+#: Statuses after which the worker process is replaced: always after a crash or timeout
+#: (the process is gone or killed); on a GPU also after an exception or OOM, since a CUDA
+#: error can leave the context unusable for every later case in that process.
+RESTART_AFTER = {"crash", "timeout"}
+RESTART_AFTER_ON_GPU = {"oom", "error"}
 
 
 # --------------------------------------------------------------------------- worker side
@@ -385,7 +389,8 @@ def run_cases(
                 outcome = worker.run(case)
             if stop.is_set():
                 break
-            if outcome.get("status") in RESTART_AFTER or worker.start_error:
+            restart = RESTART_AFTER | (RESTART_AFTER_ON_GPU if case.device.startswith("cuda") else set())
+            if outcome.get("status") in restart or worker.start_error:
                 worker.kill()
                 workers.pop(slot, None)
             row = _base_row(case)
@@ -499,6 +504,8 @@ def run_suite(
     R.write_metadata(directory, metadata)
 
     console = console or Console(stderr=True)
+    console.print(f"writing to {directory} ({len(todo)} cases to run"
+                  + (f", {skipped} already measured" if skipped else "") + ")")
     t0 = time.perf_counter()
     columns = (SpinnerColumn(), TextColumn("{task.description}", justify="left"), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())

@@ -75,9 +75,9 @@ def run(
             result = runner.run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
                                       ceilings=ceilings, device=device, progress=progress, plots=plots)
         except KeyboardInterrupt:
-            where = resume or "the new result set under " + str(out)
-            typer.echo(f"interrupted: rows measured so far are kept in {where}; "
-                       f"finish with `tflabench run {path} --resume DIR`", err=True)
+            typer.echo("interrupted: the rows measured so far are kept in the result set named "
+                       f"above ('writing to DIR'); finish with `tflabench run {path} --resume DIR`",
+                       err=True)
             raise typer.Exit(130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)

@@ -1,0 +1,145 @@
+"""Measurement: timing statistics, the one timing function, and the numerics gate."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from tflabench.backends import register
+from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, attention_inputs,
+                                     attention_reference)
+from tflabench.measure import (max_normalised_error, measure_case, numerics_gate, summarize,
+                               time_callable)
+from tflabench.suite import Case
+
+
+class _ScaleGrad(torch.autograd.Function):
+    """Identity forward; backward multiplies the incoming gradient by 3 (a wrong gradient)."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, g):
+        return 3 * g
+
+
+class _AttentionParams(HeadLayoutParams):
+    flaw: str = "none"  # none | output | grad_q
+
+
+class _TestAttention(Backend):
+    """Causal attention through torch SDPA, with a deliberate flaw on request."""
+
+    name = "test_attention"
+    family = "attention"
+    Params = _AttentionParams
+
+    def available(self, params):
+        return None
+
+    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
+        return attention_inputs(shape, dtype, device, seed, requires_grad)
+
+    def forward(self, params, inputs):
+        q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        if params.flaw == "grad_q":
+            q = _ScaleGrad.apply(q)
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return out * 1.05 if params.flaw == "output" else out
+
+    def reference(self, params, inputs):
+        return attention_reference(inputs["q"], inputs["k"], inputs["v"], causal=True)
+
+
+BACKEND = register(_TestAttention())
+SHAPE = Shape(batch=2, seq_len=64, heads=2, d_qk=16, d_hv=16, dtype="float32")
+
+
+def _gate(flaw, mode):
+    return numerics_gate(BACKEND, BACKEND.parse_params({"heads": 2, "flaw": flaw}), SHAPE, mode=mode,
+                         dtype=torch.float32, device="cpu", seed=0, max_seq_len=32)
+
+
+def test_summarize_gives_median_quartiles_and_samples():
+    # numpy.percentile with linear interpolation: for 1..5 the quartiles are 2 and 4.
+    stats = summarize([5.0, 1.0, 4.0, 2.0, 3.0])
+    assert stats["ms_median"] == 3.0 and stats["ms_mean"] == 3.0
+    assert (stats["ms_min"], stats["ms_max"]) == (1.0, 5.0)
+    assert (stats["ms_q25"], stats["ms_q75"]) == (2.0, 4.0)
+    assert stats["ms_samples"] == [5.0, 1.0, 4.0, 2.0, 3.0] and stats["n_iter"] == 5
+
+
+def test_time_callable_runs_warmups_then_timed_iterations():
+    calls, before = [], []
+    samples = time_callable(lambda: calls.append(1), device="cpu", warmup=3, iterations=4,
+                            before_each=lambda: before.append(1))
+    assert len(samples) == 4 and all(s >= 0 for s in samples)
+    assert len(calls) == 7 and len(before) == 7
+    with pytest.raises(ValueError, match="iterations"):
+        time_callable(lambda: None, device="cpu", warmup=0, iterations=0)
+
+
+def test_max_normalised_error_definition_and_non_finite_output():
+    ref = torch.tensor([1.0, -4.0, 2.0])
+    assert max_normalised_error(torch.tensor([1.0, -3.0, 2.0]), ref) == pytest.approx(0.25)
+    assert max_normalised_error(torch.tensor([float("nan"), -4.0, 2.0]), ref) == math.inf
+
+
+@pytest.mark.parametrize("mode", ["fwd", "fwdbw"])
+def test_numerics_gate_passes_a_correct_kernel(mode):
+    result = _gate("none", mode)
+    assert result.passed and result.err < 1e-5
+    assert set(result.errors) == ({"out"} if mode == "fwd" else {"out", "dq", "dk", "dv"})
+    assert "B=1 NH=2 S=32" in result.ref  # the reduced shape
+
+
+def test_numerics_gate_flags_a_wrong_output():
+    result = _gate("output", "fwd")
+    assert not result.passed and result.worst == "out"
+    assert result.err == pytest.approx(0.05, rel=1e-3)  # output scaled by 1.05
+    assert "exceeds tolerance" in result.reason()
+
+
+def test_numerics_gate_flags_a_wrong_gradient_only_in_fwdbw():
+    assert _gate("grad_q", "fwd").passed  # the forward is right
+    result = _gate("grad_q", "fwdbw")
+    assert not result.passed and result.worst == "dq"
+    assert result.err == pytest.approx(2.0, rel=1e-3)  # dq tripled: |3g - g| / |g| = 2
+
+
+def _case(**over):
+    params = dict(heads=2, flaw="none", d_hv=None, d_qk=None, p_qk=1.0)
+    params.update(over.pop("params", {}))
+    base = dict(suite="t", kernel="att", backend="test_attention", family="attention",
+                params=json.dumps(BACKEND.parse_params(params).model_dump(mode="json"), sort_keys=True),
+                mode="fwdbw", dtype="float32", device="cpu", batch=2, seq_len=64, heads=2, d_qk=16,
+                d_hv=16, chunk_size=None, embedding_dim=32, warmup=1, iterations=3, timeout_s=30,
+                numerics_max_seq_len=32)
+    base.update(over)
+    return Case(**base)
+
+
+def test_measure_case_times_a_correct_kernel():
+    out = measure_case(_case())
+    assert out["status"] == "ok"
+    assert out["n_iter"] == 3 and len(json.loads(out["ms_samples"])) == 3
+    assert out["ms_min"] <= out["ms_median"] <= out["ms_max"]
+    assert out["first_call_s"] > 0 and out["numerics_err"] < 1e-5
+    assert out["peak_mem_bytes"] is None  # no device memory statistics on the CPU
+
+
+def test_measure_case_reports_wrong_kernel_without_timings():
+    out = measure_case(_case(params={"flaw": "output"}))
+    assert out["status"] == "wrong" and out["numerics_err"] == pytest.approx(0.05, rel=1e-3)
+    assert "ms_median" not in out
+
+
+def test_measure_case_reports_cuda_case_without_gpu_as_unavailable(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = measure_case(_case(device="cuda"))
+    assert out["status"] == "unavailable" and "CUDA" in out["reason"]

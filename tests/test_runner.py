@@ -1,0 +1,156 @@
+"""The runner: cases in worker processes; crash, hang, exception and OOM become rows while
+the run goes on; resume; shard; --gpus parsing."""
+
+from __future__ import annotations
+
+import json
+import textwrap
+
+import pytest
+import yaml
+
+from tflabench import results as R
+from tflabench.errors import UserError
+from tflabench.runner import parse_gpus, run_suite
+from tflabench.suite import expand_cases, load_suite
+
+KERNELS = textwrap.dedent('''
+    import os, time, torch
+
+    def good(q, k, v):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def aborts(q, k, v):
+        print("about to abort", flush=True)
+        os.abort()
+
+    def hangs(q, k, v):
+        time.sleep(600)
+
+    def raises(q, k, v):
+        raise RuntimeError("deliberate failure from the test kernel")
+
+    def runs_out_of_memory(q, k, v):
+        raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+''')
+
+
+def _suite(tmp_path, kernels, seq_len=(32,), modes=("fwd",), timeout_s=30.0, name="runner_test"):
+    kfile = tmp_path / "test_kernels.py"
+    kfile.write_text(KERNELS)
+    entries = []
+    for label, fn, extra in kernels:
+        entry = {"backend": "custom", "label": label,
+                 "params": {"function": f"{kfile}:{fn}", "layout": "attention", "heads": 2}}
+        entry.update(extra)
+        entries.append(entry)
+    data = {"name": name, "device": "cpu", "dtype": "float32", "modes": list(modes),
+            "timing": {"warmup": 1, "iterations": 2, "timeout_s": timeout_s},
+            "numerics": {"max_seq_len": 32}, "model": {"embedding_dim": 32},
+            "sweep": {"batch": 1, "seq_len": list(seq_len)}, "kernels": entries}
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return load_suite(path)
+
+
+@pytest.fixture(scope="module")
+def failing_run(tmp_path_factory):
+    """One run in which kernels abort, hang, raise and run out of memory between good ones."""
+    tmp_path = tmp_path_factory.mktemp("failing_run")
+    loaded = _suite(tmp_path, [
+        ("good first", "good", {}),
+        ("aborts", "aborts", {}),
+        ("hangs", "hangs", {"timeout_s": 4}),
+        ("raises", "raises", {}),
+        ("oom", "runs_out_of_memory", {}),
+        ("good last", "good", {}),
+    ])
+    result = run_suite(loaded, out_root=tmp_path / "results", progress=False, plots=False)
+    return result, {row["kernel"]: row for row in result.rows}
+
+
+def test_crashing_worker_becomes_crash_row(failing_run):
+    _, rows = failing_run
+    row = rows["aborts"]
+    assert row["status"] == "crash"
+    assert "SIGABRT" in row["reason"] and "Fatal Python error: Aborted" in row["reason"]
+    assert "about to abort" in row["reason"]  # the worker's last output is kept
+
+
+def test_hanging_worker_becomes_timeout_row(failing_run):
+    _, rows = failing_run
+    assert rows["hangs"]["status"] == "timeout"
+    assert "no result within 4 s" in rows["hangs"]["reason"]
+
+
+def test_raising_kernel_becomes_error_row_with_its_message(failing_run):
+    _, rows = failing_run
+    assert rows["raises"]["status"] == "error"
+    assert rows["raises"]["reason"].startswith("RuntimeError: deliberate failure from the test kernel")
+
+
+def test_out_of_memory_becomes_oom_row(failing_run):
+    _, rows = failing_run
+    assert rows["oom"]["status"] == "oom" and "out of memory" in rows["oom"]["reason"]
+
+
+def test_run_continues_after_every_failure(failing_run):
+    result, rows = failing_run
+    assert [r["kernel"] for r in result.rows] == ["good first", "aborts", "hangs", "raises", "oom", "good last"]
+    assert rows["good first"]["status"] == "ok" and rows["good last"]["status"] == "ok"
+    assert rows["good last"]["ms_median"] > 0 and rows["good last"]["n_iter"] == 2
+
+
+def test_every_row_is_on_disk_in_rows_parquet_and_metadata(failing_run):
+    result, _ = failing_run
+    rs = R.load_results(result.directory)
+    assert len((result.directory / "rows.jsonl").read_text().splitlines()) == 6
+    assert (result.directory / "results.parquet").exists()
+    assert sorted(rs.rows["status"]) == sorted(["ok", "crash", "timeout", "error", "oom", "ok"])
+    assert rs.metadata["suite"] == "runner_test" and rs.metadata["suite_sha256"]
+    assert rs.metadata["python"] and rs.metadata["torch"]
+    assert (result.directory / "logs" / "worker-0.log").exists()
+    # the model columns of an ok row (attention_causal counts from tflabench.model)
+    good = rs.rows[rs.rows["kernel"] == "good last"].iloc[0]
+    assert good["flops"] > 0 and good["tflops_per_s"] > 0
+
+
+def test_resume_skips_cases_already_measured(tmp_path):
+    loaded = _suite(tmp_path, [("good", "good", {})], seq_len=(16, 32), name="resume_test")
+    first = run_suite(loaded, out_root=tmp_path / "results", progress=False, plots=False)
+    assert len(first.rows) == 2
+    rows_file = first.directory / "rows.jsonl"
+    kept = rows_file.read_text().splitlines()[:1]  # as if the run had been killed after one case
+    rows_file.write_text("\n".join(kept) + "\n")
+    second = run_suite(loaded, resume=first.directory, progress=False, plots=False)
+    assert second.directory == first.directory and second.skipped == 1
+    assert [r["seq_len"] for r in second.rows] == [32]
+    assert sorted(R.load_results(first.directory).rows["seq_len"]) == [16, 32]
+
+
+def test_resume_refuses_a_result_set_of_another_suite(tmp_path):
+    loaded = _suite(tmp_path, [("good", "good", {})], name="one")
+    R.write_results(tmp_path / "other", [], {"suite": "another"})
+    with pytest.raises(UserError, match="holds suite 'another'"):
+        run_suite(loaded, resume=tmp_path / "other", progress=False, plots=False)
+
+
+def test_shard_runs_its_share_and_records_it(tmp_path):
+    loaded = _suite(tmp_path, [("good", "good", {})], seq_len=(8, 16, 32, 64), name="shard_test")
+    from tflabench.runner import case_cost
+    from tflabench.shard import select_shard
+
+    expected = {c.case_id for c in select_shard(expand_cases(loaded), 2, 2, case_cost)}
+    result = run_suite(loaded, out_root=tmp_path / "results", shard="2/2", progress=False, plots=False)
+    assert {r["case_id"] for r in result.rows} == expected and 0 < len(expected) < 4
+    meta = json.loads((result.directory / "metadata.json").read_text())
+    assert meta["shard"] == "2/2"
+
+
+def test_gpus_option_is_parsed_or_refused():
+    assert parse_gpus(None) is None
+    assert parse_gpus("0,1") == ["0", "1"]
+    assert parse_gpus(" 3 ") == ["3"]
+    for bad in ("0,0", "a,b", "1;2", "-1"):
+        with pytest.raises(UserError, match="--gpus"):
+            parse_gpus(bad)

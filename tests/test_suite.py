@@ -1,0 +1,163 @@
+"""Suites: validation errors (file, field path, reason) and sweep expansion."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tflabench.errors import UserError
+from tflabench.suite import expand_cases, load_suite
+
+SUITES = Path(__file__).resolve().parent.parent / "suites"
+
+BASE = {
+    "name": "t",
+    "device": "cpu",
+    "dtype": "float32",
+    "modes": ["fwd", "fwdbw"],
+    "timing": {"warmup": 1, "iterations": 2, "timeout_s": 30},
+    "model": {"embedding_dim": 128},
+    "sweep": {"tokens": 1024, "seq_len": [128, 256, 512]},
+    "kernels": [
+        {"backend": "tfla", "label": "sig", "params": {"variant": "sig", "chunk_size": 64,
+                                                       "heads": 2, "d_qk": 32, "d_hv": 64}},
+    ],
+}
+
+
+def _write(tmp_path, data=None, text=None):
+    path = tmp_path / "suite.yaml"
+    path.write_text(text if text is not None else yaml.safe_dump(data))
+    return path
+
+
+def _modified(change):
+    data = copy.deepcopy(BASE)
+    change(data)
+    return data
+
+
+BAD_SUITES = {
+    "yaml_syntax": (None, "name: t\nkernels: [\n", ":3:1: YAML syntax error"),
+    "unknown_top_field": (lambda d: d.update(iterations=3), None, "iterations: unknown field; allowed: name"),
+    "unknown_nested_field": (lambda d: d["timing"].update(warmups=3), None,
+                             "timing.warmups: unknown field; allowed: warmup, iterations"),
+    "wrong_type": (lambda d: d["timing"].update(iterations="thirty"), None,
+                   "timing.iterations: Input should be a valid integer (got 'thirty')"),
+    "wrong_type_in_list": (lambda d: d.update(dtype=["float32", "int8"]), None, "dtype[1]: Input should be"),
+    "unknown_backend": (lambda d: d["kernels"].append({"backend": "flashy"}), None,
+                        "kernels[1].backend: unknown backend 'flashy'; known: custom, fa2"),
+    "tokens_not_divisible": (lambda d: d["sweep"].update(seq_len=[128, 384]), None,
+                             "sweep.seq_len[1]: tokens 1024 is not divisible by seq_len 384"),
+    "param_not_taken": (lambda d: d["kernels"][0]["params"].update(impl_name="x"), None,
+                        "kernels[0].params.impl_name: not a parameter of backend 'tfla'; it takes:"),
+    "bad_param_value_in_list": (lambda d: d["kernels"][0]["params"].update(variant=["sig", "tanh"]), None,
+                                "kernels[0].params.variant[1]: Input should be 'sig' or 'exp'"),
+    "missing_required_field": (lambda d: d.pop("sweep"), None, "sweep: required field is missing"),
+    "unresolvable_layout": (lambda d: d["kernels"][0]["params"].update(heads=3, d_hv=None), None,
+                            "kernels[0].params: heads: 3 does not divide embedding_dim 128"),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(BAD_SUITES))
+def test_bad_suite_is_refused_with_file_field_and_reason(tmp_path, kind):
+    change, text, expected = BAD_SUITES[kind]
+    path = _write(tmp_path, _modified(change) if change else None, text)
+    with pytest.raises(UserError) as info:
+        load_suite(path)
+    message = str(info.value)
+    assert message.startswith(str(path)), message
+    assert expected in message, message
+    assert len(message.splitlines()) <= 2, message
+
+
+def test_missing_suite_file_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="does not exist"):
+        load_suite(tmp_path / "absent.yaml")
+
+
+def test_fixed_token_sweep_gives_batch_tokens_over_seq_len(tmp_path):
+    cases = expand_cases(load_suite(_write(tmp_path, BASE)))
+    # 3 lengths x 2 modes; batch = 1024 / S (paper App. E.3: fixed tokens, B = tokens / T)
+    assert [(c.batch, c.seq_len, c.mode) for c in cases] == [
+        (8, 128, "fwd"), (8, 128, "fwdbw"), (4, 256, "fwd"), (4, 256, "fwdbw"),
+        (2, 512, "fwd"), (2, 512, "fwdbw")]
+    assert {(c.heads, c.d_qk, c.d_hv, c.chunk_size) for c in cases} == {(2, 32, 64, 64)}
+    assert {c.warmup for c in cases} == {1} and {c.iterations for c in cases} == {2}
+
+
+def test_batch_by_length_sweep_is_the_cross_product(tmp_path):
+    data = _modified(lambda d: d.update(sweep={"batch": [1, 3], "seq_len": [64, 128]}, modes=["fwd"]))
+    cases = expand_cases(load_suite(_write(tmp_path, data)))
+    assert [(c.batch, c.seq_len) for c in cases] == [(1, 64), (1, 128), (3, 64), (3, 128)]
+
+
+def test_every_list_field_expands(tmp_path):
+    def change(d):
+        d["dtype"] = ["float32", "float64"]
+        d["model"]["embedding_dim"] = [128, 256]
+        d["sweep"] = {"batch": 1, "seq_len": 256}
+        d["kernels"][0]["params"] = {"variant": ["sig", "exp"], "chunk_size": [32, 64, 128], "d_hv": 64,
+                                     "heads": None, "p_qk": 0.5}
+
+    cases = expand_cases(load_suite(_write(tmp_path, _modified(change))))
+    # 2 variants x 3 chunk sizes x 2 embeddings x 2 dtypes x 1 shape x 2 modes
+    assert len(cases) == 2 * 3 * 2 * 2 * 2
+    assert {c.chunk_size for c in cases} == {32, 64, 128}
+    assert {c.dtype for c in cases} == {"float32", "float64"}
+    # heads = embedding_dim / d_hv; d_qk = p_qk * d_hv
+    assert {(c.embedding_dim, c.heads, c.d_qk) for c in cases} == {(128, 2, 32), (256, 4, 32)}
+    assert len({c.case_id for c in cases}) == len(cases)
+
+
+def test_kernel_modes_and_timeout_override_the_suite(tmp_path):
+    def change(d):
+        d["kernels"][0].update(modes=["fwd"], timeout_s=7.5)
+        d["kernels"].append({"backend": "sdpa", "params": {"impl": "math", "heads": 2}})
+
+    cases = expand_cases(load_suite(_write(tmp_path, _modified(change))))
+    tfla = [c for c in cases if c.backend == "tfla"]
+    sdpa = [c for c in cases if c.backend == "sdpa"]
+    assert {c.mode for c in tfla} == {"fwd"} and {c.timeout_s for c in tfla} == {7.5}
+    assert {c.mode for c in sdpa} == {"fwd", "fwdbw"} and {c.timeout_s for c in sdpa} == {30}
+    # default label: backend + fixed params in file order (yaml.safe_dump sorts the keys)
+    assert sdpa[0].kernel == "sdpa heads=2 impl=math"
+
+
+def test_case_ids_are_stable_across_loads(tmp_path):
+    path = _write(tmp_path, BASE)
+    first = [c.case_id for c in expand_cases(load_suite(path))]
+    second = [c.case_id for c in expand_cases(load_suite(path))]
+    assert first == second and len(set(first)) == len(first)
+
+
+@pytest.mark.parametrize("path", sorted(SUITES.glob("*.yaml")), ids=lambda p: p.name)
+def test_shipped_suites_validate(path):
+    loaded = load_suite(path)
+    assert expand_cases(loaded, device="cuda")
+
+
+def test_h100_7b_suite_has_the_paper_protocol_and_layouts():
+    # Paper Sec. 5.2 / App. E.3: embedding 4096, 65,536 tokens, T = 512 .. 65,536,
+    # median of 30 after 10 warm-ups, bf16; mLSTM and FLA 16 heads d_qk 128 d_hv 256,
+    # attention 32 heads of 128, Mamba 2 64 heads of 64 with state 128.
+    loaded = load_suite(SUITES / "h100_7b.yaml")
+    s = loaded.suite
+    assert (s.timing.warmup, s.timing.iterations, s.dtype) == (10, 30, "bfloat16")
+    cases = expand_cases(loaded, device="cuda")
+    assert {c.batch * c.seq_len for c in cases} == {65536}
+    assert sorted({c.seq_len for c in cases}) == [2**k for k in range(9, 17)]
+    layouts = {}
+    for c in cases:
+        layouts.setdefault(c.backend, set()).add((c.heads, c.d_qk, c.d_hv))
+    for backend in ("tfla", "mlstm_kernels", "fla"):
+        assert layouts[backend] == {(16, 128, 256)}, backend
+    for backend in ("sdpa", "fa3"):
+        assert layouts[backend] == {(32, 128, 128)}, backend
+    assert {(h, d_hv) for h, _, d_hv in layouts["mamba2"]} == {(64, 64)}
+    assert '"d_state":128' in next(c.params for c in cases if c.backend == "mamba2")
+    impls = {c.params for c in cases if c.backend == "sdpa"}
+    assert any('"impl":"flash"' in p for p in impls) and any('"impl":"cudnn"' in p for p in impls)
