@@ -407,3 +407,14 @@ def test_empty_new_run_warns_and_loses_every_case(tmp_path):
     assert any("new holds no case rows" in w for w in comparison.warnings)
     assert comparison.counts["lost"] == len(BACKENDS) * len(SEQ_LENS)
     assert comparison.exit_status("failure") == 1
+
+
+def test_noisy_run_is_warned_about(tmp_path):
+    rows = suite_rows(1)
+    noisy = suite_rows(2)
+    # one case's samples spread +-50 % (IQR / median about 0.5, past the 10 % warning level)
+    noisy[4] = make_row(noisy[4]["backend"], noisy[4]["seq_len"], samples=np.linspace(0.5, 1.5, N_ITER))
+    comparison = cmp.compare_results(write(tmp_path, "a", rows), write(tmp_path, "b", noisy))
+    assert [w for w in comparison.warnings if w.startswith("base:")] == []
+    (warning,) = [w for w in comparison.warnings if w.startswith("new:")]
+    assert "1 case(s) spread more than 10%" in warning and "S8192" in warning

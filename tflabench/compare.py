@@ -472,6 +472,43 @@ def environment_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping
     return out
 
 
+#: Relative inter-quartile range ``(ms_q75 - ms_q25) / ms_median`` above which a case's
+#: timings are called noisy (a warning, not a decision).
+NOISY_RELATIVE_IQR = 0.10
+
+
+def noise_warnings(rows: pd.DataFrame, label: str) -> list[str]:
+    """A warning when cases of one run spread more than :data:`NOISY_RELATIVE_IQR`
+    (IQR / median): a busy machine or too-short cases make every decision on them shaky.
+
+    Uses ``ms_q25``/``ms_q75`` (or the quartiles of ``ms_samples``) of the ``ok`` rows.
+    """
+    noisy, worst, worst_case = 0, 0.0, ""
+    for record in rows.to_dict("records"):
+        if _status(record) != OK:
+            continue
+        median, q25, q75 = _number(record, "ms_median"), _number(record, "ms_q25"), _number(record, "ms_q75")
+        if not (np.isfinite(q25) and np.isfinite(q75)):
+            samples = parse_samples(record.get("ms_samples"))
+            if len(samples) < 2:
+                continue
+            q25, q75 = np.quantile(samples, [0.25, 0.75])
+        if not (np.isfinite(median) and median > 0):
+            continue
+        spread = float((q75 - q25) / median)
+        if spread > NOISY_RELATIVE_IQR:
+            noisy += 1
+            if spread > worst:
+                worst, worst_case = spread, describe_case(record)
+    if not noisy:
+        return []
+    return [
+        f"{label}: {noisy} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} (IQR / median; worst "
+        f"{worst:.0%}, {worst_case}); decisions on them are shaky: measure on a quiet machine, "
+        "or raise timing.warmup / timing.iterations in the suite"
+    ]
+
+
 def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
                     threshold_source: Mapping[str, str] | None = None) -> Comparison:
     """Compare two result sets (objects with ``.rows``, ``.metadata``, ``.path``, e.g.
@@ -498,6 +535,8 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
     for label, frame in (("base", base_rows), ("new", new_rows)):
         if frame.empty:
             warnings.append(f"{label} holds no case rows (an interrupted or empty run?)")
+        else:
+            warnings.extend(noise_warnings(frame, label))
 
     records = []
     keys = list(base_rows.index) + [k for k in new_rows.index if k not in base_rows.index]
