@@ -139,6 +139,13 @@ def test_roofline_measured_ceilings_svg_and_fwdbw(tmp_path):
     assert (tmp_path / "r.svg").read_text().lstrip().startswith("<?xml")
 
 
+def test_roofline_and_intensity_drop_default_chunk_sizes_longer_than_the_sequence():
+    d = run_json("roofline", "-T", "512", "--no-plot")
+    assert sorted({p["L"] for p in d["points"]}) == [64, 128, 256, 512]
+    d = run_json("intensity", "-T", "100", "--no-plot")
+    assert set(d["curves"][0]["intensity"]) == {"16", "32", "64"}
+
+
 # ------------------------------------------------------------------ intensity
 
 

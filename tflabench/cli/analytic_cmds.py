@@ -40,6 +40,7 @@ _H_OUT = "Plot file (.png, .svg, .pdf) or directory; default results/plots/<name
 _H_MODE = "fwd (forward, the paper's model) or fwdbw (forward + derived backward, docs/model.md)."
 
 DEFAULT_ROOFLINE_L = "64,128,256,512,1024,2048,4096"
+DEFAULT_INTENSITY_L = "16,32,64,128,256,512,1024,2048,4096"
 
 
 def _parse_list(name: str, text, kind=float) -> list:
@@ -362,6 +363,8 @@ def roofline(
         for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--dhv", dhv),
                         ("--state-bytes", state_bytes), ("--qkv-bytes", qkv_bytes)):
             _positive(name, v)
+        if chunk_size == DEFAULT_ROOFLINE_L:  # defaults longer than the sequence: drop, not an error
+            Ls = [L for L in Ls if L <= seq_len] or [seq_len]
         for L in Ls:
             _positive("--chunk-size", L)
         d_qk, p_qk = _dqk_pqk(dhv, dqk, pqk)
@@ -433,7 +436,7 @@ def roofline(
 @app.command()
 def intensity(
     gpu: List[str] = typer.Option(["v100", "a100", "h100", "b200"], "--gpu", help=_H_GPU),
-    chunk_size: str = typer.Option("16,32,64,128,256,512,1024,2048,4096", "--chunk-size", "-L",
+    chunk_size: str = typer.Option(DEFAULT_INTENSITY_L, "--chunk-size", "-L",
                                    help="Chunk sizes for the table, comma-separated."),
     variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
     seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
@@ -465,6 +468,8 @@ def intensity(
         fcs = _parse_list("--causal-factor", causal_factor)
         for name, v in (("--seq-len", seq_len), ("--dhv", dhv)):
             _positive(name, v)
+        if chunk_size == DEFAULT_INTENSITY_L:  # defaults longer than the sequence: drop, not an error
+            Ls = [L for L in Ls if L <= seq_len] or [seq_len]
         for L in Ls:
             _positive("--chunk-size", L)
             if L > seq_len:
