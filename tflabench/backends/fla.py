@@ -218,19 +218,24 @@ def gla_reference(q, k, v, g=None, g_gamma=None, scale=None, chunk_size=64):
     if g is None:
         g = g_gamma.to(device=q.device, dtype=torch.float64).expand(B, T, H)
     g = g.to(torch.float64)
-    if g.dim() == 3:
-        g = g[..., None].expand(B, T, H, K)
+    per_key = g.dim() == 4
+    if not per_key:
+        g = g[..., None]                                             # (B, T, H, 1): broadcasts over K
     q, k, v, g = (t.transpose(1, 2) for t in (q * scale, k, v, g))   # (B, H, T, .)
     state = q.new_zeros(B, H, K, v.shape[-1])
     outs = []
     for c0 in range(0, T, chunk_size):
         c1 = min(T, c0 + chunk_size)
-        G = g[:, :, c0:c1].cumsum(2)                                 # (B, H, l, K)
+        G = g[:, :, c0:c1].cumsum(2)                                 # (B, H, l, K or 1)
         qc, kc, vc = q[:, :, c0:c1], k[:, :, c0:c1], v[:, :, c0:c1]
         l = c1 - c0
         causal = torch.ones(l, l, dtype=torch.bool, device=q.device).tril()
-        diff = (G[:, :, :, None, :] - G[:, :, None, :, :]).masked_fill(~causal[..., None], float("-inf"))
-        A = torch.einsum("bhtd,bhjd,bhtjd->bhtj", qc, kc, diff.exp())
+        if per_key:
+            diff = (G[:, :, :, None, :] - G[:, :, None, :, :]).masked_fill(~causal[..., None], float("-inf"))
+            A = torch.einsum("bhtd,bhjd,bhtjd->bhtj", qc, kc, diff.exp())
+        else:
+            diff = (G[:, :, :, None, 0] - G[:, :, None, :, 0]).masked_fill(~causal, float("-inf"))
+            A = (qc @ kc.transpose(-1, -2)) * diff.exp()
         outs.append(A @ vc + (qc * G.exp()) @ state)
         last = G[:, :, -1:, :]                                       # (B, H, 1, K)
         state = last.transpose(-1, -2).exp() * state + (kc * (last - G).exp()).transpose(-1, -2) @ vc
