@@ -115,6 +115,29 @@ def test_every_row_is_on_disk_in_rows_parquet_and_metadata(failing_run):
     assert good["flops"] > 0 and good["tflops_per_s"] > 0
 
 
+def test_workers_are_reused_until_a_crash_or_timeout(failing_run):
+    result, _ = failing_run
+    log = (result.directory / "logs" / "worker-0.log").read_text()
+    pid_of = {}
+    for line in log.splitlines():
+        if line.startswith("--- case "):
+            label = line[len("--- case "):].split(" fwd ")[0]
+            pid_of[label] = line.split(" pid=")[1].split()[0]
+    assert pid_of["aborts"] == pid_of["good first"]  # reused: a healthy worker runs the next case
+    assert pid_of["hangs"] not in (pid_of["good first"], pid_of["raises"])  # replaced after the crash
+    # replaced after the timeout; on the CPU an exception does not retire the worker
+    assert pid_of["raises"] == pid_of["oom"] == pid_of["good last"]
+
+
+def test_one_worker_per_gpu_slot_gives_the_same_rows(tmp_path):
+    loaded = _suite(tmp_path, [("good", "good", {})], seq_len=(8, 16, 32, 64), name="slots_test")
+    result = run_suite(loaded, out_root=tmp_path / "results", gpus=["0", "1"], progress=False, plots=False)
+    assert sorted(r["case_id"] for r in result.rows) == sorted(c.case_id for c in expand_cases(loaded))
+    assert {r["status"] for r in result.rows} == {"ok"}
+    for slot in (0, 1):
+        assert "--- case" in (result.directory / "logs" / f"worker-{slot}.log").read_text()
+
+
 def test_resume_skips_cases_already_measured(tmp_path):
     loaded = _suite(tmp_path, [("good", "good", {})], seq_len=(16, 32), name="resume_test")
     first = run_suite(loaded, out_root=tmp_path / "results", progress=False, plots=False)

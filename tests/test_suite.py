@@ -100,6 +100,7 @@ def test_every_list_field_expands(tmp_path):
         d["dtype"] = ["float32", "float64"]
         d["model"]["embedding_dim"] = [128, 256]
         d["sweep"] = {"batch": 1, "seq_len": 256}
+        d["kernels"][0].pop("label")
         d["kernels"][0]["params"] = {"variant": ["sig", "exp"], "chunk_size": [32, 64, 128], "d_hv": 64,
                                      "heads": None, "p_qk": 0.5}
 
@@ -107,6 +108,9 @@ def test_every_list_field_expands(tmp_path):
     # 2 variants x 3 chunk sizes x 2 embeddings x 2 dtypes x 1 shape x 2 modes
     assert len(cases) == 2 * 3 * 2 * 2 * 2
     assert {c.chunk_size for c in cases} == {32, 64, 128}
+    # without a label, each combination is named by its values
+    assert len({c.kernel for c in cases}) == 2 * 3
+    assert "tfla chunk_size=128 d_hv=64 heads=None p_qk=0.5 variant=exp" in {c.kernel for c in cases}  # keys as in the file (sorted by safe_dump)
     assert {c.dtype for c in cases} == {"float32", "float64"}
     # heads = embedding_dim / d_hv; d_qk = p_qk * d_hv
     assert {(c.embedding_dim, c.heads, c.d_qk) for c in cases} == {(128, 2, 32), (256, 4, 32)}

@@ -98,7 +98,7 @@ def _worker_main(conn, log_path: str, gpu: str | None, parent_pid: int, device: 
         if msg is None:
             return
         case = Case(**msg)
-        print(f"--- case {case.describe()} params={case.params}", flush=True)
+        print(f"--- case {case.describe()} pid={os.getpid()} params={case.params}", flush=True)
         try:
             outcome = measure.measure_case(case)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a row

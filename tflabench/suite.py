@@ -15,7 +15,7 @@ A suite (see ``docs/harness.md`` for a full example)::
     # or:  sweep: {batch: [1, 4], seq_len: [256, 512]}   (every batch x every length)
     kernels:
       - backend: tfla
-        label: mLSTMsig TFLA xl_chunk    # the results' `kernel` column (default: derived)
+        label: mLSTMsig TFLA xl_chunk    # the results' `kernel` column (default: backend + params)
         params: {variant: sig, chunk_size: [64, 128]}   # the backend's Params
         modes: [fwd]                     # optional: overrides the suite's modes
         timeout_s: 600                   # optional: overrides timing.timeout_s
@@ -332,9 +332,10 @@ def _expand_params(params: dict) -> list[tuple[dict, dict]]:
     return out
 
 
-def _default_label(spec: KernelSpec) -> str:
-    fixed = [f"{k}={v}" for k, v in spec.params.items() if not isinstance(v, (list, tuple))]
-    return " ".join([spec.backend] + fixed)
+def _default_label(backend: str, values: dict) -> str:
+    """Label of a kernel entry without ``label``: the backend and its parameters as given
+    (one combination of the expanded lists), e.g. ``tfla variant=sig chunk_size=64``."""
+    return " ".join([backend] + [f"{k}={v}" for k, v in values.items()])
 
 
 def resolve_device(device: str) -> str:
@@ -374,8 +375,8 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
         except UserError as exc:
             raise UserError(f"{where}.backend: {exc}") from None
         modes = spec.modes if spec.modes is not None else suite.modes
-        label = spec.label or _default_label(spec)
         for values, index in _expand_params(spec.params):
+            label = spec.label or _default_label(spec.backend, values)
             try:
                 params = backend.parse_params(values)
             except ValidationError as exc:

@@ -87,7 +87,9 @@ def run(
     frame = load_results(result.directory).rows
     con.print(runner.summary_table(frame, title=f"{loaded.suite.name}: {len(frame)} rows"))
     skipped = f", {result.skipped} already measured (skipped)" if result.skipped else ""
-    con.print(f"{len(result.rows)} cases run in {result.wall_s:.1f} s ({_status_line(result.rows) or 'none'}){skipped}")
+    first_call_s = sum(r["first_call_s"] or 0.0 for r in result.rows)
+    con.print(f"{len(result.rows)} cases run in {result.wall_s:.1f} s ({_status_line(result.rows) or 'none'}){skipped}; "
+              f"first calls (compilation, autotuning) took {first_call_s:.1f} s of it")
     con.print(f"results: {result.directory}")
     for p in result.plots:
         con.print(f"plot: {p}")
