@@ -2,8 +2,8 @@
 
 - :func:`plot_runtime`: median runtime over sequence length, one panel per mode (the
   paper's Figure 4: forward left, forward+backward right; fixed tokens, so batch falls as S
-  grows). Only ``ok`` rows are drawn; kernels with other statuses are listed in the panel
-  title's legend with their status count.
+  grows). Only ``ok`` rows are drawn: a missing point is a case that did not measure
+  (the results table gives its status and reason).
 - :func:`plot_memory_runtime`: peak memory against runtime over chunk size, one panel per
   mode (the paper's Figure 5), for every kernel measured at more than one chunk size at
   the same shape; points are labelled with L.
