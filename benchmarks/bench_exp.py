@@ -36,6 +36,32 @@ import torch
 
 TOKENS = 65536
 NH, D_QK, D_HV = 16, 128, 256
+DEV = "cuda"
+DTYPE = torch.bfloat16
+
+
+def smoke_setup():
+    """--smoke: tiny sizes on the CPU through TRITON_INTERPRET=1 (fp16; the interpreter's
+    bf16 tl.dot is wrong), to check this script's own logic without a GPU."""
+    global TOKENS, NH, D_QK, D_HV, DEV, DTYPE
+    os.environ["TRITON_INTERPRET"] = "1"
+    TOKENS, NH, D_QK, D_HV, DEV, DTYPE = 256, 2, 16, 32, "cpu", torch.float16
+    torch.cuda.synchronize = lambda: None
+    torch.cuda.reset_peak_memory_stats = lambda: None
+    torch.cuda.memory_allocated = lambda: 0
+    torch.cuda.max_memory_allocated = lambda: 0
+    torch.cuda.empty_cache = lambda: None
+
+    class _Ev:
+        def __init__(self, **kw):
+            self.t = 0.0
+
+        def record(self):
+            self.t = time.perf_counter()
+
+        def elapsed_time(self, other):
+            return (other.t - self.t) * 1e3
+    torch.cuda.Event = _Ev
 
 
 def env_info() -> dict:
@@ -56,13 +82,15 @@ def env_info() -> dict:
     return info
 
 
-def make_inputs(B, S, *, dtype=torch.bfloat16, gate_dtype=None, i_mean=0.0, seed=0,
-                requires_grad=False, nh=NH, d_qk=D_QK, d_hv=D_HV):
-    g = torch.Generator(device="cuda").manual_seed(seed)
+def make_inputs(B, S, *, dtype=None, gate_dtype=None, i_mean=0.0, seed=0,
+                requires_grad=False, nh=None, d_qk=None, d_hv=None):
+    dtype = dtype or DTYPE
+    nh, d_qk, d_hv = nh or NH, d_qk or D_QK, d_hv or D_HV
+    g = torch.Generator(device=DEV).manual_seed(seed)
     gate_dtype = gate_dtype or dtype
 
     def rn(*shape, dt=dtype, mean=0.0, std=1.0):
-        x = torch.randn(*shape, generator=g, device="cuda", dtype=torch.float32) * std + mean
+        x = torch.randn(*shape, generator=g, device=DEV, dtype=torch.float32) * std + mean
         return x.to(dt).requires_grad_(requires_grad)
 
     q = rn(B, nh, S, d_qk)
@@ -74,6 +102,51 @@ def make_inputs(B, S, *, dtype=torch.bfloat16, gate_dtype=None, i_mean=0.0, seed
 
 
 # ---------------------------------------------------------------- implementations
+
+def with_overrides(fn, *, fw_xl=None, fw_limit=None, bw=None, limit_bw=None, state=None,
+                   tuning=None):
+    """Wrap fn so that it runs with tuning overrides of our kernels (restored afterwards)."""
+    from tfla.triton import exp_chunkwise, exp_parallel_bw, exp_parallel_fw, exp_recurrent
+    from tfla.triton import limit_parallel_bw
+
+    targets = [(exp_parallel_fw.FW_OVERRIDE["xl"], fw_xl), (exp_parallel_fw.FW_OVERRIDE["limit"], fw_limit),
+               (exp_parallel_bw.BW_OVERRIDE, bw), (limit_parallel_bw.LIMIT_BW_OVERRIDE, limit_bw),
+               (exp_recurrent.STATE_OVERRIDE, state), (exp_chunkwise.TUNING, tuning)]
+
+    def call(*a):
+        saved = [dict(d) for d, _ in targets]
+        try:
+            for d, o in targets:
+                if o:
+                    d.update(o)
+            return fn(*a)
+        finally:
+            for (d, _), old in zip(targets, saved):
+                d.clear()
+                d.update(old)
+    return call
+
+
+def variants():
+    """Tuning variants of our kernels, timed beside the defaults (docs/kernels-exp-notes.md)."""
+    import tfla
+    xl128 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=128)  # noqa: E731
+    lim64 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=64,  # noqa: E731
+                                                 algorithm="limit_chunk")
+    return {
+        "v xl L128 keep states": with_overrides(xl128, tuning={"recompute_states": False}),
+        "v xl L128 fw B_dhv64": with_overrides(xl128, fw_xl={"B_DHV": 64}),
+        "v xl L128 fw B_Lq128 w8": with_overrides(xl128, fw_xl={"B_LQ": 128, "B_LKV": 64, "num_warps": 8}),
+        "v xl L128 L_sub128": with_overrides(xl128, tuning={"L_sub_xl": 128}),
+        "v xl L128 bw B_dhv64": with_overrides(xl128, bw={"B_DHV": 64}),
+        "v xl L128 bw w8": with_overrides(xl128, bw={"num_warps": 8}),
+        "v xl L128 state 64x64": with_overrides(xl128, state={"MIN_PROGRAMS": 0}),
+        "v lim L64 bw 32x32": with_overrides(lim64, limit_bw={"B_DQK": 32, "B_DHV": 32}),
+        "v lim L64 bw w8": with_overrides(lim64, limit_bw={"num_warps": 8}),
+        "v lim L64 fw B_dhv256 w8": with_overrides(lim64, fw_limit={"B_DHV": 256, "num_warps": 8}),
+        "v lim L64 keep states": with_overrides(lim64, tuning={"recompute_states": False}),
+    }
+
 
 def impls(include_sig_xl=True):
     """name -> callable(q, k, v, i, f) -> h."""
@@ -138,7 +211,7 @@ def bench_one(fn, S, mode):
             with torch.no_grad():
                 fn(*inputs)
     else:
-        dh = torch.ones(B, NH, S, D_HV, device="cuda", dtype=torch.bfloat16)
+        dh = torch.ones(B, NH, S, D_HV, device=DEV, dtype=DTYPE)
 
         def call():
             h = fn(*inputs)
@@ -154,12 +227,18 @@ def bench_one(fn, S, mode):
     return statistics.median(ms), min(ms), max(ms), mem, first_s
 
 
-def run_speed(names, seqs, modes, rows):
+def run_speed(names, seqs, modes, rows, deadline):
     fns = impls()
+    if names == ["variants"]:
+        fns = variants()
+        names = []
     for S in seqs:
         for mode in modes:
             for name in names or fns:
                 if name not in fns:
+                    continue
+                if time.time() > deadline:
+                    print(f"time budget spent: skipping S={S} {mode} {name}")
                     continue
                 try:
                     med, lo, hi, mem, first = bench_one(fns[name], S, mode)
@@ -195,15 +274,18 @@ def fwdbw(fn, inputs, dh):
     return [h.detach()] + [x.grad.detach() for x in xs]
 
 
-def run_numerics(rows, S=2048, B=1, nh=4):
+def run_numerics(all_rows, S=2048, B=1, nh=4):
     from tfla.reference import mlstm_chunkwise
     import tfla
     from tfla.limit_chunk import mlstm_limit_chunk
     names = ["h", "dq", "dk", "dv", "di", "df"]
+    rows = []
+    if DEV == "cpu":
+        S, nh = 128, 2
     for regime, i_mean in (("paper i~N(0,1)", 0.0), ("i~N(-10,1)", -10.0), ("i~N(10,1)", 10.0)):
         inp = make_inputs(B, S, gate_dtype=torch.float32, i_mean=i_mean, seed=1, nh=nh)
-        g = torch.Generator(device="cuda").manual_seed(2)
-        dh = torch.randn(B, nh, S, D_HV, generator=g, device="cuda").to(torch.bfloat16)
+        g = torch.Generator(device=DEV).manual_seed(2)
+        dh = torch.randn(B, nh, S, D_HV, generator=g, device=DEV).to(DTYPE)
         inp64 = [x.double() for x in inp]
         for variant, normalize in (("exp", True), ("sig", False)):
             ref = fwdbw(lambda *a: mlstm_chunkwise(*a, variant=variant, chunk_size=64,
@@ -252,7 +334,63 @@ def run_numerics(rows, S=2048, B=1, nh=4):
         cells = " ".join(f"{n}={r[n][0]:.1e}/{r[n][1]:.1e}" for n in names if n in r)
         extra = f" NONFINITE {r['nonfinite']}" if r.get("nonfinite") else ""
         extra += f" ERROR {r['error']}" if r.get("error") else ""
-        print(f"{r['regime']:15s} {r['variant']} {r['impl']:52s} {cells}{extra}")
+        all_rows.append(r)
+        print(f"{r.get('regime', r.get('check', '')):15s} {r.get('variant', '')} {r['impl']:52s} {cells}{extra}")
+
+
+def run_gpu_checks(rows):
+    """Small GPU shapes with the awkward cases: ragged S, d_qk != d_hv, d_qk > 128 (several
+    d_qk blocks, atomic row sums), initial state, a gradient on the last state."""
+    from tfla.reference import mlstm_chunkwise
+    import tfla
+    from tfla.limit_chunk import mlstm_limit_chunk
+    B, nh, S, d_qk, d_hv = (2, 3, 1000, 192, 96) if DEV == "cuda" else (1, 1, 100, 40, 24)
+    g = torch.Generator(device=DEV).manual_seed(5)
+
+    def rn(*shape, mean=0.0, std=1.0):
+        return torch.randn(*shape, generator=g, device=DEV) * std + mean
+
+    base = [rn(B, nh, S, d_qk).to(DTYPE), rn(B, nh, S, d_qk).to(DTYPE), rn(B, nh, S, d_hv).to(DTYPE),
+            rn(B, nh, S, std=3.0), rn(B, nh, S, mean=3.0)]
+    init = [rn(B, nh, d_qk, d_hv), rn(B, nh, d_qk).abs(), rn(B, nh)]
+    dh = rn(B, nh, S, d_hv)
+    dC = rn(B, nh, d_qk, d_hv)
+
+    def run(fn, xs, st, dtype):
+        xs = [x.detach().to(dtype if x.dim() == 4 else x.dtype).clone().requires_grad_(True) for x in xs]
+        st = [x.detach().to(torch.float64 if dtype == torch.float64 else x.dtype).clone().requires_grad_(True)
+              for x in st]
+        h, last = fn(*xs, initial_state=tuple(st), return_last_state=True)
+        ((h.double() * dh.double()).sum() + (last[0].double() * dC.double()).sum()).backward()
+        return [h, last[0]] + [x.grad for x in xs] + [st[0].grad]
+
+    names = ["h", "C_last", "dq", "dk", "dv", "di", "df", "dC0"]
+    cases = [("exp", True, "ours exp xl_chunk L128", lambda *a, **kw: tfla.mlstm_exp(*a, chunk_size=128, **kw)),
+             ("exp", True, "ours exp xl_chunk L256", lambda *a, **kw: tfla.mlstm_exp(*a, chunk_size=256, **kw)),
+             ("exp", True, "ours exp limit_chunk L64", lambda *a, **kw: tfla.mlstm_exp(
+                 *a, chunk_size=64, algorithm="limit_chunk", **kw)),
+             ("sig", False, "ours sig limit_chunk L64", lambda *a, **kw: mlstm_limit_chunk(
+                 *a, variant="sig", chunk_size=64, normalize=False, **kw)),
+             ("sig", True, "ours sig limit_chunk L128 norm", lambda *a, **kw: mlstm_limit_chunk(
+                 *a, variant="sig", chunk_size=128, normalize=True, **kw))]
+    refs = {}
+    print(f"\nGPU checks (bf16, B={B} NH={nh} S={S} d_qk={d_qk} d_hv={d_hv}, initial state, dC_last), relF/maxnorm")
+    for variant, norm, name, fn in cases:
+        key = (variant, norm)
+        if key not in refs:
+            refs[key] = run(lambda *a, **kw: mlstm_chunkwise(*a, variant=variant, normalize=norm, chunk_size=64, **kw),
+                            [x.double() for x in base], [x.double() for x in init], torch.float64)
+        try:
+            out = run(fn, base, init, DTYPE)
+            row = dict(check="gpu", impl=name, nonfinite=[n for n, x in zip(names, out) if not torch.isfinite(x).all()])
+            for n, x, r in zip(names, out, refs[key]):
+                row[n] = errs(x, r)
+        except Exception as e:  # noqa: BLE001
+            row = dict(check="gpu", impl=name, error=repr(e)[:300])
+            traceback.print_exc()
+        rows.append(row)
+        cells = " ".join(f"{n}={row[n][0]:.1e}/{row[n][1]:.1e}" for n in names if n in row)
+        print(f"{name:34s} {cells} {row.get('nonfinite') or ''} {row.get('error', '')}")
 
 
 def peer_xl_probe(S=2048):
@@ -295,7 +433,12 @@ def main():
     ap.add_argument("--no-numerics", action="store_true")
     ap.add_argument("--no-speed", action="store_true")
     ap.add_argument("--peer-xl", action="store_true")
+    ap.add_argument("--variants", action="store_true", help="also time the tuning variants")
+    ap.add_argument("--smoke", action="store_true", help="tiny CPU dry run (interpreter)")
+    ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting timings after this")
     args = ap.parse_args()
+    if args.smoke:
+        smoke_setup()
     os.makedirs(args.out, exist_ok=True)
     info = env_info()
     print(json.dumps(info))
@@ -304,15 +447,21 @@ def main():
     if args.peer_xl:
         rc, tail = peer_xl_probe()
         print(f"peer mLSTMexp xl_chunk probe: returncode {rc}\n{tail}")
+    t_start = time.time()
+    deadline = t_start + args.budget_s
     if not args.no_numerics:
         nrows = []
+        run_gpu_checks(nrows)
         run_numerics(nrows)
         with open(os.path.join(args.out, "numerics.json"), "w") as fh:
             json.dump(nrows, fh, indent=1)
     if not args.no_speed:
         rows = []
         names = [n.strip() for n in args.impls.split(",") if n.strip()]
-        run_speed(names, [int(s) for s in args.seqs.split(",")], args.modes.split(","), rows)
+        seqs = [int(s) for s in args.seqs.split(",")]
+        run_speed(names, seqs, args.modes.split(","), rows, deadline)
+        if args.variants:
+            run_speed(["variants"], seqs, args.modes.split(","), rows, deadline)
         import csv
         keys = sorted({k for r in rows for k in r})
         with open(os.path.join(args.out, "speed.csv"), "w", newline="") as fh:
