@@ -162,9 +162,13 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     BDQK_R = min(BDQK, 64)
     BDHV_R = min(max(16, next_pow2(d_hv)), 64)
     BLR = min(L, OVERRIDES.get("BLR", 64))
+    BDHV_B = OVERRIDES.get("BDHV_B", BDHV)
     cfg = SigConfig(L=L, BL=BL, BDQK=BDQK, BDHV=BDHV, n_jv=n_jv, n_seg=n_seg,
                     chunks_per_seg=chunks_per_seg, n_chunks=n_chunks, num_warps=num_warps,
                     num_stages=OVERRIDES.get("num_stages", 1), BDQK_R=BDQK_R, BDHV_R=BDHV_R,
-                    BLR=BLR, num_warps_r=4)
+                    BLR=BLR, num_warps_r=OVERRIDES.get("num_warps_r", 4),
+                    BDHV_B=BDHV_B, n_jv_b=triton.cdiv(d_hv, BDHV_B),
+                    num_warps_b=OVERRIDES.get("num_warps_b", num_warps),
+                    num_stages_b=OVERRIDES.get("num_stages_b", 1))
     _CONFIG_CACHE[key] = cfg
     return cfg

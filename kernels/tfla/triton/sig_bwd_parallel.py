@@ -48,61 +48,92 @@ def _sig_bwd_dq_kernel(
     rows = tl.arange(0, BL)
     c_begin = seg * chunks_per_seg
     c_end = tl.minimum(c_begin + chunks_per_seg, n_chunks)
-    for cc in range(0, chunks_per_seg):
-        c = c_begin + cc
-        if c < c_end:
-            t0 = c * L
-            t_last = tl.minimum(t0 + L, S) - 1
-            g = tl.load(GB + bh * S + t_last)
-            for iq in range(0, L // BL):
-                if t0 + iq * BL < S:
-                    tq = t0 + iq * BL + tl.arange(0, BL)
-                    mq = tq < S
-                    dh = tl.load(DH + bh * s_h_bh + tq[:, None] * s_h_s + dv[None, :],
-                                 mask=mq[:, None] & mv[None, :], other=0.0).to(DOT_DT)
-                    if NORMALIZE:
-                        nout = tl.load(NOUT + bh * S + tq, mask=mq, other=1.0)
-                        dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
-                    else:
-                        dh = dh.to(DOT_DT)
-                    bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
-                    acc = tl.dot(dh, tl.trans(C.to(DOT_DT)), input_precision=DOT_PREC)
-                    acc = acc * tl.exp(bq)[:, None]
-                    for jk in range(0, iq + 1):
-                        tk = t0 + jk * BL + tl.arange(0, BL)
-                        mkv = tk < S
-                        k = tl.load(K + bh * s_k_bh + tk[:, None] * s_k_s + dk[None, :],
-                                    mask=mkv[:, None] & mk[None, :], other=0.0).to(DOT_DT)
-                        v = tl.load(V + bh * s_v_bh + tk[:, None] * s_v_s + dv[None, :],
-                                    mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
-                        bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
-                        ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
-                        dt = bq[:, None] - bk[None, :] + ik[None, :]
-                        if jk == iq:
-                            dt = tl.where(rows[:, None] >= rows[None, :], dt, float("-inf"))
-                        ds = tl.dot(dh, tl.trans(v.to(DOT_DT)), input_precision=DOT_PREC) * tl.exp(dt)
-                        acc = tl.dot(ds.to(DOT_DT), k.to(DOT_DT), acc=acc, input_precision=DOT_PREC)
-                    acc = acc * scale
-                    ptrs = DQ32 + bh * S * DQK + tq[:, None] * DQK + dk[None, :]
-                    if ATOMIC:
-                        tl.atomic_add(ptrs, acc, mask=mq[:, None] & mk[None, :], sem="relaxed")
-                    else:
-                        tl.store(ptrs, acc, mask=mq[:, None] & mk[None, :])
-            if c < c_end - 1:
-                C = C * tl.exp(g)
-                for jk in range(0, L // BL):
-                    if t0 + jk * BL < S:
-                        tk = t0 + jk * BL + tl.arange(0, BL)
-                        mkv = tk < S
-                        k = tl.load(K + bh * s_k_bh + tk[:, None] * s_k_s + dk[None, :],
-                                    mask=mkv[:, None] & mk[None, :], other=0.0).to(DOT_DT)
-                        v = tl.load(V + bh * s_v_bh + tk[:, None] * s_v_s + dv[None, :],
-                                    mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
-                        bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
-                        ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
-                        kbar = k.to(tl.float32) * tl.exp(g - bk + ik)[:, None]
-                        C = tl.dot(tl.trans(kbar.to(DOT_DT)), v.to(DOT_DT), acc=C,
-                                   input_precision=DOT_PREC)
+    if L == BL:
+        for c in range(c_begin, c_end):
+            t = c * L + rows
+            mt = t < S
+            k = tl.load(K + bh * s_k_bh + t[:, None] * s_k_s + dk[None, :],
+                        mask=mt[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+            v = tl.load(V + bh * s_v_bh + t[:, None] * s_v_s + dv[None, :],
+                        mask=mt[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+            dh = tl.load(DH + bh * s_h_bh + t[:, None] * s_h_s + dv[None, :],
+                         mask=mt[:, None] & mv[None, :], other=0.0)
+            if NORMALIZE:
+                nout = tl.load(NOUT + bh * S + t, mask=mt, other=1.0)
+                dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
+            else:
+                dh = dh.to(DOT_DT)
+            b = tl.load(GB + bh * S + t, mask=mt, other=0.0)
+            ii = tl.load(GI + bh * S + t, mask=mt, other=float("-inf"))
+            g = tl.load(GB + bh * S + tl.minimum(c * L + L, S) - 1)
+            acc = tl.dot(dh, tl.trans(C.to(DOT_DT)), input_precision=DOT_PREC) * tl.exp(b)[:, None]
+            dt = tl.where(rows[:, None] >= rows[None, :], b[:, None] - b[None, :] + ii[None, :],
+                          float("-inf"))
+            ds = tl.dot(dh, tl.trans(v), input_precision=DOT_PREC) * tl.exp(dt)
+            acc = tl.dot(ds.to(DOT_DT), k, acc=acc, input_precision=DOT_PREC) * scale
+            ptrs = DQ32 + bh * S * DQK + t[:, None] * DQK + dk[None, :]
+            if ATOMIC:
+                tl.atomic_add(ptrs, acc, mask=mt[:, None] & mk[None, :], sem="relaxed")
+            else:
+                tl.store(ptrs, acc, mask=mt[:, None] & mk[None, :])
+            kbar = k.to(tl.float32) * tl.exp(g - b + ii)[:, None]
+            C = tl.dot(tl.trans(kbar.to(DOT_DT)), v, acc=C * tl.exp(g), input_precision=DOT_PREC)
+    if L != BL:
+        for cc in range(0, chunks_per_seg):
+            c = c_begin + cc
+            if c < c_end:
+                t0 = c * L
+                t_last = tl.minimum(t0 + L, S) - 1
+                g = tl.load(GB + bh * S + t_last)
+                for iq in range(0, L // BL):
+                    if t0 + iq * BL < S:
+                        tq = t0 + iq * BL + tl.arange(0, BL)
+                        mq = tq < S
+                        dh = tl.load(DH + bh * s_h_bh + tq[:, None] * s_h_s + dv[None, :],
+                                     mask=mq[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+                        if NORMALIZE:
+                            nout = tl.load(NOUT + bh * S + tq, mask=mq, other=1.0)
+                            dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
+                        else:
+                            dh = dh.to(DOT_DT)
+                        bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
+                        acc = tl.dot(dh, tl.trans(C.to(DOT_DT)), input_precision=DOT_PREC)
+                        acc = acc * tl.exp(bq)[:, None]
+                        for jk in range(0, iq + 1):
+                            tk = t0 + jk * BL + tl.arange(0, BL)
+                            mkv = tk < S
+                            k = tl.load(K + bh * s_k_bh + tk[:, None] * s_k_s + dk[None, :],
+                                        mask=mkv[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+                            v = tl.load(V + bh * s_v_bh + tk[:, None] * s_v_s + dv[None, :],
+                                        mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+                            bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
+                            ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
+                            dt = bq[:, None] - bk[None, :] + ik[None, :]
+                            if jk == iq:
+                                dt = tl.where(rows[:, None] >= rows[None, :], dt, float("-inf"))
+                            ds = tl.dot(dh, tl.trans(v.to(DOT_DT)), input_precision=DOT_PREC) * tl.exp(dt)
+                            acc = tl.dot(ds.to(DOT_DT), k.to(DOT_DT), acc=acc, input_precision=DOT_PREC)
+                        acc = acc * scale
+                        ptrs = DQ32 + bh * S * DQK + tq[:, None] * DQK + dk[None, :]
+                        if ATOMIC:
+                            tl.atomic_add(ptrs, acc, mask=mq[:, None] & mk[None, :], sem="relaxed")
+                        else:
+                            tl.store(ptrs, acc, mask=mq[:, None] & mk[None, :])
+                if c < c_end - 1:
+                    C = C * tl.exp(g)
+                    for jk in range(0, L // BL):
+                        if t0 + jk * BL < S:
+                            tk = t0 + jk * BL + tl.arange(0, BL)
+                            mkv = tk < S
+                            k = tl.load(K + bh * s_k_bh + tk[:, None] * s_k_s + dk[None, :],
+                                        mask=mkv[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+                            v = tl.load(V + bh * s_v_bh + tk[:, None] * s_v_s + dv[None, :],
+                                        mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+                            bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
+                            ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
+                            kbar = k.to(tl.float32) * tl.exp(g - bk + ik)[:, None]
+                            C = tl.dot(tl.trans(kbar.to(DOT_DT)), v.to(DOT_DT), acc=C,
+                                       input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -131,75 +162,118 @@ def _sig_bwd_dkdv_kernel(
     c_begin = seg * chunks_per_seg
     c_end = tl.minimum(c_begin + chunks_per_seg, n_chunks)
     NT: tl.constexpr = L // BL
-    for cc in range(0, chunks_per_seg):
-        c = c_end - 1 - cc
-        if c >= c_begin:
-            t0 = c * L
-            t_last = tl.minimum(t0 + L, S) - 1
-            g = tl.load(GB + bh * S + t_last)
-            for jk in range(0, NT):
-                if t0 + jk * BL < S:
-                    tk = t0 + jk * BL + tl.arange(0, BL)
-                    mkv = tk < S
-                    k = tl.load(K + bh * s_k_bh + tk[:, None] * s_k_s + dk[None, :],
-                                mask=mkv[:, None] & mk[None, :], other=0.0).to(DOT_DT)
-                    v = tl.load(V + bh * s_v_bh + tk[:, None] * s_v_s + dv[None, :],
-                                mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
-                    bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
-                    ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
-                    abar = tl.exp(g - bk + ik)
-                    dCd = dC.to(DOT_DT)
-                    kbar = (k.to(tl.float32) * abar[:, None]).to(DOT_DT)
-                    acc_v = tl.dot(kbar, dCd, input_precision=DOT_PREC)
-                    acc_k = tl.dot(v, tl.trans(dCd), input_precision=DOT_PREC) * abar[:, None]
-                    for iq in range(jk, NT):
-                        if t0 + iq * BL < S:
-                            tq = t0 + iq * BL + tl.arange(0, BL)
-                            mq = tq < S
-                            q = tl.load(Q + bh * s_q_bh + tq[:, None] * s_q_s + dk[None, :],
-                                        mask=mq[:, None] & mk[None, :], other=0.0).to(DOT_DT)
-                            dh = tl.load(DH + bh * s_h_bh + tq[:, None] * s_h_s + dv[None, :],
-                                         mask=mq[:, None] & mv[None, :], other=0.0).to(DOT_DT)
-                            if NORMALIZE:
-                                nout = tl.load(NOUT + bh * S + tq, mask=mq, other=1.0)
-                                dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
-                            else:
-                                dh = dh.to(DOT_DT)
-                            bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
-                            # transposed decay: dT[s, r] = b_r - b_s + ī_s  (kv row s, q column r)
-                            dT = bq[None, :] - bk[:, None] + ik[:, None]
-                            if iq == jk:
-                                dT = tl.where(rows[None, :] >= rows[:, None], dT, float("-inf"))
-                            DT = tl.exp(dT)
-                            sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * (scale * DT)
-                            acc_v = tl.dot(sT.to(DOT_DT), dh, acc=acc_v, input_precision=DOT_PREC)
-                            dsT = tl.dot(v, tl.trans(dh), input_precision=DOT_PREC) * (scale * DT)
-                            acc_k = tl.dot(dsT.to(DOT_DT), q, acc=acc_k, input_precision=DOT_PREC)
-                    tl.store(DVO + bh * s_dv_bh + tk[:, None] * s_dv_s + dv[None, :],
-                             acc_v.to(DVO.dtype.element_ty), mask=mkv[:, None] & mv[None, :])
-                    ptrs = DK32 + bh * S * DQK + tk[:, None] * DQK + dk[None, :]
-                    if ATOMIC:
-                        tl.atomic_add(ptrs, acc_k, mask=mkv[:, None] & mk[None, :], sem="relaxed")
-                    else:
-                        tl.store(ptrs, acc_k, mask=mkv[:, None] & mk[None, :])
-            # dC_{k-1} = exp(g) dC_k + Q̄ᵀ dH̃
-            dC = dC * tl.exp(g)
-            for iq in range(0, NT):
-                if t0 + iq * BL < S:
-                    tq = t0 + iq * BL + tl.arange(0, BL)
-                    mq = tq < S
-                    q = tl.load(Q + bh * s_q_bh + tq[:, None] * s_q_s + dk[None, :],
-                                mask=mq[:, None] & mk[None, :], other=0.0).to(DOT_DT)
-                    dh = tl.load(DH + bh * s_h_bh + tq[:, None] * s_h_s + dv[None, :],
-                                 mask=mq[:, None] & mv[None, :], other=0.0).to(DOT_DT)
-                    if NORMALIZE:
-                        nout = tl.load(NOUT + bh * S + tq, mask=mq, other=1.0)
-                        dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
-                    else:
-                        dh = dh.to(DOT_DT)
-                    bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
-                    qbar = q.to(tl.float32) * (tl.exp(bq) * scale)[:, None]
-                    dC = tl.dot(tl.trans(qbar.to(DOT_DT)), dh, acc=dC, input_precision=DOT_PREC)
+    if L == BL:
+        for cc in range(0, c_end - c_begin):
+            c = c_end - 1 - cc
+            t = c * L + rows
+            mt = t < S
+            q = tl.load(Q + bh * s_q_bh + t[:, None] * s_q_s + dk[None, :],
+                        mask=mt[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+            k = tl.load(K + bh * s_k_bh + t[:, None] * s_k_s + dk[None, :],
+                        mask=mt[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+            v = tl.load(V + bh * s_v_bh + t[:, None] * s_v_s + dv[None, :],
+                        mask=mt[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+            dh = tl.load(DH + bh * s_h_bh + t[:, None] * s_h_s + dv[None, :],
+                         mask=mt[:, None] & mv[None, :], other=0.0)
+            if NORMALIZE:
+                nout = tl.load(NOUT + bh * S + t, mask=mt, other=1.0)
+                dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
+            else:
+                dh = dh.to(DOT_DT)
+            b = tl.load(GB + bh * S + t, mask=mt, other=0.0)
+            ii = tl.load(GI + bh * S + t, mask=mt, other=float("-inf"))
+            g = tl.load(GB + bh * S + tl.minimum(c * L + L, S) - 1)
+            abar = tl.exp(g - b + ii)
+            dCd = dC.to(DOT_DT)
+            acc_v = tl.dot((k.to(tl.float32) * abar[:, None]).to(DOT_DT), dCd,
+                           input_precision=DOT_PREC)
+            acc_k = tl.dot(v, tl.trans(dCd), input_precision=DOT_PREC) * abar[:, None]
+            # transposed decay DT[s, r] = exp(b_r - b_s + ī_s) for r >= s (kv row s, q col r)
+            DT = tl.exp(tl.where(rows[None, :] >= rows[:, None], b[None, :] - b[:, None] + ii[:, None],
+                                 float("-inf"))) * scale
+            sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * DT
+            acc_v = tl.dot(sT.to(DOT_DT), dh, acc=acc_v, input_precision=DOT_PREC)
+            dsT = tl.dot(v, tl.trans(dh), input_precision=DOT_PREC) * DT
+            acc_k = tl.dot(dsT.to(DOT_DT), q, acc=acc_k, input_precision=DOT_PREC)
+            tl.store(DVO + bh * s_dv_bh + t[:, None] * s_dv_s + dv[None, :],
+                     acc_v.to(DVO.dtype.element_ty), mask=mt[:, None] & mv[None, :])
+            ptrs = DK32 + bh * S * DQK + t[:, None] * DQK + dk[None, :]
+            if ATOMIC:
+                tl.atomic_add(ptrs, acc_k, mask=mt[:, None] & mk[None, :], sem="relaxed")
+            else:
+                tl.store(ptrs, acc_k, mask=mt[:, None] & mk[None, :])
+            qbar = q.to(tl.float32) * (tl.exp(b) * scale)[:, None]
+            dC = tl.dot(tl.trans(qbar.to(DOT_DT)), dh, acc=dC * tl.exp(g), input_precision=DOT_PREC)
+    if L != BL:
+        for cc in range(0, chunks_per_seg):
+            c = c_end - 1 - cc
+            if c >= c_begin:
+                t0 = c * L
+                t_last = tl.minimum(t0 + L, S) - 1
+                g = tl.load(GB + bh * S + t_last)
+                for jk in range(0, NT):
+                    if t0 + jk * BL < S:
+                        tk = t0 + jk * BL + tl.arange(0, BL)
+                        mkv = tk < S
+                        k = tl.load(K + bh * s_k_bh + tk[:, None] * s_k_s + dk[None, :],
+                                    mask=mkv[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+                        v = tl.load(V + bh * s_v_bh + tk[:, None] * s_v_s + dv[None, :],
+                                    mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+                        bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
+                        ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
+                        abar = tl.exp(g - bk + ik)
+                        dCd = dC.to(DOT_DT)
+                        kbar = (k.to(tl.float32) * abar[:, None]).to(DOT_DT)
+                        acc_v = tl.dot(kbar, dCd, input_precision=DOT_PREC)
+                        acc_k = tl.dot(v, tl.trans(dCd), input_precision=DOT_PREC) * abar[:, None]
+                        for iq in range(jk, NT):
+                            if t0 + iq * BL < S:
+                                tq = t0 + iq * BL + tl.arange(0, BL)
+                                mq = tq < S
+                                q = tl.load(Q + bh * s_q_bh + tq[:, None] * s_q_s + dk[None, :],
+                                            mask=mq[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+                                dh = tl.load(DH + bh * s_h_bh + tq[:, None] * s_h_s + dv[None, :],
+                                             mask=mq[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+                                if NORMALIZE:
+                                    nout = tl.load(NOUT + bh * S + tq, mask=mq, other=1.0)
+                                    dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
+                                else:
+                                    dh = dh.to(DOT_DT)
+                                bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
+                                # transposed decay: dT[s, r] = b_r - b_s + ī_s  (kv row s, q column r)
+                                dT = bq[None, :] - bk[:, None] + ik[:, None]
+                                if iq == jk:
+                                    dT = tl.where(rows[None, :] >= rows[:, None], dT, float("-inf"))
+                                DT = tl.exp(dT)
+                                sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * (scale * DT)
+                                acc_v = tl.dot(sT.to(DOT_DT), dh, acc=acc_v, input_precision=DOT_PREC)
+                                dsT = tl.dot(v, tl.trans(dh), input_precision=DOT_PREC) * (scale * DT)
+                                acc_k = tl.dot(dsT.to(DOT_DT), q, acc=acc_k, input_precision=DOT_PREC)
+                        tl.store(DVO + bh * s_dv_bh + tk[:, None] * s_dv_s + dv[None, :],
+                                 acc_v.to(DVO.dtype.element_ty), mask=mkv[:, None] & mv[None, :])
+                        ptrs = DK32 + bh * S * DQK + tk[:, None] * DQK + dk[None, :]
+                        if ATOMIC:
+                            tl.atomic_add(ptrs, acc_k, mask=mkv[:, None] & mk[None, :], sem="relaxed")
+                        else:
+                            tl.store(ptrs, acc_k, mask=mkv[:, None] & mk[None, :])
+                # dC_{k-1} = exp(g) dC_k + Q̄ᵀ dH̃
+                dC = dC * tl.exp(g)
+                for iq in range(0, NT):
+                    if t0 + iq * BL < S:
+                        tq = t0 + iq * BL + tl.arange(0, BL)
+                        mq = tq < S
+                        q = tl.load(Q + bh * s_q_bh + tq[:, None] * s_q_s + dk[None, :],
+                                    mask=mq[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+                        dh = tl.load(DH + bh * s_h_bh + tq[:, None] * s_h_s + dv[None, :],
+                                     mask=mq[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+                        if NORMALIZE:
+                            nout = tl.load(NOUT + bh * S + tq, mask=mq, other=1.0)
+                            dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
+                        else:
+                            dh = dh.to(DOT_DT)
+                        bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
+                        qbar = q.to(tl.float32) * (tl.exp(bq) * scale)[:, None]
+                        dC = tl.dot(tl.trans(qbar.to(DOT_DT)), dh, acc=dC, input_precision=DOT_PREC)
     if WRITE_DC0:
         if seg == 0:
             tl.store(DC0 + bh * DQK * DHV + dk[:, None] * DHV + dv[None, :], dC, mask=cmask)
@@ -236,16 +310,17 @@ def sig_bwd_parallel(q, k, v, dh, gb, gi, n_out, CS, DCS, cfg, *, normalize, eps
     """
     BH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    atomic = cfg.n_jv > 1
+    atomic = cfg.n_jv_b > 1
     alloc = torch.zeros if atomic else torch.empty
     dq32 = alloc((BH, S, d_qk), dtype=torch.float32, device=q.device)
     dk32 = alloc((BH, S, d_qk), dtype=torch.float32, device=q.device)
     dv = torch.empty((BH, S, d_hv), dtype=q.dtype, device=q.device)
     dC0 = torch.empty((BH, d_qk, d_hv), dtype=torch.float32, device=q.device) if want_dC0 else None
     dummy = dq32
-    grid = (cfg.n_jv, cfg.n_seg, BH)
+    grid = (cfg.n_jv_b, cfg.n_seg, BH)
     common = dict(NORMALIZE=normalize, DOT_DT=dot_dt, DOT_PREC=dot_prec, L=cfg.L, BL=cfg.BL,
-                  BDQK=cfg.BDQK, BDHV=cfg.BDHV, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+                  BDQK=cfg.BDQK, BDHV=cfg.BDHV_B, num_warps=cfg.num_warps_b,
+                  num_stages=cfg.num_stages_b)
     _sig_bwd_dq_kernel[grid](
         k, v, dh, gb, gi, n_out if normalize else dummy, CS if CS is not None else dummy, dq32,
         S, d_qk, d_hv, cfg.n_chunks, cfg.chunks_per_seg, cfg.n_seg, d_qk ** -0.5, eps,

@@ -85,49 +85,85 @@ def _sig_fwd_parallel_kernel(
     c_begin = seg * chunks_per_seg
     c_end = tl.minimum(c_begin + chunks_per_seg, n_chunks)
     last_seg = seg == n_seg - 1
-    for cc in range(0, chunks_per_seg):
-        c = c_begin + cc
-        if c < c_end:
-            t0 = c * L
-            t_last = tl.minimum(t0 + L, S) - 1
-            g = tl.load(GB + bh * S + t_last)
-            for iq in range(0, L // BL):
-                if t0 + iq * BL < S:
-                    tq = t0 + iq * BL + tl.arange(0, BL)
-                    mq = tq < S
-                    q = tl.load(Q + bh * s_q_bh + tq[:, None] * s_q_s + dk[None, :],
-                                mask=mq[:, None] & mk[None, :], other=0.0).to(DOT_DT)
-                    bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
-                    acc, den = _h_tile(q, bq, mq, C, n, K, V, GB, GI, bh, t0, iq, S, DQK, DHV,
-                                       dk, mk, dv, mv, s_k_bh, s_k_s, s_v_bh, s_v_s, scale,
-                                       NORMALIZE, DOT_DT, DOT_PREC, BL, BDQK, BDHV)
-                    if NORMALIZE:
-                        n_out = tl.maximum(tl.abs(den), 1.0)
-                        acc = acc / (n_out + eps)[:, None]
-                        if jv == 0:
-                            tl.store(NOUT + bh * S + tq, n_out, mask=mq)
-                    tl.store(H + bh * s_h_bh + tq[:, None] * s_h_s + dv[None, :],
-                             acc.to(H.dtype.element_ty), mask=mq[:, None] & mv[None, :])
-            # state update C_k = exp(g) C_{k-1} + Σ (exp(a) ⊙ K)ᵀ V   (skipped when unused)
-            if (c < c_end - 1) or (WRITE_LAST and last_seg):
-                C = C * tl.exp(g)
-                if WITH_N:
-                    n = n * tl.exp(g)
-                for jk in range(0, L // BL):
-                    if t0 + jk * BL < S:
-                        tk = t0 + jk * BL + tl.arange(0, BL)
-                        mkv = tk < S
-                        k = tl.load(K + bh * s_k_bh + tk[:, None] * s_k_s + dk[None, :],
-                                    mask=mkv[:, None] & mk[None, :], other=0.0).to(DOT_DT)
-                        v = tl.load(V + bh * s_v_bh + tk[:, None] * s_v_s + dv[None, :],
-                                    mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
-                        bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
-                        ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
-                        kbar = k.to(tl.float32) * tl.exp(g - bk + ik)[:, None]
-                        C = tl.dot(tl.trans(kbar.to(DOT_DT)), v.to(DOT_DT), acc=C,
-                                   input_precision=DOT_PREC)
-                        if WITH_N:
-                            n += tl.sum(kbar, axis=0)
+    if L == BL:
+        # one tile per chunk: a flat loop whose loads Triton can software-pipeline
+        rows = tl.arange(0, BL)
+        for c in range(c_begin, c_end):
+            t = c * L + rows
+            mt = t < S
+            q = tl.load(Q + bh * s_q_bh + t[:, None] * s_q_s + dk[None, :],
+                        mask=mt[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+            k = tl.load(K + bh * s_k_bh + t[:, None] * s_k_s + dk[None, :],
+                        mask=mt[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+            v = tl.load(V + bh * s_v_bh + t[:, None] * s_v_s + dv[None, :],
+                        mask=mt[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+            b = tl.load(GB + bh * S + t, mask=mt, other=0.0)
+            ii = tl.load(GI + bh * S + t, mask=mt, other=float("-inf"))
+            g = tl.load(GB + bh * S + tl.minimum(c * L + L, S) - 1)
+            # inter term Q̄ C = diag(exp(b)·scale) (Q C): the row scaling is applied in fp32
+            wq = tl.exp(b) * scale
+            acc = tl.dot(q, C.to(DOT_DT), input_precision=DOT_PREC) * wq[:, None]
+            s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC) * scale
+            dt = tl.where(rows[:, None] >= rows[None, :], b[:, None] - b[None, :] + ii[None, :],
+                          float("-inf"))
+            sbar = s * tl.exp(dt)
+            acc = tl.dot(sbar.to(DOT_DT), v, acc=acc, input_precision=DOT_PREC)
+            if NORMALIZE:
+                den = wq * tl.sum(q.to(tl.float32) * n[None, :], axis=1) + tl.sum(sbar, axis=1)
+                n_out = tl.maximum(tl.abs(den), 1.0)
+                acc = acc / (n_out + eps)[:, None]
+                if jv == 0:
+                    tl.store(NOUT + bh * S + t, n_out, mask=mt)
+            tl.store(H + bh * s_h_bh + t[:, None] * s_h_s + dv[None, :],
+                     acc.to(H.dtype.element_ty), mask=mt[:, None] & mv[None, :])
+            kbar = k.to(tl.float32) * tl.exp(g - b + ii)[:, None]
+            C = tl.dot(tl.trans(kbar.to(DOT_DT)), v, acc=C * tl.exp(g), input_precision=DOT_PREC)
+            if WITH_N:
+                n = n * tl.exp(g) + tl.sum(kbar, axis=0)
+    if L != BL:
+        for cc in range(0, chunks_per_seg):
+            c = c_begin + cc
+            if c < c_end:
+                t0 = c * L
+                t_last = tl.minimum(t0 + L, S) - 1
+                g = tl.load(GB + bh * S + t_last)
+                for iq in range(0, L // BL):
+                    if t0 + iq * BL < S:
+                        tq = t0 + iq * BL + tl.arange(0, BL)
+                        mq = tq < S
+                        q = tl.load(Q + bh * s_q_bh + tq[:, None] * s_q_s + dk[None, :],
+                                    mask=mq[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+                        bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
+                        acc, den = _h_tile(q, bq, mq, C, n, K, V, GB, GI, bh, t0, iq, S, DQK, DHV,
+                                           dk, mk, dv, mv, s_k_bh, s_k_s, s_v_bh, s_v_s, scale,
+                                           NORMALIZE, DOT_DT, DOT_PREC, BL, BDQK, BDHV)
+                        if NORMALIZE:
+                            n_out = tl.maximum(tl.abs(den), 1.0)
+                            acc = acc / (n_out + eps)[:, None]
+                            if jv == 0:
+                                tl.store(NOUT + bh * S + tq, n_out, mask=mq)
+                        tl.store(H + bh * s_h_bh + tq[:, None] * s_h_s + dv[None, :],
+                                 acc.to(H.dtype.element_ty), mask=mq[:, None] & mv[None, :])
+                # state update C_k = exp(g) C_{k-1} + Σ (exp(a) ⊙ K)ᵀ V   (skipped when unused)
+                if (c < c_end - 1) or (WRITE_LAST and last_seg):
+                    C = C * tl.exp(g)
+                    if WITH_N:
+                        n = n * tl.exp(g)
+                    for jk in range(0, L // BL):
+                        if t0 + jk * BL < S:
+                            tk = t0 + jk * BL + tl.arange(0, BL)
+                            mkv = tk < S
+                            k = tl.load(K + bh * s_k_bh + tk[:, None] * s_k_s + dk[None, :],
+                                        mask=mkv[:, None] & mk[None, :], other=0.0).to(DOT_DT)
+                            v = tl.load(V + bh * s_v_bh + tk[:, None] * s_v_s + dv[None, :],
+                                        mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
+                            bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
+                            ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
+                            kbar = k.to(tl.float32) * tl.exp(g - bk + ik)[:, None]
+                            C = tl.dot(tl.trans(kbar.to(DOT_DT)), v.to(DOT_DT), acc=C,
+                                       input_precision=DOT_PREC)
+                            if WITH_N:
+                                n += tl.sum(kbar, axis=0)
     if WRITE_LAST:
         if last_seg:
             tl.store(CL + bh * DQK * DHV + dk[:, None] * DHV + dv[None, :], C, mask=cmask)
