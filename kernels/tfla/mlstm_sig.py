@@ -91,14 +91,16 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
 
 
 def _dot_settings(dtype):
-    """(operand dtype of tl.dot, input_precision). fp32 inputs: exact fp32 products (no TF32,
-    docs/tfla-kernels.md 4.10). Triton 3.6's CPU interpreter multiplies bfloat16 operands
-    wrongly (numpy has no bfloat16), so there bf16 operands are multiplied in fp32."""
+    """(operand dtype of tl.dot, input_precision). fp32 inputs: "tf32x3" (three TF32 products,
+    close to fp32 accuracy; plain TF32 costs ~1e-3, docs/tfla-kernels.md 4.10, and "ieee"
+    compiles to scalar FMAs that take minutes to build). Triton 3.6's CPU interpreter
+    multiplies bfloat16 operands wrongly (numpy has no bfloat16), so there bf16 operands are
+    multiplied in fp32."""
     from tfla.triton.common import interpret_mode, tl_dtype
 
     if dtype == torch.bfloat16 and interpret_mode():
         return tl_dtype(torch.float32), "ieee"
-    return tl_dtype(dtype), ("ieee" if dtype == torch.float32 else "tf32")
+    return tl_dtype(dtype), ("tf32x3" if dtype == torch.float32 else "tf32")
 
 
 class _MLSTMSigXL(torch.autograd.Function):
