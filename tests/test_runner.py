@@ -177,3 +177,30 @@ def test_gpus_option_is_parsed_or_refused():
     for bad in ("0,0", "a,b", "1;2", "-1"):
         with pytest.raises(UserError, match="--gpus"):
             parse_gpus(bad)
+
+
+def test_kernel_refusing_its_environment_becomes_unavailable_not_error(tmp_path):
+    """A backend's classify_error (here fla's #640 backward refusal) turns the raised
+    RuntimeError into an `unavailable` reason; any other exception stays an error."""
+    from tflabench.runner import _refusal_reason
+
+    data = {"name": "refusal", "device": "cpu", "dtype": "bfloat16", "modes": ["fwdbw"],
+            "sweep": {"batch": 1, "seq_len": [64]},
+            "kernels": [{"backend": "fla", "params": {"op": "chunk_simple_gla"}}]}
+    path = tmp_path / "refusal.yaml"
+    path.write_text(yaml.safe_dump(data))
+    (case,) = expand_cases(load_suite(path))
+    refusal = RuntimeError("Triton 3.4-3.7.0 on Hopper breaks this backward; see fla issue #640")
+    reason = _refusal_reason(case, refusal)
+    assert reason is not None and "#640" in reason
+    assert _refusal_reason(case, RuntimeError("an ordinary bug")) is None
+
+
+def test_suite_compare_thresholds_reach_the_result_metadata(tmp_path):
+    loaded = _suite(tmp_path, [("good", "good", {})], name="with_thresholds")
+    data = yaml.safe_load(loaded.path.read_text())
+    data["compare"] = {"time_threshold": 0.07, "alpha": 0.05}
+    loaded.path.write_text(yaml.safe_dump(data))
+    result = run_suite(load_suite(loaded.path), out_root=tmp_path / "out", progress=False, plots=False)
+    meta = R.load_results(result.directory).metadata
+    assert meta["compare"] == {"time_threshold": 0.07, "alpha": 0.05}

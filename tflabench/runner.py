@@ -105,7 +105,11 @@ def _worker_main(conn, log_path: str, gpu: str | None, parent_pid: int, device: 
             status = "oom" if measure.is_oom(exc) else "error"
             tb = traceback.format_exception(type(exc), exc, exc.__traceback__)
             print("".join(tb), file=sys.stderr, flush=True)
-            outcome = {"status": status, "reason": _exception_reason(exc)}
+            refusal = _refusal_reason(case, exc)
+            if refusal is not None:
+                outcome = {"status": "unavailable", "reason": refusal}
+            else:
+                outcome = {"status": status, "reason": _exception_reason(exc)}
         finally:
             _free_device_memory()
         sys.stdout.flush()
@@ -145,6 +149,17 @@ def _tail_text(text: str, lines: int = REASON_LINES, max_chars: int = 1500) -> s
     else:
         picked = kept[-lines:]
     return " | ".join(ln.strip() for ln in picked)[-max_chars:]
+
+
+def _refusal_reason(case: Case, exc: BaseException) -> str | None:
+    """The backend's reason when ``exc`` is an environment refusal (``classify_error``)."""
+    try:
+        from tflabench.backends import get_backend
+
+        backend = get_backend(case.backend)
+        return backend.classify_error(backend.parse_params(json.loads(case.params)), case.mode, exc)
+    except Exception:  # classification must never hide the original error
+        return None
 
 
 def _exception_reason(exc: BaseException) -> str:
@@ -500,6 +515,7 @@ def run_suite(
         "suite": suite.name, "suite_path": str(loaded.path), "suite_sha256": loaded.sha256,
         "date": date, **env, "shard": shard_text, "ceilings": ceil,
         "device": dev, "gpus": gpus,
+        "compare": suite.compare.model_dump(exclude_none=True),
     }
     R.write_metadata(directory, metadata)
 

@@ -68,6 +68,17 @@ class Numerics(_Strict):
     tolerance: float | None = Field(None, gt=0, description="max-normalised error accepted; default per backend/dtype")
 
 
+class CompareSettings(_Strict):
+    """Per-suite thresholds for ``tflabench compare`` (docs/ci.md, "How compare decides");
+    unset fields keep compare's defaults. Copied into the result set's metadata."""
+
+    time_threshold: float | None = Field(None, gt=0, description="relative change of the median time reported")
+    alpha: float | None = Field(None, gt=0, lt=1, description="significance level of the rank test")
+    min_samples: int | None = Field(None, ge=2, description="fewest samples per side for the rank test")
+    mem_threshold: float | None = Field(None, gt=0, description="relative change of peak_mem_bytes reported")
+    mem_floor_bytes: int | None = Field(None, ge=0, description="smallest absolute memory change reported")
+
+
 class ModelSettings(_Strict):
     """Model-level settings: the embedding dimension the head layouts split."""
 
@@ -107,6 +118,7 @@ class Suite(_Strict):
     model: ModelSettings = Field(default_factory=ModelSettings)
     sweep: Sweep
     kernels: list[KernelSpec] = Field(min_length=1)
+    compare: CompareSettings = Field(default_factory=CompareSettings)
 
 
 #: Top-level and nested field names, for docs and error messages.
@@ -117,6 +129,7 @@ SUITE_FIELDS = {
     "model": list(ModelSettings.model_fields),
     "sweep": list(Sweep.model_fields),
     "kernels[]": list(KernelSpec.model_fields),
+    "compare": list(CompareSettings.model_fields),
 }
 
 

@@ -198,6 +198,12 @@ class Backend:
             return f"{self.name} has no {mode} (supports: {', '.join(self.modes)})"
         return None
 
+    def classify_error(self, params: BackendParams, mode: str, exc: BaseException) -> str | None:
+        """The reason when ``exc``, raised by the kernel, means the mode cannot run in this
+        environment (a refusal, not a bug), so the case becomes ``unavailable`` rather than
+        ``error``. Default None: every exception is an ``error`` (or ``oom``)."""
+        return None
+
     def note(self, params: BackendParams, device: str) -> str | None:
         """Optional text put in the ``reason`` column of an ``ok`` row, to label what
         actually ran (e.g. ``"impl=reference: PyTorch chunkwise reference"``). Default None."""
