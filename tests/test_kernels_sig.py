@@ -1,0 +1,209 @@
+"""The mLSTMsig Triton kernels, run in Triton's CPU interpreter, against float64 references.
+
+Every case runs ``tfla.mlstm_sig`` (forward and backward through its autograd.Function)
+with TRITON_INTERPRET=1 and compares h, the last state and all input gradients (dq, dk,
+dv, di, df, dC0) with autograd of ``tfla.reference.mlstm_recurrent`` in float64 on the same
+(rounded) inputs, including a gradient on the last state. Tolerances: the kernels multiply
+fp32 operands exactly in the interpreter, so fp32 errors are round-off (docs/tfla-kernels.md
+5.2 expects ~1e-6; we allow 2e-5 max-normalised, df 1e-4 against its summand scale); fp16
+5e-3; bf16 3e-2 (bf16 operands are multiplied in fp32 there, the rounding of q/k/v and of h
+stays).
+"""
+
+import importlib
+import os
+import sys
+
+import pytest
+import torch
+
+os.environ["TRITON_INTERPRET"] = "1"   # read by triton when the kernel modules are imported
+
+import tfla  # noqa: E402
+from tfla.reference import mlstm_chunkwise, mlstm_recurrent  # noqa: E402
+
+
+def _interpreted_kernel_modules():
+    """Import (or re-import) the sig kernel modules so their kernels are interpreted."""
+    from triton.runtime.interpreter import InterpretedFunction
+
+    names = ["tfla.triton.common", "tfla.triton.sig_fwd_recurrent", "tfla.triton.sig_fwd_parallel",
+             "tfla.triton.sig_bwd_recurrent", "tfla.triton.sig_bwd_parallel"]
+    mods = [importlib.import_module(n) for n in names]
+    if not isinstance(mods[2]._sig_fwd_parallel_kernel, InterpretedFunction):
+        mods = [importlib.reload(m) for m in mods]
+    mods[0]._fix_interpreter_index()
+    return mods[0]
+
+
+common = _interpreted_kernel_modules()
+
+
+@pytest.fixture(autouse=True)
+def _interpret(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    common.OVERRIDES.clear()
+    yield
+    common.OVERRIDES.clear()
+
+
+def maxnorm(x, ref):
+    return ((x.double() - ref).abs().max() / ref.abs().max().clamp_min(1e-300)).item()
+
+
+def run_case(*, B=1, NH=2, S=45, d_qk=16, d_hv=32, L=16, normalize=False, initial=False,
+             dtype=torch.float32, i_mean=0.0, i_std=1.0, f_mean=2.0, f_std=1.5, seed=0,
+             last_state_grad=True):
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, NH, S, d_qk, generator=g).to(dtype)
+    k = torch.randn(B, NH, S, d_qk, generator=g).to(dtype)
+    v = torch.randn(B, NH, S, d_hv, generator=g).to(dtype)
+    i = i_mean + i_std * torch.randn(B, NH, S, generator=g)
+    f = f_mean + f_std * torch.randn(B, NH, S, generator=g)
+    state = None
+    if initial:
+        state = (torch.randn(B, NH, d_qk, d_hv, generator=g),
+                 torch.randn(B, NH, d_qk, generator=g).abs())
+    xs = [x.clone().requires_grad_() for x in (q, k, v, i, f)]
+    leaves = xs + ([state[0].clone().requires_grad_()] if initial else [])
+    init = (leaves[5], state[1]) if initial else None
+    h, (C, n) = tfla.mlstm_sig(*xs, chunk_size=L, normalize=normalize, initial_state=init,
+                               return_last_state=True)
+    dh = torch.randn(h.shape, generator=g)
+    dC = torch.randn(C.shape, generator=g) if last_state_grad else torch.zeros(C.shape)
+    grads = torch.autograd.grad([h, C], leaves, [dh.to(h.dtype), dC])
+
+    xr = [x.detach().double().requires_grad_() for x in leaves]
+    init_r = (xr[5], state[1].double()) if initial else None
+    hr, (Cr, nr) = mlstm_recurrent(*xr[:5], variant="sig", normalize=normalize,
+                                   initial_state=init_r, return_last_state=True)
+    grads_r = torch.autograd.grad([hr, Cr], xr, [dh.double(), dC.double()])
+    out = {"h": maxnorm(h, hr.detach()), "C": maxnorm(C, Cr.detach()), "n": maxnorm(n, nr.detach())}
+    names = ["dq", "dk", "dv", "di", "df", "dC0"]
+    for name, a, b in zip(names, grads, grads_r):
+        assert torch.isfinite(a).all(), name
+        out[name] = maxnorm(a, b)
+    # df against its summand scale (docs 5.1): sigma(-f) * sum_{u>=t}(|q||dq| + |k||dk|) + |T|
+    qd = xr[0].detach().norm(dim=-1) * grads_r[0].norm(dim=-1)
+    kd = xr[1].detach().norm(dim=-1) * grads_r[1].norm(dim=-1)
+    scale = torch.sigmoid(-xr[4].detach()) * (torch.flip(torch.cumsum(torch.flip(qd + kd, (-1,)), -1), (-1,))
+                                              + (dC.double() * Cr.detach()).sum((-1, -2))[..., None].abs())
+    out["df"] = ((grads[4].double() - grads_r[4]).abs().max() /
+                 torch.maximum(grads_r[4].abs().max(), scale.max())).item()
+    assert h.dtype == dtype and C.dtype == torch.float32
+    return out
+
+
+def check(errs, tol, tol_df=None):
+    bad = {k: v for k, v in errs.items() if not v < (tol_df if k == "df" and tol_df else tol)}
+    assert not bad, f"over tolerance {tol}: {bad} (all: {errs})"
+
+
+@pytest.mark.parametrize("L,S,d_qk,d_hv,normalize,initial", [
+    (16, 45, 16, 32, False, False),    # S not a multiple of L, d_qk != d_hv
+    (16, 45, 16, 32, True, True),      # normalised, initial state in
+    (32, 70, 32, 16, False, True),     # d_qk > d_hv
+    (64, 40, 16, 24, True, False),     # L > S, d_hv not a power of two
+    (16, 1, 16, 16, False, True),      # S = 1
+])
+def test_kernels_match_float64_reference(L, S, d_qk, d_hv, normalize, initial):
+    check(run_case(L=L, S=S, d_qk=d_qk, d_hv=d_hv, normalize=normalize, initial=initial), 2e-5,
+          1e-4)
+
+
+@pytest.mark.parametrize("regime", [
+    dict(i_mean=-30.0, i_std=5.0),                 # strongly negative input gate
+    dict(i_mean=30.0, i_std=5.0),                  # strongly positive input gate
+    dict(f_mean=-8.0, f_std=2.0),                  # strong forgetting
+    dict(f_mean=8.0, f_std=1.0, i_std=25.0),       # weak forgetting, wide input gate
+])
+@pytest.mark.parametrize("normalize", [False, True])
+def test_kernels_match_reference_in_extreme_gate_regimes(regime, normalize):
+    check(run_case(S=40, normalize=normalize, initial=True, **regime), 2e-5, 1e-4)
+
+
+@pytest.mark.parametrize("overrides,L,normalize", [
+    ({"chunks_per_seg": 1}, 16, False),                      # one segment per chunk
+    ({"chunks_per_seg": 2, "BDHV": 16, "BDHV_B": 16}, 16, True),  # segments + atomics
+    ({"BL": 16}, 32, False),                                 # chunk of two tiles (L > BL)
+    ({"BL": 16, "chunks_per_seg": 1, "BLR": 16}, 32, True),  # tiled chunks + segments
+])
+def test_kernel_variants_agree_with_reference(overrides, L, normalize):
+    common.OVERRIDES.update(overrides)
+    check(run_case(S=61, L=L, d_qk=16, d_hv=32, normalize=normalize, initial=True), 2e-5, 1e-4)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
+def test_half_precision_inputs(dtype, tol):
+    check(run_case(S=40, L=16, dtype=dtype, normalize=True), tol)
+
+
+def test_state_passed_between_calls_equals_one_call():
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, 1, 2, 50, 16, generator=g)
+    v = torch.randn(1, 2, 50, 32, generator=g)
+    i, f = torch.randn(2, 1, 2, 50, generator=g)
+    h, (C, n) = tfla.mlstm_sig(q, k, v, i, f + 2, chunk_size=16, normalize=True,
+                               return_last_state=True)
+    cut = 23
+    sl = lambda x, a, b: x[:, :, a:b]
+    h1, s1 = tfla.mlstm_sig(*(sl(x, 0, cut) for x in (q, k, v, i, f + 2)), chunk_size=16,
+                            normalize=True, return_last_state=True)
+    h2, s2 = tfla.mlstm_sig(*(sl(x, cut, 50) for x in (q, k, v, i, f + 2)), chunk_size=16,
+                            normalize=True, initial_state=s1, return_last_state=True)
+    assert maxnorm(torch.cat([h1, h2], dim=2), h.double()) < 1e-5
+    assert maxnorm(s2[0], C.double()) < 1e-5 and maxnorm(s2[1], n.double()) < 1e-5
+
+
+def test_cpu_without_interpreter_runs_the_chunkwise_reference(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    g = torch.Generator().manual_seed(1)
+    q, k = torch.randn(2, 1, 2, 30, 8, generator=g, dtype=torch.float64)
+    v = torch.randn(1, 2, 30, 12, generator=g, dtype=torch.float64)
+    i, f = torch.randn(2, 1, 2, 30, generator=g, dtype=torch.float64)
+    h = tfla.mlstm_sig(q, k, v, i, f, chunk_size=16)      # float64 is fine on this path
+    ref = mlstm_chunkwise(q, k, v, i, f, variant="sig", chunk_size=16, normalize=False)
+    assert torch.equal(h, ref)
+
+
+def test_limit_chunk_dispatches_to_tfla_limit_chunk(monkeypatch):
+    calls = []
+    fake = type(sys)("tfla.limit_chunk")
+    fake.mlstm_limit_chunk = lambda *a, **kw: calls.append((a, kw)) or "sentinel"
+    monkeypatch.setitem(sys.modules, "tfla.limit_chunk", fake)
+    x = torch.zeros(1, 1, 4, 8)
+    out = tfla.mlstm_sig(x, x, x, x[..., 0], x[..., 0], chunk_size=32, algorithm="limit_chunk",
+                         normalize=True, return_last_state=True)
+    assert out == "sentinel"
+    assert calls[0][1] == dict(variant="sig", chunk_size=32, normalize=True, initial_state=None,
+                               return_last_state=True)
+
+
+def _inputs(S=8, d_qk=16, d_hv=16, dtype=torch.float32):
+    return (torch.zeros(1, 1, S, d_qk, dtype=dtype), torch.zeros(1, 1, S, d_qk, dtype=dtype),
+            torch.zeros(1, 1, S, d_hv, dtype=dtype), torch.zeros(1, 1, S), torch.zeros(1, 1, S))
+
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(chunk_size=8), r"^chunk_size: got 8; allowed: >= 16"),
+    (dict(chunk_size=48), r"^chunk_size: got 48; allowed: a power of two >= 16"),
+    (dict(chunk_size=64.0), r"^chunk_size: got float 64.0"),
+    (dict(algorithm="fast"), r"^algorithm: got 'fast'; allowed: 'xl_chunk', 'limit_chunk'"),
+    (dict(normalize="yes"), r"^normalize: got 'yes'"),
+    (dict(initial_state=torch.zeros(1, 1, 16, 3)), r"^initial_state\[0\]: got shape \(1, 1, 16, 3\)"),
+])
+def test_bad_arguments_raise_value_error(kwargs, match):
+    with pytest.raises(ValueError, match=match):
+        tfla.mlstm_sig(*_inputs(), **kwargs)
+
+
+def test_bad_tensors_raise_value_error():
+    q, k, v, i, f = _inputs()
+    with pytest.raises(ValueError, match=r"^v: got shape \(1, 1, 7, 16\)"):
+        tfla.mlstm_sig(q, k, v[:, :, :7], i, f)
+    with pytest.raises(ValueError, match=r"^q: got dtype torch.int32"):
+        tfla.mlstm_sig(q.int(), k, v, i, f)
+    with pytest.raises(ValueError, match=r"^q/v: got d_hv=2048"):
+        tfla.mlstm_sig(*_inputs(d_hv=2048))
+    with pytest.raises(ValueError, match=r"^q: got dtype torch.float64; allowed for the Triton"):
+        tfla.mlstm_sig(*_inputs(dtype=torch.float64))
