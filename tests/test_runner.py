@@ -204,3 +204,15 @@ def test_suite_compare_thresholds_reach_the_result_metadata(tmp_path):
     result = run_suite(load_suite(loaded.path), out_root=tmp_path / "out", progress=False, plots=False)
     meta = R.load_results(result.directory).metadata
     assert meta["compare"] == {"time_threshold": 0.07, "alpha": 0.05}
+
+
+def test_only_keeps_the_matching_kernels_and_refuses_a_pattern_matching_none(tmp_path):
+    from tflabench.runner import select_kernels
+
+    loaded = _suite(tmp_path, [("good one", "good", {}), ("raiser", "raises", {})], seq_len=(16, 32))
+    cases = expand_cases(loaded)
+    kept = select_kernels(cases, ["GOOD*"])
+    assert {c.kernel for c in kept} == {"good one"} and len(kept) == 2
+    assert select_kernels(cases, None) == cases
+    with pytest.raises(UserError, match="matches no kernel"):
+        select_kernels(cases, ["nothing-like-this"])

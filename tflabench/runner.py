@@ -440,6 +440,26 @@ def run_cases(
     return done_rows
 
 
+def select_kernels(cases: list[Case], patterns: list[str] | None) -> list[Case]:
+    """The cases whose kernel label or backend matches one of the glob ``patterns``
+    (case-insensitive); all cases when ``patterns`` is empty or None.
+
+    Raises UserError naming a pattern that matches no kernel, with the suite's labels."""
+    import fnmatch
+
+    if not patterns:
+        return cases
+    kept = []
+    for pattern in patterns:
+        hits = [c for c in cases if fnmatch.fnmatch(c.kernel.lower(), pattern.lower())
+                or fnmatch.fnmatch(c.backend.lower(), pattern.lower())]
+        if not hits:
+            labels = ", ".join(sorted({c.kernel for c in cases}))
+            raise UserError(f"--only {pattern!r} matches no kernel of the suite; labels: {labels}")
+        kept.extend(c for c in hits if c not in kept)
+    return [c for c in cases if c in kept]
+
+
 def run_suite(
     loaded: LoadedSuite,
     *,
@@ -447,6 +467,7 @@ def run_suite(
     resume: str | Path | None = None,
     gpus: list[str] | None = None,
     shard: str | None = None,
+    only: list[str] | None = None,
     ceilings: str = "datasheet",
     device: str | None = None,
     console=None,
@@ -462,6 +483,8 @@ def run_suite(
         resume: an existing result-set directory to finish (its measured cases are skipped).
         gpus: from :func:`parse_gpus`.
         shard: ``"K/N"`` (``tflabench.shard``).
+        only: glob patterns (case-insensitive); keep only the kernels whose suite label or
+            backend name matches one of them (e.g. ``["*mLSTMsig*", "mamba2"]``).
         ceilings: ``datasheet`` or ``measured`` (roofline columns).
         device: override the suite's device (``cpu`` / ``cuda``).
         console: rich Console for the progress bar (default: stderr).
@@ -483,7 +506,7 @@ def run_suite(
         if not torch.cuda.is_available():
             raise UserError(f"suite {suite.name!r} asks for device cuda, but torch sees no GPU; "
                             "run the CPU default (`tflabench run`) or set device: auto in the suite")
-    cases = expand_cases(loaded, device=dev)
+    cases = select_kernels(expand_cases(loaded, device=dev), only)
     shard_text = None
     if shard:
         from tflabench.shard import format_shard, parse_shard, select_shard
@@ -516,6 +539,7 @@ def run_suite(
         "date": date, **env, "shard": shard_text, "ceilings": ceil,
         "device": dev, "gpus": gpus,
         "compare": suite.compare.model_dump(exclude_none=True),
+        "only": list(only) if only else None,
     }
     R.write_metadata(directory, metadata)
 

@@ -46,6 +46,9 @@ def run(
     out: Path = typer.Option(Path("results"), "--out", help="Root of new result sets: OUT/<suite>/<timestamp>/."),
     shard: Optional[str] = typer.Option(None, "--shard", help="Run shard K of N (e.g. 2/4), balanced by model cost."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU: 'all' or indices like 0,1."),
+    only: Optional[list[str]] = typer.Option(
+        None, "--only", help="Run only kernels whose label or backend matches this glob (repeatable), "
+        "e.g. --only '*mLSTMsig*' --only mamba2."),
     ceilings: str = typer.Option("datasheet", "--ceilings", help="Roofline ceilings: datasheet or measured."),
     device: Optional[str] = typer.Option(None, "--device", help="Override the suite's device: cpu or cuda."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
@@ -73,7 +76,7 @@ def run(
         previous = signal.signal(signal.SIGTERM, _term)
         try:
             result = runner.run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
-                                      ceilings=ceilings, device=device, progress=progress, plots=plots)
+                                      only=only, ceilings=ceilings, device=device, progress=progress, plots=plots)
         except KeyboardInterrupt:
             typer.echo("interrupted: the rows measured so far are kept in the result set named "
                        f"above ('writing to DIR'); finish with `tflabench run {path} --resume DIR`",
