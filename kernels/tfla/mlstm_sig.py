@@ -175,12 +175,14 @@ class _MLSTMSigXL(torch.autograd.Function):
             q3, k3, v3, dh3, gb, gi, n_out, CS, DCS, cfg, normalize=normalize, eps=EPS,
             want_dC0=has_C0 and ctx.needs_input_grad[5], dot_dt=dot_dt, dot_prec=dot_prec)
         # gate gradients (docs 3.4): dī = k·dk, df̄_t = Σ_{u>=t}(q·dq − k·dk) + ⟨dC_S, C_S⟩
-        x = qdq - kdk
+        # float64 for the sequence-long reverse cumsum (its partial sums are much larger
+        # than their differences, docs 3.4); the arrays are only (B*NH, S)
+        x = qdq.double() - kdk.double()
         dfbar = torch.flip(torch.cumsum(torch.flip(x, (-1,)), dim=-1), (-1,))
         if dCL is not None:
-            dfbar = dfbar + (dCL * CL).sum(dim=(-1, -2))[:, None]
+            dfbar = dfbar + (dCL.double() * CL.double()).sum(dim=(-1, -2))[:, None]
         di = (kdk * torch.sigmoid(-i2.float())).to(i_dtype).reshape(B, NH, S)
-        df = (dfbar * torch.sigmoid(-f2.float())).to(f_dtype).reshape(B, NH, S)
+        df = (dfbar * torch.sigmoid(-f2.double())).to(f_dtype).reshape(B, NH, S)
         dC0_out = dC0.reshape(B, NH, d_qk, d_hv).to(C0_dtype) if dC0 is not None else None
         return (dq.reshape(B, NH, S, d_qk), dk.reshape(B, NH, S, d_qk), dv.reshape(B, NH, S, d_hv),
                 di, df, dC0_out, None, None, None, None)

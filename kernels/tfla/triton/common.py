@@ -143,17 +143,25 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
         return cfg
     esize = torch.empty((), dtype=dtype).element_size()
     BDQK = max(16, next_pow2(d_qk))
-    BDHV = OVERRIDES.get("BDHV", min(max(16, next_pow2(d_hv)), max(16, 16384 // BDQK)))
-    n_jv = triton.cdiv(d_hv, BDHV)
+    bdhv_cap = max(16, 16384 // BDQK) if esize <= 2 else max(16, 8192 // BDQK)
+    BDHV = OVERRIDES.get("BDHV", min(max(16, next_pow2(d_hv)), bdhv_cap))
     bl_cap = 64 if BDQK * esize <= 512 else (32 if BDQK * esize <= 1024 else 16)
+    if L == 128 and BDQK * esize <= 256 and "BL" not in OVERRIDES:
+        # chunk 128 as one 128-row tile (flat kernels), with a narrower d_hv block so that
+        # the 128 x 128 score tile and C still fit in registers
+        bl_cap = 128
+        BDHV = OVERRIDES.get("BDHV", min(BDHV, 64))
     BL = min(L, OVERRIDES.get("BL", bl_cap))
+    n_jv = triton.cdiv(d_hv, BDHV)
     n_chunks = triton.cdiv(S, L)
     if device.type == "cuda" and not interpret_mode():
         target = 2 * num_sms(device.index if device.index is not None else torch.cuda.current_device())
     else:
         target = 1
+    # segments only when one per (d_hv block, head) leaves SMs idle; then as many as keep
+    # the grid within two waves (one program per SM: the kernels use the whole register file)
     progs = n_jv * B * NH
-    n_seg = max(1, min(n_chunks, math.ceil(target / progs)))
+    n_seg = max(1, min(n_chunks, target // progs)) if 2 * progs < target else 1
     chunks_per_seg = triton.cdiv(n_chunks, n_seg)
     if "chunks_per_seg" in OVERRIDES:
         chunks_per_seg = max(1, min(n_chunks, OVERRIDES["chunks_per_seg"]))
@@ -165,10 +173,147 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     BDHV_B = OVERRIDES.get("BDHV_B", BDHV)
     cfg = SigConfig(L=L, BL=BL, BDQK=BDQK, BDHV=BDHV, n_jv=n_jv, n_seg=n_seg,
                     chunks_per_seg=chunks_per_seg, n_chunks=n_chunks, num_warps=num_warps,
-                    num_stages=OVERRIDES.get("num_stages", 1), BDQK_R=BDQK_R, BDHV_R=BDHV_R,
+                    num_stages=OVERRIDES.get("num_stages", 2), BDQK_R=BDQK_R, BDHV_R=BDHV_R,
                     BLR=BLR, num_warps_r=OVERRIDES.get("num_warps_r", 4),
+                    num_stages_r=OVERRIDES.get("num_stages_r", 2),
                     BDHV_B=BDHV_B, n_jv_b=triton.cdiv(d_hv, BDHV_B),
                     num_warps_b=OVERRIDES.get("num_warps_b", num_warps),
-                    num_stages_b=OVERRIDES.get("num_stages_b", 1))
+                    num_stages_b=OVERRIDES.get("num_stages_b", 2),
+                    use_tma=OVERRIDES.get("use_tma", True))
     _CONFIG_CACHE[key] = cfg
     return cfg
+
+
+# ---------------------------------------------------------------- tile access (TMA or pointers)
+
+@triton.jit
+def load_tile(desc, ptr, bh, t0, d0, s_bh, s_s, S, D, BL: tl.constexpr, BD: tl.constexpr,
+              USE_TMA: tl.constexpr):
+    """Rows t0..t0+BL, columns d0..d0+BD of a (BH, S, D) tensor at head bh; zeros outside.
+
+    With USE_TMA the tile comes through a host TensorDescriptor (block [1, BL, BD]), whose
+    bounds checks give the zeros; otherwise through masked pointer loads.
+    """
+    if USE_TMA:
+        x = desc.load([bh.to(tl.int32), t0, d0]).reshape(BL, BD)
+    else:
+        t = t0 + tl.arange(0, BL)
+        d = d0 + tl.arange(0, BD)
+        x = tl.load(ptr + bh.to(tl.int64) * s_bh + t[:, None] * s_s + d[None, :],
+                    mask=(t < S)[:, None] & (d < D)[None, :], other=0.0)
+    return x
+
+
+@triton.jit
+def store_tile(desc, ptr, x, bh, t0, d0, s_bh, s_s, S, D, BL: tl.constexpr, BD: tl.constexpr,
+               USE_TMA: tl.constexpr):
+    """Store an (BL, BD) tile at rows t0.., columns d0.. of head bh; parts outside are dropped."""
+    if USE_TMA:
+        desc.store([bh.to(tl.int32), t0, d0], x.reshape(1, BL, BD))
+    else:
+        t = t0 + tl.arange(0, BL)
+        d = d0 + tl.arange(0, BD)
+        tl.store(ptr + bh.to(tl.int64) * s_bh + t[:, None] * s_s + d[None, :], x,
+                 mask=(t < S)[:, None] & (d < D)[None, :])
+
+
+@triton.jit
+def add_tile(desc, ptr, x, bh, t0, d0, s_bh, s_s, S, D, BL: tl.constexpr, BD: tl.constexpr,
+             MODE: tl.constexpr):
+    """Accumulate an fp32 tile: MODE 0 plain store (sole writer), 1 pointer atomics,
+    2 TMA reduce-add (Hopper; not in the interpreter)."""
+    if MODE == 2:
+        desc.atomic_add([bh.to(tl.int32), t0, d0], x.reshape(1, BL, BD))
+    else:
+        t = t0 + tl.arange(0, BL)
+        d = d0 + tl.arange(0, BD)
+        ptrs = ptr + bh.to(tl.int64) * s_bh + t[:, None] * s_s + d[None, :]
+        m = (t < S)[:, None] & (d < D)[None, :]
+        if MODE == 1:
+            tl.atomic_add(ptrs, x, mask=m, sem="relaxed")
+        else:
+            tl.store(ptrs, x, mask=m)
+
+
+def can_use_tma(*tensors, blocks) -> bool:
+    """TMA needs 16-byte aligned bases and row strides and block sides <= 256."""
+    if any(b > 256 for b in blocks):
+        return False
+    for t in tensors:
+        if t.data_ptr() % 16 or t.stride(-1) != 1:
+            return False
+        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
+            return False
+    return True
+
+
+def descriptor(t, block_shape, use_tma: bool):
+    """A TensorDescriptor over t when use_tma, else t itself (the kernels then use pointers)."""
+    if not use_tma:
+        return t
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    return TensorDescriptor.from_tensor(t, block_shape=list(block_shape))
+
+
+@triton.jit
+def _state_combine_kernel(LOC, G, INIT, OUT, N, n_seg, REVERSE: tl.constexpr,
+                          HAS_INIT: tl.constexpr, BLOCK: tl.constexpr):
+    """Sequential scan over segments of flattened states (N elements per head).
+
+    Forward (REVERSE False): OUT[p] = X_p with X_0 = INIT (or 0), X_{p+1} = exp(G[p]) X_p + LOC[p],
+    for LOC of segments 0..n_seg-2. Reverse: OUT[n_seg-1] = INIT (or 0),
+    OUT[p-1] = exp(G[p]) OUT[p] + LOC[p-1] where LOC[p-1] belongs to segment p.
+    """
+    pb = tl.program_id(0)
+    bh = tl.program_id(1).to(tl.int64)
+    o = pb * BLOCK + tl.arange(0, BLOCK)
+    m = o < N
+    if HAS_INIT:
+        x = tl.load(INIT + bh * N + o, mask=m, other=0.0).to(tl.float32)
+    else:
+        x = tl.zeros([BLOCK], dtype=tl.float32)
+    for j in range(0, n_seg):
+        if REVERSE:
+            p = n_seg - 1 - j
+        else:
+            p = j
+        tl.store(OUT + (bh * n_seg + p) * N + o, x, mask=m)
+        if j < n_seg - 1:
+            if REVERSE:
+                g = tl.load(G + bh * n_seg + p)
+                loc = tl.load(LOC + (bh * (n_seg - 1) + p - 1) * N + o, mask=m, other=0.0)
+            else:
+                g = tl.load(G + bh * n_seg + p)
+                loc = tl.load(LOC + (bh * (n_seg - 1) + p) * N + o, mask=m, other=0.0)
+            x = x * tl.exp(g) + loc
+
+
+def state_combine(loc, G, init, n_seg, N, reverse: bool):
+    """Scan the per-segment local states loc (BH, n_seg-1, N) into (BH, n_seg, N)."""
+    BH = G.shape[0]
+    out = torch.empty((BH, n_seg, N), dtype=torch.float32, device=G.device)
+    BLOCK = 1024 if N >= 1024 else max(16, next_pow2(N))
+    _state_combine_kernel[(triton.cdiv(N, BLOCK), BH)](
+        loc if loc is not None else out, G, init if init is not None else out, out, N, n_seg,
+        REVERSE=reverse, HAS_INIT=init is not None, BLOCK=BLOCK, num_warps=4)
+    return out
+
+
+def launch(kernel, grid, cfg, *args, num_stages: int, **kwargs):
+    """kernel[grid](*args, num_stages=..., **kwargs); if its tiles do not fit in shared
+    memory at that pipelining depth, retry with fewer stages, and remember the depth that
+    fitted in ``cfg`` (so that only the first call of a shape pays for the retry)."""
+    from triton.runtime.errors import OutOfResources
+
+    key = "stages_" + getattr(kernel, "__name__", str(id(kernel)))
+    ns = min(num_stages, cfg.__dict__.get(key, num_stages))
+    while True:
+        try:
+            out = kernel[grid](*args, num_stages=ns, **kwargs)
+            cfg.__dict__[key] = ns
+            return out
+        except OutOfResources:
+            if ns <= 1:
+                raise
+            ns -= 1

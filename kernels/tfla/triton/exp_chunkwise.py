@@ -74,30 +74,29 @@ def kernels():
     return tuple(mods)
 
 
-# Defaults that benchmarks may change: recompute the chunk states in the backward (as the
-# peer does; saves holding (N_c + 1) states between forward and backward) and the step of
-# the recurrent kernels for xl_chunk (limit_chunk steps a whole chunk).
-TUNING: dict = {"recompute_states": True, "L_sub_xl": 64}
+# Defaults that benchmarks may change. recompute_states: rerun the gate and recurrent
+# kernels in the backward (as the peer does) instead of keeping the chunk states (in the
+# input dtype) and gate vectors from the forward; keeping them is ~1.7 ms faster at the
+# Figure-4 setting with the same peak (docs/kernels-exp-notes.md, run 1).
+TUNING: dict = {"recompute_states": False}
 
 
 @dataclass(frozen=True)
 class Config:
     """What a call computes. variant "exp" | "sig"; L the chunk size actually used (a power of
-    two >= 16); L_sub the recurrent kernels' step; limit: one-level limit_chunk kernels."""
+    two >= 16); limit: the one-level limit_chunk kernels; recompute_states: see TUNING."""
 
     variant: str
     normalize: bool
     eps: float
     L: int
-    L_sub: int
     limit: bool
     recompute_states: bool = True
 
     @classmethod
     def make(cls, *, variant: str, normalize: bool, eps: float, L: int, limit: bool) -> "Config":
-        """A Config with the TUNING defaults for L_sub and recompute_states."""
-        L_sub = L if limit else min(L, TUNING["L_sub_xl"])
-        return cls(variant=variant, normalize=normalize, eps=eps, L=L, L_sub=L_sub, limit=limit,
+        """A Config with the TUNING default for recompute_states."""
+        return cls(variant=variant, normalize=normalize, eps=eps, L=L, limit=limit,
                    recompute_states=TUNING["recompute_states"])
 
     @property
@@ -121,14 +120,17 @@ def _flat(x, *tail):
 def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config):
     """Run the forward kernels on flattened (B*NH, ...) contiguous tensors.
 
-    Returns h (BNH, S, d_hv), n_out, C_st, n_st, m_st, b, m_comb (fp32 internals)."""
+    Returns h (BNH, S, d_hv), n_out (BNH, N_c*L) fp32, the states (C_st in the input
+    dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, u, m^intra, g, max a)."""
     rec, pfw, _, _ = kernels()
-    C_st, n_st, m_st, b_vec, mc_vec = rec.recurrent_fw(
-        k, v, i, f, C0, n0, m0, L=cfg.L, L_sub=cfg.L_sub, is_exp=cfg.is_exp)
-    h, n_out = pfw.parallel_fw(q, k, v, i, b_vec, mc_vec, C_st, n_st, m_st, L=cfg.L,
+    gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=cfg.is_exp)
+    b_vec, a_vec, u_vec, mi_vec, g_ch, amax_ch = gates
+    states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp)
+    C_st, n_st, m_st, _ = states
+    h, n_out = pfw.parallel_fw(q, k, v, b_vec, u_vec, mi_vec, C_st, n_st, m_st, L=cfg.L,
                                is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
                                limit=cfg.limit)
-    return h, n_out, C_st, n_st, m_st, b_vec, mc_vec
+    return h, n_out, states, gates
 
 
 class ChunkwiseFunction(torch.autograd.Function):
@@ -142,11 +144,11 @@ class ChunkwiseFunction(torch.autograd.Function):
         i_f, f_f = _flat(i, S), _flat(f, S)
         C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
         m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
-        h, n_out, C_st, n_st, m_st, b_vec, mc_vec = forward_kernels(
-            qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg)
+        h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg)
+        C_st, n_st, m_st, C_last_f = states
         C_last = n_last = m_last = None
         if return_last:
-            C_last = C_st[:, -1].reshape(B, NH, d_qk, d_hv).clone()
+            C_last = C_last_f.reshape(B, NH, d_qk, d_hv)
             n_last = n_st[:, -1].reshape(B, NH, d_qk).clone()
             m_last = m_st[:, -1].reshape(B, NH, 1).clone()
             ctx.mark_non_differentiable(n_last, m_last)
@@ -157,10 +159,10 @@ class ChunkwiseFunction(torch.autograd.Function):
         ctx.m0_shape = tuple(m0.shape) if m0 is not None else None
         ctx.in_dtypes = (i.dtype, f.dtype, C0.dtype if C0 is not None else None)
         if cfg.recompute_states:
-            ctx.save_for_backward(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out)
+            ctx.save_for_backward(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out, C_last_f)
         else:
-            ctx.save_for_backward(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out,
-                                  C_st, n_st, m_st, b_vec, mc_vec)
+            ctx.save_for_backward(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out, C_last_f,
+                                  C_st, m_st, *gates[:4])
         ctx.set_materialize_grads(False)
         return h.reshape(B, NH, S, d_hv), C_last, n_last, m_last
 
@@ -169,35 +171,40 @@ class ChunkwiseFunction(torch.autograd.Function):
         cfg = ctx.cfg
         B, NH, S, d_qk, d_hv = ctx.shapes
         saved = ctx.saved_tensors
-        qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out = saved[:9]
+        qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out, C_last_f = saved[:10]
         rec, _, pbw, lbw = kernels()
         if cfg.recompute_states:
-            C_st, n_st, m_st, b_vec, mc_vec = rec.recurrent_fw(
-                kf, vf, i_f, f_f, C0f, n0f, m0f, L=cfg.L, L_sub=cfg.L_sub, is_exp=cfg.is_exp)
+            gates = rec.chunk_gates(i_f, f_f, L=cfg.L, is_exp=cfg.is_exp)
+            C_st, _, m_st, _ = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], C0f, n0f,
+                                                m0f, L=cfg.L, is_exp=cfg.is_exp)
+            gates = gates[:4]
         else:
-            C_st, n_st, m_st, b_vec, mc_vec = saved[9:]
+            C_st, m_st = saved[10:12]
+            gates = saved[12:16]
+        b_vec, _, _, mi_vec = gates
         if dh is None:
             dh = torch.zeros((B, NH, S, d_hv), device=qf.device, dtype=qf.dtype)
         dhf = _flat(dh.to(qf.dtype), S, d_hv)
         dCf = _flat(dC_last.float(), d_qk, d_hv) if dC_last is not None else None
-        dC_st = rec.recurrent_bw(qf, b_vec, mc_vec, m_st, n_out, dhf, dCf, L=cfg.L,
-                                 L_sub=cfg.L_sub, is_exp=cfg.is_exp, normalize=cfg.normalize,
-                                 eps=cfg.eps, d_hv=d_hv)
+        dC_st, dC_0 = rec.recurrent_bw(qf, b_vec, mi_vec, m_st, n_out, dhf, dCf, L=cfg.L,
+                                       is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
+                                       d_hv=d_hv)
         par = lbw.limit_parallel_bw if cfg.limit else pbw.parallel_bw
-        dq, dk, dv, qdq, kdk = par(qf, kf, vf, i_f, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dhf,
+        dq, dk, dv, qdq, kdk = par(qf, kf, vf, gates, m_st, n_out, C_st, dC_st, dhf,
                                    L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
                                    eps=cfg.eps)
+        del C_st, dC_st
         # gate gradients (docs 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
         qdq = qdq[:, :S]
         kdk = kdk[:, :S]
         df_log = torch.flip(torch.cumsum(torch.flip(qdq - kdk, (-1,)), -1), (-1,))
         if dCf is not None:
-            df_log = df_log + (dCf * C_st[:, -1]).sum((-2, -1))[:, None]
+            df_log = df_log + (dCf * C_last_f).sum((-2, -1))[:, None]
         df = df_log * torch.sigmoid(-f_f.float())
         di = kdk if cfg.is_exp else kdk * torch.sigmoid(-i_f.float())
         i_dtype, f_dtype, C_dtype = ctx.in_dtypes
         has_C0, has_n0, has_m0 = ctx.has
-        dC0 = dC_st[:, 0].reshape(B, NH, d_qk, d_hv).to(C_dtype) if has_C0 else None
+        dC0 = dC_0.reshape(B, NH, d_qk, d_hv).to(C_dtype) if has_C0 else None
         dn0 = torch.zeros(ctx.n0_shape, device=qf.device, dtype=torch.float32) if has_n0 else None
         dm0 = torch.zeros(ctx.m0_shape, device=qf.device, dtype=torch.float32) if has_m0 else None
         return (dq.reshape(B, NH, S, d_qk), dk.reshape(B, NH, S, d_qk),

@@ -18,19 +18,19 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.exp_recurrent import dot_precision, logsigmoid
+from tfla.triton.exp_recurrent import dot_precision
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit
-def _q_rows(B_vec, MC_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
+def _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
             IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr):
-    """Per query row: b, m^comb (0 for sig), b̄·scale and scale/(n_out + eps) (scale if unnormalised)."""
+    """Per query row: b, m^comb (0 for sig), b̄ and scale/(n_out + eps) (scale if unnormalised)."""
     b_q = tl.load(B_vec + bh * S_pad + rows)
     if IS_EXP:
-        mc_q = tl.load(MC_vec + bh * S_pad + rows)
         m_prev = tl.load(M_st + bh * (NC + 1) + c)
+        mc_q = tl.maximum(b_q + m_prev, tl.load(MI_vec + bh * S_pad + rows))
         b_bar = tl.exp(b_q + m_prev - mc_q)
     else:
         mc_q = b_q * 0.0
@@ -43,26 +43,18 @@ def _q_rows(B_vec, MC_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
 
 
 @triton.jit
-def _kv_rows(I, B_vec, M_st, bh, c, cols, S, S_pad, NC, L: tl.constexpr, IS_EXP: tl.constexpr):
-    """Per key/value row: b, ī (-inf beyond S) and ā = exp(a - m_k) (docs 2.4)."""
-    col_ok = cols < S
-    b_kv = tl.load(B_vec + bh * S_pad + cols)
-    i_kv = tl.load(I + bh * S + cols, mask=col_ok, other=0.0).to(tl.float32)
-    if not IS_EXP:
-        i_kv = logsigmoid(i_kv)
-    i_kv = tl.where(col_ok, i_kv, float("-inf"))
-    g = tl.load(B_vec + bh * S_pad + c * L + L - 1)
+def _kv_rows(U_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP: tl.constexpr):
+    """Per key/value row: u = ī - b (-inf beyond S) and ā = exp(a - m_k) (docs 2.4)."""
+    u_kv = tl.load(U_vec + bh * S_pad + cols)
+    a_kv = tl.load(A_vec + bh * S_pad + cols)
     if IS_EXP:
-        m_k = tl.load(M_st + bh * (NC + 1) + c + 1)
-        a_bar = tl.exp(g - b_kv + i_kv - m_k)
-    else:
-        a_bar = tl.exp(g - b_kv + i_kv)
-    return b_kv, i_kv, a_bar
+        a_kv = a_kv - tl.load(M_st + bh * (NC + 1) + c + 1)
+    return u_kv, tl.exp(a_kv)
 
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, I, B_vec, MC_vec, M_st, NOUT, C_st, DH, DQ, QDQ,
+    Q, K, V, B_vec, U_vec, MI_vec, M_st, NOUT, C_st, DH, DQ, QDQ,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DHV: tl.constexpr,
@@ -86,7 +78,7 @@ def _dq_kernel(
     offs_dv = tl.arange(0, B_DHV)
     dh_base = DH + bh * S * d_hv
     v_base = V + bh * S * d_hv
-    b_q, mc_q, b_bar, rs = _q_rows(B_vec, MC_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
+    b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
                                    IS_EXP, NORMALIZE)
     # inter: b̄ ⊙ dH̃ C_{k-1}ᵀ · scale
     acc = tl.zeros((B_LQ, B_DQK), dtype=tl.float32)
@@ -115,12 +107,8 @@ def _dq_kernel(
             v_blk = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
                             mask=col_ok[:, None] & mask_v[None, :], other=0.0)
             ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
-        b_kv = tl.load(B_vec + bh * S_pad + cols)
-        i_kv = tl.load(I + bh * S + cols, mask=col_ok, other=0.0).to(tl.float32)
-        if not IS_EXP:
-            i_kv = logsigmoid(i_kv)
-        i_kv = tl.where(col_ok, i_kv, float("-inf"))
-        d_log = b_q[:, None] - mc_q[:, None] + (i_kv - b_kv)[None, :]
+        u_kv = tl.load(U_vec + bh * S_pad + cols)
+        d_log = (b_q - mc_q)[:, None] + u_kv[None, :]
         d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
         ds = ds * tl.exp(d_log) * rs[:, None]
         k_blk = tl.load(K + bh * S * d_qk + cols[:, None] * d_qk + offs_k[None, :],
@@ -139,7 +127,7 @@ def _dq_kernel(
 
 @triton.jit
 def _dk_kernel(
-    Q, K, V, I, B_vec, MC_vec, M_st, NOUT, DC_st, DH, DK, KDK,
+    Q, K, V, B_vec, U_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DH, DK, KDK,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DHV: tl.constexpr,
@@ -163,7 +151,7 @@ def _dk_kernel(
     offs_dv = tl.arange(0, B_DHV)
     dh_base = DH + bh * S * d_hv
     v_base = V + bh * S * d_hv
-    b_kv, i_kv, a_bar = _kv_rows(I, B_vec, M_st, bh, c, cols, S, S_pad, NC, L, IS_EXP)
+    u_kv, a_bar = _kv_rows(U_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
     # inter: ā ⊙ (V dC_kᵀ)
     acc = tl.zeros((B_LKV, B_DQK), dtype=tl.float32)
     dc_base = DC_st + (bh * (NC + 1) + c + 1) * d_qk * d_hv
@@ -182,7 +170,7 @@ def _dk_kernel(
         r_loc = j * B_LQ + tl.arange(0, B_LQ)
         rows = c * L + r_loc
         row_ok = rows < S
-        b_q, mc_q, b_bar, rs = _q_rows(B_vec, MC_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
+        b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
                                        scale, eps, IS_EXP, NORMALIZE)
         dst = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
         for vb in range(NUM_DHV):
@@ -193,7 +181,7 @@ def _dk_kernel(
             dh_blk = tl.load(dh_base + rows[:, None] * d_hv + offs_v[None, :],
                              mask=row_ok[:, None] & mask_v[None, :], other=0.0)
             dst = tl.dot(v_blk, tl.trans(dh_blk), dst, input_precision=DOT_PREC)
-        d_log = (b_q - mc_q)[None, :] + (i_kv - b_kv)[:, None]
+        d_log = (b_q - mc_q)[None, :] + u_kv[:, None]
         d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
         dst = dst * tl.exp(d_log) * rs[None, :]
         q_blk = tl.load(Q + bh * S * d_qk + rows[:, None] * d_qk + offs_k[None, :],
@@ -212,7 +200,7 @@ def _dk_kernel(
 
 @triton.jit
 def _dv_kernel(
-    Q, K, I, B_vec, MC_vec, M_st, NOUT, DC_st, DH, DV,
+    Q, K, B_vec, U_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DH, DV,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
@@ -235,7 +223,7 @@ def _dv_kernel(
     offs_dk = tl.arange(0, B_DQK)
     q_base = Q + bh * S * d_qk
     k_base = K + bh * S * d_qk
-    b_kv, i_kv, a_bar = _kv_rows(I, B_vec, M_st, bh, c, cols, S, S_pad, NC, L, IS_EXP)
+    u_kv, a_bar = _kv_rows(U_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
     # inter: (ā ⊙ K) dC_k
     acc = tl.zeros((B_LKV, B_DHV), dtype=tl.float32)
     dc_base = DC_st + (bh * (NC + 1) + c + 1) * d_qk * d_hv
@@ -254,7 +242,7 @@ def _dv_kernel(
         r_loc = j * B_LQ + tl.arange(0, B_LQ)
         rows = c * L + r_loc
         row_ok = rows < S
-        b_q, mc_q, b_bar, rs = _q_rows(B_vec, MC_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
+        b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
                                        scale, eps, IS_EXP, NORMALIZE)
         st = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
         for kb in range(NUM_DQK):
@@ -265,7 +253,7 @@ def _dv_kernel(
             q_blk = tl.load(q_base + rows[:, None] * d_qk + offs_k[None, :],
                             mask=row_ok[:, None] & mask_k[None, :], other=0.0)
             st = tl.dot(k_blk, tl.trans(q_blk), st, input_precision=DOT_PREC)
-        d_log = (b_q - mc_q)[None, :] + (i_kv - b_kv)[:, None]
+        d_log = (b_q - mc_q)[None, :] + u_kv[:, None]
         d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
         st = st * tl.exp(d_log) * rs[None, :]
         dh_blk = tl.load(DH + bh * S * d_hv + rows[:, None] * d_hv + offs_v[None, :],
@@ -300,7 +288,7 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     return cfg
 
 
-def parallel_bw(q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dh, *, L: int,
+def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
                 is_exp: bool, normalize: bool, eps: float):
     """dq, dk, dv (input dtype) and the fp32 row sums q·dq, k·dk (BNH, N_c*L)."""
     BNH, S, d_qk = q.shape
@@ -321,13 +309,14 @@ def parallel_bw(q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dh, *, L: i
     common = dict(L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"],
                   B_DHV=cfg["B_DHV"], IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    b_vec, a_vec, u_vec, mi_vec = gates
     _dq_kernel[(n_dqk * (L // cfg["B_LQ"]) * NC * BNH,)](
-        q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dh, dq, qdq,
+        q, k, v, b_vec, u_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
         S, NC, d_qk, d_hv, scale, eps, NUM_DHV=n_dhv, ATOMIC_ROWSUM=atomic, **common)
     _dk_kernel[(n_dqk * (L // cfg["B_LKV"]) * NC * BNH,)](
-        q, k, v, i, b_vec, mc_vec, m_st, n_out, dC_st, dh, dk, kdk,
+        q, k, v, b_vec, u_vec, a_vec, mi_vec, m_st, n_out, dC_st, dh, dk, kdk,
         S, NC, d_qk, d_hv, scale, eps, NUM_DHV=n_dhv, ATOMIC_ROWSUM=atomic, **common)
     _dv_kernel[(n_dhv * (L // cfg["B_LKV"]) * NC * BNH,)](
-        q, k, i, b_vec, mc_vec, m_st, n_out, dC_st, dh, dv,
+        q, k, b_vec, u_vec, a_vec, mi_vec, m_st, n_out, dC_st, dh, dv,
         S, NC, d_qk, d_hv, scale, eps, NUM_DQK=n_dqk, **common)
     return dq, dk, dv, qdq, kdk

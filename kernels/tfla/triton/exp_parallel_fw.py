@@ -6,9 +6,9 @@ the d_qk blocks. Implements docs/tfla-kernels.md 2.4 ("intra-chunk part and comb
 
 Difference from the paper's Algorithm 1 (docs 4.4): the combined max state m^comb is not
 found online. Every entry of the intra-chunk log-gate matrix D̃_rs = b_r - b_s + ī_s depends
-on the gates alone, so m^comb_r = b_r + max(m_{k-1}, max_{s<=r}(ī_s - b_s)), a prefix
-maximum that the recurrent kernel already computes and stores per position (it is the
-recurrent max state m_t, docs 2.4). With m^comb known before the loop, mLSTMexp needs no
+on the gates alone, so m^comb_r = max(b_r + m_{k-1}, b_r + max_{s<=r}(ī_s - b_s)), with a
+prefix maximum that the gate kernel stores per position (m^comb is the recurrent max
+state m_t, docs 2.4). With m^comb known before the loop, mLSTMexp needs no
 running max and no rescaling of the accumulators, and the inter-chunk term Q̄ C_{k-1}
 shares the Q loads with the first S tile: the loop fusion the paper (C.2) reserves for
 mLSTMsig applies to mLSTMexp as well.
@@ -23,14 +23,14 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.exp_recurrent import dot_precision, logsigmoid
+from tfla.triton.exp_recurrent import dot_precision
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit
 def _parallel_fw_kernel(
-    Q, K, V, I, B_vec, MC_vec, C_st, N_st, M_st, H, NOUT,
+    Q, K, V, B_vec, U_vec, MI_vec, C_st, N_st, M_st, H, NOUT,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
@@ -60,8 +60,8 @@ def _parallel_fw_kernel(
 
     b_q = tl.load(B_vec + bh * S_pad + rows)
     if IS_EXP:
-        mc_q = tl.load(MC_vec + bh * S_pad + rows)
         m_prev = tl.load(M_st + bh * (NC + 1) + c)
+        mc_q = tl.maximum(b_q + m_prev, tl.load(MI_vec + bh * S_pad + rows))   # m^comb
         b_bar = tl.exp(b_q + m_prev - mc_q)
     else:
         mc_q = tl.zeros((B_LQ,), dtype=tl.float32)
@@ -118,12 +118,8 @@ def _parallel_fw_kernel(
                 k_blk = tl.load(k_base + cols[:, None] * d_qk + offs_k[None, :],
                                 mask=col_ok[:, None] & mask_k[None, :], other=0.0)
                 s = tl.dot(q_blk, tl.trans(k_blk), s, input_precision=DOT_PREC)
-        b_kv = tl.load(B_vec + bh * S_pad + cols)
-        i_kv = tl.load(I + bh * S + cols, mask=col_ok, other=0.0).to(tl.float32)
-        if not IS_EXP:
-            i_kv = logsigmoid(i_kv)
-        i_kv = tl.where(col_ok, i_kv, float("-inf"))
-        d_log = b_q[:, None] - mc_q[:, None] + (i_kv - b_kv)[None, :]
+        u_kv = tl.load(U_vec + bh * S_pad + cols)                  # ī - b, -inf beyond S
+        d_log = (b_q - mc_q)[:, None] + u_kv[None, :]
         d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
         s_bar = s * scale * tl.exp(d_log)
         if NORMALIZE:
@@ -173,7 +169,7 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool) -> 
     return cfg
 
 
-def parallel_fw(q, k, v, i, b_vec, mc_vec, C_st, n_st, m_st, *, L: int, is_exp: bool,
+def parallel_fw(q, k, v, b_vec, u_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_exp: bool,
                 normalize: bool, eps: float, limit: bool):
     """h (BNH, S, d_hv) in the input dtype and n_out (BNH, N_c*L) fp32 (unset if not normalised)."""
     BNH, S, d_qk = q.shape
@@ -184,7 +180,7 @@ def parallel_fw(q, k, v, i, b_vec, mc_vec, C_st, n_st, m_st, *, L: int, is_exp: 
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
     _parallel_fw_kernel[grid](
-        q, k, v, i, b_vec, mc_vec, C_st, n_st, m_st, h, n_out,
+        q, k, v, b_vec, u_vec, mi_vec, C_st, n_st, m_st, h, n_out,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
         NUM_DQK=triton.cdiv(d_qk, cfg["B_DQK"]), IS_EXP=is_exp, NORMALIZE=normalize,

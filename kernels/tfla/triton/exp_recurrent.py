@@ -1,14 +1,21 @@
-"""Recurrent (inter-chunk) Triton kernels shared by mLSTMexp xl_chunk and both limit_chunk variants.
+"""Gate and recurrent (inter-chunk) Triton kernels shared by mLSTMexp xl_chunk and limit_chunk.
 
-Forward (:func:`recurrent_fw`): the chunk states C_k, n_k, m_k for k = 0..N_c (paper eqs.
-39-43, docs/tfla-kernels.md 2.4) and, per position, the chunk-local gate cumsum b and the
-combined max state m^comb (= the recurrent m_t). Backward (:func:`recurrent_bw`): the state
-gradients dC_k for k = 0..N_c (eqs. 63-64, docs 3.2).
+* :func:`chunk_gates`: one program per (chunk, b, head), fully parallel. Per position the
+  chunk-local gate vectors b (inclusive cumsum of f̄), a (exclusive reverse cumsum of f̄
+  plus ī, computed directly, Pitfall 8), u = ī - b and, for mLSTMexp, the intra-chunk max
+  m^intra = b + max_{s<=r} u_s; per chunk g = Σ f̄ and max_r a_r (docs 2.4, paper
+  eqs. 9-11, 36-38).
+* :func:`recurrent_fw`: the chunk states C_k, n_k, m_k for k = 0..N_c (eqs. 39-43):
+  m_k = max(g_k + m_{k-1}, max_r a_r), C_k = ḡ_k C_{k-1} + (ā ⊙ K)ᵀ V.
+* :func:`recurrent_bw`: the state gradients dC_k for k = N_c..0 (eqs. 63-64, docs 3.2).
 
-Both parallelise over (d_qk / B_dqk, d_hv / B_dhv, B * NH) and loop over the chunks in
-sub-steps of ``L_sub`` positions (the peer's L_inter idea: no L x d tile is ever needed in
-SRAM, whatever the chunk size). Storage: states (B*NH, N_c + 1, d_qk, d_hv) fp32, slot k
-holding the state after chunk k (slot 0 = initial state); vectors (B*NH, N_c * L) fp32.
+The recurrent kernels parallelise over (d_qk / B_dqk, d_hv / B_dhv, B·NH) and loop over the
+chunks; a chunk longer than ``PIECE`` positions is reduced in pieces (a dot-product loop:
+the chunk formula needs no intermediate states), so no L x d tile is ever needed on chip.
+With one piece per chunk the chunk loop is the innermost loop and Triton pipelines its
+loads. The states that the parallel kernels read are stored in the dot dtype (they are
+cast to it before every tl.dot anyway, docs 4.10); the last state C_S and dC_0 are also
+written in fp32.
 
 mLSTMsig runs the same code with every max state fixed at 0 (docs 2.4, "drop every m").
 """
@@ -41,11 +48,41 @@ def _max_combine(a, b):
 
 
 @triton.jit
+def _gates_kernel(
+    I, F, B_vec, A_vec, U_vec, MI_vec, G_ch, AMAX_ch,
+    S, NC, L: tl.constexpr, IS_EXP: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    c = pid % NC
+    bh = (pid // NC).to(tl.int64)
+    S_pad = NC * L
+    t = c * L + tl.arange(0, L)
+    valid = t < S
+    f_raw = tl.load(F + bh * S + t, mask=valid, other=0.0).to(tl.float32)
+    i_raw = tl.load(I + bh * S + t, mask=valid, other=0.0).to(tl.float32)
+    f_log = tl.where(valid, logsigmoid(f_raw), 0.0)
+    if IS_EXP:
+        i_log = tl.where(valid, i_raw, float("-inf"))
+    else:
+        i_log = tl.where(valid, logsigmoid(i_raw), float("-inf"))
+    b = tl.cumsum(f_log, 0)                                    # inclusive
+    a = tl.cumsum(f_log, 0, reverse=True) - f_log + i_log      # exclusive reverse, + ī
+    u = i_log - b
+    tl.store(B_vec + bh * S_pad + t, b)
+    tl.store(A_vec + bh * S_pad + t, a)
+    tl.store(U_vec + bh * S_pad + t, u)
+    tl.store(G_ch + bh * NC + c, tl.sum(f_log, 0))
+    if IS_EXP:
+        tl.store(MI_vec + bh * S_pad + t, b + tl.associative_scan(u, 0, _max_combine))
+        tl.store(AMAX_ch + bh * NC + c, tl.max(a, 0))
+
+
+@triton.jit
 def _recurrent_fw_kernel(
-    K, V, I, F, C0, N0, M0,
-    C_st, N_st, M_st, B_vec, MC_vec,
+    K, V, A_vec, G_ch, AMAX_ch, C0, N0, M0,
+    C_st, N_st, M_st, C_last,
     S, NC, d_qk, d_hv,
-    L: tl.constexpr, L_SUB: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
+    L: tl.constexpr, PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, HAS_C0: tl.constexpr, HAS_N0: tl.constexpr, HAS_M0: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
@@ -66,7 +103,7 @@ def _recurrent_fw_kernel(
     st_base = bh * (NC + 1) * d_qk * d_hv
     n_base = bh * (NC + 1) * d_qk
     writer_n = pid_v == 0
-    writer_g = (pid_k == 0) & (pid_v == 0)
+    writer_m = (pid_k == 0) & (pid_v == 0)
 
     if HAS_C0:
         C = tl.load(C0 + bh * d_qk * d_hv + c_offs, mask=mask_kv, other=0.0).to(tl.float32)
@@ -76,69 +113,89 @@ def _recurrent_fw_kernel(
         n = tl.load(N0 + bh * d_qk + offs_k, mask=mask_k, other=0.0).to(tl.float32)
     else:
         n = tl.zeros((B_DQK,), dtype=tl.float32)
-    m = 0.0
+    m = tl.zeros((1,), dtype=tl.float32)
     if IS_EXP:
         if HAS_M0:
-            m = tl.load(M0 + bh).to(tl.float32)
-    tl.store(C_st + st_base + c_offs, C, mask=mask_kv)
+            m = tl.load(M0 + bh + tl.zeros((1,), dtype=tl.int32)).to(tl.float32)
+    tl.store(C_st + st_base + c_offs, C.to(C_st.dtype.element_ty), mask=mask_kv)
     tl.store(N_st + n_base + offs_k, n, mask=mask_k & writer_n)
-    if writer_g:
-        tl.store(M_st + bh * (NC + 1), m)
+    tl.store(M_st + bh * (NC + 1) + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
 
-    t_loc = tl.arange(0, L_SUB)
+    t_loc = tl.arange(0, PIECE)
+    k_base = K + bh * S * d_qk
+    v_base = V + bh * S * d_hv
     for c in range(NC):
-        b_run = 0.0
-        for sub in range(L // L_SUB):
-            t = c * L + sub * L_SUB + t_loc
+        g = tl.load(G_ch + bh * NC + c)
+        if IS_EXP:
+            m_new = tl.maximum(g + m, tl.load(AMAX_ch + bh * NC + c))
+        else:
+            m_new = m
+        g_bar = tl.exp(g + m - m_new)
+        if L == PIECE:
+            t = c * L + t_loc
             valid = t < S
-            f_raw = tl.load(F + bh * S + t, mask=valid, other=0.0).to(tl.float32)
-            i_raw = tl.load(I + bh * S + t, mask=valid, other=0.0).to(tl.float32)
-            f_log = tl.where(valid, logsigmoid(f_raw), 0.0)
-            if IS_EXP:
-                i_log = tl.where(valid, i_raw, float("-inf"))
-            else:
-                i_log = tl.where(valid, logsigmoid(i_raw), float("-inf"))
-            b_loc = tl.cumsum(f_log, 0)                                   # inclusive
-            g = tl.sum(f_log, 0)
-            a = tl.cumsum(f_log, 0, reverse=True) - f_log + i_log         # exclusive reverse
-            if IS_EXP:
-                m_new = tl.maximum(g + m, tl.max(a, 0))
-                g_bar = tl.exp(g + m - m_new)
-                a_bar = tl.exp(a - m_new)
-            else:
-                m_new = m
-                g_bar = tl.exp(g)
-                a_bar = tl.exp(a)
-            if writer_g:
-                tl.store(B_vec + bh * S_pad + t, b_run + b_loc)
-                if IS_EXP:
-                    # m_t = b_t + max(m_start, max_{s<=t}(i_s - b_s)): the recurrent max state
-                    cm = tl.associative_scan(i_log - b_loc, 0, _max_combine)
-                    tl.store(MC_vec + bh * S_pad + t, b_loc + tl.maximum(m, cm))
-            k_t = tl.load(K + bh * S * d_qk + t[:, None] * d_qk + offs_k[None, :],
+            a_bar = tl.exp(tl.load(A_vec + bh * S_pad + t) - m_new)
+            k_t = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :],
                           mask=valid[:, None] & mask_k[None, :], other=0.0)
-            v_t = tl.load(V + bh * S * d_hv + t[:, None] * d_hv + offs_v[None, :],
+            v_t = tl.load(v_base + t[:, None] * d_hv + offs_v[None, :],
                           mask=valid[:, None] & mask_v[None, :], other=0.0)
             k_bar = k_t.to(tl.float32) * a_bar[:, None]
             C = g_bar * C + tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t, input_precision=DOT_PREC)
             n = g_bar * n + tl.sum(k_bar, 0)
-            m = m_new
-            b_run += g
-        tl.store(C_st + st_base + (c + 1) * d_qk * d_hv + c_offs, C, mask=mask_kv)
+        else:
+            acc = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
+            n_acc = tl.zeros((B_DQK,), dtype=tl.float32)
+            for p in range(L // PIECE):
+                t = c * L + p * PIECE + t_loc
+                valid = t < S
+                a_bar = tl.exp(tl.load(A_vec + bh * S_pad + t) - m_new)
+                k_t = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :],
+                              mask=valid[:, None] & mask_k[None, :], other=0.0)
+                v_t = tl.load(v_base + t[:, None] * d_hv + offs_v[None, :],
+                              mask=valid[:, None] & mask_v[None, :], other=0.0)
+                k_bar = k_t.to(tl.float32) * a_bar[:, None]
+                acc = tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t, acc, input_precision=DOT_PREC)
+                n_acc += tl.sum(k_bar, 0)
+            C = g_bar * C + acc
+            n = g_bar * n + n_acc
+        m = m_new
+        tl.store(C_st + st_base + (c + 1) * d_qk * d_hv + c_offs, C.to(C_st.dtype.element_ty),
+                 mask=mask_kv)
         tl.store(N_st + n_base + (c + 1) * d_qk + offs_k, n, mask=mask_k & writer_n)
-        if writer_g:
-            tl.store(M_st + bh * (NC + 1) + c + 1, m)
+        tl.store(M_st + bh * (NC + 1) + c + 1 + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
+    tl.store(C_last + bh * d_qk * d_hv + c_offs, C, mask=mask_kv)
+
+
+@triton.jit
+def _dc_piece(acc, q_base, dh_base, B_vec, MI_vec, NOUT, bh, t, S, S_pad, m_prev, offs_k, offs_v,
+              mask_k, mask_v, d_qk, d_hv, scale, eps,
+              IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr):
+    """acc + Q̄ᵀ dH̃ over the positions t of one piece (Q̄ = b̄ ⊙ Q·scale, dH̃ = dH/(n_out+eps))."""
+    valid = t < S
+    b = tl.load(B_vec + bh * S_pad + t)
+    if IS_EXP:
+        mc = tl.maximum(b + m_prev, tl.load(MI_vec + bh * S_pad + t))
+        row = tl.exp(b + m_prev - mc) * scale
+    else:
+        row = tl.exp(b) * scale
+    if NORMALIZE:
+        row = row / (tl.load(NOUT + bh * S_pad + t) + eps)
+    q_t = tl.load(q_base + t[:, None] * d_qk + offs_k[None, :],
+                  mask=valid[:, None] & mask_k[None, :], other=0.0)
+    dh_t = tl.load(dh_base + t[:, None] * d_hv + offs_v[None, :],
+                   mask=valid[:, None] & mask_v[None, :], other=0.0)
+    q_bar = (q_t.to(tl.float32) * row[:, None]).to(dh_t.dtype)
+    return tl.dot(tl.trans(q_bar), dh_t, acc, input_precision=DOT_PREC)
 
 
 @triton.jit
 def _recurrent_bw_kernel(
-    Q, B_vec, MC_vec, M_st, NOUT, DH, DC_last, DC_st,
+    Q, B_vec, MI_vec, M_st, NOUT, DH, DC_last, DC_st, DC_0,
     S, NC, d_qk, d_hv, scale, eps,
-    L: tl.constexpr, L_SUB: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
+    L: tl.constexpr, PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DC_LAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    # 1-D grid, (d_hv block) fastest, then d_qk block, then b*head
     pid = tl.program_id(0)
     n_v = tl.cdiv(d_hv, B_DHV)
     n_k = tl.cdiv(d_qk, B_DQK)
@@ -157,37 +214,36 @@ def _recurrent_bw_kernel(
         dC = tl.load(DC_last + bh * d_qk * d_hv + c_offs, mask=mask_kv, other=0.0).to(tl.float32)
     else:
         dC = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
-    tl.store(DC_st + st_base + NC * d_qk * d_hv + c_offs, dC, mask=mask_kv)
-    t_loc = tl.arange(0, L_SUB)
+    tl.store(DC_st + st_base + NC * d_qk * d_hv + c_offs, dC.to(DC_st.dtype.element_ty),
+             mask=mask_kv)
+    t_loc = tl.arange(0, PIECE)
+    q_base = Q + bh * S * d_qk
+    dh_base = DH + bh * S * d_hv
     for cc in range(NC):
         c = NC - 1 - cc
         g = tl.load(B_vec + bh * S_pad + c * L + L - 1)
         if IS_EXP:
             m_prev = tl.load(M_st + bh * (NC + 1) + c)
             m_k = tl.load(M_st + bh * (NC + 1) + c + 1)
-            g_bar = tl.exp(g + m_prev - m_k)
         else:
-            g_bar = tl.exp(g)
+            m_prev = 0.0
+            m_k = 0.0
+        g_bar = tl.exp(g + m_prev - m_k)
         acc = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
-        for sub in range(L // L_SUB):
-            t = c * L + sub * L_SUB + t_loc
-            valid = t < S
-            b = tl.load(B_vec + bh * S_pad + t)
-            if IS_EXP:
-                mc = tl.load(MC_vec + bh * S_pad + t)
-                row = tl.exp(b + m_prev - mc) * scale
-            else:
-                row = tl.exp(b) * scale
-            if NORMALIZE:
-                row = row / (tl.load(NOUT + bh * S_pad + t) + eps)
-            q_t = tl.load(Q + bh * S * d_qk + t[:, None] * d_qk + offs_k[None, :],
-                          mask=valid[:, None] & mask_k[None, :], other=0.0)
-            dh_t = tl.load(DH + bh * S * d_hv + t[:, None] * d_hv + offs_v[None, :],
-                           mask=valid[:, None] & mask_v[None, :], other=0.0)
-            q_bar = (q_t.to(tl.float32) * row[:, None]).to(dh_t.dtype)
-            acc += tl.dot(tl.trans(q_bar), dh_t, input_precision=DOT_PREC)
+        if L == PIECE:
+            acc = _dc_piece(acc, q_base, dh_base, B_vec, MI_vec, NOUT, bh, c * L + t_loc,
+                            S, S_pad, m_prev, offs_k, offs_v, mask_k, mask_v, d_qk, d_hv, scale,
+                            eps, IS_EXP, NORMALIZE, DOT_PREC)
+        else:
+            for p in range(L // PIECE):
+                acc = _dc_piece(acc, q_base, dh_base, B_vec, MI_vec, NOUT, bh,
+                                c * L + p * PIECE + t_loc, S, S_pad, m_prev, offs_k, offs_v,
+                                mask_k, mask_v, d_qk, d_hv, scale, eps, IS_EXP, NORMALIZE,
+                                DOT_PREC)
         dC = g_bar * dC + acc
-        tl.store(DC_st + st_base + c * d_qk * d_hv + c_offs, dC, mask=mask_kv)
+        tl.store(DC_st + st_base + c * d_qk * d_hv + c_offs, dC.to(DC_st.dtype.element_ty),
+                 mask=mask_kv)
+    tl.store(DC_0 + bh * d_qk * d_hv + c_offs, dC, mask=mask_kv)
 
 
 def dot_precision(dtype: torch.dtype) -> str:
@@ -199,7 +255,7 @@ def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
-# Tuning overrides for benchmarks (keys B_DQK, B_DHV, num_warps, num_stages, MIN_PROGRAMS).
+# Tuning overrides for benchmarks (keys B_DQK, B_DHV, num_warps, num_stages, MIN_PROGRAMS, PIECE).
 STATE_OVERRIDE: dict = {}
 
 
@@ -225,59 +281,81 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30) -> tuple[int, int, in
     b_qk = STATE_OVERRIDE.get("B_DQK", b_qk)
     b_hv = STATE_OVERRIDE.get("B_DHV", b_hv)
     warps = STATE_OVERRIDE.get("num_warps", 4 if b_qk * b_hv >= 64 * 64 else 2)
-    return b_qk, b_hv, warps, STATE_OVERRIDE.get("num_stages", 2)
+    return b_qk, b_hv, warps, STATE_OVERRIDE.get("num_stages", 3)
 
 
-def recurrent_fw(k, v, i, f, C0, n0, m0, *, L: int, L_sub: int, is_exp: bool):
-    """Chunk states and per-position gate vectors.
+def piece(L: int) -> int:
+    """Positions per tl.dot in the recurrent kernels: the whole chunk up to 128."""
+    return min(L, STATE_OVERRIDE.get("PIECE", 128))
 
-    k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous, input dtype; i, f (BNH, S) any float dtype;
-    C0 (BNH, d_qk, d_hv), n0 (BNH, d_qk), m0 (BNH,) or None. Returns C_st (BNH, N_c+1, d_qk,
-    d_hv), n_st (BNH, N_c+1, d_qk), m_st (BNH, N_c+1), b (BNH, N_c*L), m_comb (BNH, N_c*L or
-    dummy for mLSTMsig), all fp32.
+
+def chunk_gates(i, f, *, L: int, is_exp: bool):
+    """Gate vectors of every chunk: b, a, u (BNH, N_c*L), m^intra (exp; else a dummy),
+    g and max a per chunk (BNH, N_c), all fp32. i, f (BNH, S) contiguous, any float dtype."""
+    BNH, S = f.shape
+    NC = triton.cdiv(S, L)
+    dev = f.device
+    vec = lambda: torch.empty((BNH, NC * L), device=dev, dtype=torch.float32)  # noqa: E731
+    b_vec, a_vec, u_vec = vec(), vec(), vec()
+    mi_vec = vec() if is_exp else b_vec
+    g_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32)
+    amax_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32) if is_exp else g_ch
+    _gates_kernel[(NC * BNH,)](i, f, b_vec, a_vec, u_vec, mi_vec, g_ch, amax_ch, S, NC,
+                               L=L, IS_EXP=is_exp, num_warps=4 if L >= 512 else 1)
+    return b_vec, a_vec, u_vec, mi_vec, g_ch, amax_ch
+
+
+def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool):
+    """Chunk states from the chunk gates.
+
+    k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous, input dtype; C0 (BNH, d_qk, d_hv),
+    n0 (BNH, d_qk), m0 (BNH,) or None. Returns C_st (BNH, N_c+1, d_qk, d_hv) in the input
+    dtype (the copies the parallel kernels read), n_st (BNH, N_c+1, d_qk) and m_st
+    (BNH, N_c+1) fp32, and C_last (BNH, d_qk, d_hv) fp32.
     """
     BNH, S, d_qk = k.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
     dev = k.device
-    C_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=dev, dtype=torch.float32)
+    C_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=dev, dtype=k.dtype)
     n_st = torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32)
     m_st = torch.empty((BNH, NC + 1), device=dev, dtype=torch.float32)
-    b_vec = torch.empty((BNH, NC * L), device=dev, dtype=torch.float32)
-    mc_vec = torch.empty((BNH, NC * L) if is_exp else (1,), device=dev, dtype=torch.float32)
+    C_last = torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32)
     b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH)
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
-    dummy = b_vec
+    dummy = m_st
     _recurrent_fw_kernel[grid](
-        k, v, i, f,
+        k, v, a_vec, g_ch, amax_ch,
         C0 if C0 is not None else dummy, n0 if n0 is not None else dummy,
         m0 if m0 is not None else dummy,
-        C_st, n_st, m_st, b_vec, mc_vec,
+        C_st, n_st, m_st, C_last,
         S, NC, d_qk, d_hv,
-        L=L, L_SUB=L_sub, B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp,
+        L=L, PIECE=piece(L), B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp,
         HAS_C0=C0 is not None, HAS_N0=n0 is not None, HAS_M0=m0 is not None,
         DOT_PREC=dot_precision(k.dtype), num_warps=warps, num_stages=stages,
     )
-    return C_st, n_st, m_st, b_vec, mc_vec
+    return C_st, n_st, m_st, C_last
 
 
-def recurrent_bw(q, b_vec, mc_vec, m_st, n_out, dh, dC_last, *, L: int, L_sub: int,
-                 is_exp: bool, normalize: bool, eps: float, d_hv: int):
-    """State gradients dC_k (BNH, N_c+1, d_qk, d_hv) fp32, slot N_c = dC_last (or 0).
+def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: bool,
+                 normalize: bool, eps: float, d_hv: int):
+    """State gradients: dC_st (BNH, N_c+1, d_qk, d_hv) in the input dtype (slot N_c =
+    dC_last or 0) and dC_0 (BNH, d_qk, d_hv) fp32.
 
-    q (BNH, S, d_qk), dh (BNH, S, d_hv) contiguous in the input dtype; vectors as returned by
-    :func:`recurrent_fw` and the parallel forward (n_out (BNH, N_c*L) fp32).
+    q (BNH, S, d_qk), dh (BNH, S, d_hv) contiguous in the input dtype; gate vectors as
+    returned by :func:`chunk_gates`; n_out (BNH, N_c*L) fp32 from the forward.
     """
     BNH, S, d_qk = q.shape
     NC = triton.cdiv(S, L)
-    dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=torch.float32)
+    dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
+    dC_0 = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
     b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH)
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     _recurrent_bw_kernel[grid](
-        q, b_vec, mc_vec, m_st, n_out, dh, dC_last if dC_last is not None else dC_st, dC_st,
+        q, b_vec, mi_vec, m_st, n_out, dh, dC_last if dC_last is not None else dC_0, dC_st, dC_0,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
-        L=L, L_SUB=L_sub, B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp, NORMALIZE=normalize,
+        L=L, PIECE=piece(L), B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp, NORMALIZE=normalize,
         HAS_DC_LAST=dC_last is not None, DOT_PREC=dot_precision(q.dtype),
         num_warps=warps, num_stages=stages,
     )
-    return dC_st
+    return dC_st, dC_0

@@ -13,14 +13,14 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.exp_recurrent import dot_precision, logsigmoid
+from tfla.triton.exp_recurrent import dot_precision
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit
 def _limit_bw_kernel(
-    Q, K, V, I, B_vec, MC_vec, M_st, NOUT, C_st, DC_st, DH, DQ, DK, DV, QDQ, KDK,
+    Q, K, V, B_vec, U_vec, A_vec, MI_vec, M_st, NOUT, C_st, DC_st, DH, DQ, DK, DV, QDQ, KDK,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     NUM_DQK: tl.constexpr, NUM_DHV: tl.constexpr,
@@ -42,26 +42,23 @@ def _limit_bw_kernel(
 
     # gates of the chunk (docs 2.4)
     b = tl.load(B_vec + bh * S_pad + t)
-    i_log = tl.load(I + bh * S + t, mask=ok, other=0.0).to(tl.float32)
-    if not IS_EXP:
-        i_log = logsigmoid(i_log)
-    i_log = tl.where(ok, i_log, float("-inf"))
-    g = tl.load(B_vec + bh * S_pad + c * L + L - 1)
+    u = tl.load(U_vec + bh * S_pad + t)                  # ī - b, -inf beyond S
+    a = tl.load(A_vec + bh * S_pad + t)
     if IS_EXP:
-        mc = tl.load(MC_vec + bh * S_pad + t)
         m_prev = tl.load(M_st + bh * (NC + 1) + c)
         m_k = tl.load(M_st + bh * (NC + 1) + c + 1)
+        mc = tl.maximum(b + m_prev, tl.load(MI_vec + bh * S_pad + t))
         b_bar = tl.exp(b + m_prev - mc)
-        a_bar = tl.exp(g - b + i_log - m_k)
+        a_bar = tl.exp(a - m_k)
     else:
         mc = b * 0.0
         b_bar = tl.exp(b)
-        a_bar = tl.exp(g - b + i_log)
+        a_bar = tl.exp(a)
     if NORMALIZE:
         rs = scale / (tl.load(NOUT + bh * S_pad + t) + eps)
     else:
         rs = b * 0.0 + scale
-    d_log = (b - mc)[:, None] + (i_log - b)[None, :]
+    d_log = (b - mc)[:, None] + u[None, :]
     d_log = tl.where(loc[:, None] >= loc[None, :], d_log, float("-inf"))
     dmat = tl.exp(d_log) * rs[:, None]          # D with the query-row factor scale/(n_out+eps)
 
@@ -155,7 +152,7 @@ def limit_bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     return cfg
 
 
-def limit_parallel_bw(q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dh, *, L: int,
+def limit_parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
                       is_exp: bool, normalize: bool, eps: float):
     """dq, dk, dv (input dtype) and fp32 row sums q·dq, k·dk (BNH, N_c*L) for limit_chunk."""
     BNH, S, d_qk = q.shape
@@ -167,8 +164,9 @@ def limit_parallel_bw(q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dh, *
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
+    b_vec, a_vec, u_vec, mi_vec = gates
     _limit_bw_kernel[(NC * BNH,)](
-        q, k, v, i, b_vec, mc_vec, m_st, n_out, C_st, dC_st, dh, dq, dk, dv, qdq, kdk,
+        q, k, v, b_vec, u_vec, a_vec, mi_vec, m_st, n_out, C_st, dC_st, dh, dq, dk, dv, qdq, kdk,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
         NUM_DQK=triton.cdiv(d_qk, cfg["B_DQK"]), NUM_DHV=triton.cdiv(d_hv, cfg["B_DHV"]),
