@@ -24,6 +24,7 @@ Writes speed.csv, numerics.csv and env.json under --out and prints tables.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -103,48 +104,60 @@ def make_inputs(B, S, *, dtype=None, gate_dtype=None, i_mean=0.0, seed=0,
 
 # ---------------------------------------------------------------- implementations
 
-def with_overrides(fn, *, fw_xl=None, fw_limit=None, bw=None, limit_bw=None, state=None,
-                   tuning=None):
-    """Wrap fn so that it runs with tuning overrides of our kernels (restored afterwards)."""
-    from tfla.triton import exp_chunkwise, exp_parallel_bw, exp_parallel_fw, exp_recurrent
-    from tfla.triton import limit_parallel_bw
+class with_overrides:
+    """fn run with tuning overrides of our kernels. The overrides must hold during the
+    backward too: :func:`bench_one` enters ``fn.active()`` around forward and backward."""
 
-    targets = [(exp_parallel_fw.FW_OVERRIDE["xl"], fw_xl), (exp_parallel_fw.FW_OVERRIDE["limit"], fw_limit),
-               (exp_parallel_bw.BW_OVERRIDE, bw), (limit_parallel_bw.LIMIT_BW_OVERRIDE, limit_bw),
-               (exp_recurrent.STATE_OVERRIDE, state), (exp_chunkwise.TUNING, tuning)]
+    def __init__(self, fn, *, fw_xl=None, fw_limit=None, bw=None, limit_bw=None, state=None,
+                 tuning=None):
+        self.fn = fn
+        self.spec = dict(fw_xl=fw_xl, fw_limit=fw_limit, bw=bw, limit_bw=limit_bw, state=state,
+                         tuning=tuning)
 
-    def call(*a):
+    @contextlib.contextmanager
+    def active(self):
+        from tfla.triton import exp_chunkwise, exp_parallel_bw, exp_parallel_fw, exp_recurrent
+        from tfla.triton import limit_parallel_bw
+        sp = self.spec
+        targets = [(exp_parallel_fw.FW_OVERRIDE["xl"], sp["fw_xl"]),
+                   (exp_parallel_fw.FW_OVERRIDE["limit"], sp["fw_limit"]),
+                   (exp_parallel_bw.BW_OVERRIDE, sp["bw"]),
+                   (limit_parallel_bw.LIMIT_BW_OVERRIDE, sp["limit_bw"]),
+                   (exp_recurrent.STATE_OVERRIDE, sp["state"]), (exp_chunkwise.TUNING, sp["tuning"])]
         saved = [dict(d) for d, _ in targets]
         try:
             for d, o in targets:
                 if o:
                     d.update(o)
-            return fn(*a)
+            yield
         finally:
             for (d, _), old in zip(targets, saved):
                 d.clear()
                 d.update(old)
-    return call
+
+    def __call__(self, *a):
+        with self.active():
+            return self.fn(*a)
 
 
 def variants():
     """Tuning variants of our kernels, timed beside the defaults (docs/kernels-exp-notes.md)."""
     import tfla
     xl128 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=128)  # noqa: E731
+    xl256 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=256)  # noqa: E731
     lim64 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=64,  # noqa: E731
                                                  algorithm="limit_chunk")
     return {
-        "v xl L128 keep states": with_overrides(xl128, tuning={"recompute_states": False}),
-        "v xl L128 fw B_dhv64": with_overrides(xl128, fw_xl={"B_DHV": 64}),
-        "v xl L128 fw B_Lq128 w8": with_overrides(xl128, fw_xl={"B_LQ": 128, "B_LKV": 64, "num_warps": 8}),
-        "v xl L128 L_sub128": with_overrides(xl128, tuning={"L_sub_xl": 128}),
+        "v xl L128 recompute states": with_overrides(xl128, tuning={"recompute_states": True}),
+        "v xl L128 fw stages3": with_overrides(xl128, fw_xl={"num_stages": 3}),
+        "v xl L128 fw B_dhv256 w8": with_overrides(xl128, fw_xl={"B_DHV": 256, "num_warps": 8}),
+        "v xl L128 bw stages1": with_overrides(xl128, bw={"num_stages": 1}),
         "v xl L128 bw B_dhv64": with_overrides(xl128, bw={"B_DHV": 64}),
-        "v xl L128 bw w8": with_overrides(xl128, bw={"num_warps": 8}),
-        "v xl L128 state 64x64": with_overrides(xl128, state={"MIN_PROGRAMS": 0}),
-        "v lim L64 bw 32x32": with_overrides(lim64, limit_bw={"B_DQK": 32, "B_DHV": 32}),
+        "v xl L128 rec stages2": with_overrides(xl128, state={"num_stages": 2}),
+        "v xl L128 rec 64x64": with_overrides(xl128, state={"MIN_PROGRAMS": 0}),
+        "v xl L256 rec piece64": with_overrides(xl256, state={"PIECE": 64}),
         "v lim L64 bw w8": with_overrides(lim64, limit_bw={"num_warps": 8}),
-        "v lim L64 fw B_dhv256 w8": with_overrides(lim64, fw_limit={"B_DHV": 256, "num_warps": 8}),
-        "v lim L64 keep states": with_overrides(lim64, tuning={"recompute_states": False}),
+        "v lim L64 bw 32x32": with_overrides(lim64, limit_bw={"B_DQK": 32, "B_DHV": 32}),
     }
 
 
@@ -174,6 +187,48 @@ def impls(include_sig_xl=True):
     except Exception as e:  # noqa: BLE001
         print(f"peer limit_chunk unavailable: {e}")
     return out
+
+
+def breakdown(rows, S=8192, n=10):
+    """Per-kernel times (median of n) of our exp kernels at one S (Figure-4 sizes)."""
+    from tfla.triton import exp_chunkwise as X
+    from tfla.triton.exp_chunkwise import Config, kernels
+    rec, pfw, pbw, lbw = kernels()
+    B = TOKENS // S
+    q, k, v, i, f = make_inputs(B, S)
+    flat = lambda x, *t: x.reshape(-1, *t).contiguous()  # noqa: E731
+    qf, kf = flat(q, S, D_QK), flat(k, S, D_QK)
+    vf, i_f, f_f = flat(v, S, D_HV), flat(i, S), flat(f, S)
+    dh = torch.randn_like(vf)
+    print(f"\nper-kernel breakdown, S={S} (ms, median of {n})")
+    for name, L, limit in (("xl L128", 128, False), ("xl L256", 256, False), ("limit L64", 64, True)):
+        cfg = Config.make(variant="exp", normalize=True, eps=1e-6, L=L, limit=limit)
+        gates = rec.chunk_gates(i_f, f_f, L=L, is_exp=True)
+        states = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], None, None, None, L=L, is_exp=True)
+        h, n_out = pfw.parallel_fw(qf, kf, vf, gates[0], gates[2], gates[3], states[0], states[1], states[2],
+                                   L=L, is_exp=True, normalize=True, eps=1e-6, limit=limit)
+        dC = rec.recurrent_bw(qf, gates[0], gates[3], states[2], n_out, dh, None, L=L, is_exp=True,
+                              normalize=True, eps=1e-6, d_hv=D_HV)
+        par = lbw.limit_parallel_bw if limit else pbw.parallel_bw
+        parts = {
+            "gates": lambda: rec.chunk_gates(i_f, f_f, L=L, is_exp=True),
+            "recurrent_fw": lambda: rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], None, None, None,
+                                                     L=L, is_exp=True),
+            "parallel_fw (H)": lambda: pfw.parallel_fw(qf, kf, vf, gates[0], gates[2], gates[3], states[0],
+                                                       states[1], states[2], L=L, is_exp=True, normalize=True,
+                                                       eps=1e-6, limit=limit),
+            "recurrent_bw": lambda: rec.recurrent_bw(qf, gates[0], gates[3], states[2], n_out, dh, None, L=L,
+                                                     is_exp=True, normalize=True, eps=1e-6, d_hv=D_HV),
+            "parallel_bw (dQ dK dV)": lambda: par(qf, kf, vf, gates[:4], states[2], n_out, states[0], dC[0], dh,
+                                                 L=L, is_exp=True, normalize=True, eps=1e-6),
+        }
+        for part, fn in parts.items():
+            ms = time_call(fn, n_warmup=3, n_iter=n)
+            rows.append(dict(kind="breakdown", impl=name, S=S, part=part, ms_median=statistics.median(ms)))
+            print(f"{name:10s} {part:24s} {statistics.median(ms):7.3f}")
+        del gates, states, h, n_out, dC
+        torch.cuda.empty_cache()
+    _ = X
 
 
 # ---------------------------------------------------------------- timing
@@ -218,6 +273,12 @@ def bench_one(fn, S, mode):
             h.backward(dh)
             for x in inputs:
                 x.grad = None
+    if isinstance(fn, with_overrides):
+        inner = call
+
+        def call():
+            with fn.active():
+                inner()
     t0 = time.time()
     call()
     torch.cuda.synchronize()
@@ -261,10 +322,13 @@ def run_speed(names, seqs, modes, rows, deadline):
 # ---------------------------------------------------------------- numerics
 
 def errs(x, ref):
+    """(relF, maxnorm, 99th percentile of the per-row relative error) against ref."""
     x = x.double()
     ref = ref.double()
     d = x - ref
-    return (d.norm() / ref.norm()).item(), (d.abs().max() / ref.abs().max()).item()
+    rows = (d.norm(dim=-1) / ref.norm(dim=-1).clamp_min(1e-300)).flatten() if ref.dim() == 4 else None
+    p99 = torch.quantile(rows[:2 ** 24], 0.99).item() if rows is not None else float("nan")
+    return (d.norm() / ref.norm()).item(), (d.abs().max() / ref.abs().max()).item(), p99
 
 
 def fwdbw(fn, inputs, dh):
@@ -290,7 +354,8 @@ def run_numerics(all_rows, S=2048, B=1, nh=4):
         for variant, normalize in (("exp", True), ("sig", False)):
             ref = fwdbw(lambda *a: mlstm_chunkwise(*a, variant=variant, chunk_size=64,
                                                    normalize=normalize), inp64, dh.double())
-            cands = {}
+            cands = {"float32 reference (conditioning baseline)": lambda *a: mlstm_chunkwise(
+                *[x.float() for x in a], variant=variant, chunk_size=64, normalize=normalize)}
             if variant == "exp":
                 cands["ours exp xl_chunk L128"] = lambda *a: tfla.mlstm_exp(*a, chunk_size=128)
                 cands["ours exp xl_chunk L256"] = lambda *a: tfla.mlstm_exp(*a, chunk_size=256)
@@ -329,9 +394,9 @@ def run_numerics(all_rows, S=2048, B=1, nh=4):
                     row = dict(regime=regime, variant=variant, impl=name, error=repr(e)[:300])
                     traceback.print_exc()
                 rows.append(row)
-    print("\nnumerics (bf16 vs float64 reference, relF / maxnorm), B=%d NH=%d S=%d" % (B, nh, S))
+    print("\nnumerics (bf16 vs float64 reference, relF / maxnorm / p99 row), B=%d NH=%d S=%d" % (B, nh, S))
     for r in rows:
-        cells = " ".join(f"{n}={r[n][0]:.1e}/{r[n][1]:.1e}" for n in names if n in r)
+        cells = " ".join(f"{n}={r[n][0]:.1e}/{r[n][1]:.1e}/{r[n][2]:.1e}" for n in names if n in r)
         extra = f" NONFINITE {r['nonfinite']}" if r.get("nonfinite") else ""
         extra += f" ERROR {r['error']}" if r.get("error") else ""
         all_rows.append(r)
@@ -435,6 +500,7 @@ def main():
     ap.add_argument("--peer-xl", action="store_true")
     ap.add_argument("--variants", action="store_true", help="also time the tuning variants")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU dry run (interpreter)")
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel times at S=8192")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting timings after this")
     args = ap.parse_args()
     if args.smoke:
@@ -455,6 +521,11 @@ def main():
         run_numerics(nrows)
         with open(os.path.join(args.out, "numerics.json"), "w") as fh:
             json.dump(nrows, fh, indent=1)
+    if args.breakdown:
+        brows = []
+        breakdown(brows, S=min(8192, TOKENS))
+        with open(os.path.join(args.out, "breakdown.json"), "w") as fh:
+            json.dump(brows, fh, indent=1)
     if not args.no_speed:
         rows = []
         names = [n.strip() for n in args.impls.split(",") if n.strip()]
