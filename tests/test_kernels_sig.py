@@ -128,6 +128,7 @@ def test_kernels_match_reference_in_extreme_gate_regimes(regime, normalize):
     ({"BL": 16}, 32, False),                                 # chunk of two tiles (L > BL)
     ({"BL": 16, "chunks_per_seg": 1, "BLR": 16}, 32, True),  # tiled chunks + segments
     ({"use_tma": False, "chunks_per_seg": 2, "BDHV": 16}, 16, True),  # pointer loads
+    ({"use_tma_b": True, "BDHV": 16}, 16, False),            # TMA loads in the backward
     ({}, 128, False),                                        # chunk 128 as one 128-row tile
 ])
 def test_kernel_variants_agree_with_reference(overrides, L, normalize):

@@ -133,9 +133,12 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     """Tiles per shape, cached (no tuning ever happens inside a timed call).
 
     Heuristic (docs/kernels-sig-notes.md): the running state C (d_qk x BDHV, fp32) stays in
-    registers, so BDQK*BDHV <= 128*128; BL = 64 for d_qk <= 256 (wgmma needs M >= 64), smaller
-    for wider heads so that the Q and K tiles fit in shared memory; segments are added until
-    the grid has about two programs per SM.
+    registers, so BDQK*BDHV <= 128*128 (half that for fp32); BL = 64 for d_qk <= 256 (wgmma
+    needs M >= 64), smaller for wider heads so that the Q and K tiles fit in shared memory;
+    chunk 128 with d_qk <= 128 runs as one 128-row tile with 64-wide d_hv blocks. Segments
+    are added only when (d_hv blocks x heads) < 2 x SMs, then about four programs per SM.
+    Forward tiles come through TMA with 2 pipeline stages; the backward uses TMA only with
+    64-wide d_hv blocks (measured, see the notes).
     """
     key = (B, NH, S, d_qk, d_hv, L, dtype, str(device), tuple(sorted(OVERRIDES.items())))
     cfg = _CONFIG_CACHE.get(key)
@@ -161,7 +164,7 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     # segments only when one per (d_hv block, head) leaves SMs idle; then as many as keep
     # the grid within two waves (one program per SM: the kernels use the whole register file)
     progs = n_jv * B * NH
-    n_seg = max(1, min(n_chunks, target // progs)) if 2 * progs < target else 1
+    n_seg = max(1, min(n_chunks, (2 * target) // progs)) if 2 * progs < target else 1
     chunks_per_seg = triton.cdiv(n_chunks, n_seg)
     if "chunks_per_seg" in OVERRIDES:
         chunks_per_seg = max(1, min(n_chunks, OVERRIDES["chunks_per_seg"]))
@@ -178,8 +181,11 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
                     num_stages_r=OVERRIDES.get("num_stages_r", 2),
                     BDHV_B=BDHV_B, n_jv_b=triton.cdiv(d_hv, BDHV_B),
                     num_warps_b=OVERRIDES.get("num_warps_b", num_warps),
-                    num_stages_b=OVERRIDES.get("num_stages_b", 2),
                     use_tma=OVERRIDES.get("use_tma", True))
+    # backward: TMA (with 2 stages) paid off only with 64-wide d_hv blocks; with 128-wide
+    # blocks pointer loads without pipelining were faster (docs/kernels-sig-notes.md, runs 1-2)
+    cfg.use_tma_b = OVERRIDES.get("use_tma_b", cfg.use_tma and BDHV_B <= 64)
+    cfg.num_stages_b = OVERRIDES.get("num_stages_b", 2 if cfg.use_tma_b else 1)
     _CONFIG_CACHE[key] = cfg
     return cfg
 

@@ -365,7 +365,7 @@ def sig_bwd_parallel(q, k, v, dh, gb, gi, n_out, CS, DCS, cfg, *, normalize, eps
     grid = (cfg.n_jv_b, cfg.n_seg, BH)
     if cfg.BL == cfg.L:
         L = cfg.L
-        use_tma = cfg.use_tma and can_use_tma(q, k, v, dh, dv, dq32,
+        use_tma = cfg.use_tma_b and can_use_tma(q, k, v, dh, dv, dq32,
                                              blocks=(cfg.BDQK, cfg.BDHV_B, L))
         add_mode = (2 if (use_tma and not interpret_mode()) else 1) if atomic else 0
         D = lambda t, bd: descriptor(t, (1, L, bd), use_tma)
