@@ -216,3 +216,15 @@ def test_only_keeps_the_matching_kernels_and_refuses_a_pattern_matching_none(tmp
     assert select_kernels(cases, None) == cases
     with pytest.raises(UserError, match="matches no kernel"):
         select_kernels(cases, ["nothing-like-this"])
+
+
+def test_kernel_that_keeps_crashing_has_its_remaining_cases_recorded_not_run(tmp_path):
+    loaded = _suite(tmp_path, [("aborts", "aborts", {}), ("good", "good", {})], seq_len=(16, 32, 48))
+    result = run_suite(loaded, out_root=tmp_path / "results", progress=False, plots=False,
+                       max_kernel_failures=1)
+    aborts = sorted((r for r in result.rows if r["kernel"] == "aborts"), key=lambda r: r["seq_len"])
+    assert [r["status"] for r in aborts] == ["crash", "crash", "crash"]
+    assert "not run" not in aborts[0]["reason"]
+    assert all("not run: this kernel's last 1 cases ended in crash" in r["reason"] for r in aborts[1:])
+    assert all(r["ms_median"] is None or r["ms_median"] != r["ms_median"] for r in aborts[1:])
+    assert [r["status"] for r in result.rows if r["kernel"] == "good"] == ["ok", "ok", "ok"]

@@ -356,12 +356,18 @@ def run_cases(
     ceilings: dict | None = None,
     on_start: Callable[[int, Case], None] | None = None,
     on_done: Callable[[dict], None] | None = None,
+    max_kernel_failures: int = 2,
 ) -> list[dict]:
     """Run ``cases`` in worker processes, appending each row to ``directory/rows.jsonl`` as
     it completes; returns the rows in completion order.
 
     Args:
         gpus: one worker slot per entry (its ``CUDA_VISIBLE_DEVICES``); None: one slot.
+        max_kernel_failures: after this many consecutive ``crash`` / ``timeout`` rows of one
+            kernel (same backend, label and params), its remaining cases are not run: each
+            becomes a row with the same status and a reason saying so (a peer that aborts
+            while compiling, or autotunes past the timeout, would otherwise cost a worker
+            start or a whole timeout per case). 0 runs every case.
         ceilings: ``{"flops_per_s", "bytes_per_s"}`` for the roofline columns (or None).
         on_start(slot, case) / on_done(row): progress callbacks (called from slot threads).
 
@@ -380,6 +386,18 @@ def run_cases(
     writer = R.RowWriter(directory)
     flops_per_s = (ceilings or {}).get("flops_per_s")
     bytes_per_s = (ceilings or {}).get("bytes_per_s")
+    failures: dict[tuple, list[dict]] = collections.defaultdict(list)  # consecutive crash/timeout
+
+    def given_up(case: Case) -> dict | None:
+        streak = failures[(case.backend, case.kernel, case.params)]
+        if max_kernel_failures <= 0 or len(streak) < max_kernel_failures:
+            return None
+        last = streak[-1]
+        first_line = str(last.get("reason") or "").strip().splitlines()[:1]
+        return {"status": last["status"],
+                "reason": f"not run: this kernel's last {len(streak)} cases ended in "
+                          f"{last['status']} ({first_line[0] if first_line else 'no reason'}); "
+                          "--max-kernel-failures 0 runs every case"}
 
     def slot_loop(slot: int, gpu: str | None) -> None:
         log_path = directory / "logs" / f"worker-{slot}.log"
@@ -390,6 +408,18 @@ def run_cases(
                 case = queue.popleft()
             if on_start is not None:
                 on_start(slot, case)
+            with lock:
+                skipped = given_up(case)
+            if skipped is not None:
+                row = _base_row(case)
+                row.update(skipped)
+                R.fill_model_columns(row, flops_per_s, bytes_per_s)
+                with lock:
+                    written = writer.append(row)
+                    done_rows.append(written)
+                if on_done is not None:
+                    on_done(written)
+                continue
             worker = workers.get(slot)
             if worker is not None and (worker.backend != case.backend or not worker.alive()):
                 worker.stop()
@@ -414,6 +444,11 @@ def run_cases(
                     row[key] = value
             R.fill_model_columns(row, flops_per_s, bytes_per_s)
             with lock:
+                streak = failures[(case.backend, case.kernel, case.params)]
+                if row.get("status") in ("crash", "timeout"):
+                    streak.append(row)
+                else:
+                    streak.clear()
                 written = writer.append(row)
                 done_rows.append(written)
             if on_done is not None:
@@ -468,6 +503,7 @@ def run_suite(
     gpus: list[str] | None = None,
     shard: str | None = None,
     only: list[str] | None = None,
+    max_kernel_failures: int = 2,
     ceilings: str = "datasheet",
     device: str | None = None,
     console=None,
@@ -485,6 +521,7 @@ def run_suite(
         shard: ``"K/N"`` (``tflabench.shard``).
         only: glob patterns (case-insensitive); keep only the kernels whose suite label or
             backend name matches one of them (e.g. ``["*mLSTMsig*", "mamba2"]``).
+        max_kernel_failures: see :func:`run_cases`.
         ceilings: ``datasheet`` or ``measured`` (roofline columns).
         device: override the suite's device (``cpu`` / ``cuda``).
         console: rich Console for the progress bar (default: stderr).
@@ -560,7 +597,8 @@ def run_suite(
             bar.advance(task)
 
         try:
-            rows = run_cases(todo, directory, gpus=gpus, ceilings=ceil, on_start=on_start, on_done=on_done)
+            rows = run_cases(todo, directory, gpus=gpus, ceilings=ceil, on_start=on_start, on_done=on_done,
+                             max_kernel_failures=max_kernel_failures)
         finally:
             if (directory / R.ROWS_FILE).exists():
                 R.finalize(directory)

@@ -49,6 +49,9 @@ def run(
     only: Optional[list[str]] = typer.Option(
         None, "--only", help="Run only kernels whose label or backend matches this glob (repeatable), "
         "e.g. --only '*mLSTMsig*' --only mamba2."),
+    max_kernel_failures: int = typer.Option(
+        2, "--max-kernel-failures", min=0, help="After this many consecutive crash/timeout rows of one "
+        "kernel, record its remaining cases as not run (0: run every case)."),
     ceilings: str = typer.Option("datasheet", "--ceilings", help="Roofline ceilings: datasheet or measured."),
     device: Optional[str] = typer.Option(None, "--device", help="Override the suite's device: cpu or cuda."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
@@ -76,7 +79,8 @@ def run(
         previous = signal.signal(signal.SIGTERM, _term)
         try:
             result = runner.run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
-                                      only=only, ceilings=ceilings, device=device, progress=progress, plots=plots)
+                                      only=only, max_kernel_failures=max_kernel_failures, ceilings=ceilings,
+                                      device=device, progress=progress, plots=plots)
         except KeyboardInterrupt:
             typer.echo("interrupted: the rows measured so far are kept in the result set named "
                        f"above ('writing to DIR'); finish with `tflabench run {path} --resume DIR`",
