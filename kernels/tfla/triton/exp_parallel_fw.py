@@ -135,7 +135,7 @@ def _parallel_fw_kernel(
             floor = tl.full((B_LQ,), 1.0, dtype=tl.float32)
         n_out = tl.maximum(tl.abs(den), floor)
         acc = acc / (n_out + eps)[:, None]
-        tl.store(NOUT + bh * S_pad + rows, n_out, mask=(rows < S_pad) & (pid_v == 0))
+        tl.store(NOUT + bh * S_pad + rows, n_out, mask=(rows * 0 + pid_v) == 0)
     tl.store(H + bh * S * d_hv + rows[:, None] * d_hv + offs_v[None, :],
              acc.to(H.dtype.element_ty), mask=row_ok[:, None] & mask_v[None, :])
 

@@ -102,8 +102,10 @@ def _recurrent_fw_kernel(
     c_offs = offs_k[:, None] * d_hv + offs_v[None, :]
     st_base = bh * (NC + 1) * d_qk * d_hv
     n_base = bh * (NC + 1) * d_qk
-    writer_n = pid_v == 0
-    writer_m = (pid_k == 0) & (pid_v == 0)
+    # which programs store n and m, as block masks (triton 3.9's interpreter rejects a
+    # scalar bool combined with a block mask)
+    writer_n = (offs_k * 0 + pid_v) == 0
+    writer_m = (tl.zeros((1,), dtype=tl.int32) + pid_k + pid_v) == 0
 
     if HAS_C0:
         C = tl.load(C0 + bh * d_qk * d_hv + c_offs, mask=mask_kv, other=0.0).to(tl.float32)
