@@ -158,7 +158,8 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool) -> 
     fp32 = dtype == torch.float32
     b_l = L if limit else min(64, L)
     b_qk = max(16, min(64 if fp32 else 128, _p2(d_qk)))
-    b_hv = max(16, min(64 if (fp32 or b_l >= 128) else 128, _p2(d_hv)))
+    b_hv = max(16, min(32 if (fp32 and b_l >= 128) else 64 if (fp32 or b_l >= 128) else 128,
+                       _p2(d_hv)))
     warps = 8 if b_l * b_hv >= 128 * 128 or b_l >= 128 else 4
     cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2)
     cfg.update(FW_OVERRIDE["limit" if limit else "xl"])
