@@ -68,9 +68,24 @@ def make_inputs(B, NH, S, d_qk, d_hv, *, i_mean=0.0, f_mean=3.0, seed=0, dtype=t
     return q, k, v, i, f
 
 
-def ours(chunk):
+def ours(chunk, bwd=None, ov=None):
+    """Our mlstm_sig at chunk size ``chunk``; ``bwd`` picks the backward path ("walk" or
+    "chunk") and ``ov`` further tfla.triton.common.OVERRIDES, for the calls made through this
+    function only."""
+    from tfla.triton import common
+
+    extra = dict(ov or {}, **({"bwd": bwd} if bwd else {}))
+
     def fn(q, k, v, i, f):
-        return mlstm_sig(q, k, v, i, f, chunk_size=chunk, normalize=False)
+        if not extra:
+            return mlstm_sig(q, k, v, i, f, chunk_size=chunk, normalize=False)
+        before = dict(common.OVERRIDES)
+        common.OVERRIDES.update(extra)
+        try:
+            return mlstm_sig(q, k, v, i, f, chunk_size=chunk, normalize=False)
+        finally:
+            common.OVERRIDES.clear()
+            common.OVERRIDES.update(before)
     return fn
 
 
@@ -183,6 +198,11 @@ def run_check(args, results):
         dict(dtype=torch.float16, B=2, NH=2, S=129, d_qk=32, d_hv=48, L=16, normalize=True,
              init=True, ov={"chunks_per_seg": 2}),
     ]
+    if args.check_cases:
+        cases = [cases[int(j)] for j in args.check_cases.split(",")]
+    if args.check_bwd:
+        cases = [dict(c, ov=dict(c["ov"], bwd=path)) for path in args.check_bwd.split(",")
+                 for c in cases]
     for cs in cases:
         common.OVERRIDES.clear()
         common.OVERRIDES.update(cs["ov"])
@@ -235,6 +255,8 @@ def run_numerics(args, results):
     log("\n== (a) numerics: bf16, B=1, NH=4, d_qk=128, d_hv=256, vs float64 reference ==")
     shapes = [(2048, 0.0), (8192, 0.0), (2048, -10.0)] if not args.quick else [(2048, 0.0)]
     impls = [("ours L=128", ours(128)), ("ours L=64", ours(64))]
+    if args.numerics_bwd:
+        impls = [(f"ours L=128 {p}", ours(128, p)) for p in args.numerics_bwd.split(",")]
     try:
         impls.append(("mlstm_kernels L=128", peer_sig(128)))
     except Exception as e:  # noqa: BLE001
@@ -339,6 +361,44 @@ def speed_rows(setting, B, NH, S, d_qk, d_hv, our_chunks, peer_chunks, with_fla,
     return rows
 
 
+def run_bwdcmp(args, results):
+    """Fig. 4 setting: our backward paths side by side with mlstm_kernels (same run)."""
+    log("\n== backward paths vs mlstm_kernels: Fig. 4 setting (16 heads, d_qk 128, d_hv 256) ==")
+    cands = json.loads(args.bwdcmp)
+    for S in [int(x) for x in args.bwdcmp_S.split(",")]:
+        B = 65536 // S
+        q, k, v, i, f = make_inputs(B, 16, S, 128, 256, seed=S)
+        leaves = [x.requires_grad_() for x in (q, k, v, i, f)]
+        dh = torch.randn(B, 16, S, 256, device="cuda").to(torch.bfloat16)
+        for cand in cands:
+            chunk, path, modes = cand["chunk"], cand.get("bwd"), cand.get("modes", ["fwdbw"])
+            if path == "peer":
+                try:
+                    fn, name = peer_sig(chunk), f"mlstm_kernels L={chunk}"
+                except Exception as e:  # noqa: BLE001
+                    log(f"mlstm_kernels unavailable: {e!r}")
+                    continue
+            else:
+                fn = ours(chunk, path, cand.get("ov"))
+                name = f"ours L={chunk}" + (f" {path}" if path else "") + (
+                    " " + json.dumps(cand["ov"]) if cand.get("ov") else "")
+            for mode in modes:
+                try:
+                    m = measure(fn, leaves, mode, dh=dh)
+                    log(f"bwdcmp S={S:6d} B={B:3d} {name:24s} {mode:6s} {m['ms']:8.3f} ms "
+                        f"(min {m['ms_min']:.3f}, max {m['ms_max']:.3f}) peak {m['peak_gib']:5.2f} GiB "
+                        f"first {m['first_s']:.1f}s")
+                    results.setdefault("speed", []).append(
+                        dict(setting="bwdcmp", impl=name, chunk=chunk, S=S, B=B, mode=mode, **m))
+                except Exception as e:  # noqa: BLE001
+                    log(f"bwdcmp S={S} {name} {mode}: ERROR {e!r}"[:600])
+                    if os.environ.get("BENCH_TRACEBACK"):
+                        traceback.print_exc()
+                torch.cuda.empty_cache()
+        del q, k, v, i, f, leaves, dh
+        torch.cuda.empty_cache()
+
+
 def run_fig4(args, results):
     log("\n== (b) Figure-4 setting: 16 heads, d_qk 128, d_hv 256, bf16, 65,536 tokens ==")
     Ss = [2048, 8192, 32768] if not args.quick else [8192]
@@ -419,6 +479,14 @@ def main():
     ap.add_argument("--quick", action="store_true")
     ap.add_argument("--our-chunks", default="64,128,256")
     ap.add_argument("--tune", default="", help="JSON list of OVERRIDES dicts (key 'chunk' too)")
+    ap.add_argument("--bwdcmp", default=json.dumps([
+        {"chunk": 128, "bwd": "walk", "modes": ["fwd", "fwdbw"]}, {"chunk": 128, "bwd": "chunk"},
+        {"chunk": 256, "bwd": "chunk"}, {"chunk": 128, "bwd": "peer", "modes": ["fwd", "fwdbw"]}]),
+        help="JSON list of {chunk, bwd: walk|chunk|peer, modes} for section bwdcmp")
+    ap.add_argument("--bwdcmp-S", default="2048,8192,32768")
+    ap.add_argument("--check-cases", default="", help="indices of the check cases to run")
+    ap.add_argument("--check-bwd", default="", help="backward paths for the check cases")
+    ap.add_argument("--numerics-bwd", default="", help="backward paths for the numerics section")
     args = ap.parse_args()
     args.our_chunks = [int(c) for c in args.our_chunks.split(",")]
     import triton
@@ -442,7 +510,8 @@ def main():
     log(json.dumps(info))
     results = {"info": info}
     sections = args.sections.split(",")
-    for name, fn in (("check", run_check), ("numerics", run_numerics), ("fig4", run_fig4),
+    for name, fn in (("bwdcmp", run_bwdcmp), ("check", run_check), ("numerics", run_numerics),
+                     ("fig4", run_fig4),
                      ("tune", run_tune), ("fig5", run_fig5)):
         if name in sections:
             t0 = time.time()

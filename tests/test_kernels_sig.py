@@ -28,7 +28,8 @@ def _interpreted_kernel_modules():
     from triton.runtime.interpreter import InterpretedFunction
 
     names = ["tfla.triton.common", "tfla.triton.sig_fwd_recurrent", "tfla.triton.sig_fwd_parallel",
-             "tfla.triton.sig_bwd_recurrent", "tfla.triton.sig_bwd_parallel"]
+             "tfla.triton.sig_bwd_recurrent", "tfla.triton.sig_bwd_parallel",
+             "tfla.triton.sig_bwd_chunk"]
     mods = [importlib.import_module(n) for n in names]
     if not isinstance(mods[2]._sig_fwd_parallel_kernel, InterpretedFunction):
         mods = [importlib.reload(m) for m in mods]
@@ -134,6 +135,56 @@ def test_kernels_match_reference_in_extreme_gate_regimes(regime, normalize):
 def test_kernel_variants_agree_with_reference(overrides, L, normalize):
     common.OVERRIDES.update(overrides)
     check(run_case(S=61, L=L, d_qk=16, d_hv=32, normalize=normalize, initial=True), 2e-5, 1e-4)
+
+
+@pytest.mark.parametrize("overrides,L,S,d_qk,d_hv,normalize,initial", [
+    ({}, 16, 45, 16, 32, False, False),                    # S not a multiple of L, d_qk != d_hv
+    ({}, 16, 45, 16, 32, True, True),                      # normalised, initial state in
+    ({}, 32, 70, 32, 16, False, True),                     # d_qk > d_hv
+    ({}, 64, 40, 16, 24, True, False),                     # L > S, d_hv not a power of two
+    ({}, 16, 1, 16, 16, False, True),                      # S = 1
+    ({"BL_C": 16, "BL_W": 16}, 64, 61, 16, 32, True, True),  # chunk of four row tiles
+    ({"BDV_C": 16, "BDA_W": 16, "BDB_W": 16}, 16, 50, 32, 40, False, True),  # many blocks
+    ({"chunks_per_seg": 1}, 16, 61, 16, 32, True, True),   # forward in segments
+])
+def test_chunk_parallel_backward_matches_float64_reference(overrides, L, S, d_qk, d_hv,
+                                                           normalize, initial):
+    common.OVERRIDES.update(overrides, bwd="chunk")
+    check(run_case(L=L, S=S, d_qk=d_qk, d_hv=d_hv, normalize=normalize, initial=initial), 2e-5,
+          1e-4)
+
+
+@pytest.mark.parametrize("regime", [
+    dict(i_mean=-30.0, i_std=5.0),
+    dict(i_mean=30.0, i_std=5.0),
+    dict(f_mean=-8.0, f_std=2.0),
+    dict(f_mean=8.0, f_std=1.0, i_std=25.0),
+])
+def test_chunk_parallel_backward_in_extreme_gate_regimes(regime):
+    common.OVERRIDES.update(bwd="chunk")
+    check(run_case(S=40, normalize=True, initial=True, **regime), 2e-5, 1e-4)
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
+def test_chunk_parallel_backward_half_precision(dtype, tol):
+    common.OVERRIDES.update(bwd="chunk")
+    check(run_case(S=40, L=16, dtype=dtype, normalize=False, initial=True), tol)
+
+
+def test_backward_paths_agree():
+    runs = []
+    for path in ("walk", "chunk"):
+        common.OVERRIDES.clear()
+        common.OVERRIDES.update(bwd=path)
+        runs.append(run_case(S=37, L=16, normalize=True, initial=True, seed=3))
+    assert all(runs[1][key] < 2e-5 for key in runs[1] if key != "df"), runs
+    assert runs[1]["df"] < 1e-4 and runs[0]["df"] < 1e-4, runs
+
+
+def test_unknown_backward_path_is_refused(monkeypatch):
+    monkeypatch.setenv(common.BWD_ENV, "fast")
+    with pytest.raises(ValueError, match="TFLA_SIG_BWD"):
+        run_case(S=20, L=16)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])

@@ -166,14 +166,22 @@ class _MLSTMSigXL(torch.autograd.Function):
         else:
             dh3 = dh.reshape(BH, S, d_hv).to(q3.dtype).contiguous()
         dCL = dC_S.reshape(BH, d_qk, d_hv).float().contiguous() if dC_S is not None else None
-        if cfg.n_seg > 1:
+        if cfg.bwd == "chunk":
+            from tfla.triton.sig_bwd_chunk import sig_bwd_chunk
+
+            C0f = CS[:, 0].contiguous() if CS is not None else None
+            dq, dk, dv, qdq, kdk, dC0 = sig_bwd_chunk(
+                q3, k3, v3, dh3, gb, gi, n_out, C0f, dCL, cfg, normalize=normalize, eps=EPS,
+                want_dC0=has_C0 and ctx.needs_input_grad[5], dot_dt=dot_dt, dot_prec=dot_prec)
+        elif cfg.n_seg > 1:
             DCS = sig_bwd_recurrent(q3, dh3, f2, n_out, dCL, cfg, normalize=normalize, eps=EPS,
                                     dot_dt=dot_dt, dot_prec=dot_prec)
         else:
             DCS = dCL.unsqueeze(1) if dCL is not None else None
-        dq, dk, dv, qdq, kdk, dC0 = sig_bwd_parallel(
-            q3, k3, v3, dh3, gb, gi, n_out, CS, DCS, cfg, normalize=normalize, eps=EPS,
-            want_dC0=has_C0 and ctx.needs_input_grad[5], dot_dt=dot_dt, dot_prec=dot_prec)
+        if cfg.bwd != "chunk":
+            dq, dk, dv, qdq, kdk, dC0 = sig_bwd_parallel(
+                q3, k3, v3, dh3, gb, gi, n_out, CS, DCS, cfg, normalize=normalize, eps=EPS,
+                want_dC0=has_C0 and ctx.needs_input_grad[5], dot_dt=dot_dt, dot_prec=dot_prec)
         # gate gradients (docs 3.4): dī = k·dk, df̄_t = Σ_{u>=t}(q·dq − k·dk) + ⟨dC_S, C_S⟩
         # float64 for the sequence-long reverse cumsum (its partial sums are much larger
         # than their differences, docs 3.4); the arrays are only (B*NH, S)

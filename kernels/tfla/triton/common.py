@@ -124,6 +124,11 @@ class SigConfig:
 
 _CONFIG_CACHE: dict = {}
 
+#: environment variable choosing the mLSTMsig backward path ("chunk" or "walk"); OVERRIDES
+#: key "bwd" wins over it. DEFAULT_BWD is used when neither is set (docs/kernels-sig-notes.md).
+BWD_ENV = "TFLA_SIG_BWD"
+DEFAULT_BWD = "walk"
+
 #: Tests (and the benchmark's variants) override fields of the heuristic here, e.g.
 #: {"chunks_per_seg": 1, "BDHV": 16, "BL": 16}; dependent fields are recomputed.
 OVERRIDES: dict = {}
@@ -140,7 +145,8 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     Forward tiles come through TMA with 2 pipeline stages; the backward uses TMA only with
     64-wide d_hv blocks (measured, see the notes).
     """
-    key = (B, NH, S, d_qk, d_hv, L, dtype, str(device), tuple(sorted(OVERRIDES.items())))
+    key = (B, NH, S, d_qk, d_hv, L, dtype, str(device), tuple(sorted(OVERRIDES.items())),
+           os.environ.get(BWD_ENV, ""))
     cfg = _CONFIG_CACHE.get(key)
     if cfg is not None:
         return cfg
@@ -186,6 +192,26 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     # blocks pointer loads without pipelining were faster (docs/kernels-sig-notes.md, runs 1-2)
     cfg.use_tma_b = OVERRIDES.get("use_tma_b", cfg.use_tma and BDHV_B <= 64)
     cfg.num_stages_b = OVERRIDES.get("num_stages_b", 2 if cfg.use_tma_b else 1)
+    # backward path: "chunk" (materialised bf16 chunk states + chunk-parallel dQ/dK/dV,
+    # sig_bwd_chunk.py) or "walk" (the fused state walks of sig_bwd_parallel.py)
+    bwd = OVERRIDES.get("bwd", os.environ.get(BWD_ENV, "") or DEFAULT_BWD)
+    if bwd not in ("chunk", "walk"):
+        raise ValueError(f"{BWD_ENV}: got {bwd!r}; allowed: 'chunk' or 'walk'")
+    cfg.bwd = bwd
+    # chunk path tiles: 64-row tiles (wgmma M), the whole d_qk per program (no atomics),
+    # 64-wide d_hv blocks; state walks in (64 x 64) state blocks, narrower when the grid
+    # would leave SMs idle, stepping 128 positions at a time
+    cfg.BL_C = min(L, OVERRIDES.get("BL_C", 64 if BDQK <= 256 else (32 if BDQK <= 512 else 16)))
+    cfg.BDV_C = OVERRIDES.get("BDV_C", min(64, max(16, next_pow2(d_hv))))
+    cfg.num_warps_c = OVERRIDES.get("num_warps_c", 8 if BDQK >= 256 else 4)
+    cfg.num_stages_c = OVERRIDES.get("num_stages_c", 2)
+    cfg.BL_W = min(L, OVERRIDES.get("BL_W", 128 if BDQK <= 256 else 64))
+    cfg.BDA_W = OVERRIDES.get("BDA_W", min(64, BDQK))
+    bdb = min(64, max(16, next_pow2(d_hv)))
+    if B * NH * triton.cdiv(d_qk, cfg.BDA_W) * triton.cdiv(d_hv, bdb) < 2 * target:
+        bdb = min(bdb, 32)
+    cfg.BDB_W = OVERRIDES.get("BDB_W", bdb)
+    cfg.num_stages_w = OVERRIDES.get("num_stages_w", 2)
     _CONFIG_CACHE[key] = cfg
     return cfg
 
