@@ -13,7 +13,11 @@ One self-contained script (issue 5):
     10 warm-ups, CUDA events around each call; peak memory above the inputs;
 (c) the Figure-5 sweep (8 heads, d_qk 256, d_hv 512, S 8192, batch 8, chunk 64..1024).
 
-Usage (device): python3 benchmarks/bench_sig.py [--sections numerics,fig4,fig5,tune]
+(d) bwdcmp: our backward paths ("chunk", "walk", tile overrides) beside mlstm_kernels at the
+    Figure-4 setting; profile: GPU time per kernel (torch.profiler) of our default fwd+bwd.
+
+Usage (device): python3 benchmarks/bench_sig.py
+[--sections bwdcmp,check,numerics,profile,fig4,tune,fig5]
 [--out DIR] [--quick]. Needs kernels/ on PYTHONPATH; peers optional (missing ones are
 reported, not fatal).
 """
@@ -371,6 +375,8 @@ def run_bwdcmp(args, results):
         leaves = [x.requires_grad_() for x in (q, k, v, i, f)]
         dh = torch.randn(B, 16, S, 256, device="cuda").to(torch.bfloat16)
         for cand in cands:
+            if "S" in cand and S not in cand["S"]:
+                continue
             chunk, path, modes = cand["chunk"], cand.get("bwd"), cand.get("modes", ["fwdbw"])
             if path == "peer":
                 try:
@@ -395,6 +401,32 @@ def run_bwdcmp(args, results):
                     if os.environ.get("BENCH_TRACEBACK"):
                         traceback.print_exc()
                 torch.cuda.empty_cache()
+        del q, k, v, i, f, leaves, dh
+        torch.cuda.empty_cache()
+
+
+def run_profile(args, results):
+    """GPU time per kernel of our fwd+bwd (default path, chunk 128) at Fig. 4, S 8192 and 32768
+    (torch.profiler, 3 calls after a warm-up)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    for S in (8192, 32768):
+        B = 65536 // S
+        q, k, v, i, f = make_inputs(B, 16, S, 128, 256, seed=S)
+        leaves = [x.requires_grad_() for x in (q, k, v, i, f)]
+        dh = torch.randn(B, 16, S, 256, device="cuda").to(torch.bfloat16)
+        fn = ours(128)
+
+        def call():
+            return torch.autograd.grad(fn(*leaves), leaves, dh)
+        call()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(3):
+                call()
+            torch.cuda.synchronize()
+        log(f"\n== profile: ours L=128 fwd+bwd, S={S}, 3 calls (times are totals over 3) ==")
+        log(prof.key_averages().table(sort_by="cuda_time_total", row_limit=14, max_name_column_width=44))
         del q, k, v, i, f, leaves, dh
         torch.cuda.empty_cache()
 
@@ -511,6 +543,7 @@ def main():
     results = {"info": info}
     sections = args.sections.split(",")
     for name, fn in (("bwdcmp", run_bwdcmp), ("check", run_check), ("numerics", run_numerics),
+                     ("profile", run_profile),
                      ("fig4", run_fig4),
                      ("tune", run_tune), ("fig5", run_fig5)):
         if name in sections:

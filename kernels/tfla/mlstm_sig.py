@@ -104,8 +104,11 @@ def _dot_settings(dtype):
 
 
 class _MLSTMSigXL(torch.autograd.Function):
-    """Forward: gate prep, segment states (if any), fused H kernel. Backward: segment state
-    gradients (if any), fused dQ and dK/dV kernels, epilogue, gate gradients (docs 3.4)."""
+    """Forward: gate prep, segment states (if any), fused H kernel. Backward (default
+    "chunk", tfla/triton/sig_bwd_chunk.py): chunk states C_{k-1} and dC_k materialised in the
+    input dtype by two walks, then chunk-parallel dQ/dK and dV kernels; or ("walk", env
+    TFLA_SIG_BWD=walk) segment state gradients and the fused dQ and dK/dV walks. Then the gate
+    gradients (docs 3.4)."""
 
     @staticmethod
     def forward(ctx, q, k, v, i, f, C0, n0, L, normalize, return_last):

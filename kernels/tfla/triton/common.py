@@ -127,7 +127,7 @@ _CONFIG_CACHE: dict = {}
 #: environment variable choosing the mLSTMsig backward path ("chunk" or "walk"); OVERRIDES
 #: key "bwd" wins over it. DEFAULT_BWD is used when neither is set (docs/kernels-sig-notes.md).
 BWD_ENV = "TFLA_SIG_BWD"
-DEFAULT_BWD = "walk"
+DEFAULT_BWD = "chunk"   # measured faster at every Fig. 4 S (docs/kernels-sig-notes.md, run 3)
 
 #: Tests (and the benchmark's variants) override fields of the heuristic here, e.g.
 #: {"chunks_per_seg": 1, "BDHV": 16, "BL": 16}; dependent fields are recomputed.
@@ -142,8 +142,14 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     needs M >= 64), smaller for wider heads so that the Q and K tiles fit in shared memory;
     chunk 128 with d_qk <= 128 runs as one 128-row tile with 64-wide d_hv blocks. Segments
     are added only when (d_hv blocks x heads) < 2 x SMs, then about four programs per SM.
-    Forward tiles come through TMA with 2 pipeline stages; the backward uses TMA only with
-    64-wide d_hv blocks (measured, see the notes).
+    Forward tiles come through TMA with 2 pipeline stages. Backward path ``cfg.bwd``:
+    "chunk" (default, sig_bwd_chunk.py: 64-row tiles, whole d_qk per program, 64-wide d_hv
+    blocks, 3 stages; state walks in 64 x 64 blocks, 32-wide when the grid is small, 128
+    positions a step) or "walk" (sig_bwd_parallel.py: TMA only with 64-wide d_hv blocks);
+    env TFLA_SIG_BWD or OVERRIDES["bwd"] choose. All measured, see the notes.
+
+    Raises:
+        ValueError: TFLA_SIG_BWD / OVERRIDES["bwd"] not "chunk" or "walk".
     """
     key = (B, NH, S, d_qk, d_hv, L, dtype, str(device), tuple(sorted(OVERRIDES.items())),
            os.environ.get(BWD_ENV, ""))
@@ -204,7 +210,7 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     cfg.BL_C = min(L, OVERRIDES.get("BL_C", 64 if BDQK <= 256 else (32 if BDQK <= 512 else 16)))
     cfg.BDV_C = OVERRIDES.get("BDV_C", min(64, max(16, next_pow2(d_hv))))
     cfg.num_warps_c = OVERRIDES.get("num_warps_c", 8 if BDQK >= 256 else 4)
-    cfg.num_stages_c = OVERRIDES.get("num_stages_c", 2)
+    cfg.num_stages_c = OVERRIDES.get("num_stages_c", 3)   # run 4: 3 beat 2 and 1 (notes)
     cfg.BL_W = min(L, OVERRIDES.get("BL_W", 128 if BDQK <= 256 else 64))
     cfg.BDA_W = OVERRIDES.get("BDA_W", min(64, BDQK))
     bdb = min(64, max(16, next_pow2(d_hv)))
