@@ -146,3 +146,10 @@ def test_known_bad_combinations_are_reported():
     fixed = known_problems(dict(env, triton="3.7.1", peers={"fla-core": "0.6.0"}))
     assert not any("fla" in p for p in fixed)
     assert json.dumps(problems)  # plain strings
+
+
+def test_git_revision_can_be_named_where_the_tree_has_no_git(monkeypatch):
+    from tflabench.environment import git_revision
+
+    monkeypatch.setenv("TFLABENCH_GIT_REVISION", "0123abc")
+    assert git_revision() == "0123abc"

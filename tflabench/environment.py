@@ -13,6 +13,7 @@ import dataclasses
 import importlib.metadata
 import importlib.util
 import platform
+import os
 import shutil
 import socket
 import subprocess
@@ -52,7 +53,12 @@ def peer_versions() -> dict[str, str]:
 
 def git_revision(path: str | Path | None = None) -> str | None:
     """``git rev-parse HEAD`` of the checkout holding tflabench (``+dirty`` when the
-    working tree has changes to tracked files); None outside a git checkout."""
+    working tree has changes to tracked files); None outside a git checkout.
+
+    A copied tree without ``.git`` (a remote GPU machine, a container) can name its
+    revision in the environment variable ``TFLABENCH_GIT_REVISION``."""
+    if os.environ.get("TFLABENCH_GIT_REVISION"):
+        return os.environ["TFLABENCH_GIT_REVISION"]
     root = Path(path) if path else Path(__file__).resolve().parent.parent
     if shutil.which("git") is None:
         return None
