@@ -12,10 +12,10 @@ export PYTHONPATH="$PWD:$PWD/kernels:/tmp/peers:${PYTHONPATH:-}" PYTHONUNBUFFERE
   for run in aa1 aa2; do
     start=$(date +%s.%N)
     CUDA_VISIBLE_DEVICES=0 timeout 170 python3 -m tflabench run "$suite" --no-progress --no-plots --out "results/$run" 2>&1 | tail -n 3
-    echo "WALL $run one GPU: $(echo "$(date +%s.%N) - $start" | bc) s"
+    echo "WALL $run one GPU: $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s"
   done
   start=$(date +%s.%N)
   timeout 170 python3 -m tflabench run "$suite" --no-progress --no-plots --gpus 0,1 --out results/gpus01 2>&1 | tail -n 3
-  echo "WALL gpus01 two GPUs: $(echo "$(date +%s.%N) - $start" | bc) s"
+  echo "WALL gpus01 two GPUs: $(awk -v a="$start" -v b="$(date +%s.%N)" 'BEGIN{printf "%.1f", b-a}') s"
 } 2>&1 | tee "$OUT/aa.log"
 tar czf "$OUT/results.tgz" results
