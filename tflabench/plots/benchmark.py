@@ -50,6 +50,25 @@ def _series_labels(frame) -> list[str]:
     return labels
 
 
+MARKERS = "osD^vPX*<>hp"
+
+
+def _series_styles(frame) -> dict[str, dict]:
+    """One matplotlib style per series, the same in every panel: a colour (tab20, then
+    tab20b) and a marker each; our ``tfla`` kernels drawn solid and thicker, peers dashed."""
+    import matplotlib
+
+    colours = list(matplotlib.colormaps["tab20"].colors[::2]) + list(matplotlib.colormaps["tab20"].colors[1::2]) \
+        + list(matplotlib.colormaps["tab20b"].colors)
+    styles = {}
+    for n, (series, group) in enumerate(frame.groupby("series", sort=False)):
+        ours = (group["backend"] == "tfla").any()
+        styles[series] = {"color": colours[n % len(colours)], "marker": MARKERS[n % len(MARKERS)],
+                          "linestyle": "-" if ours else "--", "linewidth": 2.0 if ours else 1.2,
+                          "markersize": 5}
+    return styles
+
+
 def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | None:
     """Median runtime (ms, log scale) over sequence length (log2 scale), one panel per mode,
     one line per kernel series (paper Fig. 4). Returns the path, or None when no row is
@@ -62,13 +81,14 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     if ok.empty:
         return None
     ok["series"] = _series_labels(ok)
+    styles = _series_styles(ok)
     modes = [m for m in ("fwd", "fwdbw") if (ok["mode"] == m).any()]
     fig, axes = _figure(len(modes))
     for ax, mode in zip(axes, modes):
         part = ok[ok["mode"] == mode]
         for series, group in part.groupby("series", sort=False):
             group = group.sort_values("seq_len")
-            ax.plot(group["seq_len"], group["ms_median"], marker="o", label=series)
+            ax.plot(group["seq_len"], group["ms_median"], label=series, **styles[series])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         ax.set_xlabel("sequence length S (tokens)")
