@@ -173,10 +173,14 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
         target = 2 * num_sms(device.index if device.index is not None else torch.cuda.current_device())
     else:
         target = 1
-    # segments only when one per (d_hv block, head) leaves SMs idle; then as many as keep
-    # the grid within two waves (one program per SM: the kernels use the whole register file)
+    # segments only when one program per (d_hv block, head) leaves at least half the SMs
+    # idle (target = 2 x SMs); then as many as keep the grid within two waves (one program
+    # per SM: the kernels use the whole register file). The segment states cost a local-
+    # state pass and a scan: at 128 programs on 132 SMs (Fig. 4, S 32768) one segment ran
+    # 1.95 ms against 2.40-2.64 ms for 2-16 segments (notes, "Open lead"), so the bound
+    # is progs < SMs / 2, not progs < SMs.
     progs = n_jv * B * NH
-    n_seg = max(1, min(n_chunks, (2 * target) // progs)) if 2 * progs < target else 1
+    n_seg = max(1, min(n_chunks, (2 * target) // progs)) if 4 * progs < target else 1
     chunks_per_seg = triton.cdiv(n_chunks, n_seg)
     if "chunks_per_seg" in OVERRIDES:
         chunks_per_seg = max(1, min(n_chunks, OVERRIDES["chunks_per_seg"]))
