@@ -79,32 +79,13 @@ COLUMNS: tuple[str, ...] = (
     + NUMERICS_COLUMNS
     + MODEL_COLUMNS
 )
-#: Columns that are numbers (NaN where not applicable) once loaded into a DataFrame.
-NUMERIC_COLUMNS: tuple[str, ...] = (
-    "batch",
-    "seq_len",
-    "heads",
-    "d_qk",
-    "d_hv",
-    "chunk_size",
-    "embedding_dim",
-    "ms_median",
-    "ms_mean",
-    "ms_min",
-    "ms_max",
-    "ms_q25",
-    "ms_q75",
-    "n_iter",
-    "first_call_s",
-    "peak_mem_bytes",
-    "numerics_err",
-    "flops",
-    "bytes",
-    "intensity_flop_per_byte",
-    "tflops_per_s",
-    "roofline_ms",
-    "roofline_fraction",
+#: Columns that hold text (or JSON text) once loaded into a DataFrame.
+TEXT_COLUMNS: tuple[str, ...] = (
+    "case_id", "suite", "kernel", "backend", "family", "params", "mode", "dtype", "device",
+    "status", "reason", "ms_samples", "numerics_ref",
 )
+#: Columns that are numbers (NaN where not applicable): every other column, in order.
+NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)
 #: Row statuses. ``ok``: measured; ``wrong``: the numerics gate failed (no timings);
 #: ``crash``: the worker process died (segfault, abort); ``timeout``: past the case's
 #: timeout; ``oom``: out of device memory; ``error``: the kernel raised; ``unavailable``:
@@ -339,7 +320,7 @@ def _normalise_frame(frame):
     frame = frame[list(COLUMNS)].copy()
     for col in NUMERIC_COLUMNS:
         frame[col] = pd.to_numeric(frame[col], errors="coerce").astype("float64")
-    for col in set(COLUMNS) - set(NUMERIC_COLUMNS):
+    for col in TEXT_COLUMNS:
         frame[col] = frame[col].astype(object).where(frame[col].notna(), None)
     return frame.reset_index(drop=True)
 

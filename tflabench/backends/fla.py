@@ -192,6 +192,19 @@ def lightning_log_decay(heads: int, layer_idx: int, num_layers: int):
     return -(8.0 / heads * (1.0 - layer_idx / num_layers)) * torch.arange(heads, dtype=torch.float64)
 
 
+def _gla_inputs(q, k, v, g, g_gamma, scale):
+    """The GLA references' common preparation: float64 q, k, v; the log-forget gates g
+    (from the per-head constant g_gamma when g is None); scale defaulting to d_qk^-1/2."""
+    import torch
+
+    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    B, T, H, K = q.shape
+    scale = K ** -0.5 if scale is None else scale
+    if g is None:
+        g = g_gamma.to(device=q.device, dtype=torch.float64).expand(B, T, H)
+    return q, k, v, g.to(torch.float64), scale
+
+
 def gla_reference(q, k, v, g=None, g_gamma=None, scale=None, chunk_size=64):
     """Gated linear attention in float64, chunked (exact), differentiable; fla's conventions.
 
@@ -212,12 +225,8 @@ def gla_reference(q, k, v, g=None, g_gamma=None, scale=None, chunk_size=64):
     """
     import torch
 
-    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    q, k, v, g, scale = _gla_inputs(q, k, v, g, g_gamma, scale)
     B, T, H, K = q.shape
-    scale = K ** -0.5 if scale is None else scale
-    if g is None:
-        g = g_gamma.to(device=q.device, dtype=torch.float64).expand(B, T, H)
-    g = g.to(torch.float64)
     per_key = g.dim() == 4
     if not per_key:
         g = g[..., None]                                             # (B, T, H, 1): broadcasts over K
@@ -247,12 +256,8 @@ def gla_recurrent_reference(q, k, v, g=None, g_gamma=None, scale=None):
     arguments and result as :func:`gla_reference`; the ground truth it is tested against)."""
     import torch
 
-    q, k, v = (t.to(torch.float64) for t in (q, k, v))
+    q, k, v, g, scale = _gla_inputs(q, k, v, g, g_gamma, scale)
     B, T, H, K = q.shape
-    scale = K ** -0.5 if scale is None else scale
-    if g is None:
-        g = g_gamma.to(device=q.device, dtype=torch.float64).expand(B, T, H)
-    g = g.to(torch.float64)
     if g.dim() == 3:
         g = g[..., None].expand(B, T, H, K)
     state = q.new_zeros(B, H, K, v.shape[-1])

@@ -96,6 +96,23 @@ def _inverse_softplus_dt_bias(n: int, gen, device: str):
 # ------------------------------------------------------------------------ references
 
 
+def _ssd_inputs(x, dt, A, B, C, dt_bias, dt_softplus):
+    """The SSD references' common preparation: float64, groups of B and C repeated to
+    one per head, dt biased and passed through softplus as the kernel does."""
+    import torch
+    import torch.nn.functional as F
+
+    x, dt, A, B, C = (t.to(torch.float64) for t in (x, dt, A, B, C))
+    H, G = x.shape[2], B.shape[2]
+    B = B.repeat_interleave(H // G, dim=2)
+    C = C.repeat_interleave(H // G, dim=2)
+    if dt_bias is not None:
+        dt = dt + dt_bias.to(torch.float64)
+    if dt_softplus:
+        dt = F.softplus(dt)
+    return x, dt, A, B, C
+
+
 def ssd_reference(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=True, chunk_size=64):
     """Mamba 2 SSD in float64, chunked (exact; O(S * chunk_size) memory), differentiable.
 
@@ -114,17 +131,9 @@ def ssd_reference(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=True, chunk_
         y (B, S, H, P) float64.
     """
     import torch
-    import torch.nn.functional as F
 
-    x, dt, A, B, C = (t.to(torch.float64) for t in (x, dt, A, B, C))
+    x, dt, A, B, C = _ssd_inputs(x, dt, A, B, C, dt_bias, dt_softplus)
     b, S, H, P = x.shape
-    G = B.shape[2]
-    B = B.repeat_interleave(H // G, dim=2)
-    C = C.repeat_interleave(H // G, dim=2)
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(torch.float64)
-    if dt_softplus:
-        dt = F.softplus(dt)
     a = dt * A                                              # (b, S, H) log decay per step
     state = x.new_zeros(b, H, P, B.shape[-1])
     ys = []
@@ -152,17 +161,9 @@ def ssd_recurrent_reference(x, dt, A, B, C, D=None, dt_bias=None, dt_softplus=Tr
     """Mamba 2 SSD by its recurrence, one step at a time, float64 (same arguments and
     result as :func:`ssd_reference`; the ground truth it is tested against)."""
     import torch
-    import torch.nn.functional as F
 
-    x, dt, A, B, C = (t.to(torch.float64) for t in (x, dt, A, B, C))
+    x, dt, A, B, C = _ssd_inputs(x, dt, A, B, C, dt_bias, dt_softplus)
     b, S, H, P = x.shape
-    G = B.shape[2]
-    B = B.repeat_interleave(H // G, dim=2)
-    C = C.repeat_interleave(H // G, dim=2)
-    if dt_bias is not None:
-        dt = dt + dt_bias.to(torch.float64)
-    if dt_softplus:
-        dt = F.softplus(dt)
     state = x.new_zeros(b, H, P, B.shape[-1])
     ys = []
     for t in range(S):
