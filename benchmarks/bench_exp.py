@@ -109,21 +109,22 @@ class with_overrides:
     backward too: :func:`bench_one` enters ``fn.active()`` around forward and backward."""
 
     def __init__(self, fn, *, fw_xl=None, fw_limit=None, bw=None, limit_bw=None, state=None,
-                 tuning=None):
+                 tuning=None, walk=None):
         self.fn = fn
         self.spec = dict(fw_xl=fw_xl, fw_limit=fw_limit, bw=bw, limit_bw=limit_bw, state=state,
-                         tuning=tuning)
+                         tuning=tuning, walk=walk)
 
     @contextlib.contextmanager
     def active(self):
         from tfla.triton import exp_chunkwise, exp_parallel_bw, exp_parallel_fw, exp_recurrent
-        from tfla.triton import limit_parallel_bw
+        from tfla.triton import exp_fwd_walk, limit_parallel_bw
         sp = self.spec
         targets = [(exp_parallel_fw.FW_OVERRIDE["xl"], sp["fw_xl"]),
                    (exp_parallel_fw.FW_OVERRIDE["limit"], sp["fw_limit"]),
                    (exp_parallel_bw.BW_OVERRIDE, sp["bw"]),
                    (limit_parallel_bw.LIMIT_BW_OVERRIDE, sp["limit_bw"]),
-                   (exp_recurrent.STATE_OVERRIDE, sp["state"]), (exp_chunkwise.TUNING, sp["tuning"])]
+                   (exp_recurrent.STATE_OVERRIDE, sp["state"]), (exp_chunkwise.TUNING, sp["tuning"]),
+                   (exp_fwd_walk.WALK_OVERRIDE, sp["walk"])]
         saved = [dict(d) for d, _ in targets]
         try:
             for d, o in targets:
@@ -147,7 +148,13 @@ def variants():
     xl256 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=256)  # noqa: E731
     lim64 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=64,  # noqa: E731
                                                  algorithm="limit_chunk")
+    xl64 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=64)  # noqa: E731
     return {
+        "v xl L128 chunk-parallel fw (walk off)": with_overrides(xl128, tuning={"fwd_walk": "off"}),
+        "v xl L128 walk stages3": with_overrides(xl128, walk={"num_stages": 3}),
+        "v xl L128 walk no TMA": with_overrides(xl128, walk={"use_tma": False}),
+        "v xl L64 walk": xl64,
+        "v xl L64 walk B_dhv64": with_overrides(xl64, walk={"BDHV": 64}),
         "v xl L128 recompute states": with_overrides(xl128, tuning={"recompute_states": True}),
         "v xl L128 fw stages3": with_overrides(xl128, fw_xl={"num_stages": 3}),
         "v xl L128 fw B_dhv256 w8": with_overrides(xl128, fw_xl={"B_DHV": 256, "num_warps": 8}),
@@ -193,7 +200,7 @@ def breakdown(rows, S=8192, n=10):
     """Per-kernel times (median of n) of our exp kernels at one S (Figure-4 sizes)."""
     from tfla.triton import exp_chunkwise as X
     from tfla.triton.exp_chunkwise import Config, kernels
-    rec, pfw, pbw, lbw = kernels()
+    rec, pfw, pbw, lbw, _ = kernels()
     B = TOKENS // S
     q, k, v, i, f = make_inputs(B, S)
     flat = lambda x, *t: x.reshape(-1, *t).contiguous()  # noqa: E731
@@ -403,13 +410,16 @@ def run_numerics(all_rows, S=2048, B=1, nh=4):
         print(f"{r.get('regime', r.get('check', '')):15s} {r.get('variant', '')} {r['impl']:52s} {cells}{extra}")
 
 
-def run_gpu_checks(rows):
+def run_gpu_checks(rows, d_qk=192, d_hv=96):
     """Small GPU shapes with the awkward cases: ragged S, d_qk != d_hv, d_qk > 128 (several
-    d_qk blocks, atomic row sums), initial state, a gradient on the last state."""
+    d_qk blocks, atomic row sums; d_qk <= 128 lets xl_chunk L128 walk), initial state, a
+    gradient on the last state."""
     from tfla.reference import mlstm_chunkwise
     import tfla
     from tfla.limit_chunk import mlstm_limit_chunk
-    B, nh, S, d_qk, d_hv = (2, 3, 1000, 192, 96) if DEV == "cuda" else (1, 1, 100, 40, 24)
+    B, nh, S = (2, 3, 1000) if DEV == "cuda" else (1, 1, 100)
+    if DEV != "cuda":
+        d_qk, d_hv = 40, 24
     g = torch.Generator(device=DEV).manual_seed(5)
 
     def rn(*shape, mean=0.0, std=1.0):
@@ -502,9 +512,13 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny CPU dry run (interpreter)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel times at S=8192")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting timings after this")
+    ap.add_argument("--walk", default="auto", choices=["auto", "on", "off"],
+                    help="xl_chunk forward: exp_chunkwise.TUNING['fwd_walk'] for the whole run")
     args = ap.parse_args()
     if args.smoke:
         smoke_setup()
+    from tfla.triton import exp_chunkwise
+    exp_chunkwise.TUNING["fwd_walk"] = args.walk
     os.makedirs(args.out, exist_ok=True)
     info = env_info()
     print(json.dumps(info))
@@ -518,6 +532,7 @@ def main():
     if not args.no_numerics:
         nrows = []
         run_gpu_checks(nrows)
+        run_gpu_checks(nrows, d_qk=64, d_hv=96)
         run_numerics(nrows)
         with open(os.path.join(args.out, "numerics.json"), "w") as fh:
             json.dump(nrows, fh, indent=1)

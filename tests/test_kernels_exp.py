@@ -177,6 +177,63 @@ def test_random_sign_inputs_are_as_accurate_as_the_float32_reference(interpret):
             assert e_out[name][0] <= budget, (regime, name, e_out[name], e_32[name])
 
 
+@pytest.fixture
+def walk_calls(monkeypatch):
+    """Counts the calls of the walk forward (exp_fwd_walk) made through exp_chunkwise."""
+    from tfla.triton import exp_chunkwise
+
+    walk = exp_chunkwise.kernels()[4]
+    calls = []
+    original = walk.exp_fwd_walk
+
+    def spy(*a, **kw):
+        calls.append(kw["store_states"])
+        return original(*a, **kw)
+
+    monkeypatch.setattr(walk, "exp_fwd_walk", spy)
+    return calls
+
+
+@pytest.mark.parametrize("mode", ["on", "off"])
+@pytest.mark.parametrize("regime", ["std", "large_positive_input_gate", "strongly_negative_input_gate"])
+def test_walk_and_chunk_parallel_forwards_match_the_reference(interpret, monkeypatch, walk_calls,
+                                                              mode, regime):
+    """The xl_chunk forward as one walk kernel (states on chip, C_k written for the backward)
+    and as recurrent + parallel kernels: outputs, last state and all gradients."""
+    from tfla.triton import exp_chunkwise
+
+    monkeypatch.setitem(exp_chunkwise.TUNING, "fwd_walk", mode)
+    inputs, init, dh, dC = make_case(1, S=45, regime=regime)   # 3 chunks, the last ragged
+    ref = reference(inputs, init, dh, dC)
+    out = run(xl(16), inputs, init, dh, dC)
+    assert walk_calls == ([True] if mode == "on" else [])
+    assert_close(errors(out, ref, inputs, dC))
+
+
+def test_forward_without_gradients_skips_the_chunk_states(interpret, walk_calls):
+    """No input requires grad: the walk writes no chunk states, and h and the last state are
+    those of the differentiable call."""
+    (q, k, v, i, f), init, _, _ = make_case(14, S=75)
+    h0, last0 = tfla.mlstm_exp(q, k, v, i, f, chunk_size=32, initial_state=init,
+                               return_last_state=True)
+    qg = q.clone().requires_grad_(True)
+    h1, last1 = tfla.mlstm_exp(qg, k, v, i, f, chunk_size=32, initial_state=init,
+                               return_last_state=True)
+    assert walk_calls == [False, True]
+    torch.testing.assert_close(h0, h1.detach(), rtol=0, atol=0)
+    for a, b in zip(last0, last1):
+        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
+
+
+def test_unknown_walk_mode_is_a_value_error(interpret, monkeypatch):
+    from tfla.triton import exp_chunkwise
+
+    monkeypatch.setitem(exp_chunkwise.TUNING, "fwd_walk", "maybe")
+    (q, k, v, i, f), _, _, _ = make_case(15, S=20)
+    with pytest.raises(ValueError, match="fwd_walk"):
+        tfla.mlstm_exp(q, k, v, i, f, chunk_size=16)
+
+
 def test_limit_chunk_and_xl_chunk_agree(interpret):
     inputs, init, dh, dC = make_case(6, S=90, regime="wide_input_gate")
     lim = run(lambda *a, **kw: tfla.mlstm_exp(*a, chunk_size=32, algorithm="limit_chunk", **kw),
