@@ -109,22 +109,21 @@ class with_overrides:
     backward too: :func:`bench_one` enters ``fn.active()`` around forward and backward."""
 
     def __init__(self, fn, *, fw_xl=None, fw_limit=None, bw=None, limit_bw=None, state=None,
-                 tuning=None, walk=None):
+                 tuning=None):
         self.fn = fn
         self.spec = dict(fw_xl=fw_xl, fw_limit=fw_limit, bw=bw, limit_bw=limit_bw, state=state,
-                         tuning=tuning, walk=walk)
+                         tuning=tuning)
 
     @contextlib.contextmanager
     def active(self):
         from tfla.triton import exp_chunkwise, exp_parallel_bw, exp_parallel_fw, exp_recurrent
-        from tfla.triton import exp_fwd_walk, limit_parallel_bw
+        from tfla.triton import limit_parallel_bw
         sp = self.spec
         targets = [(exp_parallel_fw.FW_OVERRIDE["xl"], sp["fw_xl"]),
                    (exp_parallel_fw.FW_OVERRIDE["limit"], sp["fw_limit"]),
                    (exp_parallel_bw.BW_OVERRIDE, sp["bw"]),
                    (limit_parallel_bw.LIMIT_BW_OVERRIDE, sp["limit_bw"]),
-                   (exp_recurrent.STATE_OVERRIDE, sp["state"]), (exp_chunkwise.TUNING, sp["tuning"]),
-                   (exp_fwd_walk.WALK_OVERRIDE, sp["walk"])]
+                   (exp_recurrent.STATE_OVERRIDE, sp["state"]), (exp_chunkwise.TUNING, sp["tuning"])]
         saved = [dict(d) for d, _ in targets]
         try:
             for d, o in targets:
@@ -148,20 +147,32 @@ def variants():
     xl256 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=256)  # noqa: E731
     lim64 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=64,  # noqa: E731
                                                  algorithm="limit_chunk")
-    xl64 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=64)  # noqa: E731
     return {
-        "v xl L128 chunk-parallel fw (walk off)": with_overrides(xl128, tuning={"fwd_walk": "off"}),
-        "v xl L128 walk stages3": with_overrides(xl128, walk={"num_stages": 3}),
-        "v xl L128 walk no TMA": with_overrides(xl128, walk={"use_tma": False}),
-        "v xl L64 walk": xl64,
-        "v xl L64 walk B_dhv64": with_overrides(xl64, walk={"BDHV": 64}),
+        "v xl L128 fw 128x64 dhv128 w8": with_overrides(
+            xl128, fw_xl={"B_LQ": 128, "B_LKV": 64, "B_DHV": 128, "num_warps": 8}),
+        "v xl L128 fw 128x64 dhv64 w8": with_overrides(
+            xl128, fw_xl={"B_LQ": 128, "B_LKV": 64, "B_DHV": 64, "num_warps": 8}),
+        "v xl L128 fw 128x128 dhv64 w8": with_overrides(
+            xl128, fw_xl={"B_LQ": 128, "B_LKV": 128, "B_DHV": 64, "num_warps": 8}),
+        "v xl L128 rec 128x64 w8": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 64,
+                                                                "num_warps": 8}),
+        "v xl L128 rec 128x128 w8": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 128,
+                                                                 "num_warps": 8}),
+        "v xl L128 fw 128x64 dhv128 w8 + rec 128x64": with_overrides(
+            xl128, fw_xl={"B_LQ": 128, "B_LKV": 64, "B_DHV": 128, "num_warps": 8},
+            state={"B_DQK": 128, "B_DHV": 64, "num_warps": 8}),
+        "v xl L256 fw 128x64 dhv128 w8": with_overrides(
+            xl256, fw_xl={"B_LQ": 128, "B_LKV": 64, "B_DHV": 128, "num_warps": 8}),
         "v xl L128 recompute states": with_overrides(xl128, tuning={"recompute_states": True}),
         "v xl L128 fw stages3": with_overrides(xl128, fw_xl={"num_stages": 3}),
         "v xl L128 fw B_dhv256 w8": with_overrides(xl128, fw_xl={"B_DHV": 256, "num_warps": 8}),
         "v xl L128 bw stages1": with_overrides(xl128, bw={"num_stages": 1}),
         "v xl L128 bw B_dhv64": with_overrides(xl128, bw={"B_DHV": 64}),
         "v xl L128 rec stages2": with_overrides(xl128, state={"num_stages": 2}),
-        "v xl L128 rec 64x64": with_overrides(xl128, state={"MIN_PROGRAMS": 0}),
+        "v xl L128 rec 64x64 (version 2)": with_overrides(
+            xl128, state={"B_DQK": 64, "B_DHV": 64, "num_warps": 4}),
+        "v lim L64 rec 64x64 (version 2)": with_overrides(
+            lim64, state={"B_DQK": 64, "B_DHV": 64, "num_warps": 4}),
         "v xl L256 rec piece64": with_overrides(xl256, state={"PIECE": 64}),
         "v lim L64 bw w8": with_overrides(lim64, limit_bw={"num_warps": 8}),
         "v lim L64 bw 32x32": with_overrides(lim64, limit_bw={"B_DQK": 32, "B_DHV": 32}),
@@ -296,10 +307,14 @@ def bench_one(fn, S, mode):
 
 
 def run_speed(names, seqs, modes, rows, deadline):
+    """Time the implementations (and variants) named, all of impls() if none, or all
+    variants for names == ["variants"]."""
     fns = impls()
     if names == ["variants"]:
         fns = variants()
         names = []
+    elif names:
+        fns = {**fns, **variants()}
     for S in seqs:
         for mode in modes:
             for name in names or fns:
@@ -412,7 +427,7 @@ def run_numerics(all_rows, S=2048, B=1, nh=4):
 
 def run_gpu_checks(rows, d_qk=192, d_hv=96):
     """Small GPU shapes with the awkward cases: ragged S, d_qk != d_hv, d_qk > 128 (several
-    d_qk blocks, atomic row sums; d_qk <= 128 lets xl_chunk L128 walk), initial state, a
+    d_qk blocks, atomic row sums; d_qk <= 128: one block), initial state, a
     gradient on the last state."""
     from tfla.reference import mlstm_chunkwise
     import tfla
@@ -512,13 +527,9 @@ def main():
     ap.add_argument("--smoke", action="store_true", help="tiny CPU dry run (interpreter)")
     ap.add_argument("--breakdown", action="store_true", help="per-kernel times at S=8192")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting timings after this")
-    ap.add_argument("--walk", default="auto", choices=["auto", "on", "off"],
-                    help="xl_chunk forward: exp_chunkwise.TUNING['fwd_walk'] for the whole run")
     args = ap.parse_args()
     if args.smoke:
         smoke_setup()
-    from tfla.triton import exp_chunkwise
-    exp_chunkwise.TUNING["fwd_walk"] = args.walk
     os.makedirs(args.out, exist_ok=True)
     info = env_info()
     print(json.dumps(info))

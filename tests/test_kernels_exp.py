@@ -177,63 +177,6 @@ def test_random_sign_inputs_are_as_accurate_as_the_float32_reference(interpret):
             assert e_out[name][0] <= budget, (regime, name, e_out[name], e_32[name])
 
 
-@pytest.fixture
-def walk_calls(monkeypatch):
-    """Counts the calls of the walk forward (exp_fwd_walk) made through exp_chunkwise."""
-    from tfla.triton import exp_chunkwise
-
-    walk = exp_chunkwise.kernels()[4]
-    calls = []
-    original = walk.exp_fwd_walk
-
-    def spy(*a, **kw):
-        calls.append(kw["store_states"])
-        return original(*a, **kw)
-
-    monkeypatch.setattr(walk, "exp_fwd_walk", spy)
-    return calls
-
-
-@pytest.mark.parametrize("mode", ["on", "off"])
-@pytest.mark.parametrize("regime", ["std", "large_positive_input_gate", "strongly_negative_input_gate"])
-def test_walk_and_chunk_parallel_forwards_match_the_reference(interpret, monkeypatch, walk_calls,
-                                                              mode, regime):
-    """The xl_chunk forward as one walk kernel (states on chip, C_k written for the backward)
-    and as recurrent + parallel kernels: outputs, last state and all gradients."""
-    from tfla.triton import exp_chunkwise
-
-    monkeypatch.setitem(exp_chunkwise.TUNING, "fwd_walk", mode)
-    inputs, init, dh, dC = make_case(1, S=45, regime=regime)   # 3 chunks, the last ragged
-    ref = reference(inputs, init, dh, dC)
-    out = run(xl(16), inputs, init, dh, dC)
-    assert walk_calls == ([True] if mode == "on" else [])
-    assert_close(errors(out, ref, inputs, dC))
-
-
-def test_forward_without_gradients_skips_the_chunk_states(interpret, walk_calls):
-    """No input requires grad: the walk writes no chunk states, and h and the last state are
-    those of the differentiable call."""
-    (q, k, v, i, f), init, _, _ = make_case(14, S=75)
-    h0, last0 = tfla.mlstm_exp(q, k, v, i, f, chunk_size=32, initial_state=init,
-                               return_last_state=True)
-    qg = q.clone().requires_grad_(True)
-    h1, last1 = tfla.mlstm_exp(qg, k, v, i, f, chunk_size=32, initial_state=init,
-                               return_last_state=True)
-    assert walk_calls == [False, True]
-    torch.testing.assert_close(h0, h1.detach(), rtol=0, atol=0)
-    for a, b in zip(last0, last1):
-        torch.testing.assert_close(a, b.detach(), rtol=0, atol=0)
-
-
-def test_unknown_walk_mode_is_a_value_error(interpret, monkeypatch):
-    from tfla.triton import exp_chunkwise
-
-    monkeypatch.setitem(exp_chunkwise.TUNING, "fwd_walk", "maybe")
-    (q, k, v, i, f), _, _, _ = make_case(15, S=20)
-    with pytest.raises(ValueError, match="fwd_walk"):
-        tfla.mlstm_exp(q, k, v, i, f, chunk_size=16)
-
-
 def test_limit_chunk_and_xl_chunk_agree(interpret):
     inputs, init, dh, dC = make_case(6, S=90, regime="wide_input_gate")
     lim = run(lambda *a, **kw: tfla.mlstm_exp(*a, chunk_size=32, algorithm="limit_chunk", **kw),
@@ -325,3 +268,16 @@ def test_mismatched_shapes_raise_value_error():
         tfla.mlstm_exp(q, k[:, :, :5], v, i, f)
     with pytest.raises(ValueError, match="initial_state"):
         tfla.mlstm_exp(q, k, v, i, f, initial_state=(torch.zeros(1, 2, 3, 3),))
+
+
+def test_recurrent_state_blocks_grow_with_the_grid():
+    """The recurrent kernels take the largest state blocks that still give half the SMs a
+    program (docs/kernels-exp-notes.md, version 3): Figure-4 sizes on 132 SMs."""
+    from tfla.triton.exp_recurrent import state_blocks
+
+    assert state_blocks(128, 256, BNH=128, n_sms=132)[:3] == (128, 128, 8)   # 256 programs
+    assert state_blocks(128, 256, BNH=32, n_sms=132)[:3] == (128, 64, 8)     # 64 -> 128
+    # 16 programs at 128 x 128; halving the larger side (d_hv on a tie) until >= 66
+    assert state_blocks(256, 512, BNH=2, n_sms=132)[:3] == (64, 32, 2)
+    assert state_blocks(128, 256, BNH=128, n_sms=132, dtype=torch.float32)[:2] == (64, 64)
+    assert state_blocks(80, 24, BNH=1, n_sms=0)[:2] == (128, 32)             # interpreter: no bound

@@ -26,7 +26,6 @@ _MODULES = (
     "tfla.triton.exp_parallel_fw",
     "tfla.triton.exp_parallel_bw",
     "tfla.triton.limit_parallel_bw",
-    "tfla.triton.exp_fwd_walk",
 )
 
 
@@ -79,41 +78,7 @@ def kernels():
 # kernels in the backward (as the peer does) instead of keeping the chunk states (in the
 # input dtype) and gate vectors from the forward; keeping them is ~1.7 ms faster at the
 # Figure-4 setting with the same peak (docs/kernels-exp-notes.md, run 1).
-# fwd_walk: "auto" (see use_walk), "on" (whenever the shape fits) or "off" (always the
-# chunk-parallel forward) for the xl_chunk forward of exp_fwd_walk.
-TUNING: dict = {"recompute_states": False, "fwd_walk": "auto"}
-
-
-def use_walk(cfg: "Config", q: torch.Tensor, d_hv: int) -> bool:
-    """Whether the xl_chunk forward runs as one walk kernel (exp_fwd_walk) instead of the
-    recurrent + parallel kernels.
-
-    The walk needs the chunk as one tile (L <= 128) and the whole d_qk in one block of at
-    most 256 bytes per row (d_qk <= 128 in 16-bit dtypes; fp32 on the GPU keeps the
-    chunk-parallel kernels, whose exact fp32 dots need smaller tiles). "auto" also needs
-    the walk's grid, (d_hv blocks) x (batch x heads), to cover at least half the SMs: the
-    walk has no parallelism over the chunks (docs/kernels-exp-notes.md, version 3).
-    limit_chunk never walks (its definition is the one-level chunk-parallel kernel).
-    """
-    mode = TUNING["fwd_walk"]
-    if mode not in ("auto", "on", "off"):
-        raise ValueError(f"TUNING['fwd_walk']: got {mode!r}; allowed: 'auto', 'on' or 'off'")
-    if cfg.limit or mode == "off":
-        return False
-    interpret = bool(triton.knobs.runtime.interpret)
-    d_qk = q.shape[-1]
-    esize = q.element_size()
-    if cfg.L > 128 or triton.next_power_of_2(max(16, d_qk)) * esize > 256:
-        return False
-    if mode == "on" or interpret:
-        return True
-    if q.dtype == torch.float32:
-        return False
-    from tfla.triton.common import num_sms
-    from tfla.triton.exp_fwd_walk import walk_config
-
-    n_jv = triton.cdiv(d_hv, walk_config(cfg.L, d_qk, d_hv)["BDHV"])
-    return 2 * n_jv * q.shape[0] >= num_sms(q.device.index or 0)
+TUNING: dict = {"recompute_states": False}
 
 
 @dataclass(frozen=True)
@@ -152,20 +117,13 @@ def _flat(x, *tail):
     return x.reshape(-1, *tail).contiguous() if x is not None else None
 
 
-def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, need_states: bool = True):
+def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config):
     """Run the forward kernels on flattened (B*NH, ...) contiguous tensors.
 
     Returns h (BNH, S, d_hv), n_out (BNH, N_c*L) fp32, the states (C_st in the input
-    dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, u, m^intra, g, max a).
-    need_states False lets the walk kernel skip writing C_st (then None): a forward
-    without gradients needs only the last state."""
-    rec, pfw, _, _, walk = kernels()
+    dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, u, m^intra, g, max a)."""
+    rec, pfw, _, _ = kernels()
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=cfg.is_exp)
-    if use_walk(cfg, q, v.shape[-1]):
-        h, n_out, states = walk.exp_fwd_walk(q, k, v, gates, C0, n0, m0, L=cfg.L,
-                                             is_exp=cfg.is_exp, normalize=cfg.normalize,
-                                             eps=cfg.eps, store_states=need_states)
-        return h, n_out, states, gates
     b_vec, a_vec, u_vec, mi_vec, g_ch, amax_ch = gates
     states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp)
     C_st, n_st, m_st, _ = states
@@ -186,9 +144,7 @@ class ChunkwiseFunction(torch.autograd.Function):
         i_f, f_f = _flat(i, S), _flat(f, S)
         C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
         m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
-        need_states = any(ctx.needs_input_grad[:8]) and not cfg.recompute_states
-        h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg,
-                                                  need_states=need_states)
+        h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg)
         C_st, n_st, m_st, C_last_f = states
         C_last = n_last = m_last = None
         if return_last:
@@ -216,7 +172,7 @@ class ChunkwiseFunction(torch.autograd.Function):
         B, NH, S, d_qk, d_hv = ctx.shapes
         saved = ctx.saved_tensors
         qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out, C_last_f = saved[:10]
-        rec, _, pbw, lbw, _ = kernels()
+        rec, _, pbw, lbw = kernels()
         if cfg.recompute_states:
             gates = rec.chunk_gates(i_f, f_f, L=cfg.L, is_exp=cfg.is_exp)
             C_st, _, m_st, _ = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], C0f, n0f,

@@ -261,29 +261,49 @@ def _p2(x: int) -> int:
 STATE_OVERRIDE: dict = {}
 
 
-def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30) -> tuple[int, int, int, int]:
+def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
+                 dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int, int]:
     """(B_dqk, B_dhv, num_warps, num_stages) of the recurrent kernels.
 
-    Head-dim tiles of at most 64; halved (d_qk first, not below 32) while the grid would
-    have fewer than MIN_PROGRAMS (default 264, two per H100/H200 multiprocessor) programs:
-    these kernels are sequential over the chunks, so parallelism comes from the tiles.
+    These kernels are sequential over the chunks, and each step is short, so a step's
+    latency, not bandwidth, sets their time: state blocks as large as the grid allows.
+    Blocks of up to 128 x 128 (64 x 64 for fp32 inputs, whose pipelined tiles would not
+    fit in shared memory), halved (the larger side first, d_hv on a tie; not below 32) while
+    the grid would have fewer than MIN_PROGRAMS programs, by default half the SMs
+    (``n_sms``; 0, as in the interpreter, means no bound). 8 warps for 128 x 64 and larger,
+    4 for 64 x 64, else 2; 3 pipeline stages. Measured on the H200 at the Figure-4 sizes
+    (docs/kernels-exp-notes.md, version 3): 128 x 128 cut xl_chunk L128's forward from
+    2.36 to 1.94 ms at S 8192 (256 programs); at S 32768 (32 heads) it left SMs idle and
+    128 x 64 was best.
     """
-    b_qk = max(16, min(64, _p2(d_qk)))
-    b_hv = max(16, min(64, _p2(d_hv)))
-    min_programs = STATE_OVERRIDE.get("MIN_PROGRAMS", 264)
+    cap = 64 if dtype == torch.float32 else 128
+    b_qk = max(16, min(cap, _p2(d_qk)))
+    b_hv = max(16, min(cap, _p2(d_hv)))
+    min_programs = STATE_OVERRIDE.get("MIN_PROGRAMS", n_sms // 2)
 
     def programs(a, b):
         return triton.cdiv(d_qk, a) * triton.cdiv(d_hv, b) * BNH
 
     while programs(b_qk, b_hv) < min_programs and max(b_qk, b_hv) > 32:
-        if b_qk >= b_hv and b_qk > 32:
-            b_qk //= 2
-        else:
+        if b_hv >= b_qk:
             b_hv //= 2
+        else:
+            b_qk //= 2
     b_qk = STATE_OVERRIDE.get("B_DQK", b_qk)
     b_hv = STATE_OVERRIDE.get("B_DHV", b_hv)
-    warps = STATE_OVERRIDE.get("num_warps", 4 if b_qk * b_hv >= 64 * 64 else 2)
+    size = b_qk * b_hv
+    default_warps = 8 if size >= 128 * 64 else 4 if size >= 64 * 64 else 2
+    warps = STATE_OVERRIDE.get("num_warps", default_warps)
     return b_qk, b_hv, warps, STATE_OVERRIDE.get("num_stages", 3)
+
+
+def _n_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 0 in Triton's interpreter (CPU)."""
+    if INTERPRET or device.type != "cuda":
+        return 0
+    from tfla.triton.common import num_sms
+
+    return num_sms(device.index if device.index is not None else torch.cuda.current_device())
 
 
 def piece(L: int) -> int:
@@ -323,7 +343,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     n_st = torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32)
     m_st = torch.empty((BNH, NC + 1), device=dev, dtype=torch.float32)
     C_last = torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32)
-    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH)
+    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, _n_sms(k.device), k.dtype)
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     dummy = m_st
     _recurrent_fw_kernel[grid](
@@ -351,7 +371,7 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
     NC = triton.cdiv(S, L)
     dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
     dC_0 = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
-    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH)
+    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, _n_sms(q.device), q.dtype)
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     _recurrent_bw_kernel[grid](
         q, b_vec, mi_vec, m_st, n_out, dh, dC_last if dC_last is not None else dC_0, dC_st, dC_0,
