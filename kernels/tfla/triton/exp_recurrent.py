@@ -262,24 +262,26 @@ STATE_OVERRIDE: dict = {}
 
 
 def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
-                 dtype: torch.dtype = torch.bfloat16) -> tuple[int, int, int, int]:
+                 dtype: torch.dtype = torch.bfloat16, step: int = 128) -> tuple[int, int, int, int]:
     """(B_dqk, B_dhv, num_warps, num_stages) of the recurrent kernels.
 
     These kernels are sequential over the chunks, and each step is short, so a step's
     latency, not bandwidth, sets their time: state blocks as large as the grid allows.
     Blocks of up to 128 x 128 (64 x 64 for fp32 inputs, whose pipelined tiles would not
     fit in shared memory), halved (the larger side first, d_hv on a tie; not below 32) while
-    the grid would have fewer than MIN_PROGRAMS programs, by default half the SMs
-    (``n_sms``; 0, as in the interpreter, means no bound). 8 warps for 128 x 64 and larger,
-    4 for 64 x 64, else 2; 3 pipeline stages. Measured on the H200 at the Figure-4 sizes
-    (docs/kernels-exp-notes.md, version 3): 128 x 128 cut xl_chunk L128's forward from
-    2.36 to 1.94 ms at S 8192 (256 programs); at S 32768 (32 heads) it left SMs idle and
-    128 x 64 was best.
+    the grid would have fewer than MIN_PROGRAMS programs: by default half the SMs
+    (``n_sms``; 0, as in the interpreter, means no bound) for steps (``step``, positions
+    reduced per tl.dot) of 128, all the SMs for shorter steps, whose latency more programs
+    hide better. 8 warps for 128 x 64 and larger, 4 for 64 x 64, else 2; 3 pipeline
+    stages. Measured on the H200 at the Figure-4 sizes (docs/kernels-exp-notes.md,
+    version 3): L 128: 128 x 128 took the forward from 2.33 to 1.93 ms at S 8192 (256
+    programs), 128 x 64 from 2.27 to 2.09 ms at S 32768 (128 programs); L 64 at S 32768:
+    64 x 64 (256 programs) 2.29 ms, 128 x 64 (128 programs) 2.82 ms.
     """
     cap = 64 if dtype == torch.float32 else 128
     b_qk = max(16, min(cap, _p2(d_qk)))
     b_hv = max(16, min(cap, _p2(d_hv)))
-    min_programs = STATE_OVERRIDE.get("MIN_PROGRAMS", n_sms // 2)
+    min_programs = STATE_OVERRIDE.get("MIN_PROGRAMS", n_sms // 2 if step >= 128 else n_sms)
 
     def programs(a, b):
         return triton.cdiv(d_qk, a) * triton.cdiv(d_hv, b) * BNH
@@ -343,7 +345,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     n_st = torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32)
     m_st = torch.empty((BNH, NC + 1), device=dev, dtype=torch.float32)
     C_last = torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32)
-    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, _n_sms(k.device), k.dtype)
+    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, _n_sms(k.device), k.dtype, piece(L))
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     dummy = m_st
     _recurrent_fw_kernel[grid](
@@ -371,7 +373,7 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
     NC = triton.cdiv(S, L)
     dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
     dC_0 = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
-    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, _n_sms(q.device), q.dtype)
+    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, _n_sms(q.device), q.dtype, piece(L))
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     _recurrent_bw_kernel[grid](
         q, b_vec, mi_vec, m_st, n_out, dh, dC_last if dC_last is not None else dC_0, dC_st, dC_0,
