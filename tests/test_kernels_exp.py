@@ -281,6 +281,7 @@ def test_recurrent_state_blocks_grow_with_the_grid():
     assert state_blocks(256, 512, BNH=2, n_sms=132)[:3] == (64, 32, 2)
     assert state_blocks(128, 256, BNH=128, n_sms=132, dtype=torch.float32)[:2] == (64, 64)
     assert state_blocks(80, 24, BNH=1, n_sms=0)[:2] == (128, 32)             # interpreter: no bound
-    # shorter steps (limit_chunk L 64) want all the SMs busy: 128 x 64 (128) -> 64 x 64 (256)
+    # shorter steps (limit_chunk L 64) halve both sides: 128 x 128 (64 programs) -> 64 x 64
     assert state_blocks(128, 256, BNH=32, n_sms=132, step=64)[:3] == (64, 64, 4)
-    assert state_blocks(128, 256, BNH=128, n_sms=132, step=64)[:2] == (128, 128)
+    assert state_blocks(128, 256, BNH=64, n_sms=132, step=64)[:2] == (128, 128)
+    assert state_blocks(128, 256, BNH=16, n_sms=132, step=64)[:2] == (64, 64)

@@ -268,26 +268,30 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     These kernels are sequential over the chunks, and each step is short, so a step's
     latency, not bandwidth, sets their time: state blocks as large as the grid allows.
     Blocks of up to 128 x 128 (64 x 64 for fp32 inputs, whose pipelined tiles would not
-    fit in shared memory), halved (the larger side first, d_hv on a tie; not below 32) while
-    the grid would have fewer than MIN_PROGRAMS programs: by default half the SMs
-    (``n_sms``; 0, as in the interpreter, means no bound) for steps (``step``, positions
-    reduced per tl.dot) of 128, all the SMs for shorter steps, whose latency more programs
-    hide better. 8 warps for 128 x 64 and larger, 4 for 64 x 64, else 2; 3 pipeline
-    stages. Measured on the H200 at the Figure-4 sizes (docs/kernels-exp-notes.md,
-    version 3): L 128: 128 x 128 took the forward from 2.33 to 1.93 ms at S 8192 (256
-    programs), 128 x 64 from 2.27 to 2.09 ms at S 32768 (128 programs); L 64 at S 32768:
-    64 x 64 (256 programs) 2.29 ms, 128 x 64 (128 programs) 2.82 ms.
+    fit in shared memory) are halved while the grid would have fewer than MIN_PROGRAMS
+    programs, by default half the SMs (``n_sms``; 0, as in the interpreter, means no bound),
+    not below 32. Steps (``step``, positions reduced per tl.dot) of 128 halve the larger
+    side first (d_hv on a tie); shorter steps halve both sides (square blocks). 8 warps for
+    128 x 64 and larger, 4 for 64 x 64, else 2; 3 pipeline stages.
+
+    Measured on the H200 at the Figure-4 sizes, forward ms (docs/kernels-exp-notes.md,
+    version 3). L 128: 128 x 128 1.58 at S 8192 (64 x 64: 2.33), 128 x 64 1.90 at S 32768
+    (64 x 64: 2.27). L 64: 128 x 128 1.84-1.85 at S 8192-16384; at S 16384 128 x 64 2.43;
+    at S 32768 64 x 64 1.88, 128 x 64 2.41; at S 65536 64 x 64 2.36, 64 x 32 3.11.
     """
     cap = 64 if dtype == torch.float32 else 128
     b_qk = max(16, min(cap, _p2(d_qk)))
     b_hv = max(16, min(cap, _p2(d_hv)))
-    min_programs = STATE_OVERRIDE.get("MIN_PROGRAMS", n_sms // 2 if step >= 128 else n_sms)
+    min_programs = STATE_OVERRIDE.get("MIN_PROGRAMS", n_sms // 2)
 
     def programs(a, b):
         return triton.cdiv(d_qk, a) * triton.cdiv(d_hv, b) * BNH
 
     while programs(b_qk, b_hv) < min_programs and max(b_qk, b_hv) > 32:
-        if b_hv >= b_qk:
+        if step < 128:
+            b_qk = b_qk // 2 if b_qk > 32 else b_qk
+            b_hv = b_hv // 2 if b_hv > 32 else b_hv
+        elif b_hv >= b_qk:
             b_hv //= 2
         else:
             b_qk //= 2
