@@ -169,6 +169,16 @@ def variants():
         "v xl L128 bw stages1": with_overrides(xl128, bw={"num_stages": 1}),
         "v xl L128 bw B_dhv64": with_overrides(xl128, bw={"B_DHV": 64}),
         "v xl L128 rec stages2": with_overrides(xl128, state={"num_stages": 2}),
+        "v xl L128 rec 128x32 w4": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 32,
+                                                                "num_warps": 4}),
+        "v xl L128 rec 128x32 w8": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 32,
+                                                                "num_warps": 8}),
+        "v xl L128 rec 64x128 w8": with_overrides(xl128, state={"B_DQK": 64, "B_DHV": 128,
+                                                                "num_warps": 8}),
+        "v xl L128 rec 128x64 w4": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 64,
+                                                                "num_warps": 4}),
+        "v xl L128 rec 128x64 w8 stages2": with_overrides(
+            xl128, state={"B_DQK": 128, "B_DHV": 64, "num_warps": 8, "num_stages": 2}),
         "v xl L128 rec 64x64 (version 2)": with_overrides(
             xl128, state={"B_DQK": 64, "B_DHV": 64, "num_warps": 4}),
         "v lim L64 rec 64x64 (version 2)": with_overrides(
@@ -525,7 +535,8 @@ def main():
     ap.add_argument("--peer-xl", action="store_true")
     ap.add_argument("--variants", action="store_true", help="also time the tuning variants")
     ap.add_argument("--smoke", action="store_true", help="tiny CPU dry run (interpreter)")
-    ap.add_argument("--breakdown", action="store_true", help="per-kernel times at S=8192")
+    ap.add_argument("--breakdown", action="store_true", help="per-kernel times at one S")
+    ap.add_argument("--breakdown-s", type=int, default=8192, help="the S of --breakdown")
     ap.add_argument("--budget-s", type=float, default=420.0, help="stop starting timings after this")
     args = ap.parse_args()
     if args.smoke:
@@ -549,7 +560,7 @@ def main():
             json.dump(nrows, fh, indent=1)
     if args.breakdown:
         brows = []
-        breakdown(brows, S=min(8192, TOKENS))
+        breakdown(brows, S=min(args.breakdown_s, TOKENS))
         with open(os.path.join(args.out, "breakdown.json"), "w") as fh:
             json.dump(brows, fh, indent=1)
     if not args.no_speed:
