@@ -276,9 +276,9 @@ def test_recurrent_state_blocks_grow_with_the_grid():
     from tfla.triton.exp_recurrent import state_blocks
 
     assert state_blocks(128, 256, BNH=128, n_sms=132)[:3] == (128, 128, 8)   # 256 programs
-    assert state_blocks(128, 256, BNH=32, n_sms=132)[:3] == (128, 64, 8)     # 64 -> 128
-    # 16 programs at 128 x 128; halving the larger side (d_hv on a tie) until >= 66
-    assert state_blocks(256, 512, BNH=2, n_sms=132)[:3] == (64, 32, 2)
+    assert state_blocks(128, 256, BNH=32, n_sms=132)[:3] == (64, 128, 8)     # 64 -> 128
+    # 16 programs at 128 x 128; halving the larger side (d_qk on a tie) until >= 66
+    assert state_blocks(256, 512, BNH=2, n_sms=132)[:3] == (32, 64, 2)
     assert state_blocks(128, 256, BNH=128, n_sms=132, dtype=torch.float32)[:2] == (64, 64)
     assert state_blocks(80, 24, BNH=1, n_sms=0)[:2] == (128, 32)             # interpreter: no bound
     # shorter steps (limit_chunk L 64) halve both sides: 128 x 128 (64 programs) -> 64 x 64

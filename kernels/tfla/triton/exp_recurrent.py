@@ -271,13 +271,15 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     fit in shared memory) are halved while the grid would have fewer than MIN_PROGRAMS
     programs, by default half the SMs (``n_sms``; 0, as in the interpreter, means no bound),
     not below 32. Steps (``step``, positions reduced per tl.dot) of 128 halve the larger
-    side first (d_hv on a tie); shorter steps halve both sides (square blocks). 8 warps for
+    side first (d_qk on a tie); shorter steps halve both sides (square blocks). 8 warps for
     128 x 64 and larger, 4 for 64 x 64, else 2; 3 pipeline stages.
 
     Measured on the H200 at the Figure-4 sizes, forward ms (docs/kernels-exp-notes.md,
-    version 3). L 128: 128 x 128 1.58 at S 8192 (64 x 64: 2.33), 128 x 64 1.90 at S 32768
-    (64 x 64: 2.27). L 64: 128 x 128 1.84-1.85 at S 8192-16384; at S 16384 128 x 64 2.43;
-    at S 32768 64 x 64 1.88, 128 x 64 2.41; at S 65536 64 x 64 2.36, 64 x 32 3.11.
+    version 3). L 128: 128 x 128 1.58 at S 8192 (64 x 64: 2.33); at S 32768 (bench_exp,
+    one run) 64 x 128 1.90, 128 x 64 2.28, 64 x 64 2.20, 128 x 32 3.01-3.13; at S 65536
+    64 x 64 2.59, 64 x 128 2.67. L 64: 128 x 128 1.84-1.85 at S 8192-16384; at S 16384
+    128 x 64 2.43; at S 32768 64 x 64 1.88, 128 x 64 2.41; at S 65536 64 x 64 2.36,
+    64 x 32 3.11.
     """
     cap = 64 if dtype == torch.float32 else 128
     b_qk = max(16, min(cap, _p2(d_qk)))
@@ -291,10 +293,10 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
         if step < 128:
             b_qk = b_qk // 2 if b_qk > 32 else b_qk
             b_hv = b_hv // 2 if b_hv > 32 else b_hv
-        elif b_hv >= b_qk:
-            b_hv //= 2
-        else:
+        elif b_qk >= b_hv:
             b_qk //= 2
+        else:
+            b_hv //= 2
     b_qk = STATE_OVERRIDE.get("B_DQK", b_qk)
     b_hv = STATE_OVERRIDE.get("B_DHV", b_hv)
     size = b_qk * b_hv
