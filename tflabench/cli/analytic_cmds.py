@@ -398,7 +398,9 @@ def roofline(
             path = roofline_figure(
                 gpus, pts, path=plot_path(out, name), peer_points=peer_pts, measured_points=measured,
                 title=(f"Roofline, mLSTM{variant} chunkwise {mode} (d_hv={dhv}, p_qk={p_qk:g}, "
-                       f"F_causal={causal_factor}, bytes_Cmn={state_bytes:g}, {ceilings} ceilings)"),
+                       f"F_causal={causal_factor}, bytes_Cmn={state_bytes:g}, {ceilings} ceilings)"
+                       + ("\nmodel points at these options; measured points at their own shapes"
+                          if measured else "")),
             )
         if as_json:
             _echo_json({

@@ -17,6 +17,34 @@ _COLORS = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:
            "tab:gray", "tab:olive", "tab:cyan"]
 
 
+#: marker of measured points per harness mode (tflabench.backends.base MODES)
+MODE_MARKERS = {"fwd": "x", "fwdbw": "+"}
+_OTHER_MARKERS = ["1", "2", "3", "4"]
+
+
+def measured_styles(measured_points, n_reserved: int = 0) -> tuple[dict, dict]:
+    """Colours per kernel and markers per mode for measured roofline points.
+
+    One colour per kernel (``kernel``, else ``label``), none of them among the first
+    ``n_reserved`` colours (those draw the GPUs' roofs): tab10 while it suffices, else the 20
+    colours of tab20 without the roofs' dark/light pairs (repeating only beyond 20 kernels). One marker per mode: "x" forward, "+" forward+backward, others after.
+    Returns ({kernel: colour}, {mode: marker}).
+    """
+    kernels = sorted({str(m.get("kernel") or m["label"]) for m in measured_points})
+    modes = sorted({str(m.get("mode") or "") for m in measured_points})
+    if n_reserved + len(kernels) <= len(_COLORS):
+        palette = _COLORS
+    else:  # tab20 holds each tab10 colour as a dark/light pair: skip the roofs' pairs
+        from matplotlib import colormaps
+
+        palette = [colormaps["tab20"](i) for i in range(20)]
+        n_reserved = min(2 * n_reserved, 20 - min(len(kernels), 20))
+    colours = {k: palette[(n_reserved + j) % len(palette)] for j, k in enumerate(kernels)}
+    others = iter(_OTHER_MARKERS * (1 + len(modes)))
+    markers = {m: MODE_MARKERS.get(m) or next(others) for m in modes}
+    return colours, markers
+
+
 def _logspace(lo, hi, n=200):
     a, b = math.log10(lo), math.log10(hi)
     return [10 ** (a + (b - a) * i / (n - 1)) for i in range(n)]
@@ -31,7 +59,9 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
             size), drawn on each GPU's roof: filled circles memory-bound, squares compute-bound.
         peer_points: same, for the peers (diamonds).
         measured_points: dicts with ``label``, ``intensity_flop_per_byte``, ``flops_per_s``
-            (measured FLOP/s = model FLOPs / measured time), drawn as crosses, one colour per label.
+            (measured FLOP/s = model FLOPs / measured time at the row's own shape), and
+            optionally ``kernel`` and ``mode``: one colour per kernel, one marker per mode
+            (:func:`measured_styles`).
         path: output file. title: figure title.
     """
     fig, ax = new_figure((8.0, 5.4))
@@ -64,19 +94,24 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
     ax.plot([], [], "s", color="k", label="model point, compute-bound")
     if peer_points:
         ax.plot([], [], "D", mfc="none", color="k", label="peer (model)")
-    labels = sorted({m["label"] for m in measured_points})
-    for j, lab in enumerate(labels):
-        mp = [m for m in measured_points if m["label"] == lab]
-        ax.plot([m["intensity_flop_per_byte"] for m in mp], [m["flops_per_s"] / 1e12 for m in mp],
-                marker="x", ls="none", ms=8, color=_COLORS[(j + len(gpus)) % len(_COLORS)],
-                label=f"measured: {lab}")
+    colours, markers = measured_styles(measured_points, n_reserved=len(gpus))
+    for kernel, col in colours.items():
+        for mode, marker in markers.items():
+            mp = [m for m in measured_points
+                  if str(m.get("kernel") or m["label"]) == kernel and str(m.get("mode") or "") == mode]
+            ax.plot([m["intensity_flop_per_byte"] for m in mp], [m["flops_per_s"] / 1e12 for m in mp],
+                    marker=marker, ls="none", ms=8, mew=1.5, color=col)
+        ax.plot([], [], "s", color=col, ls="none", label=f"measured: {kernel}")
+    if len(markers) > 1 or any(markers):
+        for mode, marker in markers.items():
+            ax.plot([], [], marker, color="k", ls="none", ms=8, label=f"measured, {mode or 'any mode'}")
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.set_xlabel("arithmetic intensity I (FLOP/byte)")
     ax.set_ylabel("attainable performance (TFLOP/s)")
     ax.grid(True, which="both", alpha=0.3)
     ax.set_title(title or "Roofline", fontsize=9)
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="best")
     return save_figure(fig, path)
 
 
