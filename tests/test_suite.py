@@ -138,6 +138,28 @@ def test_case_ids_are_stable_across_loads(tmp_path):
     assert first == second and len(set(first)) == len(first)
 
 
+def test_sync_each_reaches_the_timing_and_keeps_the_case_ids(tmp_path, monkeypatch):
+    """timing.sync_each is how a case is timed, not what it is: the case ids (compare's
+    key) stay those of the default suite, and measure_case hands it to time_callable."""
+    import tflabench.measure as measure
+
+    base = expand_cases(load_suite(_write(tmp_path, BASE)))
+    synced = expand_cases(load_suite(_write(tmp_path, _modified(
+        lambda d: d["timing"].update(sync_each=True)))))
+    assert [c.case_id for c in synced] == [c.case_id for c in base]
+    assert {c.sync_each for c in synced} == {True} and {c.sync_each for c in base} == {False}
+    seen = []
+    original = measure.time_callable
+
+    def spy(fn, **kw):
+        seen.append(kw.get("sync_each"))
+        return original(fn, **kw)
+
+    monkeypatch.setattr(measure, "time_callable", spy)
+    row = measure.measure_case(synced[0])
+    assert row["status"] == "ok" and seen == [True]
+
+
 @pytest.mark.parametrize("path", sorted(SUITES.glob("*.yaml")), ids=lambda p: p.name)
 def test_shipped_suites_validate(path):
     loaded = load_suite(path)

@@ -16,7 +16,9 @@ too). Method (paper App. E.3; ``docs/harness.md``):
    output gradient included in that base), i.e. the peak above the inputs.
 4. **Timings**: ``warmup`` untimed calls, then ``iterations`` calls each between two CUDA
    events (CPU: ``time.perf_counter`` around each call); optionally a 256 MiB buffer is
-   overwritten before each timed call to flush L2. ``fwdbw`` times forward plus
+   overwritten before each timed call to flush L2, and optionally (``sync_each``) the device
+   is synchronised before each timed call (per-call latency, CPU launch overhead
+   included; default: back-to-back calls, GPU time). ``fwdbw`` times forward plus
    ``backward`` of a fixed output gradient; gradients are set to None before each call,
    outside the timed region. Statistics: median, mean, min, max, quartiles (linear
    interpolation, numpy's default) and every sample.
@@ -79,6 +81,7 @@ def time_callable(
     iterations: int,
     flush_l2: bool = False,
     before_each: Callable[[], Any] | None = None,
+    sync_each: bool = False,
 ) -> list[float]:
     """Per-iteration runtimes of ``fn`` in milliseconds: the one timing function.
 
@@ -90,6 +93,10 @@ def time_callable(
         iterations: timed calls (>= 1).
         flush_l2: overwrite a :data:`L2_FLUSH_BYTES` buffer before each timed call (CUDA).
         before_each: untimed callback before each call (e.g. set gradients to None).
+        sync_each: (CUDA) synchronise before each timed call, so that each call starts on an
+            idle GPU and the CPU time to launch its kernels falls between the events
+            (per-call latency). Default False: calls are queued back to back and the CPU
+            may run ahead, so the events time the GPU's work (as triton.testing.do_bench).
 
     Returns:
         ``iterations`` floats, milliseconds. Raises ValueError for iterations < 1.
@@ -112,6 +119,8 @@ def time_callable(
                 before_each()
             if flush is not None:
                 flush.zero_()
+            if sync_each:
+                torch.cuda.synchronize()
             starts[n].record()
             fn()
             ends[n].record()
@@ -363,7 +372,8 @@ def measure_case(case) -> dict:
     out["peak_mem_bytes"] = peak_memory_bytes(step, device)
     clear_grads()
     samples = time_callable(step, device=device, warmup=case.warmup, iterations=case.iterations,
-                            flush_l2=case.flush_l2, before_each=clear_grads if grad else None)
+                            flush_l2=case.flush_l2, before_each=clear_grads if grad else None,
+                            sync_each=case.sync_each)
     out.update(summarize(samples))
     out["ms_samples"] = json.dumps(out["ms_samples"])
     note = backend.note(params, device)

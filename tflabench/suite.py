@@ -8,7 +8,7 @@ A suite (see ``docs/harness.md`` for a full example)::
     dtype: float32                    # bfloat16 | float16 | float32 | float64, or a list
     modes: [fwd, fwdbw]
     seed: 0
-    timing: {warmup: 10, iterations: 30, timeout_s: 300, flush_l2: false}
+    timing: {warmup: 10, iterations: 30, timeout_s: 300, flush_l2: false, sync_each: false}
     numerics: {check: true, max_seq_len: 512, tolerance: null}
     model: {embedding_dim: 4096}      # int or list
     sweep: {tokens: 65536, seq_len: [512, 1024]}     # batch = tokens / seq_len
@@ -58,6 +58,9 @@ class Timing(_Strict):
     iterations: int = Field(30, ge=1, description="timed calls; the row gives their median etc.")
     timeout_s: float = Field(300.0, gt=0, description="wall-clock limit per case (worker killed past it)")
     flush_l2: bool = Field(False, description="overwrite a buffer larger than L2 before each timed call")
+    sync_each: bool = Field(False, description="synchronise before each timed call, so that a call's CPU "
+                            "launch overhead is timed (per-call latency); default: GPU time of back-to-back "
+                            "calls, as triton.testing.do_bench (docs/harness.md, 'Timing method')")
 
 
 class Numerics(_Strict):
@@ -160,6 +163,7 @@ class Case:
     iterations: int = 30
     timeout_s: float = 300.0
     flush_l2: bool = False
+    sync_each: bool = False
     seed: int = 0
     check_numerics: bool = True
     numerics_max_seq_len: int = 512
@@ -420,7 +424,8 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
                                 embedding_dim=emb, warmup=suite.timing.warmup,
                                 iterations=suite.timing.iterations,
                                 timeout_s=spec.timeout_s or suite.timing.timeout_s,
-                                flush_l2=suite.timing.flush_l2, seed=suite.seed,
+                                flush_l2=suite.timing.flush_l2,
+                                sync_each=suite.timing.sync_each, seed=suite.seed,
                                 check_numerics=suite.numerics.check,
                                 numerics_max_seq_len=suite.numerics.max_seq_len,
                                 tolerance=suite.numerics.tolerance,
