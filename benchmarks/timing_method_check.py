@@ -5,7 +5,7 @@ suites/h100_7b.yaml at one S it times the same call three ways, in one process:
 
 * ``harness``: tflabench.measure.time_callable, a CUDA event pair around each call and no
   synchronisation between calls (the CPU may run ahead; as triton.testing.do_bench does);
-* ``sync each``: the same with torch.cuda.synchronize() before each timed call, so each
+* ``sync each``: the same with ``sync_each=True`` (a synchronise before each timed call), so each
   call starts on an idle GPU and its Python launch overhead falls inside the events (what a
   script that synchronises per call measures);
 * ``do_bench``: triton.testing.do_bench (median, its own L2 flush between calls);
@@ -52,20 +52,6 @@ def main() -> None:
     S = args.seq_len
     B = suite["sweep"]["tokens"] // S
 
-    def sync_each(fn):
-        samples = []
-        for _ in range(10):
-            fn()
-        for _ in range(args.iterations):
-            torch.cuda.synchronize()
-            s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-            s.record()
-            fn()
-            e.record()
-            e.synchronize()
-            samples.append(s.elapsed_time(e))
-        return statistics.median(samples)
-
     print(f"S={S} B={B}, ms (median of {args.iterations})")
     print(f"{'kernel':44s} {'gates':8s} {'harness':>8s} {'sync each':>10s} {'do_bench':>9s}")
     for spec in suite["kernels"]:
@@ -94,9 +80,9 @@ def main() -> None:
             with torch.no_grad():
                 fn()
                 torch.cuda.synchronize()
-                h = statistics.median(time_callable(fn, warmup=10, iterations=args.iterations,
-                                                    device="cuda"))
-                s = sync_each(fn)
+                h, s = (statistics.median(time_callable(fn, warmup=10, iterations=args.iterations,
+                                                        device="cuda", sync_each=sync))
+                        for sync in (False, True))
                 d = triton.testing.do_bench(fn, warmup=25, rep=100, return_mode="median")
             gname = "bf16" if gd is not None else ("fp32" if "i" in inputs else "-")
             print(f"{spec['label']:44s} {gname:8s} {h:8.3f} {s:10.3f} {d:9.3f}", flush=True)

@@ -22,16 +22,22 @@ MODE_MARKERS = {"fwd": "x", "fwdbw": "+"}
 _OTHER_MARKERS = ["1", "2", "3", "4"]
 
 
+def _kernel_mode(point: dict) -> tuple[str, str]:
+    """(kernel, mode) of a measured point: ``kernel`` (else ``label``) and ``mode`` (else "")."""
+    return str(point.get("kernel") or point["label"]), str(point.get("mode") or "")
+
+
 def measured_styles(measured_points, n_reserved: int = 0) -> tuple[dict, dict]:
     """Colours per kernel and markers per mode for measured roofline points.
 
     One colour per kernel (``kernel``, else ``label``), none of them among the first
     ``n_reserved`` colours (those draw the GPUs' roofs): tab10 while it suffices, else the 20
-    colours of tab20 without the roofs' dark/light pairs (repeating only beyond 20 kernels). One marker per mode: "x" forward, "+" forward+backward, others after.
+    colours of tab20 without the roofs' dark/light pairs (repeating only beyond 20 kernels).
+    One marker per mode: "x" forward, "+" forward+backward, others after.
     Returns ({kernel: colour}, {mode: marker}).
     """
-    kernels = sorted({str(m.get("kernel") or m["label"]) for m in measured_points})
-    modes = sorted({str(m.get("mode") or "") for m in measured_points})
+    kernels = sorted({_kernel_mode(m)[0] for m in measured_points})
+    modes = sorted({_kernel_mode(m)[1] for m in measured_points})
     if n_reserved + len(kernels) <= len(_COLORS):
         palette = _COLORS
     else:  # tab20 holds each tab10 colour as a dark/light pair: skip the roofs' pairs
@@ -97,12 +103,11 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
     colours, markers = measured_styles(measured_points, n_reserved=len(gpus))
     for kernel, col in colours.items():
         for mode, marker in markers.items():
-            mp = [m for m in measured_points
-                  if str(m.get("kernel") or m["label"]) == kernel and str(m.get("mode") or "") == mode]
+            mp = [m for m in measured_points if _kernel_mode(m) == (kernel, mode)]
             ax.plot([m["intensity_flop_per_byte"] for m in mp], [m["flops_per_s"] / 1e12 for m in mp],
                     marker=marker, ls="none", ms=8, mew=1.5, color=col)
         ax.plot([], [], "s", color=col, ls="none", label=f"measured: {kernel}")
-    if len(markers) > 1 or any(markers):
+    if any(markers):  # a legend entry per mode unless the points name none
         for mode, marker in markers.items():
             ax.plot([], [], marker, color="k", ls="none", ms=8, label=f"measured, {mode or 'any mode'}")
     ax.set_xscale("log")

@@ -59,8 +59,15 @@ if interpret_mode():
     _fix_interpreter_index()
 
 
+def num_sms(device: torch.device) -> int:
+    """Streaming multiprocessors of a CUDA device; 0 on the CPU and in Triton's interpreter."""
+    if device.type != "cuda" or interpret_mode():
+        return 0
+    return _sm_count(device.index if device.index is not None else torch.cuda.current_device())
+
+
 @functools.lru_cache(maxsize=None)
-def num_sms(device_index: int) -> int:
+def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
@@ -169,10 +176,7 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     BL = min(L, OVERRIDES.get("BL", bl_cap))
     n_jv = triton.cdiv(d_hv, BDHV)
     n_chunks = triton.cdiv(S, L)
-    if device.type == "cuda" and not interpret_mode():
-        target = 2 * num_sms(device.index if device.index is not None else torch.cuda.current_device())
-    else:
-        target = 1
+    target = 2 * num_sms(device) or 1
     # segments only when one program per (d_hv block, head) leaves at least half the SMs
     # idle (target = 2 x SMs); then as many as keep the grid within two waves (one program
     # per SM: the kernels use the whole register file). The segment states cost a local-

@@ -26,6 +26,8 @@ import torch
 import triton
 import triton.language as tl
 
+from tfla.triton.common import num_sms
+
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
 
@@ -305,15 +307,6 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     return b_qk, b_hv, warps, STATE_OVERRIDE.get("num_stages", 3)
 
 
-def _n_sms(device: torch.device) -> int:
-    """Streaming multiprocessors of a CUDA device; 0 in Triton's interpreter (CPU)."""
-    if INTERPRET or device.type != "cuda":
-        return 0
-    from tfla.triton.common import num_sms
-
-    return num_sms(device.index if device.index is not None else torch.cuda.current_device())
-
-
 def piece(L: int) -> int:
     """Positions per tl.dot in the recurrent kernels: the whole chunk up to 128."""
     return min(L, STATE_OVERRIDE.get("PIECE", 128))
@@ -351,7 +344,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     n_st = torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32)
     m_st = torch.empty((BNH, NC + 1), device=dev, dtype=torch.float32)
     C_last = torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32)
-    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, _n_sms(k.device), k.dtype, piece(L))
+    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(k.device), k.dtype, piece(L))
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     dummy = m_st
     _recurrent_fw_kernel[grid](
@@ -379,7 +372,7 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
     NC = triton.cdiv(S, L)
     dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
     dC_0 = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
-    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, _n_sms(q.device), q.dtype, piece(L))
+    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(q.device), q.dtype, piece(L))
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     _recurrent_bw_kernel[grid](
         q, b_vec, mi_vec, m_st, n_out, dh, dC_last if dC_last is not None else dC_0, dC_st, dC_0,
