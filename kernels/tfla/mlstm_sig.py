@@ -27,8 +27,10 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
     C_t = σ(f̃_t) C_{t-1} + σ(ĩ_t) k_t v_tᵀ, h_t = C_tᵀ q_t / sqrt(d_qk); with
     ``normalize=True`` also n_t = σ(f̃_t) n_{t-1} + σ(ĩ_t) k_t and
     h_t = C_tᵀ q̂_t / (max(|n_tᵀ q̂_t|, 1) + 1e-6). It is evaluated in the chunkwise form
-    (Sec. 3) with chunk size L = ``chunk_size``, by TFLA Triton kernels that keep the chunk
-    recurrence on chip (docs/kernels-sig-notes.md).
+    (Sec. 3) with chunk size L = ``chunk_size``, by TFLA Triton kernels: the paper's two-level
+    "tiled" kernels (shared with mLSTMexp) or, where it measured faster, the "walk" that
+    keeps the chunk recurrence on chip (``tfla.triton.common.choose_sig_impl``,
+    docs/kernels-sig-notes.md).
 
     Args:
         q, k: (B, NH, S, d_qk); v: (B, NH, S, d_hv); bfloat16, float16 or float32 on CUDA
@@ -81,6 +83,16 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
                                normalize=normalize, eps=EPS, initial_state=initial_state,
                                return_last_state=return_last_state)
     check_kernel_dtype(q)
+    from tfla.triton.common import choose_sig_impl
+
+    B, NH, S, d_qk = q.shape
+    impl = choose_sig_impl(B, NH, S, d_qk, v.shape[-1], chunk_size, q.dtype, q.device)
+    if impl == "tiled":
+        from tfla.triton.exp_chunkwise import Config, effective_chunk, run
+
+        cfg = Config.make(variant="sig", normalize=normalize, eps=EPS,
+                          L=effective_chunk(S, chunk_size), limit=False)
+        return run(q, k, v, i, f, C0, n0, None, cfg, return_last_state)
     if interpret_mode():
         _fix_interpreter_index()
     h, C_S, n_S = _MLSTMSigXL.apply(q, k, v, i, f, C0, n0, chunk_size, normalize,

@@ -84,6 +84,16 @@ def logsigmoid(x):
 
 
 @triton.jit
+def exp_nonpos(x):
+    """exp(min(x, 0)). Every gate exponent of mLSTMsig is <= 0 by construction (b is a
+    cumsum of log σ(f̃) <= 0 and ī = log σ(ĩ) <= 0, so b_r - b_s + ī_s, g - b_s + ī_s and b_r
+    are <= 0 on causal, in-range entries). Positions past S load b = 0 while the real b may
+    be -1000: their exponents would overflow to inf and turn the zeros they multiply into
+    NaN (issue 11). Clamping is exact on every real entry and bounds the padded ones by 1."""
+    return tl.exp(tl.minimum(x, 0.0))
+
+
+@triton.jit
 def _sig_gate_prep_kernel(I, F, GI, GB, S, L: tl.constexpr, BLOCK: tl.constexpr):
     # program (chunk c, bh): ī and the chunk-local inclusive cumsum of log σ(f̃)
     c = tl.program_id(0)
@@ -130,6 +140,43 @@ class SigConfig:
 
 
 _CONFIG_CACHE: dict = {}
+
+#: environment variable choosing the mLSTMsig xl_chunk algorithm ("tiled" or "walk");
+#: OVERRIDES key "impl" wins over it; :func:`choose_sig_impl` decides when neither is set.
+IMPL_ENV = "TFLA_SIG_IMPL"
+SIG_IMPLS = ("tiled", "walk")
+
+
+def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device) -> str:
+    """Which mLSTMsig xl_chunk kernels run a shape: "tiled" or "walk" (a documented rule).
+
+    "tiled": the paper's two-level TFLA (Sec. 3.2, Table 1), the kernels mLSTMexp uses with
+    IS_EXP=False (tfla/triton/exp_*.py): a recurrent kernel writes the chunk states C_k
+    every L steps, a parallel kernel tiled over (query tile, d_hv block, chunk) forms H
+    (loop fusion of the inter- and intra-chunk terms, App. C.2), and the backward is the
+    recurrent dC kernel plus the parallel dQ/dK/dV kernels. "walk": one program per
+    (d_hv block, head, segment) walks the chunks with C on chip (sig_fwd_parallel.py),
+    no state in HBM, but the intra-chunk work of every chunk serialised in that program.
+
+    Rule (measured on the H200, docs/kernels-sig-notes.md, version 4): see ``_walk_wins``.
+    Env TFLA_SIG_IMPL or OVERRIDES["impl"] force one.
+
+    Raises:
+        ValueError: TFLA_SIG_IMPL / OVERRIDES["impl"] not "tiled" or "walk".
+    """
+    forced = OVERRIDES.get("impl", os.environ.get(IMPL_ENV, ""))
+    if forced:
+        if forced not in SIG_IMPLS:
+            raise ValueError(f"{IMPL_ENV}: got {forced!r}; allowed: 'tiled' or 'walk'")
+        return forced
+    return "walk" if _walk_wins(B, NH, S, d_qk, d_hv, L, dtype) else "tiled"
+
+
+def _walk_wins(B, NH, S, d_qk, d_hv, L, dtype) -> bool:
+    """Shapes where the walk measured faster than the tiled kernels (forward+backward)."""
+    return False
+
+
 
 #: environment variable choosing the mLSTMsig backward path ("chunk" or "walk"); OVERRIDES
 #: key "bwd" wins over it. DEFAULT_BWD is used when neither is set (docs/kernels-sig-notes.md).

@@ -124,10 +124,10 @@ def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config):
     dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, u, m^intra, g, max a)."""
     rec, pfw, _, _ = kernels()
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=cfg.is_exp)
-    b_vec, a_vec, u_vec, mi_vec, g_ch, amax_ch = gates
+    b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch = gates
     states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp)
     C_st, n_st, m_st, _ = states
-    h, n_out = pfw.parallel_fw(q, k, v, b_vec, u_vec, mi_vec, C_st, n_st, m_st, L=cfg.L,
+    h, n_out = pfw.parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, L=cfg.L,
                                is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
                                limit=cfg.limit)
     return h, n_out, states, gates
@@ -215,8 +215,15 @@ class ChunkwiseFunction(torch.autograd.Function):
 def run(q, k, v, i, f, C0, n0, m0, cfg: Config, return_last: bool):
     """Apply :class:`ChunkwiseFunction`; returns h or (h, last state) as the references do
     ((C, n, m (B, NH, 1)) for mLSTMexp, (C, n) for mLSTMsig)."""
+    out_dtype = q.dtype
+    if out_dtype == torch.bfloat16 and triton.knobs.runtime.interpret:
+        # Triton 3.6's CPU interpreter multiplies bfloat16 tl.dot operands wrongly (numpy
+        # has no bfloat16): there the kernels see float32 copies of the (bf16-exact) values
+        # and h is rounded back; gradients flow through the casts in bfloat16.
+        q, k, v = q.float(), k.float(), v.float()
     h, C_last, n_last, m_last = ChunkwiseFunction.apply(q, k, v, i, f, C0, n0, m0, cfg,
                                                         return_last)
+    h = h.to(out_dtype)
     if not return_last:
         return h
     if cfg.is_exp:

@@ -43,18 +43,19 @@ def _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
 
 
 @triton.jit
-def _kv_rows(U_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP: tl.constexpr):
-    """Per key/value row: u = ī - b (-inf beyond S) and ā = exp(a - m_k) (docs 2.4)."""
-    u_kv = tl.load(U_vec + bh * S_pad + cols)
+def _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP: tl.constexpr):
+    """Per key/value row: b, ī (-inf beyond S) and ā = exp(a - m_k) (docs 2.4)."""
+    b_kv = tl.load(B_vec + bh * S_pad + cols)
+    i_kv = tl.load(I_vec + bh * S_pad + cols)
     a_kv = tl.load(A_vec + bh * S_pad + cols)
     if IS_EXP:
         a_kv = a_kv - tl.load(M_st + bh * (NC + 1) + c + 1)
-    return u_kv, tl.exp(a_kv)
+    return b_kv, i_kv, tl.exp(a_kv)
 
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, B_vec, U_vec, MI_vec, M_st, NOUT, C_st, DH, DQ, QDQ,
+    Q, K, V, B_vec, I_vec, MI_vec, M_st, NOUT, C_st, DH, DQ, QDQ,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DHV: tl.constexpr,
@@ -107,8 +108,9 @@ def _dq_kernel(
             v_blk = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
                             mask=col_ok[:, None] & mask_v[None, :], other=0.0)
             ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
-        u_kv = tl.load(U_vec + bh * S_pad + cols)
-        d_log = (b_q - mc_q)[:, None] + u_kv[None, :]
+        i_kv = tl.load(I_vec + bh * S_pad + cols)
+        b_kv = tl.load(B_vec + bh * S_pad + cols)
+        d_log = (b_q[:, None] - b_kv[None, :] + i_kv[None, :]) - mc_q[:, None]
         d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
         ds = ds * tl.exp(d_log) * rs[:, None]
         k_blk = tl.load(K + bh * S * d_qk + cols[:, None] * d_qk + offs_k[None, :],
@@ -127,7 +129,7 @@ def _dq_kernel(
 
 @triton.jit
 def _dk_kernel(
-    Q, K, V, B_vec, U_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DH, DK, KDK,
+    Q, K, V, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DH, DK, KDK,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DHV: tl.constexpr,
@@ -151,7 +153,7 @@ def _dk_kernel(
     offs_dv = tl.arange(0, B_DHV)
     dh_base = DH + bh * S * d_hv
     v_base = V + bh * S * d_hv
-    u_kv, a_bar = _kv_rows(U_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
+    b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
     # inter: ā ⊙ (V dC_kᵀ)
     acc = tl.zeros((B_LKV, B_DQK), dtype=tl.float32)
     dc_base = DC_st + (bh * (NC + 1) + c + 1) * d_qk * d_hv
@@ -181,7 +183,7 @@ def _dk_kernel(
             dh_blk = tl.load(dh_base + rows[:, None] * d_hv + offs_v[None, :],
                              mask=row_ok[:, None] & mask_v[None, :], other=0.0)
             dst = tl.dot(v_blk, tl.trans(dh_blk), dst, input_precision=DOT_PREC)
-        d_log = (b_q - mc_q)[None, :] + u_kv[:, None]
+        d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
         d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
         dst = dst * tl.exp(d_log) * rs[None, :]
         q_blk = tl.load(Q + bh * S * d_qk + rows[:, None] * d_qk + offs_k[None, :],
@@ -200,7 +202,7 @@ def _dk_kernel(
 
 @triton.jit
 def _dv_kernel(
-    Q, K, B_vec, U_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DH, DV,
+    Q, K, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DH, DV,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
@@ -223,7 +225,7 @@ def _dv_kernel(
     offs_dk = tl.arange(0, B_DQK)
     q_base = Q + bh * S * d_qk
     k_base = K + bh * S * d_qk
-    u_kv, a_bar = _kv_rows(U_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
+    b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
     # inter: (ā ⊙ K) dC_k
     acc = tl.zeros((B_LKV, B_DHV), dtype=tl.float32)
     dc_base = DC_st + (bh * (NC + 1) + c + 1) * d_qk * d_hv
@@ -253,7 +255,7 @@ def _dv_kernel(
             q_blk = tl.load(q_base + rows[:, None] * d_qk + offs_k[None, :],
                             mask=row_ok[:, None] & mask_k[None, :], other=0.0)
             st = tl.dot(k_blk, tl.trans(q_blk), st, input_precision=DOT_PREC)
-        d_log = (b_q - mc_q)[None, :] + u_kv[:, None]
+        d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
         d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
         st = st * tl.exp(d_log) * rs[None, :]
         dh_blk = tl.load(DH + bh * S * d_hv + rows[:, None] * d_hv + offs_v[None, :],
@@ -309,14 +311,14 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
     common = dict(L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"],
                   B_DHV=cfg["B_DHV"], IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec,
                   num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
-    b_vec, a_vec, u_vec, mi_vec = gates
+    b_vec, a_vec, i_vec, mi_vec = gates
     _dq_kernel[(n_dqk * (L // cfg["B_LQ"]) * NC * BNH,)](
-        q, k, v, b_vec, u_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
+        q, k, v, b_vec, i_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
         S, NC, d_qk, d_hv, scale, eps, NUM_DHV=n_dhv, ATOMIC_ROWSUM=atomic, **common)
     _dk_kernel[(n_dqk * (L // cfg["B_LKV"]) * NC * BNH,)](
-        q, k, v, b_vec, u_vec, a_vec, mi_vec, m_st, n_out, dC_st, dh, dk, kdk,
+        q, k, v, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dh, dk, kdk,
         S, NC, d_qk, d_hv, scale, eps, NUM_DHV=n_dhv, ATOMIC_ROWSUM=atomic, **common)
     _dv_kernel[(n_dhv * (L // cfg["B_LKV"]) * NC * BNH,)](
-        q, k, b_vec, u_vec, a_vec, mi_vec, m_st, n_out, dC_st, dh, dv,
+        q, k, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dh, dv,
         S, NC, d_qk, d_hv, scale, eps, NUM_DQK=n_dqk, **common)
     return dq, dk, dv, qdq, kdk

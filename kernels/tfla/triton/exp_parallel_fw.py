@@ -30,7 +30,7 @@ INTERPRET = bool(triton.knobs.runtime.interpret)
 
 @triton.jit
 def _parallel_fw_kernel(
-    Q, K, V, B_vec, U_vec, MI_vec, C_st, N_st, M_st, H, NOUT,
+    Q, K, V, B_vec, I_vec, MI_vec, C_st, N_st, M_st, H, NOUT,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
@@ -118,8 +118,9 @@ def _parallel_fw_kernel(
                 k_blk = tl.load(k_base + cols[:, None] * d_qk + offs_k[None, :],
                                 mask=col_ok[:, None] & mask_k[None, :], other=0.0)
                 s = tl.dot(q_blk, tl.trans(k_blk), s, input_precision=DOT_PREC)
-        u_kv = tl.load(U_vec + bh * S_pad + cols)                  # ī - b, -inf beyond S
-        d_log = (b_q - mc_q)[:, None] + u_kv[None, :]
+        i_kv = tl.load(I_vec + bh * S_pad + cols)                  # ī, -inf beyond S
+        b_kv = tl.load(B_vec + bh * S_pad + cols)
+        d_log = (b_q[:, None] - b_kv[None, :] + i_kv[None, :]) - mc_q[:, None]
         d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
         s_bar = s * scale * tl.exp(d_log)
         if NORMALIZE:
@@ -170,7 +171,7 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool) -> 
     return cfg
 
 
-def parallel_fw(q, k, v, b_vec, u_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_exp: bool,
+def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_exp: bool,
                 normalize: bool, eps: float, limit: bool):
     """h (BNH, S, d_hv) in the input dtype and n_out (BNH, N_c*L) fp32 (unset if not normalised)."""
     BNH, S, d_qk = q.shape
@@ -181,7 +182,7 @@ def parallel_fw(q, k, v, b_vec, u_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
     _parallel_fw_kernel[grid](
-        q, k, v, b_vec, u_vec, mi_vec, C_st, n_st, m_st, h, n_out,
+        q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, h, n_out,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
         NUM_DQK=triton.cdiv(d_qk, cfg["B_DQK"]), IS_EXP=is_exp, NORMALIZE=normalize,

@@ -2,8 +2,11 @@
 
 * :func:`chunk_gates`: one program per (chunk, b, head), fully parallel. Per position the
   chunk-local gate vectors b (inclusive cumsum of f̄), a (exclusive reverse cumsum of f̄
-  plus ī, computed directly, Pitfall 8), u = ī - b and, for mLSTMexp, the intra-chunk max
-  m^intra = b + max_{s<=r} u_s; per chunk g = Σ f̄ and max_r a_r (docs 2.4, paper
+  plus ī, computed directly, Pitfall 8), ī itself (-inf beyond S; the parallel kernels form
+  D̃_rs = (b_r - b_s) + ī_s, never b_r + (ī_s - b_s), whose two large terms cancel: with
+  f̃ near -20, b reaches -20 L and ī_s - b_s kept only ~1e-4 of the exponent) and, for
+  mLSTMexp, the intra-chunk max m^intra = b + max_{s<=r}(ī_s - b_s) (a stabiliser: its
+  rounding cancels between numerator and normaliser); per chunk g = Σ f̄ and max_r a_r (docs 2.4, paper
   eqs. 9-11, 36-38).
 * :func:`recurrent_fw`: the chunk states C_k, n_k, m_k for k = 0..N_c (eqs. 39-43):
   m_k = max(g_k + m_{k-1}, max_r a_r), C_k = ḡ_k C_{k-1} + (ā ⊙ K)ᵀ V.
@@ -51,7 +54,7 @@ def _max_combine(a, b):
 
 @triton.jit
 def _gates_kernel(
-    I, F, B_vec, A_vec, U_vec, MI_vec, G_ch, AMAX_ch,
+    I, F, B_vec, A_vec, I_vec, MI_vec, G_ch, AMAX_ch,
     S, NC, L: tl.constexpr, IS_EXP: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -72,7 +75,7 @@ def _gates_kernel(
     u = i_log - b
     tl.store(B_vec + bh * S_pad + t, b)
     tl.store(A_vec + bh * S_pad + t, a)
-    tl.store(U_vec + bh * S_pad + t, u)
+    tl.store(I_vec + bh * S_pad + t, i_log)   # ī itself: D̃ is formed as (b_r - b_s) + ī_s
     tl.store(G_ch + bh * NC + c, tl.sum(f_log, 0))
     if IS_EXP:
         tl.store(MI_vec + bh * S_pad + t, b + tl.associative_scan(u, 0, _max_combine))
@@ -313,19 +316,19 @@ def piece(L: int) -> int:
 
 
 def chunk_gates(i, f, *, L: int, is_exp: bool):
-    """Gate vectors of every chunk: b, a, u (BNH, N_c*L), m^intra (exp; else a dummy),
+    """Gate vectors of every chunk: b, a, ī (BNH, N_c*L), m^intra (exp; else a dummy),
     g and max a per chunk (BNH, N_c), all fp32. i, f (BNH, S) contiguous, any float dtype."""
     BNH, S = f.shape
     NC = triton.cdiv(S, L)
     dev = f.device
     vec = lambda: torch.empty((BNH, NC * L), device=dev, dtype=torch.float32)  # noqa: E731
-    b_vec, a_vec, u_vec = vec(), vec(), vec()
+    b_vec, a_vec, i_vec = vec(), vec(), vec()
     mi_vec = vec() if is_exp else b_vec
     g_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32)
     amax_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32) if is_exp else g_ch
-    _gates_kernel[(NC * BNH,)](i, f, b_vec, a_vec, u_vec, mi_vec, g_ch, amax_ch, S, NC,
+    _gates_kernel[(NC * BNH,)](i, f, b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch, S, NC,
                                L=L, IS_EXP=is_exp, num_warps=4 if L >= 512 else 1)
-    return b_vec, a_vec, u_vec, mi_vec, g_ch, amax_ch
+    return b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch
 
 
 def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool):

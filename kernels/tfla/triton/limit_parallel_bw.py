@@ -20,7 +20,7 @@ INTERPRET = bool(triton.knobs.runtime.interpret)
 
 @triton.jit
 def _limit_bw_kernel(
-    Q, K, V, B_vec, U_vec, A_vec, MI_vec, M_st, NOUT, C_st, DC_st, DH, DQ, DK, DV, QDQ, KDK,
+    Q, K, V, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, C_st, DC_st, DH, DQ, DK, DV, QDQ, KDK,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     NUM_DQK: tl.constexpr, NUM_DHV: tl.constexpr,
@@ -42,7 +42,7 @@ def _limit_bw_kernel(
 
     # gates of the chunk (docs 2.4)
     b = tl.load(B_vec + bh * S_pad + t)
-    u = tl.load(U_vec + bh * S_pad + t)                  # ī - b, -inf beyond S
+    ig = tl.load(I_vec + bh * S_pad + t)                 # ī, -inf beyond S
     a = tl.load(A_vec + bh * S_pad + t)
     if IS_EXP:
         m_prev = tl.load(M_st + bh * (NC + 1) + c)
@@ -58,7 +58,7 @@ def _limit_bw_kernel(
         rs = scale / (tl.load(NOUT + bh * S_pad + t) + eps)
     else:
         rs = b * 0.0 + scale
-    d_log = (b - mc)[:, None] + u[None, :]
+    d_log = (b[:, None] - b[None, :] + ig[None, :]) - mc[:, None]
     d_log = tl.where(loc[:, None] >= loc[None, :], d_log, float("-inf"))
     dmat = tl.exp(d_log) * rs[:, None]          # D with the query-row factor scale/(n_out+eps)
 
@@ -164,9 +164,9 @@ def limit_parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    b_vec, a_vec, u_vec, mi_vec = gates
+    b_vec, a_vec, i_vec, mi_vec = gates
     _limit_bw_kernel[(NC * BNH,)](
-        q, k, v, b_vec, u_vec, a_vec, mi_vec, m_st, n_out, C_st, dC_st, dh, dq, dk, dv, qdq, kdk,
+        q, k, v, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, C_st, dC_st, dh, dq, dk, dv, qdq, kdk,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
         NUM_DQK=triton.cdiv(d_qk, cfg["B_DQK"]), NUM_DHV=triton.cdiv(d_hv, cfg["B_DHV"]),

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import launch
+from tfla.triton.common import exp_nonpos, launch
 
 
 @triton.jit
@@ -81,15 +81,15 @@ def _sig_state_walk_kernel(
         if j == 0:
             tl.store(OUT + (bh * n_chunks + c) * DA * DB + xoff, X.to(OUT.dtype.element_ty),
                      mask=xmask)
-            X = X * tl.exp(g)
+            X = X * exp_nonpos(g)
         if REVERSE:
-            coef = tl.exp(b) * scale
+            coef = exp_nonpos(b) * scale
             if NORMALIZE:
                 nout = tl.load(NOUT + bh * S + t, mask=mt, other=1.0)
                 bm = (bm.to(tl.float32) / (nout + eps)[:, None])
         else:
             ii = tl.load(GI + bh * S + t, mask=mt, other=float("-inf"))
-            coef = tl.exp(g - b + ii)
+            coef = exp_nonpos(g - b + ii)
         abar = (a.to(tl.float32) * coef[:, None]).to(DOT_DT)
         X = tl.dot(tl.trans(abar), bm.to(DOT_DT), acc=X, input_precision=DOT_PREC)
     if WRITE_FINAL:
@@ -141,7 +141,7 @@ def _sig_bwd_dqdk_chunk_kernel(
                 cst = tl.load(CST + st_base + dk[:, None] * DHV + dv[None, :],
                               mask=mk[:, None] & mv[None, :], other=0.0).to(DOT_DT)
                 acc = tl.dot(dh, tl.trans(cst), acc=acc, input_precision=DOT_PREC)
-            acc = acc * (tl.exp(br) * scale)[:, None]
+            acc = acc * (exp_nonpos(br) * scale)[:, None]
             for j in range(0, i + 1):
                 tk = t0 + j * BL + rows
                 mkv = tk < S
@@ -157,7 +157,7 @@ def _sig_bwd_dqdk_chunk_kernel(
                                  mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
                     ds = tl.dot(dh, tl.trans(vv), acc=ds, input_precision=DOT_PREC)
                 keep = (rows[:, None] >= rows[None, :]) | (j < i)
-                dmat = tl.exp(tl.where(keep, br[:, None] - bk[None, :] + ik[None, :],
+                dmat = exp_nonpos(tl.where(keep, br[:, None] - bk[None, :] + ik[None, :],
                                        float("-inf"))) * scale
                 kk = tl.load(K + bh * s_q_bh + tk[:, None] * s_q_s + dk[None, :],
                              mask=mkv[:, None] & mk[None, :], other=0.0).to(DOT_DT)
@@ -179,7 +179,7 @@ def _sig_bwd_dqdk_chunk_kernel(
                 dcs = tl.load(DCST + st_base + dk[:, None] * DHV + dv[None, :],
                               mask=mk[:, None] & mv[None, :], other=0.0).to(DOT_DT)
                 acc = tl.dot(vv, tl.trans(dcs), acc=acc, input_precision=DOT_PREC)
-            acc = acc * tl.exp(g - br + ir)[:, None]
+            acc = acc * exp_nonpos(g - br + ir)[:, None]
             for r in range(i, NT):
                 if t0 + r * BL < S:
                     tq = t0 + r * BL + rows
@@ -195,7 +195,7 @@ def _sig_bwd_dqdk_chunk_kernel(
                                       NORMALIZE, DOT_DT)
                         dsT = tl.dot(vv, tl.trans(dh), acc=dsT, input_precision=DOT_PREC)
                     keep = (rows[None, :] >= rows[:, None]) | (r > i)
-                    dT = tl.exp(tl.where(keep, bq[None, :] - br[:, None] + ir[:, None],
+                    dT = exp_nonpos(tl.where(keep, bq[None, :] - br[:, None] + ir[:, None],
                                          float("-inf"))) * scale
                     qq = tl.load(Q + bh * s_q_bh + tq[:, None] * s_q_s + dk[None, :],
                                  mask=mq[:, None] & mk[None, :], other=0.0).to(DOT_DT)
@@ -237,7 +237,7 @@ def _sig_bwd_dv_chunk_kernel(
                      mask=mkv[:, None] & mk[None, :], other=0.0)
         dcs = tl.load(DCST + (bh * n_chunks + c) * DQK * DHV + dk[:, None] * DHV + dv[None, :],
                       mask=mk[:, None] & mv[None, :], other=0.0).to(DOT_DT)
-        kbar = (kk.to(tl.float32) * tl.exp(g - bk + ik)[:, None]).to(DOT_DT)
+        kbar = (kk.to(tl.float32) * exp_nonpos(g - bk + ik)[:, None]).to(DOT_DT)
         acc = tl.dot(kbar, dcs, input_precision=DOT_PREC)
         kk = kk.to(DOT_DT)
         for r in range(j, NT):
@@ -251,7 +251,7 @@ def _sig_bwd_dv_chunk_kernel(
                               NORMALIZE, DOT_DT)
                 sT = tl.dot(kk, tl.trans(qq), input_precision=DOT_PREC)
                 keep = (rows[None, :] >= rows[:, None]) | (r > j)
-                dT = tl.exp(tl.where(keep, bq[None, :] - bk[:, None] + ik[:, None],
+                dT = exp_nonpos(tl.where(keep, bq[None, :] - bk[:, None] + ik[:, None],
                                      float("-inf"))) * scale
                 acc = tl.dot((sT * dT).to(DOT_DT), dh, acc=acc, input_precision=DOT_PREC)
         tl.store(DVO + bh * s_v_bh + tk[:, None] * s_v_s + dv[None, :],

@@ -22,8 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import (add_tile, can_use_tma, descriptor, interpret_mode, launch,
-                                load_tile, store_tile)
+from tfla.triton.common import (add_tile, can_use_tma, descriptor, exp_nonpos, interpret_mode,
+                                launch, load_tile, store_tile)
 
 
 @triton.jit
@@ -70,7 +70,7 @@ def _sig_bwd_dq_kernel(
                         dh = dh.to(DOT_DT)
                     bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
                     acc = tl.dot(dh, tl.trans(C.to(DOT_DT)), input_precision=DOT_PREC)
-                    acc = acc * tl.exp(bq)[:, None]
+                    acc = acc * exp_nonpos(bq)[:, None]
                     for jk in range(0, iq + 1):
                         tk = t0 + jk * BL + tl.arange(0, BL)
                         mkv = tk < S
@@ -83,7 +83,7 @@ def _sig_bwd_dq_kernel(
                         dt = bq[:, None] - bk[None, :] + ik[None, :]
                         if jk == iq:
                             dt = tl.where(rows[:, None] >= rows[None, :], dt, float("-inf"))
-                        ds = tl.dot(dh, tl.trans(v.to(DOT_DT)), input_precision=DOT_PREC) * tl.exp(dt)
+                        ds = tl.dot(dh, tl.trans(v.to(DOT_DT)), input_precision=DOT_PREC) * exp_nonpos(dt)
                         acc = tl.dot(ds.to(DOT_DT), k.to(DOT_DT), acc=acc, input_precision=DOT_PREC)
                     acc = acc * scale
                     ptrs = DQ32 + bh * S * DQK + tq[:, None] * DQK + dk[None, :]
@@ -92,7 +92,7 @@ def _sig_bwd_dq_kernel(
                     else:
                         tl.store(ptrs, acc, mask=mq[:, None] & mk[None, :])
             if c < c_end - 1:
-                C = C * tl.exp(g)
+                C = C * exp_nonpos(g)
                 for jk in range(0, L // BL):
                     if t0 + jk * BL < S:
                         tk = t0 + jk * BL + tl.arange(0, BL)
@@ -103,7 +103,7 @@ def _sig_bwd_dq_kernel(
                                     mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
                         bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
                         ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
-                        kbar = k.to(tl.float32) * tl.exp(g - bk + ik)[:, None]
+                        kbar = k.to(tl.float32) * exp_nonpos(g - bk + ik)[:, None]
                         C = tl.dot(tl.trans(kbar.to(DOT_DT)), v.to(DOT_DT), acc=C,
                                    input_precision=DOT_PREC)
 
@@ -150,7 +150,7 @@ def _sig_bwd_dkdv_kernel(
                                 mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
                     bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
                     ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
-                    abar = tl.exp(g - bk + ik)
+                    abar = exp_nonpos(g - bk + ik)
                     dCd = dC.to(DOT_DT)
                     kbar = (k.to(tl.float32) * abar[:, None]).to(DOT_DT)
                     acc_v = tl.dot(kbar, dCd, input_precision=DOT_PREC)
@@ -173,7 +173,7 @@ def _sig_bwd_dkdv_kernel(
                             dT = bq[None, :] - bk[:, None] + ik[:, None]
                             if iq == jk:
                                 dT = tl.where(rows[None, :] >= rows[:, None], dT, float("-inf"))
-                            DT = tl.exp(dT)
+                            DT = exp_nonpos(dT)
                             sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * (scale * DT)
                             acc_v = tl.dot(sT.to(DOT_DT), dh, acc=acc_v, input_precision=DOT_PREC)
                             dsT = tl.dot(v, tl.trans(dh), input_precision=DOT_PREC) * (scale * DT)
@@ -186,7 +186,7 @@ def _sig_bwd_dkdv_kernel(
                     else:
                         tl.store(ptrs, acc_k, mask=mkv[:, None] & mk[None, :])
             # dC_{k-1} = exp(g) dC_k + Q̄ᵀ dH̃
-            dC = dC * tl.exp(g)
+            dC = dC * exp_nonpos(g)
             for iq in range(0, NT):
                 if t0 + iq * BL < S:
                     tq = t0 + iq * BL + tl.arange(0, BL)
@@ -201,7 +201,7 @@ def _sig_bwd_dkdv_kernel(
                     else:
                         dh = dh.to(DOT_DT)
                     bq = tl.load(GB + bh * S + tq, mask=mq, other=0.0)
-                    qbar = q.to(tl.float32) * (tl.exp(bq) * scale)[:, None]
+                    qbar = q.to(tl.float32) * (exp_nonpos(bq) * scale)[:, None]
                     dC = tl.dot(tl.trans(qbar.to(DOT_DT)), dh, acc=dC, input_precision=DOT_PREC)
     if WRITE_DC0:
         if seg == 0:
@@ -250,13 +250,13 @@ def _sig_bwd_dq_flat_kernel(
             dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
         else:
             dh = dh.to(DOT_DT)
-        acc = tl.dot(dh, tl.trans(C.to(DOT_DT)), input_precision=DOT_PREC) * tl.exp(b)[:, None]
-        dmat = tl.exp(tl.where(causal, b[:, None] - b[None, :] + ii[None, :], float("-inf")))
+        acc = tl.dot(dh, tl.trans(C.to(DOT_DT)), input_precision=DOT_PREC) * exp_nonpos(b)[:, None]
+        dmat = exp_nonpos(tl.where(causal, b[:, None] - b[None, :] + ii[None, :], float("-inf")))
         ds = tl.dot(dh, tl.trans(v), input_precision=DOT_PREC) * dmat
         acc = tl.dot(ds.to(DOT_DT), k, acc=acc, input_precision=DOT_PREC) * scale
         add_tile(DQD, DQ32, acc, bh, t0, 0, S * DQK, DQK, S, DQK, L, BDQK, ADD_MODE)
-        kbar = (k.to(tl.float32) * tl.exp(g - b + ii)[:, None]).to(DOT_DT)
-        C = tl.dot(tl.trans(kbar), v, acc=C * tl.exp(g), input_precision=DOT_PREC)
+        kbar = (k.to(tl.float32) * exp_nonpos(g - b + ii)[:, None]).to(DOT_DT)
+        C = tl.dot(tl.trans(kbar), v, acc=C * exp_nonpos(g), input_precision=DOT_PREC)
 
 
 @triton.jit
@@ -305,11 +305,11 @@ def _sig_bwd_dkdv_flat_kernel(
             dh = (dh.to(tl.float32) / (nout + eps)[:, None]).to(DOT_DT)
         else:
             dh = dh.to(DOT_DT)
-        abar = tl.exp(g - b + ii)
+        abar = exp_nonpos(g - b + ii)
         dCd = dC.to(DOT_DT)
         acc_v = tl.dot((k.to(tl.float32) * abar[:, None]).to(DOT_DT), dCd, input_precision=DOT_PREC)
         acc_k = tl.dot(v, tl.trans(dCd), input_precision=DOT_PREC) * abar[:, None]
-        DT = tl.exp(tl.where(causal_t, b[None, :] - b[:, None] + ii[:, None], float("-inf"))) * scale
+        DT = exp_nonpos(tl.where(causal_t, b[None, :] - b[:, None] + ii[:, None], float("-inf"))) * scale
         sT = tl.dot(k, tl.trans(q), input_precision=DOT_PREC) * DT
         acc_v = tl.dot(sT.to(DOT_DT), dh, acc=acc_v, input_precision=DOT_PREC)
         dsT = tl.dot(v, tl.trans(dh), input_precision=DOT_PREC) * DT
@@ -317,8 +317,8 @@ def _sig_bwd_dkdv_flat_kernel(
         store_tile(DVD, DVO, acc_v.to(DVO.dtype.element_ty), bh, t0, jv * BDHV, s_v_bh, s_v_s,
                    S, DHV, L, BDHV, USE_TMA)
         add_tile(DKD, DK32, acc_k, bh, t0, 0, S * DQK, DQK, S, DQK, L, BDQK, ADD_MODE)
-        qbar = (q.to(tl.float32) * (tl.exp(b) * scale)[:, None]).to(DOT_DT)
-        dC = tl.dot(tl.trans(qbar), dh, acc=dC * tl.exp(g), input_precision=DOT_PREC)
+        qbar = (q.to(tl.float32) * (exp_nonpos(b) * scale)[:, None]).to(DOT_DT)
+        dC = tl.dot(tl.trans(qbar), dh, acc=dC * exp_nonpos(g), input_precision=DOT_PREC)
     if WRITE_DC0:
         if seg == 0:
             tl.store(DC0 + bh64 * DQK * DHV + dk[:, None] * DHV + dv[None, :], dC, mask=cmask)

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import launch, logsigmoid, state_combine
+from tfla.triton.common import exp_nonpos, launch, logsigmoid, state_combine
 
 
 @triton.jit
@@ -53,8 +53,8 @@ def _sig_bwd_local_state_kernel(
         lf = tl.where(mt, logsigmoid(tl.load(F + bh * S + t, mask=mt, other=0.0).to(tl.float32)), 0.0)
         b = tl.cumsum(lf, axis=0)
         g = tl.sum(lf, axis=0)
-        qbar = q.to(tl.float32) * (tl.exp(b) * scale)[:, None]
-        dC = tl.dot(tl.trans(qbar.to(DOT_DT)), dh.to(DOT_DT), acc=dC * tl.exp(g),
+        qbar = q.to(tl.float32) * (exp_nonpos(b) * scale)[:, None]
+        dC = tl.dot(tl.trans(qbar.to(DOT_DT)), dh.to(DOT_DT), acc=dC * exp_nonpos(g),
                     input_precision=DOT_PREC)
         gsum += g
     r = bh * (n_seg - 1) + p - 1

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import can_use_tma, descriptor, launch, load_tile, store_tile
+from tfla.triton.common import exp_nonpos, can_use_tma, descriptor, launch, load_tile, store_tile
 
 
 @triton.jit
@@ -31,7 +31,7 @@ def _h_tile(q, bq, mq, C, n, K, V, GB, GI, bh, t0, iq, S, DQK, DHV, dk, mk, dv, 
             NORMALIZE: tl.constexpr, DOT_DT: tl.constexpr, DOT_PREC: tl.constexpr,
             BL: tl.constexpr, BDQK: tl.constexpr, BDHV: tl.constexpr):
     """num (BL x BDHV) and den (BL) of one query tile of a chunk (inter + intra)."""
-    qbar = q.to(tl.float32) * (tl.exp(bq) * scale)[:, None]
+    qbar = q.to(tl.float32) * (exp_nonpos(bq) * scale)[:, None]
     acc = tl.dot(qbar.to(DOT_DT), C.to(DOT_DT), input_precision=DOT_PREC)
     den = tl.zeros([BL], dtype=tl.float32)
     if NORMALIZE:
@@ -50,7 +50,7 @@ def _h_tile(q, bq, mq, C, n, K, V, GB, GI, bh, t0, iq, S, DQK, DHV, dk, mk, dv, 
         dt = bq[:, None] - bk[None, :] + ik[None, :]
         if jk == iq:
             dt = tl.where(rows[:, None] >= rows[None, :], dt, float("-inf"))
-        sbar = s * tl.exp(dt)
+        sbar = s * exp_nonpos(dt)
         acc += tl.dot(sbar.to(DOT_DT), v, input_precision=DOT_PREC)
         if NORMALIZE:
             den += tl.sum(sbar, axis=1)
@@ -112,9 +112,9 @@ def _sig_fwd_parallel_kernel(
                              acc.to(H.dtype.element_ty), mask=mq[:, None] & mv[None, :])
             # state update C_k = exp(g) C_{k-1} + Σ (exp(a) ⊙ K)ᵀ V   (skipped when unused)
             if (c < c_end - 1) or (WRITE_LAST and last_seg):
-                C = C * tl.exp(g)
+                C = C * exp_nonpos(g)
                 if WITH_N:
-                    n = n * tl.exp(g)
+                    n = n * exp_nonpos(g)
                 for jk in range(0, L // BL):
                     if t0 + jk * BL < S:
                         tk = t0 + jk * BL + tl.arange(0, BL)
@@ -125,7 +125,7 @@ def _sig_fwd_parallel_kernel(
                                     mask=mkv[:, None] & mv[None, :], other=0.0).to(DOT_DT)
                         bk = tl.load(GB + bh * S + tk, mask=mkv, other=0.0)
                         ik = tl.load(GI + bh * S + tk, mask=mkv, other=float("-inf"))
-                        kbar = k.to(tl.float32) * tl.exp(g - bk + ik)[:, None]
+                        kbar = k.to(tl.float32) * exp_nonpos(g - bk + ik)[:, None]
                         C = tl.dot(tl.trans(kbar.to(DOT_DT)), v.to(DOT_DT), acc=C,
                                    input_precision=DOT_PREC)
                         if WITH_N:
@@ -183,10 +183,10 @@ def _sig_fwd_flat_kernel(
         ii = tl.load(GI + bh64 * S + t, mask=mt, other=float("-inf"))
         g = tl.load(GB + bh64 * S + tl.minimum(t0 + L, S) - 1)
         # inter term Q̄ C = diag(exp(b)·scale) (Q C): the row scaling is applied in fp32
-        wq = tl.exp(b) * scale
+        wq = exp_nonpos(b) * scale
         acc = tl.dot(q, C.to(DOT_DT), input_precision=DOT_PREC) * wq[:, None]
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        dmat = tl.exp(tl.where(causal, b[:, None] - b[None, :] + ii[None, :], float("-inf")))
+        dmat = exp_nonpos(tl.where(causal, b[:, None] - b[None, :] + ii[None, :], float("-inf")))
         sbar = s * (dmat * scale)
         acc = tl.dot(sbar.to(DOT_DT), v, acc=acc, input_precision=DOT_PREC)
         if NORMALIZE:
@@ -197,11 +197,11 @@ def _sig_fwd_flat_kernel(
                 tl.store(NOUT + bh64 * S + t, n_out, mask=mt)
         store_tile(HD, H, acc.to(H.dtype.element_ty), bh, t0, jv * BDHV, s_v_bh, s_v_s,
                    S, DHV, L, BDHV, USE_TMA)
-        abar = tl.exp(g - b + ii)
+        abar = exp_nonpos(g - b + ii)
         kbar = (k.to(tl.float32) * abar[:, None]).to(DOT_DT)
-        C = tl.dot(tl.trans(kbar), v, acc=C * tl.exp(g), input_precision=DOT_PREC)
+        C = tl.dot(tl.trans(kbar), v, acc=C * exp_nonpos(g), input_precision=DOT_PREC)
         if WITH_N:
-            n = n * tl.exp(g) + tl.sum(kbar.to(tl.float32), axis=0)
+            n = n * exp_nonpos(g) + tl.sum(kbar.to(tl.float32), axis=0)
     if WRITE_LAST:
         if seg == n_seg - 1:
             tl.store(CL + bh64 * DQK * DHV + dk[:, None] * DHV + dv[None, :], C, mask=cmask)

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import launch, logsigmoid, state_combine
+from tfla.triton.common import exp_nonpos, launch, logsigmoid, state_combine
 
 
 @triton.jit
@@ -52,10 +52,10 @@ def _sig_fwd_local_state_kernel(
         # a_r = sum_{s > r} lf_s + li_r (exclusive reverse cumsum), g = sum lf
         a = tl.where(mt, tl.cumsum(lf, axis=0, reverse=True) - lf + li, float("-inf"))
         g = tl.sum(lf, axis=0)
-        kbar = k.to(tl.float32) * tl.exp(a)[:, None]
-        C = tl.dot(tl.trans(kbar.to(DOT_DT)), v, acc=C * tl.exp(g), input_precision=DOT_PREC)
+        kbar = k.to(tl.float32) * exp_nonpos(a)[:, None]
+        C = tl.dot(tl.trans(kbar.to(DOT_DT)), v, acc=C * exp_nonpos(g), input_precision=DOT_PREC)
         if WITH_N:
-            n = n * tl.exp(g) + tl.sum(kbar, axis=0)
+            n = n * exp_nonpos(g) + tl.sum(kbar, axis=0)
         gsum += g
     q = bh * (n_seg - 1) + p
     tl.store(LOC + q * DQK * DHV + dk[:, None] * DHV + dv[None, :], C,
