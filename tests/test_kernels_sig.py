@@ -107,7 +107,9 @@ def check(errs, tol, tol_df=None):
     (64, 40, 16, 24, True, False),     # L > S, d_hv not a power of two
     (16, 1, 16, 16, False, True),      # S = 1
 ])
-def test_kernels_match_float64_reference(L, S, d_qk, d_hv, normalize, initial):
+@pytest.mark.parametrize("impl", ["tiled", "walk"])
+def test_kernels_match_float64_reference(L, S, d_qk, d_hv, normalize, initial, impl):
+    common.OVERRIDES.update(impl=impl)
     check(run_case(L=L, S=S, d_qk=d_qk, d_hv=d_hv, normalize=normalize, initial=initial), 2e-5,
           1e-4)
 
@@ -119,7 +121,9 @@ def test_kernels_match_float64_reference(L, S, d_qk, d_hv, normalize, initial):
     dict(f_mean=8.0, f_std=1.0, i_std=25.0),       # weak forgetting, wide input gate
 ])
 @pytest.mark.parametrize("normalize", [False, True])
-def test_kernels_match_reference_in_extreme_gate_regimes(regime, normalize):
+@pytest.mark.parametrize("impl", ["tiled", "walk"])
+def test_kernels_match_reference_in_extreme_gate_regimes(regime, normalize, impl):
+    common.OVERRIDES.update(impl=impl)
     check(run_case(S=40, normalize=normalize, initial=True, **regime), 2e-5, 1e-4)
 
 
@@ -133,7 +137,7 @@ def test_kernels_match_reference_in_extreme_gate_regimes(regime, normalize):
     ({}, 128, False),                                        # chunk 128 as one 128-row tile
 ])
 def test_kernel_variants_agree_with_reference(overrides, L, normalize):
-    common.OVERRIDES.update(overrides)
+    common.OVERRIDES.update(overrides, impl="walk")
     check(run_case(S=61, L=L, d_qk=16, d_hv=32, normalize=normalize, initial=True), 2e-5, 1e-4)
 
 
@@ -149,7 +153,7 @@ def test_kernel_variants_agree_with_reference(overrides, L, normalize):
 ])
 def test_chunk_parallel_backward_matches_float64_reference(overrides, L, S, d_qk, d_hv,
                                                            normalize, initial):
-    common.OVERRIDES.update(overrides, bwd="chunk")
+    common.OVERRIDES.update(overrides, bwd="chunk", impl="walk")
     check(run_case(L=L, S=S, d_qk=d_qk, d_hv=d_hv, normalize=normalize, initial=initial), 2e-5,
           1e-4)
 
@@ -161,13 +165,13 @@ def test_chunk_parallel_backward_matches_float64_reference(overrides, L, S, d_qk
     dict(f_mean=8.0, f_std=1.0, i_std=25.0),
 ])
 def test_chunk_parallel_backward_in_extreme_gate_regimes(regime):
-    common.OVERRIDES.update(bwd="chunk")
+    common.OVERRIDES.update(bwd="chunk", impl="walk")
     check(run_case(S=40, normalize=True, initial=True, **regime), 2e-5, 1e-4)
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
 def test_chunk_parallel_backward_half_precision(dtype, tol):
-    common.OVERRIDES.update(bwd="chunk")
+    common.OVERRIDES.update(bwd="chunk", impl="walk")
     check(run_case(S=40, L=16, dtype=dtype, normalize=False, initial=True), tol)
 
 
@@ -175,24 +179,35 @@ def test_backward_paths_agree():
     runs = []
     for path in ("walk", "chunk"):
         common.OVERRIDES.clear()
-        common.OVERRIDES.update(bwd=path)
+        common.OVERRIDES.update(bwd=path, impl="walk")
         runs.append(run_case(S=37, L=16, normalize=True, initial=True, seed=3))
     assert all(runs[1][key] < 2e-5 for key in runs[1] if key != "df"), runs
     assert runs[1]["df"] < 1e-4 and runs[0]["df"] < 1e-4, runs
 
 
 def test_unknown_backward_path_is_refused(monkeypatch):
+    common.OVERRIDES.update(impl="walk")
     monkeypatch.setenv(common.BWD_ENV, "fast")
     with pytest.raises(ValueError, match="TFLA_SIG_BWD"):
         run_case(S=20, L=16)
 
 
+def test_unknown_algorithm_is_refused(monkeypatch):
+    monkeypatch.setenv(common.IMPL_ENV, "fast")
+    with pytest.raises(ValueError, match="TFLA_SIG_IMPL"):
+        run_case(S=20, L=16)
+
+
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
-def test_half_precision_inputs(dtype, tol):
+@pytest.mark.parametrize("impl", ["tiled", "walk"])
+def test_half_precision_inputs(dtype, tol, impl):
+    common.OVERRIDES.update(impl=impl)
     check(run_case(S=40, L=16, dtype=dtype, normalize=True), tol)
 
 
-def test_state_passed_between_calls_equals_one_call():
+@pytest.mark.parametrize("impl", ["tiled", "walk"])
+def test_state_passed_between_calls_equals_one_call(impl):
+    common.OVERRIDES.update(impl=impl)
     g = torch.Generator().manual_seed(5)
     q, k = torch.randn(2, 1, 2, 50, 16, generator=g)
     v = torch.randn(1, 2, 50, 32, generator=g)
