@@ -1,0 +1,407 @@
+"""Device benchmark for issue 11: mLSTMsig xl_chunk, "tiled" (the paper's two-level TFLA,
+kernels shared with mLSTMexp) vs "walk" (states on chip), beside our mLSTMexp xl_chunk,
+the authors' mlstm_kernels mLSTMsig xl_chunk and FLA chunk_simple_gla, over chunk sizes.
+
+Shapes (issue 11's tables; bf16):
+  fig4   B 8, 16 heads, d_qk 128, d_hv 256, S 8192   (Figure 4's head shape)
+  b7     B 8,  8 heads, d_qk 256, d_hv 512, S 8192   (xLSTM-7B heads = Figure 5's shape)
+  small  B 16, 32 heads, d_qk 64, d_hv 128, S 4096
+Method as the issue's table: inputs without grad for "fwd" (with grad and a ones dh for
+"fwdbw", gradients set to None before each call), median of 20 timed calls after 5
+warm-ups (tflabench.measure.time_callable: CUDA events, calls back to back), peak memory =
+torch.cuda.max_memory_allocated during one call minus what was allocated before it; all in
+one process, peers in the same process. Compile/autotune is the untimed first call.
+
+Tuning variants of the tiled path (``--variants``) set exp_parallel_fw.FW_OVERRIDE["xl"],
+exp_parallel_bw.BW_OVERRIDE and exp_recurrent.STATE_OVERRIDE for one measurement.
+``--breakdown`` times the tiled forward's three launches (gates, recurrent, H) apart.
+
+    python3 benchmarks/bench_sig_tfla.py --out $OUT [--shapes fig4,b7,small] [--chunks 64,128,256,512]
+        [--impls sig_tiled,sig_walk,exp,peer,fla] [--modes fwd,fwdbw] [--variants] [--breakdown]
+        [--sweep rec,fw --sweep-chunks 128,256] [--budget-s 500] [--smoke]
+
+Writes rows.csv (one row per measurement, appended as it goes) under --out and prints a
+table per shape. ``--smoke`` runs tiny shapes on the CPU through Triton's interpreter to
+check this script's logic (times there mean nothing).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import os
+import statistics
+import sys
+import time
+import traceback
+
+SHAPES = {
+    "fig4": dict(B=8, NH=16, d_qk=128, d_hv=256, S=8192),
+    "b7": dict(B=8, NH=8, d_qk=256, d_hv=512, S=8192),
+    "small": dict(B=16, NH=32, d_qk=64, d_hv=128, S=4096),
+}
+SMOKE_SHAPES = {"tiny": dict(B=1, NH=2, d_qk=16, d_hv=32, S=100)}
+
+#: tuning variants of the tiled path: name -> (fw override, bw override, state override)
+VARIANTS = {
+    "fw_q128": ({"B_LQ": 128, "B_LKV": 64, "num_warps": 8}, {}, {}),
+    "fw_dhv64": ({"B_DHV": 64}, {}, {}),
+    "fw_dhv256_w8": ({"B_DHV": 256, "num_warps": 8}, {}, {}),
+    "fw_w8": ({"num_warps": 8}, {}, {}),
+    "fw_st3": ({"num_stages": 3}, {}, {}),
+    "fw_kv32": ({"B_LKV": 32}, {}, {}),
+    "rec_64x64": ({}, {}, {"B_DQK": 64, "B_DHV": 64}),
+    "rec_st2": ({}, {}, {"num_stages": 2}),
+    "bw_w8": ({}, {"num_warps": 8}, {}),
+    "bw_dhv64": ({}, {"B_DHV": 64}, {}),
+    "bw_st3": ({}, {"num_stages": 3}, {}),
+}
+
+FIELDS = ["shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
+          "peak_mem_gib", "first_call_s", "error"]
+
+
+def parse_args(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
+    ap.add_argument("--shapes", default="fig4,b7,small")
+    ap.add_argument("--chunks", default="64,128,256,512")
+    ap.add_argument("--impls", default="sig_tiled,sig_walk,exp,peer,fla")
+    ap.add_argument("--modes", default="fwd,fwdbw")
+    ap.add_argument("--variants", default="", help="comma list of VARIANTS names, or 'all'")
+    ap.add_argument("--variant-chunks", default="128,256", help="chunk sizes for --variants")
+    ap.add_argument("--variant-modes", default="fwd", help="modes for --variants")
+    ap.add_argument("--breakdown", action="store_true")
+    ap.add_argument("--sweep", default="", help="'rec', 'fw' or 'rec,fw': time one kernel of the "
+                    "tiled forward alone over a grid of tile configs (see sweep())")
+    ap.add_argument("--sweep-chunks", default="128,256")
+    ap.add_argument("--budget-s", type=float, default=500.0)
+    ap.add_argument("--warmup", type=int, default=5)
+    ap.add_argument("--iters", type=int, default=20)
+    ap.add_argument("--smoke", action="store_true")
+    return ap.parse_args(argv)
+
+
+class Bench:
+    def __init__(self, args):
+        import torch
+
+        self.torch = torch
+        self.args = args
+        self.smoke = args.smoke
+        self.dev = "cpu" if self.smoke else "cuda"
+        self.dtype = torch.float16 if self.smoke else torch.bfloat16
+        self.deadline = time.time() + args.budget_s
+        os.makedirs(args.out, exist_ok=True)
+        self.csv_path = os.path.join(args.out, "rows.csv")
+        new = not os.path.exists(self.csv_path)
+        self.csv_file = open(self.csv_path, "a", newline="")
+        self.writer = csv.DictWriter(self.csv_file, FIELDS)
+        if new:
+            self.writer.writeheader()
+        self.rows = []
+
+    # ------------------------------------------------------------ inputs and callables
+    def inputs(self, shp, layout, grad):
+        torch = self.torch
+        g = torch.Generator(device=self.dev).manual_seed(0)
+        B, NH, S, dqk, dhv = shp["B"], shp["NH"], shp["S"], shp["d_qk"], shp["d_hv"]
+
+        def rn(*s, mean=0.0, dtype=None):
+            x = torch.randn(*s, generator=g, device=self.dev, dtype=torch.float32) + mean
+            return x.to(dtype or self.dtype).requires_grad_(grad)
+        if layout == "fla":
+            import torch.nn.functional as F
+            xs = [rn(B, S, NH, dqk), rn(B, S, NH, dqk), rn(B, S, NH, dhv)]
+            gl = F.logsigmoid(torch.randn(B, S, NH, generator=g, device=self.dev) + 3.0)
+            xs.append(gl.to(self.dtype).requires_grad_(grad))
+            return xs, (B, S, NH, dhv)
+        xs = [rn(B, NH, S, dqk), rn(B, NH, S, dqk), rn(B, NH, S, dhv),
+              rn(B, NH, S, dtype=torch.float32), rn(B, NH, S, mean=3.0, dtype=torch.float32)]
+        return xs, (B, NH, S, dhv)
+
+    def kernel(self, impl, L):
+        """(callable on the input list, input layout)."""
+        import tfla
+        from tfla.triton import common
+        if impl in ("sig_tiled", "sig_walk"):
+            which = impl.split("_")[1]
+
+            def fn(q, k, v, i, f):
+                common.OVERRIDES["impl"] = which
+                try:
+                    return tfla.mlstm_sig(q, k, v, i, f, chunk_size=L)
+                finally:
+                    common.OVERRIDES.pop("impl", None)
+            return fn, "mlstm"
+        if impl == "exp":
+            return (lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=L)), "mlstm"
+        if impl == "peer":
+            from mlstm_kernels.torch.chunkwise.triton_xl_chunk_siging import (
+                mlstm_siging_chunkwise__xl_chunk)
+            return (lambda q, k, v, i, f: mlstm_siging_chunkwise__xl_chunk(
+                q, k, v, i, f, chunk_size=L, normalize=False)), "mlstm"
+        if impl == "fla":
+            from fla.ops.simple_gla import chunk_simple_gla
+            return (lambda q, k, v, g: chunk_simple_gla(q, k, v, g)[0]), "fla"
+        raise ValueError(impl)
+
+    @contextlib.contextmanager
+    def variant(self, name):
+        from tfla.triton import exp_parallel_bw, exp_parallel_fw, exp_recurrent
+        fw, bw, st = VARIANTS[name] if name else ({}, {}, {})
+        old = (dict(exp_parallel_fw.FW_OVERRIDE["xl"]), dict(exp_parallel_bw.BW_OVERRIDE),
+               dict(exp_recurrent.STATE_OVERRIDE))
+        exp_parallel_fw.FW_OVERRIDE["xl"].update(fw)
+        exp_parallel_bw.BW_OVERRIDE.update(bw)
+        exp_recurrent.STATE_OVERRIDE.update(st)
+        try:
+            yield
+        finally:
+            exp_parallel_fw.FW_OVERRIDE["xl"] = old[0]
+            exp_parallel_bw.BW_OVERRIDE.clear()
+            exp_parallel_bw.BW_OVERRIDE.update(old[1])
+            exp_recurrent.STATE_OVERRIDE.clear()
+            exp_recurrent.STATE_OVERRIDE.update(old[2])
+
+    # ------------------------------------------------------------ one measurement
+    def measure(self, shape_name, impl, L, mode, variant=""):
+        torch = self.torch
+        from tflabench.measure import time_callable
+        row = dict(shape=shape_name, impl=impl, variant=variant, chunk=L, mode=mode)
+        if time.time() > self.deadline:
+            row["error"] = "skipped: budget"
+            return self.emit(row)
+        shp = (SMOKE_SHAPES if self.smoke else SHAPES)[shape_name]
+        try:
+            with self.variant(variant):
+                fn, layout = self.kernel(impl, L)
+                xs, hshape = self.inputs(shp, layout, grad=(mode == "fwdbw"))
+                if mode == "fwd":
+                    def call():
+                        with torch.no_grad():
+                            fn(*xs)
+                else:
+                    dh = torch.ones(hshape, device=self.dev, dtype=self.dtype)
+
+                    def call():
+                        for x in xs:
+                            x.grad = None
+                        fn(*xs).backward(dh)
+                t0 = time.time()
+                call()
+                self.sync()
+                row["first_call_s"] = round(time.time() - t0, 2)
+                ms = time_callable(call, device=self.dev, warmup=self.args.warmup,
+                                   iterations=self.args.iters)
+                row.update(ms_median=round(statistics.median(ms), 4), ms_min=round(min(ms), 4),
+                           ms_max=round(max(ms), 4))
+                if not self.smoke:
+                    self.sync()
+                    torch.cuda.reset_peak_memory_stats()
+                    base = torch.cuda.memory_allocated()
+                    call()
+                    self.sync()
+                    row["peak_mem_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
+                del xs
+        except Exception as e:  # noqa: BLE001 - a failing kernel is a row, the run goes on
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
+            traceback.print_exc(limit=3)
+        if not self.smoke:
+            torch.cuda.empty_cache()
+        return self.emit(row)
+
+    def sync(self):
+        if not self.smoke:
+            self.torch.cuda.synchronize()
+
+    def emit(self, row):
+        full = {k: row.get(k, "") for k in FIELDS}
+        self.writer.writerow(full)
+        self.csv_file.flush()
+        self.rows.append(full)
+        print(" ".join(f"{k}={full[k]}" for k in FIELDS if full[k] != ""), flush=True)
+        return full
+
+    # ------------------------------------------------------------ breakdown of the tiled forward
+    def breakdown(self, shape_name, L):
+        torch = self.torch
+        from tflabench.measure import time_callable
+        from tfla.triton.exp_chunkwise import kernels
+        shp = (SMOKE_SHAPES if self.smoke else SHAPES)[shape_name]
+        rec, pfw, _, _ = kernels()
+        xs, _ = self.inputs(shp, "mlstm", grad=False)
+        BH = shp["B"] * shp["NH"]
+        q, k, v = (x.reshape(BH, shp["S"], -1) for x in xs[:3])
+        i, f = (x.reshape(BH, shp["S"]) for x in xs[3:])
+        with torch.no_grad():
+            gates = rec.chunk_gates(i, f, L=L, is_exp=False)
+            st = rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None, None, None, L=L,
+                                  is_exp=False)
+            parts = {
+                "gates": lambda: rec.chunk_gates(i, f, L=L, is_exp=False),
+                "recurrent": lambda: rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None,
+                                                      None, None, L=L, is_exp=False),
+                "parallel_H": lambda: pfw.parallel_fw(q, k, v, gates[0], gates[2], gates[3],
+                                                      st[0], st[1], st[2], L=L, is_exp=False,
+                                                      normalize=False, eps=1e-6, limit=False),
+            }
+            for name, fn in parts.items():
+                fn()
+                self.sync()
+                ms = time_callable(fn, device=self.dev, warmup=3, iterations=10)
+                self.emit(dict(shape=shape_name, impl="sig_tiled:" + name, chunk=L, mode="fwd",
+                               ms_median=round(statistics.median(ms), 4), ms_min=round(min(ms), 4),
+                               ms_max=round(max(ms), 4)))
+
+
+def _rec_grid(shp, L):
+    """Stage-A configs of the recurrent kernel: state blocks x warps (3 stages)."""
+    out = []
+    for bq, bv in [(64, 64), (64, 128), (128, 64), (128, 128), (32, 64), (64, 32), (32, 128)]:
+        if bq > max(16, shp["d_qk"]) or bv > max(16, shp["d_hv"]):
+            continue
+        for w in (4, 8):
+            out.append(dict(B_DQK=bq, B_DHV=bv, num_warps=w, num_stages=3))
+    return out
+
+
+def _fw_grid(shp, L):
+    """Stage-A configs of the parallel H kernel: tiles x d_hv block x warps (2 stages)."""
+    out = []
+    for blq, blkv in [(64, 64), (128, 64), (64, 32), (128, 128)]:
+        if blq > L:
+            continue
+        for bv in (64, 128, 256):
+            if bv > max(16, shp["d_hv"]):
+                continue
+            for w in (4, 8):
+                out.append(dict(B_LQ=blq, B_LKV=blkv, B_DHV=bv, num_warps=w, num_stages=2))
+    return out
+
+
+def sweep(b, shape_name, L, which):
+    """Time the tiled forward's recurrent or H kernel alone over a grid of configs (stage A),
+    then the best one with other pipeline depths / pieces / d_qk blocks (stage B)."""
+    torch = b.torch
+    from tflabench.measure import time_callable
+    from tfla.triton import exp_parallel_fw, exp_recurrent
+    from tfla.triton.exp_chunkwise import kernels
+    shp = (SMOKE_SHAPES if b.smoke else SHAPES)[shape_name]
+    rec, pfw, _, _ = kernels()
+    xs, _ = b.inputs(shp, "mlstm", grad=False)
+    BH = shp["B"] * shp["NH"]
+    q, k, v = (x.reshape(BH, shp["S"], -1) for x in xs[:3])
+    i, f = (x.reshape(BH, shp["S"]) for x in xs[3:])
+    results = []
+
+    def run(cfg):
+        if time.time() > b.deadline:
+            return None
+        row = dict(shape=shape_name, impl=f"sweep_{which}", variant=repr(cfg), chunk=L, mode="fwd")
+        try:
+            with torch.no_grad():
+                gates = rec.chunk_gates(i, f, L=L, is_exp=False)
+                if which == "rec":
+                    exp_recurrent.STATE_OVERRIDE.clear()
+                    exp_recurrent.STATE_OVERRIDE.update(cfg)
+                    fn = lambda: rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None,  # noqa: E731
+                                                  None, None, L=L, is_exp=False)
+                else:
+                    st = rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None, None, None,
+                                          L=L, is_exp=False)
+                    exp_parallel_fw.FW_OVERRIDE["xl"] = dict(cfg)
+                    fn = lambda: pfw.parallel_fw(q, k, v, gates[0], gates[2], gates[3], st[0],  # noqa: E731
+                                                 st[1], st[2], L=L, is_exp=False,
+                                                 normalize=False, eps=1e-6, limit=False)
+                fn()
+                b.sync()
+                ms = time_callable(fn, device=b.dev, warmup=3, iterations=10)
+                row.update(ms_median=round(statistics.median(ms), 4), ms_min=round(min(ms), 4),
+                           ms_max=round(max(ms), 4))
+                results.append((statistics.median(ms), cfg))
+        except Exception as e:  # noqa: BLE001
+            row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
+        finally:
+            exp_recurrent.STATE_OVERRIDE.clear()
+            exp_parallel_fw.FW_OVERRIDE["xl"] = {}
+        b.emit(row)
+
+    for cfg in (_rec_grid if which == "rec" else _fw_grid)(shp, L):
+        run(cfg)
+    if not results:
+        return
+    best = min(results, key=lambda r: r[0])[1]
+    if which == "rec":
+        extra = [dict(best, num_stages=2), dict(best, num_stages=4)]
+        if L >= 128:
+            extra.append(dict(best, PIECE=64))
+    else:
+        extra = [dict(best, num_stages=3), dict(best, num_stages=1)]
+        if shp["d_qk"] > 64:
+            extra.append(dict(best, B_DQK=64))
+        if shp["d_qk"] > 128:
+            extra.append(dict(best, B_DQK=256))
+    for cfg in extra:
+        run(cfg)
+    best_ms, best = min(results, key=lambda r: r[0])
+    print(f"BEST {which} {shape_name} L{L}: {best_ms:.4f} ms {best}", flush=True)
+
+
+def print_tables(rows):
+    from collections import defaultdict
+    by = defaultdict(dict)
+    for r in rows:
+        if r["ms_median"] != "":
+            key = (r["shape"], r["mode"])
+            name = r["impl"] + (f"[{r['variant']}]" if r["variant"] else "")
+            by[key][(name, r["chunk"])] = r["ms_median"]
+    for (shape, mode), d in by.items():
+        chunks = sorted({c for _, c in d}, key=int)
+        names = sorted({n for n, _ in d})
+        print(f"\n== {shape} {mode} (ms median) ==")
+        print("impl".ljust(28) + "".join(f"L{c}".rjust(10) for c in chunks))
+        for n in names:
+            print(n.ljust(28) + "".join(str(d.get((n, c), "-")).rjust(10) for c in chunks))
+
+
+def main(argv=None):
+    args = parse_args(argv)
+    if args.smoke:
+        os.environ["TRITON_INTERPRET"] = "1"
+    sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "kernels"),
+                    os.path.join(os.path.dirname(__file__), "..")]
+    b = Bench(args)
+    shapes = ["tiny"] if args.smoke else args.shapes.split(",")
+    chunks = [int(c) for c in args.chunks.split(",")]
+    impls = args.impls.split(",")
+    modes = args.modes.split(",")
+    if args.smoke:
+        impls = [x for x in impls if x not in ("peer", "fla")]
+    if args.sweep:
+        for L in [int(c) for c in args.sweep_chunks.split(",")]:
+            for shape in shapes:
+                for which in args.sweep.split(","):
+                    sweep(b, shape, L, which)
+        return
+    for shape in shapes:
+        if args.breakdown:
+            for L in chunks:
+                b.breakdown(shape, L)
+        for mode in modes:
+            for impl in impls:
+                for L in ([64] if impl == "fla" else chunks):
+                    b.measure(shape, impl, L, mode)
+    if args.variants:
+        names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
+        for shape in shapes:
+            for mode in args.variant_modes.split(","):
+                for L in [int(c) for c in args.variant_chunks.split(",")]:
+                    for name in names:
+                        b.measure(shape, "sig_tiled", L, mode, variant=name)
+    print_tables(b.rows)
+
+
+if __name__ == "__main__":
+    main()
