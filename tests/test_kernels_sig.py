@@ -276,3 +276,40 @@ def test_bad_tensors_raise_value_error():
         tfla.mlstm_sig(*_inputs(d_hv=2048))
     with pytest.raises(ValueError, match=r"^q: got dtype torch.float64; allowed for the Triton"):
         tfla.mlstm_sig(*_inputs(dtype=torch.float64))
+
+
+def test_algorithm_rule_forward_only_short_chunks_take_the_walk():
+    """choose_sig_impl: training calls take the tiled kernels; forward-only calls the walk
+    only for L <= 64 with d_qk <= 128 (docs/kernels-sig-notes.md, version 4)."""
+    pick = lambda L, d_qk, grad: common.choose_sig_impl(8, 16, 8192, d_qk, 2 * d_qk, L,  # noqa: E731
+                                                        torch.bfloat16, "cpu", grad)
+    assert pick(64, 128, False) == "walk" and pick(32, 64, False) == "walk"
+    assert pick(64, 128, True) == "tiled" and pick(128, 128, False) == "tiled"
+    assert pick(64, 256, False) == "tiled"
+
+
+def test_forward_only_and_training_calls_agree(monkeypatch):
+    """The same inputs through the rule's two paths (no grad: walk, grad: tiled) give the
+    same h up to float32 round-off."""
+    g = torch.Generator().manual_seed(2)
+    q, k = torch.randn(2, 1, 2, 70, 16, generator=g)
+    v = torch.randn(1, 2, 70, 32, generator=g)
+    i, f = torch.randn(2, 1, 2, 70, generator=g)
+    with torch.no_grad():
+        h_walk = tfla.mlstm_sig(q, k, v, i, f - 3, chunk_size=32)
+    qg = q.clone().requires_grad_(True)
+    h_tiled = tfla.mlstm_sig(qg, k, v, i, f - 3, chunk_size=32)
+    ref = mlstm_recurrent(*(x.double() for x in (q, k, v, i, f - 3)), variant="sig")
+    assert maxnorm(h_walk, ref) < 2e-5 and maxnorm(h_tiled.detach(), ref) < 2e-5
+
+
+@pytest.mark.parametrize("L,S,d_qk,d_hv", [
+    (64, 150, 16, 32),      # fw_config: d_qk <= 64 -> 64-row query tiles, 32-row key tiles
+    (128, 200, 32, 128),    # + state_blocks(sig_forward): 32 x 128 state blocks, 4 warps
+    (128, 140, 96, 256),    # fw_config: d_qk <= 128, d_hv >= 256 -> 128 x 64 tiles, d_hv 256
+])
+def test_tiled_sig_tile_configs_in_half_precision(L, S, d_qk, d_hv):
+    """The 16-bit tile configurations that the sig variant of the tiled kernels chooses
+    (exp_parallel_fw.fw_config, exp_recurrent.state_blocks) against float64."""
+    common.OVERRIDES.update(impl="tiled")
+    check(run_case(S=S, L=L, d_qk=d_qk, d_hv=d_hv, dtype=torch.float16, initial=True), 5e-3)

@@ -86,7 +86,9 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
     from tfla.triton.common import choose_sig_impl
 
     B, NH, S, d_qk = q.shape
-    impl = choose_sig_impl(B, NH, S, d_qk, v.shape[-1], chunk_size, q.dtype, q.device)
+    needs_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (q, k, v, i, f, C0))
+    impl = choose_sig_impl(B, NH, S, d_qk, v.shape[-1], chunk_size, q.dtype, q.device, needs_grad)
     if impl == "tiled":
         from tfla.triton.exp_chunkwise import Config, effective_chunk, run
 

@@ -147,7 +147,7 @@ IMPL_ENV = "TFLA_SIG_IMPL"
 SIG_IMPLS = ("tiled", "walk")
 
 
-def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device) -> str:
+def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device, needs_grad: bool = True) -> str:
     """Which mLSTMsig xl_chunk kernels run a shape: "tiled" or "walk" (a documented rule).
 
     "tiled": the paper's two-level TFLA (Sec. 3.2, Table 1), the kernels mLSTMexp uses with
@@ -158,7 +158,13 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device) -> str:
     (d_hv block, head, segment) walks the chunks with C on chip (sig_fwd_parallel.py),
     no state in HBM, but the intra-chunk work of every chunk serialised in that program.
 
-    Rule (measured on the H200, docs/kernels-sig-notes.md, version 4): see ``_walk_wins``.
+    Rule (measured on the H200, docs/kernels-sig-notes.md, version 4): calls that need a
+    backward (``needs_grad``) always take "tiled" (forward+backward faster at all 12 points
+    measured: 3 head shapes x L 64-512, e.g. Figure 4's heads L 128 5.14 vs 5.33 ms, the 7B
+    heads L 128 7.20 vs 13.82 ms); forward-only calls take the walk for L <= 64 with
+    d_qk <= 128 (Figure 4's heads L 64: 1.45 vs 1.96 ms; d_qk 64: 1.10 vs 1.43 ms), where no
+    state traffic beats two launches; "tiled" otherwise (from L 128 on, or d_qk 256, the
+    walk's serial intra-chunk work loses: 7B heads L 64 4.08 vs 3.41 ms).
     Env TFLA_SIG_IMPL or OVERRIDES["impl"] force one.
 
     Raises:
@@ -169,12 +175,7 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device) -> str:
         if forced not in SIG_IMPLS:
             raise ValueError(f"{IMPL_ENV}: got {forced!r}; allowed: 'tiled' or 'walk'")
         return forced
-    return "walk" if _walk_wins(B, NH, S, d_qk, d_hv, L, dtype) else "tiled"
-
-
-def _walk_wins(B, NH, S, d_qk, d_hv, L, dtype) -> bool:
-    """Shapes where the walk measured faster than the tiled kernels (forward+backward)."""
-    return False
+    return "walk" if (not needs_grad and L <= 64 and d_qk <= 128) else "tiled"
 
 
 

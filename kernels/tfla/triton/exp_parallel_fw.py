@@ -149,12 +149,21 @@ def _p2(x: int) -> int:
 FW_OVERRIDE: dict = {"xl": {}, "limit": {}}
 
 
-def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool) -> dict:
+def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
+              is_exp: bool = True) -> dict:
     """Tile sizes and warps of the H kernel (a heuristic, docs/kernels-exp-notes.md).
 
     limit_chunk: B_Lhq = B_Lkv = L (the whole chunk). xl_chunk: 64 x 64 tiles (L >= 64).
     Head dims: B_dqk covers d_qk up to 128 in one block (Q stays in registers across the
     key/value loop); B_dhv at most 128 (64 for limit_chunk's L = 128 to bound registers).
+
+    mLSTMsig xl_chunk in 16-bit dtypes (``is_exp`` False; the best of a sweep of 24-30 tile
+    configurations per shape on the H200, docs/kernels-sig-notes.md version 4): d_qk <= 64
+    takes 64-row query tiles, 32-row key tiles, 4 warps and 3 stages (B 16, 32 heads, 64/128,
+    S 4096: 0.56 ms vs 0.66 ms at L 128, 0.67 vs 0.81 at L 256); d_qk <= 128 with d_hv >= 256
+    and L >= 128 takes 128-row query tiles, 64-row key tiles, the d_hv block 256 and 8 warps
+    (Figure 4's heads: 0.84 vs 0.90 ms at L 128, 0.86 vs 1.13 at L 256). Wider heads keep the
+    default (d_qk 256, d_hv 512: the default was the best measured). mLSTMexp was not swept.
     """
     fp32 = dtype == torch.float32
     b_l = L if limit else min(64, L)
@@ -163,6 +172,12 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool) -> 
                        _p2(d_hv)))
     warps = 8 if b_l * b_hv >= 128 * 128 or b_l >= 128 else 4
     cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2)
+    if not (is_exp or limit or fp32) and L >= 64:
+        if d_qk <= 64:
+            cfg.update(B_LQ=64, B_LKV=32, B_DHV=max(16, min(128, _p2(d_hv))), num_warps=4,
+                       num_stages=3)
+        elif d_qk <= 128 and d_hv >= 256 and L >= 128:
+            cfg.update(B_LQ=128, B_LKV=64, B_DHV=256, num_warps=8, num_stages=2)
     cfg.update(FW_OVERRIDE["limit" if limit else "xl"])
     if limit:
         cfg["B_LQ"] = cfg["B_LKV"] = L
@@ -177,7 +192,7 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
-    cfg = fw_config(L, d_qk, d_hv, q.dtype, limit)
+    cfg = fw_config(L, d_qk, d_hv, q.dtype, limit, is_exp)
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)

@@ -267,7 +267,8 @@ STATE_OVERRIDE: dict = {}
 
 
 def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
-                 dtype: torch.dtype = torch.bfloat16, step: int = 128) -> tuple[int, int, int, int]:
+                 dtype: torch.dtype = torch.bfloat16, step: int = 128,
+                 sig_forward: bool = False) -> tuple[int, int, int, int]:
     """(B_dqk, B_dhv, num_warps, num_stages) of the recurrent kernels.
 
     These kernels are sequential over the chunks, and each step is short, so a step's
@@ -285,7 +286,16 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     64 x 64 2.59, 64 x 128 2.67. L 64: 128 x 128 1.84-1.85 at S 8192-16384; at S 16384
     128 x 64 2.43; at S 32768 64 x 64 1.88, 128 x 64 2.41; at S 65536 64 x 64 2.36,
     64 x 32 3.11.
+
+    ``sig_forward`` (mLSTMsig's forward state kernel, 16-bit dtypes, d_qk <= 64, steps of
+    128): 32 x 128 blocks, 4 warps, 2 stages, the best of 13 measured at B 16, 32 heads,
+    64/128, S 4096 (0.39 ms vs 0.54 ms for 64 x 128 with 8 warps at L 128; at L 256 0.44 vs
+    0.56). Other sig shapes kept these defaults: at d_qk 128 / 256 they were the best measured
+    (docs/kernels-sig-notes.md, version 4).
     """
+    if (sig_forward and d_qk <= 64 and step >= 128 and dtype != torch.float32
+            and d_hv >= 128 and not STATE_OVERRIDE):
+        return 32, 128, 4, 2
     cap = 64 if dtype == torch.float32 else 128
     b_qk = max(16, min(cap, _p2(d_qk)))
     b_hv = max(16, min(cap, _p2(d_hv)))
@@ -347,7 +357,8 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     n_st = torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32)
     m_st = torch.empty((BNH, NC + 1), device=dev, dtype=torch.float32)
     C_last = torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32)
-    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(k.device), k.dtype, piece(L))
+    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(k.device), k.dtype, piece(L),
+                                             sig_forward=not is_exp)
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     dummy = m_st
     _recurrent_fw_kernel[grid](
