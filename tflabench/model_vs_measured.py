@@ -34,7 +34,7 @@ MODEL_FAMILIES = ("mlstm",)
 SWEEP_KEYS = ("kernel", "mode", "dtype", "batch", "seq_len", "heads", "d_qk", "d_hv")
 #: A point is an outlier of its kernel when its fraction of the bound differs from the
 #: kernel's (and mode's) median by more than this factor.
-OUTLIER_FACTOR = 1.5
+OUTLIER_FACTOR = 1.25
 
 
 # ------------------------------------------------------------------ rows
