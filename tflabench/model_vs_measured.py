@@ -393,6 +393,13 @@ def ceilings_for(metadata: dict, ceilings: str = "auto", gpu: str | None = None,
     return hardware.get_gpu(name, ceilings, hardware_file=hardware_file)
 
 
+def model_ceilings_text(gpu) -> str:
+    """One line naming the ceilings a model comparison used (for tables and reports)."""
+    return (f"{gpu.name}, {gpu.ceilings} ceilings: {gpu.flops_per_s / 1e12:.0f} TFLOP/s, "
+            f"{gpu.bytes_per_s / 1e12:.3g} TB/s, I_acc {gpu.intensity_flop_per_byte:.1f} FLOP/byte "
+            f"({gpu.ceilings_source})")
+
+
 __all__ = ["ChunkSweep", "analyse_chunk_sweep", "case_text", "ceilings_for", "chunk_sweeps",
-           "distance_to_bound", "mark_outliers", "model_counts_at", "model_ms", "model_optima",
+           "distance_to_bound", "mark_outliers", "model_ceilings_text", "model_counts_at", "model_ms", "model_optima",
            "roofline_placement", "row_variant"]

@@ -205,4 +205,36 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
     return save_figure(fig, path)
 
 
-__all__ = ["chunk_sweep_figure", "roofline_measured_figure", "MODE_MARKERS"]
+def model_figures(rs, out_dir: str | Path, *, gpu=None, F_causal: float = 0.66, counts: str = "rows") -> list[Path]:
+    """The model-vs-measurement figures of a result set that apply, into ``out_dir``:
+    ``roofline_measured.png`` (every ``ok`` row with model counts) and ``optimal_chunk.png``
+    (when an mLSTM kernel sweeps chunk sizes). ``gpu``: the ceilings
+    (:func:`tflabench.model_vs_measured.ceilings_for`); default: the set's GPU with measured
+    ceilings where recorded. Returns [] when the set was measured on no catalogued GPU."""
+    from tflabench import model_vs_measured as mm
+    from tflabench.errors import UserError
+
+    if gpu is None:
+        try:
+            gpu = mm.ceilings_for(rs.metadata)
+        except UserError:
+            return []
+    out = Path(out_dir)
+    suite = rs.metadata.get("suite") or ""
+    where = f"{suite} on {rs.metadata.get('gpu_name') or gpu.name}"
+    written = []
+    placement = mm.roofline_placement(rs.rows, alpha=gpu.flops_per_s, beta=gpu.bytes_per_s)
+    if placement:
+        written.append(roofline_measured_figure(
+            placement, gpu, path=out / "roofline_measured.png",
+            title=f"{where}: every case against the roofline at its own shape ({gpu.ceilings} ceilings)"))
+    sweeps = mm.chunk_sweeps(rs.rows, alpha=gpu.flops_per_s, beta=gpu.bytes_per_s, ceilings=gpu.ceilings,
+                             F_causal=F_causal, counts=counts)
+    if sweeps:
+        written.append(chunk_sweep_figure(
+            sweeps, path=out / "optimal_chunk.png",
+            title=f"{where}: runtime over chunk size, measured and modelled (counts={counts})"))
+    return written
+
+
+__all__ = ["chunk_sweep_figure", "model_figures", "roofline_measured_figure", "MODE_MARKERS"]
