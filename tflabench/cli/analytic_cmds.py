@@ -287,11 +287,15 @@ def _peer_points(mode, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv):
     return pts
 
 
-def _measured_points(path) -> list[dict]:
+def load_rows(path):
+    """The rows (DataFrame) of the result set at ``path``; UserError when it is none."""
     from tflabench.results import load_results
 
-    rs = load_results(path)
-    df = rs.rows
+    return load_results(path).rows
+
+
+def _measured_points(path) -> list[dict]:
+    df = load_rows(path)
     if "status" in df.columns:
         df = df[df["status"] == "ok"]
     pts = []
@@ -341,7 +345,9 @@ def roofline(
     counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
     ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
     peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, T)."),
-    results: Optional[Path] = typer.Option(None, "--results", help="Result set whose measured points to add."),
+    results: Optional[Path] = typer.Option(
+        None, "--results", help="Result set whose measured rows to place, each at its own shape, on the first "
+        "--gpu's roofline (a second figure, *_measured.png, and a distance-to-the-bound table)."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw the figure (default on)."),
     out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
@@ -389,19 +395,31 @@ def roofline(
                     "roofline_ms": p["flops"] / att * 1e3,
                     "sum_form_ms": (p["flops"] / g.flops_per_s + p["bytes"] / g.bytes_per_s) * 1e3,
                 })
-        path = None
+        placement, distance = [], []
+        if measured:  # each measured row against its own bound, on the first GPU's roofline
+            from tflabench.model_vs_measured import distance_to_bound, roofline_placement
+
+            placement = roofline_placement(load_rows(results), alpha=gpus[0].flops_per_s,
+                                           beta=gpus[0].bytes_per_s)
+            distance = distance_to_bound(placement)
+        path = measured_path = None
         if plot:
             from tflabench.plots import plot_path
             from tflabench.plots.analytic import roofline_figure
 
             name = f"roofline_{'_'.join(g.key for g in gpus)}_{variant}_{mode}.png"
             path = roofline_figure(
-                gpus, pts, path=plot_path(out, name), peer_points=peer_pts, measured_points=measured,
+                gpus, pts, path=plot_path(out, name), peer_points=peer_pts,
                 title=(f"Roofline, mLSTM{variant} chunkwise {mode} (d_hv={dhv}, p_qk={p_qk:g}, "
-                       f"F_causal={causal_factor}, bytes_Cmn={state_bytes:g}, {ceilings} ceilings)"
-                       + ("\nmodel points at these options; measured points at their own shapes"
-                          if measured else "")),
+                       f"F_causal={causal_factor}, bytes_Cmn={state_bytes:g}, {ceilings} ceilings)"),
             )
+            if placement:
+                from tflabench.plots.model_measured import roofline_measured_figure
+
+                measured_path = roofline_measured_figure(
+                    placement, gpus[0], path=path.with_name(f"{path.stem}_measured{path.suffix}"),
+                    title=(f"{results}: every case against the {gpus[0].name} roofline at its own shape "
+                           f"({gpus[0].ceilings} ceilings)"))
         if as_json:
             _echo_json({
                 "config": {"variant": variant, "mode": mode, "counts": counts, "T": seq_len, "N_batch": batch,
@@ -410,7 +428,10 @@ def roofline(
                 "gpus": [g.as_dict() for g in gpus],
                 "points": table,
                 "measured": measured,
+                "placement": placement,
+                "distance_to_bound": distance,
                 "plot": str(path) if path else None,
+                "measured_plot": str(measured_path) if measured_path else None,
             })
             return
         con = _console()
@@ -427,9 +448,15 @@ def roofline(
         con.print("[dim]I: FLOP/byte (eq. 117); TFLOP/s: attainable, min(beta*I, alpha) (eq. 119); "
                   "ms max: roofline bound FLOPs/attainable = max form (eq. 114); ms sum: eq. 113/116[/dim]")
         if measured:
-            con.print(f"{len(measured)} measured points from {results}")
+            con.print(f"{len(measured)} measured points from {results}, each placed at its own shape "
+                      f"on the {gpus[0].name} roofline ({gpus[0].ceilings} ceilings):")
+            from tflabench.cli.run_cmds import distance_table
+
+            con.print(distance_table(distance))
         if path:
             con.print(f"plot: {path}")
+        if measured_path:
+            con.print(f"plot: {measured_path}")
 
 
 # ------------------------------------------------------------------ intensity
