@@ -56,6 +56,10 @@ def run(
     device: Optional[str] = typer.Option(None, "--device", help="Override the suite's device: cpu or cuda."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the figures after the run."),
+    triton_cache: Optional[Path] = typer.Option(
+        None, "--triton-cache", help="Keep Triton's compiled kernels and every autotuner's results in DIR "
+        "(TRITON_CACHE_DIR, TRITON_CACHE_AUTOTUNING=1): a later run with the same DIR skips the autotuning "
+        "(e.g. FLA chunk_gla's minutes per shape); first_call_s still shows what a run paid."),
 ) -> None:
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
     from tflabench import runner
@@ -76,6 +80,11 @@ def run(
             from tflabench.shard import parse_shard
 
             parse_shard(shard)
+        if triton_cache is not None:
+            from tflabench import triton_cache as tc
+
+            cache_dir = tc.configure(triton_cache)
+            typer.echo(f"triton cache: {cache_dir} ({len(tc.autotune_entries(cache_dir))} autotune results)", err=True)
         previous = signal.signal(signal.SIGTERM, _term)
         try:
             result = runner.run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
@@ -274,7 +283,27 @@ def doctor() -> None:
                 con.print(f"  - {p}")
         else:
             con.print("[green]no known problem[/]")
+        from tflabench import triton_cache
+        from tflabench.peer_status import peer_modes
+
+        con.print(f"triton cache {triton_cache.status()}")
+        con.print(peer_mode_table(peer_modes(env)))
         con.print(backend_table())
+
+
+def peer_mode_table(modes):
+    """A rich Table of :func:`tflabench.peer_status.peer_modes`: each peer mode, whether it
+    runs here, why not and what would fix it."""
+    from rich.table import Table
+
+    t = Table(title="the paper's peers, mode by mode")
+    for col, kw in (("peer", {}), ("mode", {}), ("runs", {}), ("why (not)", {"overflow": "fold", "ratio": 3}),
+                    ("fix", {"overflow": "fold", "ratio": 3})):
+        t.add_column(col, **kw)
+    for m in modes:
+        runs = "[green]yes[/]" if m.runs else "[red]no[/]" if m.runs is False else "[yellow]?[/]"
+        t.add_row(m.peer, m.mode, runs, m.why, m.fix)
+    return t
 
 
 @app.command()
