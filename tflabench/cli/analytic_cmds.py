@@ -707,7 +707,20 @@ def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_f
         if gpu and len(gpu) > 1:
             raise UserError("--gpu: --measure compares with one GPU's model; give one --gpu (or none: the GPU measured on)")
         cm.require_gpu()
-        result, rs = cm.measure_chunk_sweep(spec, out_root=results_root, device="cuda", progress=progress)
+        import signal
+
+        def _term(signum, frame):  # a device job's time limit sends SIGTERM: stop like Ctrl-C
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, _term)
+        try:
+            result, rs = cm.measure_chunk_sweep(spec, out_root=results_root, device="cuda", progress=progress)
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the rows measured so far are kept in the result set named above "
+                       "('writing to DIR'); `tflabench report DIR` compares them with the model", err=True)
+            raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
         _show_measured_sweep(rs, result, gpu=gpu[0] if gpu else None, ceilings=ceilings, hardware=hardware,
                              F_causal=causal_factor, counts=counts, bytes_Cmn=state_bytes, out=out,
                              as_json=as_json)
