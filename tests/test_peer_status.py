@@ -105,3 +105,46 @@ def test_triton_reads_the_autotuning_knob_from_the_environment(monkeypatch, tmp_
     monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
     assert knobs.autotuning.cache is True
     assert knobs.cache.dir == str(tmp_path)
+
+
+# ------------------------------------------------------------------ fla's #640 guard, narrowed on request
+
+
+def test_fla_key_block_width_on_hopper_follows_fla_0_6_0():
+    from tflabench.backends.fla import hopper_key_block
+
+    # min(max(next_power_of_2(K), 16), 128): fla-core 0.6.0 chunk_o.chunk_bwd_dqkwg, CONST_TILING 128
+    assert [hopper_key_block(k) for k in (8, 32, 48, 64, 100, 128, 256)] == [16, 32, 64, 64, 128, 128, 128]
+
+
+def test_narrowed_guard_lifts_only_away_from_key_block_64(monkeypatch):
+    import sys
+    import types
+
+    from tflabench.backends import fla as fla_mod
+
+    fake = types.SimpleNamespace(TRITON_ABOVE_3_7_1=False)
+    monkeypatch.setitem(sys.modules, "fla.ops.common.chunk_o", fake)
+    monkeypatch.delenv(fla_mod.GUARD_ENV, raising=False)
+    assert fla_mod._narrow_guard_for(128) is False and fake.TRITON_ABOVE_3_7_1 is False   # default: fla's guard
+    monkeypatch.setenv(fla_mod.GUARD_ENV, "narrow")
+    assert fla_mod._narrow_guard_for(128) is True and fake.TRITON_ABOVE_3_7_1 is True     # BK 128: lifted
+    assert fla_mod._narrow_guard_for(64) is False and fake.TRITON_ABOVE_3_7_1 is False    # BK 64: guard back
+
+
+def test_narrowed_guard_lets_the_case_run_and_says_so(monkeypatch):
+    from tflabench.backends import fla as fla_mod
+    from tflabench.backends import get_backend
+
+    monkeypatch.setattr(fla_mod, "fla_backward_refused", lambda: (True, "Hopper GPU=True, triton 3.6.0"))
+    fla = get_backend("fla")
+    params = fla.parse_params({"op": "chunk_simple_gla"})
+    monkeypatch.delenv(fla_mod.GUARD_ENV, raising=False)
+    reason = fla.unsupported_mode(params, "fwdbw")
+    assert "#640" in reason and f"{fla_mod.GUARD_ENV}=narrow" in reason and fla.note(params, "cuda") is None
+    monkeypatch.setenv(fla_mod.GUARD_ENV, "narrow")
+    assert fla.unsupported_mode(params, "fwdbw") is None
+    assert "guard lifted" in fla.note(params, "cuda")
+    exc = RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "
+                       "chunk_bwd_dqkwg (see #640).")
+    assert "key block width 64" in fla.classify_error(params, "fwdbw", exc)

@@ -10,7 +10,10 @@ cases that could not run (``unavailable``, from each backend's ``available`` /
   there (fla issue #640: wrong dk/dg at BK = 64; fixed in Triton 3.7.1, fla PR #983). torch
   2.8-2.11 pin triton 3.4-3.6, torch 2.12.0 pins 3.7.0, torch >= 2.12.1 ships 3.7.1. fla's
   TileLang fallback for that kernel refuses ``chunk_simple_gla``: its backward keeps the
-  states in float32 and the TileLang kernel needs ``h.dtype == q.dtype``.
+  states in float32 and the TileLang kernel needs ``h.dtype == q.dtype``. The bisection in
+  #640 found the kernel wrong at key block width 64 only (32 and 128 within tolerance);
+  ``TFLABENCH_FLA_640_GUARD=narrow`` (:func:`tflabench.backends.fla.guard_narrowed`) runs it
+  where the block is not 64, with the numerics gate checking every gradient.
 - FLA ``chunk_gla``: runs both modes; its first call autotunes for minutes per shape, which
   :mod:`tflabench.triton_cache` keeps across runs.
 - FlashAttention 3: the ``fa3_fwd`` wheel is built with ``FLASHATTENTION_DISABLE_BACKWARD``;
@@ -86,8 +89,10 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
                 "FLA chunk_simple_gla", "fwdbw", False,
                 f"fla {fla} refuses its gated backward (chunk_bwd_dqkwg) on Hopper ({gpu}) with triton {tv}: "
                 f"Triton 3.4-3.7.0 miscompiles that kernel there (fla issue #640); {tilelang}",
-                "triton >= 3.7.1 for the fla worker (torch >= 2.12.1 ships it; with this torch, install "
-                "triton>=3.7.1 in a separate environment for fla's workers, e.g. on their PYTHONPATH)"))
+                "triton >= 3.7.1 for the fla worker (torch >= 2.12.1 ships it; with this torch, a separate "
+                "environment for fla's workers: the triton 3.9.0 wheel is 286 MB, over a device call's 64 MiB "
+                "carry); or TFLABENCH_FLA_640_GUARD=narrow: run it where fla's key block width is not 64 "
+                "(d_qk 128 runs BK 128; #640 found BK 64 wrong), every gradient checked by the numerics gate"))
         else:
             out.append(PeerMode("FLA chunk_simple_gla", "fwdbw", True,
                                 "" if hopper or triton is None else "not on Hopper: fla's #640 guard does not apply"))
