@@ -312,3 +312,26 @@ def test_measured_sweep_runs_through_the_run_machinery_on_the_cpu(tmp_path):
     (s,) = mm.chunk_sweeps(rs.rows, alpha=g.flops_per_s, beta=g.bytes_per_s)
     assert [p["L"] for p in s.points] == [16, 32]
     assert s.measured_L_opt in (16, 32) and all(math.isfinite(p["ratio_sum"]) for p in s.points)
+
+
+def test_custom_mlstm_kernels_sweep_too_and_limit_chunk_uses_its_own_backward_split():
+    custom = []
+    for L, ms in ((64, 3.0), (128, 2.0)):
+        r = _row(kernel="mine", L=L, ms=ms, family="custom")
+        r["params"] = json.dumps({"function": "m:f", "layout": "mlstm", "variant": "sig", "chunk_size": L})
+        custom.append(r)
+    attention = [dict(r, kernel="attn", params=json.dumps({"function": "m:g", "layout": "attention"}))
+                 for r in custom]
+    (s,) = mm.chunk_sweeps(custom + attention, **H100)
+    assert s.kernel == "mine" and s.measured_L_opt == 128
+    limit = []
+    for L in (64, 128):
+        r = _row(kernel="lim", L=L, ms=5.0, mode="fwdbw", variant="exp")
+        r["params"] = json.dumps({"variant": "exp", "algorithm": "limit_chunk", "chunk_size": L})
+        limit.append(r)
+    (s,) = mm.chunk_sweeps(limit, **H100)
+    assert s.kernel_split == "limit_chunk"
+    c = mm.model_counts_at("exp", "fwdbw", 64, **FIG17, kernel_split="limit_chunk")
+    assert s.points[0]["model_ms_sum"] == pytest.approx(mm.model_ms(c, **H100))
+    xl = mm.model_counts_at("exp", "fwdbw", 64, **FIG17)
+    assert c.bytes != xl.bytes          # the split changes the backward's bytes (docs/model.md)

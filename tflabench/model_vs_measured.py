@@ -68,11 +68,20 @@ def _params(row: dict) -> dict:
 
 
 def row_variant(row: dict) -> str | None:
-    """``sig`` / ``exp`` for an mLSTM row (its params' ``variant``, default ``sig``), else None."""
-    if row.get("family") not in MODEL_FAMILIES:
+    """``sig`` / ``exp`` for an mLSTM row (family ``mlstm``, or a ``custom`` kernel with
+    ``layout: mlstm``; its params' ``variant``, default ``sig``), else None."""
+    p = _params(row)
+    family = row.get("family")
+    if family not in MODEL_FAMILIES and not (family == "custom" and p.get("layout", "mlstm") == "mlstm"):
         return None
-    v = _params(row).get("variant", "sig")
+    v = p.get("variant", "sig")
     return v if v in ("sig", "exp") else None
+
+
+def row_kernel_split(row: dict) -> str:
+    """``limit_chunk`` for a row of a one-level limit_chunk kernel (its params' ``algorithm``),
+    else ``xl_chunk`` (the backward model's kernel split, docs/model.md)."""
+    return "limit_chunk" if _params(row).get("algorithm") == "limit_chunk" else "xl_chunk"
 
 
 def case_text(row: dict) -> str:
@@ -87,11 +96,12 @@ def case_text(row: dict) -> str:
 
 
 def model_counts_at(variant: str, mode: str, L: float, *, batch, seq_len, heads, d_qk, d_hv,
-                    F_causal=0.66, bytes_qkv=2, bytes_Cmn=4, counts="rows", chunks="pad"):
+                    F_causal=0.66, bytes_qkv=2, bytes_Cmn=4, counts="rows", chunks="pad",
+                    kernel_split="xl_chunk"):
     """Model FLOPs and HBM bytes of one chunkwise mLSTM call at chunk size ``L``.
 
     Forward: paper Tables 8/9 (``counts`` rows|paper); ``fwdbw``: forward + the derived
-    backward (docs/model.md, xl_chunk split). ``chunks="pad"`` counts ``ceil(T/L)`` chunks
+    backward (docs/model.md; ``kernel_split`` ``xl_chunk`` or ``limit_chunk``). ``chunks="pad"`` counts ``ceil(T/L)`` chunks
     (what a kernel executes; equal to ``T/L`` when L divides T), ``"real"`` uses ``T/L``
     for the continuous curves. Returns :class:`tflabench.model.Counts`.
 
@@ -106,7 +116,7 @@ def model_counts_at(variant: str, mode: str, L: float, *, batch, seq_len, heads,
     if mode == "fwd":
         return mlstm_counts(variant, "chunkwise", **kw)
     if mode == "fwdbw":
-        return mlstm_fwdbw_counts(variant, **kw)
+        return mlstm_fwdbw_counts(variant, kernel_split=kernel_split, **kw)
     raise UserError(f"mode={mode!r} is not valid; allowed: fwd|fwdbw")
 
 
@@ -119,7 +129,7 @@ def model_ms(counts, alpha, beta, combine="sum") -> float:
 
 
 def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, alpha, beta,
-                 F_causal=0.66, bytes_qkv=2, bytes_Cmn=4, counts="rows") -> dict:
+                 F_causal=0.66, bytes_qkv=2, bytes_Cmn=4, counts="rows", kernel_split="xl_chunk") -> dict:
     """The model's optimal chunk sizes at one shape (tokens, real numbers, clamped to [1, T]).
 
     Forward: ``L_opt_flop`` (eq. 111), ``L_opt_runtime`` (eq. 121, sum form),
@@ -141,7 +151,7 @@ def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, 
         def c(L):
             return model_counts_at(variant, mode, L, batch=batch, seq_len=seq_len, heads=heads, d_qk=d_qk,
                                    d_hv=d_hv, F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_Cmn=bytes_Cmn,
-                                   counts=counts, chunks="real")
+                                   counts=counts, chunks="real", kernel_split=kernel_split)
 
         out = {
             "L_opt_flop": golden_min(lambda L: c(L).flops, 1.0, T),
@@ -190,11 +200,14 @@ class ChunkSweep:
     ceilings: str
     F_causal: float
     counts: str
+    bytes_Cmn: float = 4
+    kernel_split: str = "xl_chunk"
 
     def model_curve(self, Ls: Iterable[float], combine="sum") -> list[float]:
         """Model runtime (ms) at real chunk sizes ``Ls`` (N_c = T/L), for drawing."""
         return [model_ms(model_counts_at(self.variant, self.mode, L, **self.shape, F_causal=self.F_causal,
-                                         counts=self.counts, chunks="real"), self.alpha, self.beta, combine)
+                                         counts=self.counts, chunks="real", bytes_Cmn=self.bytes_Cmn,
+                                         kernel_split=self.kernel_split), self.alpha, self.beta, combine)
                 for L in Ls]
 
     def title(self) -> str:
@@ -252,10 +265,12 @@ def analyse_chunk_sweep(rows: list[dict], *, variant: str, alpha, beta, shape: d
         raise UserError("a chunk-size sweep needs rows at two or more chunk sizes")
     first = rows[0]
     mode = first["mode"]
+    split = row_kernel_split(first)
     points = []
     for r in sorted(rows, key=lambda r: r["chunk_size"]):
         L = int(r["chunk_size"])
-        c = model_counts_at(variant, mode, L, **shape, F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn)
+        c = model_counts_at(variant, mode, L, **shape, F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn,
+                            kernel_split=split)
         ms = float(r["ms_median"])
         m_sum, m_max = model_ms(c, alpha, beta, "sum"), model_ms(c, alpha, beta, "max")
         points.append({"L": L, "ms_median": ms, "peak_mem_bytes": _num(r.get("peak_mem_bytes")),
@@ -263,13 +278,13 @@ def analyse_chunk_sweep(rows: list[dict], *, variant: str, alpha, beta, shape: d
                        "ratio_sum": ms / m_sum, "ratio_max": ms / m_max})
     best = min(points, key=lambda p: p["ms_median"])
     optima = model_optima(variant, mode, **shape, alpha=alpha, beta=beta, F_causal=F_causal,
-                          bytes_Cmn=bytes_Cmn, counts=counts)
+                          bytes_Cmn=bytes_Cmn, counts=counts, kernel_split=split)
     return ChunkSweep(
         kernel=str(first.get("kernel")), backend=str(first.get("backend")), mode=mode,
         dtype=str(first.get("dtype")), variant=variant, shape=dict(shape), points=points,
         measured_L_opt=best["L"], measured_ms_opt=best["ms_median"], optima=optima,
         model_L_pow2=min(points, key=lambda p: p["model_ms_sum"])["L"], alpha=alpha, beta=beta,
-        ceilings=ceilings, F_causal=F_causal, counts=counts)
+        ceilings=ceilings, F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn, kernel_split=split)
 
 
 # ------------------------------------------------------------------ roofline at each row's shape
@@ -402,4 +417,4 @@ def model_ceilings_text(gpu) -> str:
 
 __all__ = ["ChunkSweep", "analyse_chunk_sweep", "case_text", "ceilings_for", "chunk_sweeps",
            "distance_to_bound", "mark_outliers", "model_ceilings_text", "model_counts_at", "model_ms", "model_optima",
-           "roofline_placement", "row_variant"]
+           "roofline_placement", "row_kernel_split", "row_variant"]
