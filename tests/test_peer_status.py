@@ -148,3 +148,36 @@ def test_narrowed_guard_lets_the_case_run_and_says_so(monkeypatch):
     exc = RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "
                        "chunk_bwd_dqkwg (see #640).")
     assert "key block width 64" in fla.classify_error(params, "fwdbw", exc)
+
+
+# ------------------------------------------------------------------ FlashAttention 4
+
+
+def test_fa4_backend_has_the_attention_layout_and_names_what_is_missing(monkeypatch):
+    import torch
+
+    from tflabench.backends import flash_attn as fa_mod
+    from tflabench.backends import get_backend
+
+    fa4 = get_backend("fa4")
+    params = fa4.parse_params({})
+    assert fa4.layout(params, 4096) == (32, 128, 128)           # paper App. E.3: 32 heads of 128
+    monkeypatch.setattr(fa_mod, "_find_spec", lambda name: None)
+    assert "flash-attn-4 (flash_attn.cute) is not installed" in fa4.available(params)
+    monkeypatch.setattr(fa_mod, "_find_spec", lambda name: object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def no_cutlass(self, params):
+        raise ModuleNotFoundError("No module named 'cutlass'")
+
+    monkeypatch.setattr(fa_mod.Fa4Backend, "_load", no_cutlass)
+    reason = fa4.available(params)
+    assert "dsl_packages" in reason and ".pth" in reason
+
+
+def test_doctor_verdict_for_fa4_follows_its_module():
+    v = _verdicts(H200_ENV, _only("fa3_fwd_interface"))
+    assert v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")].runs is False
+    assert "device_fa4.sh" in v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")].fix
+    v = _verdicts(H200_ENV, _only("flash_attn.cute"))
+    assert v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")].runs is True

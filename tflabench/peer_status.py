@@ -18,9 +18,15 @@ cases that could not run (``unavailable``, from each backend's ``available`` /
   :mod:`tflabench.triton_cache` keeps across runs.
 - FlashAttention 3: the ``fa3_fwd`` wheel is built with ``FLASHATTENTION_DISABLE_BACKWARD``;
   ``flash_attn_interface`` (fwd+bwd) is built from flash-attention's ``hopper/`` (not on
-  the package index; hours of nvcc). FlashAttention 4 (``flash-attn-4``, CuTe DSL) has an
-  sm90 backward since early 2026 but needs ``nvidia-cutlass-dsl`` (a 92 MB library wheel);
-  carried to the GPU machine in two parts its ``cutlass.cute`` did not import (2026-11-22).
+  the package index; hours of nvcc). FlashAttention 4 (``flash-attn-4`` 4.0.0b36, CuTe DSL,
+  backend ``fa4``) has an sm90 backward (flash-attention PR #2128) and installs from the
+  index, but its ``nvidia-cutlass-dsl-libs-cu13`` wheel is 88 MiB (more than one device
+  call carries) and ``nvidia-cutlass-dsl`` puts its ``cutlass`` package on ``sys.path``
+  through a ``.pth`` file, which a ``pip install --target`` on ``PYTHONPATH`` never runs:
+  that, and the missing ``cuda-bindings``/``protobuf``, is why ``cutlass.cute`` was "not
+  found" on 2026-11-22 (checked on the CPU with Python 3.12: with
+  ``<target>/nvidia_cutlass_dsl/dsl_packages`` on ``PYTHONPATH`` and those two wheels,
+  ``import cutlass.cute`` works).
 - Mamba (v1): ``selective_scan_fn`` needs mamba_ssm's compiled ``selective_scan_cuda``; the
   ``mamba_ssm`` wheel here was built with ``MAMBA_SKIP_CUDA_BUILD=TRUE``. Building it needs
   nvcc (``nvidia-cuda-nvcc`` on the package index, plus the CUDA headers) matching torch's
@@ -112,11 +118,23 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
             f"only the fa3_fwd wheel ({peers.get('fa3_fwd', '?')}) is installed: built with "
             "FLASHATTENTION_DISABLE_BACKWARD (forward only, bf16 only)",
             "build flash_attn_interface from flash-attention's hopper/ (hours of nvcc, beyond one device "
-            "call), or flash-attn-4 (CuTe DSL, sm90 backward) with nvidia-cutlass-dsl (its 92 MB library "
-            "did not import when carried in two parts); meanwhile `sdpa impl=cudnn` is the FA3-class fwdbw"))
+            "call); or FlashAttention 4 (backend fa4: flash-attn-4, CuTe DSL, sm90 backward), whose "
+            "nvidia-cutlass-dsl needs its dsl_packages dir on PYTHONPATH when installed with --target "
+            "(benchmarks/fa4_prepare.sh, device_fa4.sh); meanwhile `sdpa impl=cudnn` is the FA3-class fwdbw"))
     else:
         out.append(PeerMode("FlashAttention 3", "fwd, fwdbw", False, "neither flash_attn_interface nor fa3_fwd is "
                             "installed", "pip install the fa3_fwd wheel (forward) or build hopper/ (fwd+bwd)"))
+
+    # --- FlashAttention 4 (CuTe DSL): the FA3-class peer with a backward that installs from the index
+    if find_spec("flash_attn.cute") is not None:
+        out.append(PeerMode("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", True, "flash_attn.cute"))
+    else:
+        out.append(PeerMode(
+            "FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", False,
+            "flash-attn-4 is not installed (its nvidia-cutlass-dsl-libs-cu13 wheel is 88 MiB, more than one "
+            "device call carries)",
+            "pip install flash-attn-4; for the GPU machine: benchmarks/fa4_prepare.sh, then "
+            "benchmarks/device_fa4.sh a | b | run (the big wheel in two calls; cutlass's dsl_packages on PYTHONPATH)"))
 
     # --- Mamba (v1) and Mamba 2
     if not peers.get("mamba_ssm"):
