@@ -24,6 +24,14 @@ from tflabench.hardware import get_gpu
 
 runner = CliRunner()
 
+
+@pytest.fixture(autouse=True)
+def _isolated(tmp_path, monkeypatch):
+    """Plots land in tmp_path; no user hardware file (measured ceilings) is read."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("TFLABENCH_HARDWARE", raising=False)
+
 H100 = dict(alpha=989e12, beta=3.35e12)            # paper Table 18
 FIG17 = dict(batch=8, seq_len=8192, heads=8, d_qk=256, d_hv=512)   # paper Figs. 5, 17 (§6.4)
 #: §7: the authors' measured H100 forward runtimes (ms) of TFLA mLSTMsig at the Fig. 17 shape.
@@ -335,3 +343,22 @@ def test_custom_mlstm_kernels_sweep_too_and_limit_chunk_uses_its_own_backward_sp
     assert s.points[0]["model_ms_sum"] == pytest.approx(mm.model_ms(c, **H100))
     xl = mm.model_counts_at("exp", "fwdbw", 64, **FIG17)
     assert c.bytes != xl.bytes          # the split changes the backward's bytes (docs/model.md)
+
+
+def test_measured_sweep_rendering_names_both_optima_and_the_ratio(tmp_path, capsys):
+    """What optimal-chunk --measure prints after its GPU run (the rendering is reached only
+    on a GPU through the CLI; here on a result set made of the paper's H100 runtimes)."""
+    from tflabench.cli.analytic_cmds import _show_measured_sweep
+
+    rows = [_row(L=L, ms=ms, peak=2**30) for L, ms in H100_FWD_MS.items()]
+    rs = R.load_results(R.write_results(tmp_path / "set", rows, {"suite": "sweep", "gpu_name": "NVIDIA H100 80GB HBM3"}))
+    _show_measured_sweep(rs, None, gpu=None, ceilings="auto", hardware=None, F_causal=0.66, counts="paper",
+                         bytes_Cmn=4, out=tmp_path / "fig.png", as_json=False)
+    text = capsys.readouterr().out
+    assert "measured optimum L=256" in text and "model L=551" in text        # §7 and O3
+    assert "datasheet ceilings" in text                # the H100 has no measured ceilings recorded
+    assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+    _show_measured_sweep(rs, None, gpu="h100", ceilings="datasheet", hardware=None, F_causal=0.66, counts="paper",
+                         bytes_Cmn=4, out=None, as_json=True)
+    d = json.loads(capsys.readouterr().out)
+    assert d["sweeps"][0]["measured_L_opt"] == 256 and d["gpu"]["key"] == "h100"
