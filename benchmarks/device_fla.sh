@@ -7,6 +7,9 @@
 #   run (device tool, kind nvidia-h200, carry [".peers"], or [".peers", "results"] to resume):
 #     bash benchmarks/device_fla.sh                          # a new result set
 #     RESUME=results/h100_7b/<ts> bash benchmarks/device_fla.sh   # finish it (carry results)
+#     RESUME=results/reference/h200/h100_7b bash benchmarks/device_fla.sh   # add the rows to the reference set
+# A call that ends mid-tuning still packs the autotune results finished so far: call again
+# (carry [".peers", "results"]) and the next one starts from them.
 #
 # Autotune results are kept in a Triton cache and packed back (only *.autotune.json) into
 # results/triton-autotune/, which a later call unpacks: chunk_gla's tuning is paid once per
