@@ -168,9 +168,10 @@ def known_problems(env: dict) -> list[str]:
     fla = peers.get("fla-core") or peers.get("flash-linear-attention")
     if fla and hopper and triton and (3, 4) <= triton < (3, 7, 1):
         problems.append(
-            f"fla {fla} on triton {env.get('triton')} on Hopper: the gated backward "
-            "(chunk_gla, chunk_simple_gla) refuses to run (fla issue #640); fla fwdbw rows will "
-            "be unavailable. Fix: triton >= 3.7.1.")
+            f"fla {fla} on triton {env.get('triton')} on Hopper: the gated backward of "
+            "chunk_simple_gla (chunk_bwd_dqkwg) refuses to run (fla issue #640: Triton 3.4-3.7.0 "
+            "miscompiles it on Hopper); its fwdbw rows will be unavailable (chunk_gla's backward "
+            "is not guarded). Fix: triton >= 3.7.1 for fla's workers.")
     if peers.get("mlstm_kernels") and triton and triton[:2] == (3, 6):
         problems.append(
             f"mlstm_kernels {peers['mlstm_kernels']} on triton 3.6: its mLSTMexp xl_chunk kernel "

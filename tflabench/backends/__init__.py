@@ -31,6 +31,7 @@ BACKEND_MODULES: dict[str, str] = {
     "sdpa": "tflabench.backends.sdpa",
     "fa3": "tflabench.backends.flash_attn",
     "fa2": "tflabench.backends.flash_attn",
+    "fa4": "tflabench.backends.flash_attn",
     "mamba2": "tflabench.backends.mamba",
     "mamba": "tflabench.backends.mamba",
     "fla": "tflabench.backends.fla",

@@ -19,7 +19,10 @@ Known refusal: fla's gated ``chunk_bwd_dqkwg`` (the backward of ``chunk_simple_g
 data-dependent g) raises a RuntimeError (fla issue #640) on Hopper GPUs with
 3.4.0 <= triton < 3.7.1 (``shared/wheels/README.md``: seen on the H200, triton 3.6).
 ``unsupported_mode`` reports ``fwdbw`` unsupported there, per case, with that reason;
-:meth:`FlaBackend.classify_error` recognises the RuntimeError itself. ``chunk_gla`` (own
+:meth:`FlaBackend.classify_error` recognises the RuntimeError itself. With
+``TFLABENCH_FLA_640_GUARD=narrow`` the guard is lifted where fla's key block width is not 64
+(:func:`guard_narrowed`; the bisection in #640 found only BK = 64 miscompiled), the numerics
+gate judging every gradient, and the row's ``reason`` says so. ``chunk_gla`` (own
 backward kernels) and ``lightning_attn`` (g_gamma, no g) do not pass through that guard in
 fla-core 0.6.0, so their backward is not refused by it; the numerics gate checks them.
 
@@ -60,6 +63,9 @@ FLA_OPS: dict[str, tuple[str, str]] = {
 #: (fla-core 0.6.0, fla/ops/common/chunk_o.py): refused on Hopper with triton in
 #: [3.4.0, 3.7.1).
 GUARDED_BACKWARD_OPS = frozenset({"chunk_simple_gla"})
+
+#: Environment variable that narrows fla's #640 guard (see :func:`guard_narrowed`).
+GUARD_ENV = "TFLABENCH_FLA_640_GUARD"
 
 #: fla's default chunk size (``chunk_simple_gla``'s default, ``chunk_gla``'s for T >= 64).
 FLA_DEFAULT_CHUNK = 64
@@ -145,6 +151,42 @@ def fla_backward_refused() -> tuple[bool, str]:
         version = ".".join(map(str, tv)) if tv else "absent"
     refused = hopper and above_340 and not above_371
     return refused, f"Hopper GPU={hopper}, triton {version}"
+
+
+def hopper_key_block(d_qk: int) -> int:
+    """The key block width BK of fla-core 0.6.0's ``chunk_bwd_dqkwg`` on Hopper:
+    ``min(max(next_power_of_2(K), 16), 128)`` (``CONST_TILING`` 128 there)."""
+    p = 1 << max(0, int(d_qk) - 1).bit_length()
+    return min(max(p, 16), 128)
+
+
+def guard_narrowed() -> bool:
+    """Whether ``TFLABENCH_FLA_640_GUARD=narrow``: let ``chunk_simple_gla``'s gated backward
+    run on Hopper with 3.4.0 <= triton < 3.7.1 when its key block width is not 64.
+
+    Why that is safe to try: fla issue #640's bisection on Hopper found the miscompiled
+    ``chunk_bwd_dqkwg`` wrong at BK = 64 only (BK 32 and 128 within tolerance); the guard
+    fla-core 0.6.0 raises covers every BK (unsloth-zoo narrowed it the same way, PR #1010).
+    The Figure-4 layout (d_qk 128) runs BK = 128. The numerics gate still checks every
+    gradient (dq, dk, dv, dg) against the float64 reference at the same d_qk, so a wrong
+    backward becomes a ``wrong`` row, never a timing. Off by default: fla's guard stands."""
+    return os.environ.get(GUARD_ENV, "").strip().lower() == "narrow"
+
+
+def _narrow_guard_for(d_qk: int) -> bool:
+    """In the worker, before a guarded backward: lift fla's #640 guard in
+    ``fla.ops.common.chunk_o`` when :func:`guard_narrowed` and BK != 64 (restore it
+    otherwise). Returns whether the guard is lifted for this call."""
+    module = sys.modules.get("fla.ops.common.chunk_o")
+    if module is None or not hasattr(module, "TRITON_ABOVE_3_7_1"):
+        return False
+    original = getattr(module, "_tflabench_original_guard", None)
+    if original is None:
+        original = bool(module.TRITON_ABOVE_3_7_1)
+        module._tflabench_original_guard = original
+    lift = guard_narrowed() and hopper_key_block(d_qk) != 64
+    module.TRITON_ABOVE_3_7_1 = True if lift else original
+    return lift and not original
 
 
 class FlaParams(HeadLayoutParams):
@@ -321,10 +363,13 @@ class FlaBackend(Backend):
         if base is not None or mode != "fwdbw" or params.op not in GUARDED_BACKWARD_OPS:
             return base
         refused, env = fla_backward_refused()
+        if refused and guard_narrowed():
+            return None  # decided per call in the worker (key block width), checked by the gate
         if refused:
             return (f"fla refuses the gated backward of {params.op} on Hopper with "
                     f"3.4.0 <= triton < 3.7.1 (fla issue #640; {env}); "
-                    "upgrade triton to >= 3.7.1 to measure fwdbw")
+                    f"upgrade triton to >= 3.7.1 to measure fwdbw (or {GUARD_ENV}=narrow where the "
+                    "key block width is not 64, the miscompiled case)")
         return None
 
     def classify_error(self, params: FlaParams, mode: str, exc: BaseException) -> str | None:
@@ -333,7 +378,17 @@ class FlaBackend(Backend):
         to ``unavailable`` rows instead of ``error``."""
         text = str(exc)
         if isinstance(exc, RuntimeError) and "#640" in text:
-            return f"fla refused the backward of {params.op}: {text.strip().splitlines()[0]}"
+            why = ""
+            if guard_narrowed():
+                why = f" ({GUARD_ENV}=narrow keeps the guard at key block width 64, the miscompiled case)"
+            return f"fla refused the backward of {params.op}: {text.strip().splitlines()[0]}{why}"
+        return None
+
+    def note(self, params: FlaParams, device: str) -> str | None:
+        """Says when fla's #640 guard was narrowed for this op (:func:`guard_narrowed`)."""
+        if params.op in GUARDED_BACKWARD_OPS and guard_narrowed() and fla_backward_refused()[0]:
+            return (f"{GUARD_ENV}=narrow: fla's #640 guard lifted where the key block width is not 64 "
+                    "(gradients checked by the numerics gate)")
         return None
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
@@ -372,6 +427,8 @@ class FlaBackend(Backend):
         o (B, T, H, d_hv) in the input dtype."""
         fn = _fla_op(params.op)
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        if params.op in GUARDED_BACKWARD_OPS and q.requires_grad:
+            _narrow_guard_for(q.shape[-1])
         kwargs: dict[str, Any] = {}
         if params.chunk_size is not None:
             kwargs["chunk_size"] = params.chunk_size

@@ -1,4 +1,5 @@
-"""FlashAttention backends: ``fa3`` (FlashAttention 3) and ``fa2`` (FlashAttention 2).
+"""FlashAttention backends: ``fa3`` (FlashAttention 3), ``fa2`` (FlashAttention 2) and ``fa4``
+(FlashAttention 4, CuTe DSL; :class:`Fa4Backend`).
 
 - ``fa3`` runs through whichever interface is installed: ``flash_attn_interface`` (built
   from the flash-attention repository's ``hopper/`` folder; forward and backward) or
@@ -37,6 +38,12 @@ FA3_INSTALL_HINT = (
     "or pip install the fa3_fwd wheel (module fa3_fwd_interface, forward only)"
 )
 FA2_INSTALL_HINT = "pip install flash-attn --no-build-isolation"
+FA4_INSTALL_HINT = (
+    "pip install flash-attn-4 (module flash_attn.cute, CuTe DSL; needs nvidia-cutlass-dsl with its "
+    "libs-cu13 wheel, apache-tvm-ffi, torch-c-dlpack-ext, quack-kernels); installed with --target, put "
+    "<target>/nvidia_cutlass_dsl/dsl_packages on PYTHONPATH (nvidia-cutlass-dsl adds it through a .pth "
+    "file, which only site-packages runs)"
+)
 
 
 def _find_spec(module: str):
@@ -210,5 +217,37 @@ class Fa2Backend(_FlashAttnBase):
         return "flash_attn" if _find_spec("flash_attn") is not None else None
 
 
+class Fa4Backend(_FlashAttnBase):
+    """FlashAttention 4 (``flash-attn-4``, CuTe DSL): ``flash_attn.cute.flash_attn_func``,
+    forward and backward on Hopper (sm90) and Blackwell; FA3-class on an H200.
+
+    Same layout and call as FA2/FA3 (q, k, v (B, S, NH, D), ``causal=``, default scale
+    d_qk^-1/2). Its Python package ``cutlass`` (nvidia-cutlass-dsl) lives in
+    ``nvidia_cutlass_dsl/dsl_packages`` and is put on ``sys.path`` by a ``.pth`` file: a
+    ``pip install --target DIR`` on ``PYTHONPATH`` never runs it, so ``cutlass.cute`` is then
+    missing unless ``DIR/nvidia_cutlass_dsl/dsl_packages`` is on ``PYTHONPATH`` too
+    (:meth:`available` says so)."""
+
+    name = "fa4"
+    description = "FlashAttention 4 (flash-attn-4, CuTe DSL: flash_attn.cute fwd+bwd), causal"
+    install_hint = FA4_INSTALL_HINT
+
+    def _module(self, params) -> str | None:
+        return "flash_attn.cute" if _find_spec("flash_attn.cute") is not None else None
+
+    def _missing_text(self, params) -> str:
+        return "flash-attn-4 (flash_attn.cute) is not installed"
+
+    def available(self, params) -> str | None:
+        """As the other FlashAttention backends; a missing ``cutlass`` is named with its cause."""
+        reason = super().available(params)
+        if reason and "No module named 'cutlass" in reason:
+            return ("flash_attn.cute cannot import cutlass (nvidia-cutlass-dsl): its packages are on sys.path "
+                    "only through a .pth file, which a --target install on PYTHONPATH does not run; add "
+                    "<target>/nvidia_cutlass_dsl/dsl_packages to PYTHONPATH (and install nvidia-cutlass-dsl-libs-cu13)")
+        return reason
+
+
 register(Fa3Backend())
 register(Fa2Backend())
+register(Fa4Backend())

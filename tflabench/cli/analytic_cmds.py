@@ -287,11 +287,15 @@ def _peer_points(mode, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv):
     return pts
 
 
-def _measured_points(path) -> list[dict]:
+def load_rows(path):
+    """The rows (DataFrame) of the result set at ``path``; UserError when it is none."""
     from tflabench.results import load_results
 
-    rs = load_results(path)
-    df = rs.rows
+    return load_results(path).rows
+
+
+def _measured_points(path) -> list[dict]:
+    df = load_rows(path)
     if "status" in df.columns:
         df = df[df["status"] == "ok"]
     pts = []
@@ -341,7 +345,9 @@ def roofline(
     counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
     ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
     peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, T)."),
-    results: Optional[Path] = typer.Option(None, "--results", help="Result set whose measured points to add."),
+    results: Optional[Path] = typer.Option(
+        None, "--results", help="Result set whose measured rows to place, each at its own shape, on the first "
+        "--gpu's roofline (a second figure, *_measured.png, and a distance-to-the-bound table)."),
     plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw the figure (default on)."),
     out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
@@ -389,19 +395,31 @@ def roofline(
                     "roofline_ms": p["flops"] / att * 1e3,
                     "sum_form_ms": (p["flops"] / g.flops_per_s + p["bytes"] / g.bytes_per_s) * 1e3,
                 })
-        path = None
+        placement, distance = [], []
+        if measured:  # each measured row against its own bound, on the first GPU's roofline
+            from tflabench.model_vs_measured import distance_to_bound, roofline_placement
+
+            placement = roofline_placement(load_rows(results), alpha=gpus[0].flops_per_s,
+                                           beta=gpus[0].bytes_per_s)
+            distance = distance_to_bound(placement)
+        path = measured_path = None
         if plot:
             from tflabench.plots import plot_path
             from tflabench.plots.analytic import roofline_figure
 
             name = f"roofline_{'_'.join(g.key for g in gpus)}_{variant}_{mode}.png"
             path = roofline_figure(
-                gpus, pts, path=plot_path(out, name), peer_points=peer_pts, measured_points=measured,
+                gpus, pts, path=plot_path(out, name), peer_points=peer_pts,
                 title=(f"Roofline, mLSTM{variant} chunkwise {mode} (d_hv={dhv}, p_qk={p_qk:g}, "
-                       f"F_causal={causal_factor}, bytes_Cmn={state_bytes:g}, {ceilings} ceilings)"
-                       + ("\nmodel points at these options; measured points at their own shapes"
-                          if measured else "")),
+                       f"F_causal={causal_factor}, bytes_Cmn={state_bytes:g}, {ceilings} ceilings)"),
             )
+            if placement:
+                from tflabench.plots.model_measured import roofline_measured_figure
+
+                measured_path = roofline_measured_figure(
+                    placement, gpus[0], path=path.with_name(f"{path.stem}_measured{path.suffix}"),
+                    title=(f"{results}: every case against the {gpus[0].name} roofline at its own shape "
+                           f"({gpus[0].ceilings} ceilings)"))
         if as_json:
             _echo_json({
                 "config": {"variant": variant, "mode": mode, "counts": counts, "T": seq_len, "N_batch": batch,
@@ -410,7 +428,10 @@ def roofline(
                 "gpus": [g.as_dict() for g in gpus],
                 "points": table,
                 "measured": measured,
+                "placement": placement,
+                "distance_to_bound": distance,
                 "plot": str(path) if path else None,
+                "measured_plot": str(measured_path) if measured_path else None,
             })
             return
         con = _console()
@@ -427,9 +448,15 @@ def roofline(
         con.print("[dim]I: FLOP/byte (eq. 117); TFLOP/s: attainable, min(beta*I, alpha) (eq. 119); "
                   "ms max: roofline bound FLOPs/attainable = max form (eq. 114); ms sum: eq. 113/116[/dim]")
         if measured:
-            con.print(f"{len(measured)} measured points from {results}")
+            con.print(f"{len(measured)} measured points from {results}, each placed at its own shape "
+                      f"on the {gpus[0].name} roofline ({gpus[0].ceilings} ceilings):")
+            from tflabench.cli.run_cmds import distance_table
+
+            con.print(distance_table(distance))
         if path:
             con.print(f"plot: {path}")
+        if measured_path:
+            con.print(f"plot: {measured_path}")
 
 
 # ------------------------------------------------------------------ intensity
@@ -536,8 +563,9 @@ def intensity(
 
 @app.command("optimal-chunk")
 def optimal_chunk(
-    dhv: str = typer.Option("512", "--dhv", help="d_hv values, comma-separated."),
-    gpu: List[str] = typer.Option(["h100"], "--gpu", help=_H_GPU),
+    dhv: str = typer.Option("512", "--dhv", help="d_hv values, comma-separated (one with --measure)."),
+    gpu: Optional[List[str]] = typer.Option(
+        None, "--gpu", help=_H_GPU + " Default h100; with --measure the GPU measured on."),
     variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
     dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
     pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
@@ -545,7 +573,8 @@ def optimal_chunk(
     qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
     causal_factor: float = typer.Option(0.66, "--causal-factor", help=_H_CAUSAL),
     counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
-    ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
+    ceilings: Optional[str] = typer.Option(
+        None, "--ceilings", help=_H_CEIL + " Default datasheet; with --measure auto (measured where recorded)."),
     seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T + " (for the predicted runtime; caps L)"),
     batch: int = typer.Option(8, "--batch", help=_H_B + " (for the predicted runtime)"),
     heads: int = typer.Option(8, "--heads", help=_H_NH + " (for the predicted runtime)"),
@@ -553,13 +582,43 @@ def optimal_chunk(
     out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
     as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    measure: bool = typer.Option(
+        False, "--measure", help="On a GPU: sweep the chunk size of a kernel through `run`'s machinery "
+        "(isolated workers, warm-up, numerics gate) and compare the measured optimum with the model's."),
+    kernel: Optional[List[str]] = typer.Option(
+        None, "--kernel", help="With --measure (repeatable): ours (default), mlstm_kernels, or a custom "
+        "kernel module:function / path/file.py:function taking chunk_size=."),
+    chunk_sizes: str = typer.Option(
+        "64,128,256,512,1024", "--chunk-size", "-L", help="With --measure: chunk sizes swept, comma-separated."),
+    modes: str = typer.Option("fwd,fwdbw", "--modes", help="With --measure: fwd, fwdbw or both."),
+    dtype: str = typer.Option("bfloat16", "--dtype", help="With --measure: input dtype."),
+    warmup: int = typer.Option(10, "--warmup", help="With --measure: untimed calls per case."),
+    iterations: int = typer.Option(30, "--iterations", help="With --measure: timed calls per case."),
+    results_root: Path = typer.Option(
+        Path("results"), "--results-root", help="With --measure: root of the result set "
+        "(ROOT/<sweep name>/<timestamp>/; the suite file in ROOT/suites/)."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="With --measure: progress bar."),
 ) -> None:
     """FLOP-optimal (eq. 111) and runtime-optimal (eq. 121) chunk size, continuous and best power of two.
 
     Runtime is the paper's sum form (eq. 116); the max form (eq. 114) optimum is shown too.
+    With --measure (GPU only) the chunk size is swept on the GPU and the measured optimum,
+    the measured/model time ratio per L and the peak memory are shown beside the model's.
 
     Example: tflabench optimal-chunk --dhv 512 --gpu h100 --gpu h200 --state-bytes 2
+
+    Example: tflabench optimal-chunk --measure --kernel ours --kernel mlstm_kernels --dhv 512 --heads 8 --dqk 256
     """
+    if measure:
+        _optimal_chunk_measure(
+            dhv=dhv, gpu=gpu, variant=variant, dqk=dqk, pqk=pqk, state_bytes=state_bytes,
+            causal_factor=causal_factor, counts=counts, ceilings=ceilings or "auto", seq_len=seq_len,
+            batch=batch, heads=heads, out=out, hardware=hardware, as_json=as_json, kernel=kernel or ["ours"],
+            chunk_sizes=chunk_sizes, modes=modes, dtype=dtype, warmup=warmup, iterations=iterations,
+            results_root=results_root, progress=progress)
+        return
+    gpu = gpu or ["h100"]
+    ceilings = ceilings or "datasheet"
     with user_errors():
         from tflabench.model.analysis import optimal_chunk as opt
 
@@ -618,6 +677,91 @@ def optimal_chunk(
                   "(sum form, eq. 116); L_max: argmin of the max form (eq. 114), the ridge crossing[/dim]")
         if path:
             con.print(f"plot: {path}")
+
+
+def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_factor, counts, ceilings,
+                           seq_len, batch, heads, out, hardware, as_json, kernel, chunk_sizes, modes, dtype,
+                           warmup, iterations, results_root, progress) -> None:
+    """optimal-chunk --measure: validate, refuse without a GPU, run the sweep, show model vs measured."""
+    with user_errors():
+        from tflabench import chunk_measure as cm
+
+        variant = _one_of("--variant", variant, ("sig", "exp"))
+        counts = _one_of("--counts", counts, ("rows", "paper"))
+        _one_of("--ceilings", ceilings, ("auto", "datasheet", "measured"))
+        dhvs = _parse_list("--dhv", dhv, int)
+        if len(dhvs) != 1:
+            raise UserError(f"--dhv={dhv!r}: --measure sweeps one shape; give one d_hv")
+        d_hv = dhvs[0]
+        _positive("--dhv", d_hv)
+        _positive("--state-bytes", state_bytes)
+        d_qk, _ = _dqk_pqk(d_hv, dqk, pqk)
+        if float(d_qk) != int(d_qk):
+            raise UserError(f"--pqk={pqk!r} gives d_qk={d_qk} (not an integer); give --dqk")
+        _causal(causal_factor)
+        spec = cm.SweepSpec(
+            kernels=list(kernel), variant=variant, batch=batch, seq_len=seq_len, heads=heads, d_qk=int(d_qk),
+            d_hv=d_hv, chunk_sizes=tuple(_parse_list("--chunk-size", chunk_sizes, int)),
+            modes=tuple(m.strip() for m in modes.split(",") if m.strip()), dtype=dtype, warmup=warmup,
+            iterations=iterations).validate()
+        if gpu and len(gpu) > 1:
+            raise UserError("--gpu: --measure compares with one GPU's model; give one --gpu (or none: the GPU measured on)")
+        cm.require_gpu()
+        import signal
+
+        def _term(signum, frame):  # a device job's time limit sends SIGTERM: stop like Ctrl-C
+            raise KeyboardInterrupt
+
+        previous = signal.signal(signal.SIGTERM, _term)
+        try:
+            result, rs = cm.measure_chunk_sweep(spec, out_root=results_root, device="cuda", progress=progress)
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the rows measured so far are kept in the result set named above "
+                       "('writing to DIR'); `tflabench report DIR` compares them with the model", err=True)
+            raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+        _show_measured_sweep(rs, result, gpu=gpu[0] if gpu else None, ceilings=ceilings, hardware=hardware,
+                             F_causal=causal_factor, counts=counts, bytes_Cmn=state_bytes, out=out,
+                             as_json=as_json)
+
+
+def _show_measured_sweep(rs, result, *, gpu, ceilings, hardware, F_causal, counts, bytes_Cmn, out, as_json):
+    """Render a measured chunk-size sweep: per-L table, optima, figure (CLI helper)."""
+    from tflabench import model_vs_measured as mm
+
+    g = mm.ceilings_for(rs.metadata, ceilings, gpu, hardware_file=hardware)
+    sweeps = mm.chunk_sweeps(rs.rows, alpha=g.flops_per_s, beta=g.bytes_per_s, ceilings=g.ceilings,
+                             F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn)
+    path = None
+    if sweeps and out is not None:
+        from tflabench.plots import plot_path
+        from tflabench.plots.model_measured import chunk_sweep_figure
+
+        path = chunk_sweep_figure(sweeps, path=plot_path(out, "optimal_chunk_measured.png"),
+                                  title=f"{rs.metadata.get('suite')} on {rs.metadata.get('gpu_name')}")
+    figures = [str(p) for p in (result.plots if result is not None else [])] + ([str(path)] if path else [])
+    if as_json:
+        _echo_json({"results": str(rs.path), "gpu": g.as_dict(), "sweeps": [s.as_dict() for s in sweeps],
+                    "plots": figures})
+        return
+    con = _console()
+    con.print(f"model: {mm.model_ceilings_text(g)}")
+    if not sweeps:
+        con.print("[yellow]no chunk size measured ok at two or more values: nothing to compare[/]; "
+                  f"see the rows in {rs.path}")
+    for s in sweeps:
+        t = _table(f"{s.title()}: measured optimum L={s.measured_L_opt}, model L={s.optima['L_opt_runtime']:.0f} "
+                   f"(runtime-optimal), {s.optima['L_opt_flop']:.1f} (FLOP-optimal); {s.optima['source']}")
+        for col in ("L", "measured ms", "model ms (sum)", "bound ms (max)", "measured / model", "peak GiB"):
+            t.add_column(col, justify="right")
+        for p in s.points:
+            t.add_row(str(p["L"]), f"{p['ms_median']:.3f}", f"{p['model_ms_sum']:.3f}", f"{p['model_ms_max']:.3f}",
+                      f"{p['ratio_sum']:.2f}", "-" if p["peak_mem_bytes"] is None else f"{p['peak_mem_bytes'] / 2**30:.2f}")
+        con.print(t)
+    con.print(f"results: {rs.path}")
+    for f in figures:
+        con.print(f"plot: {f}")
 
 
 # ------------------------------------------------------------------ gpus

@@ -56,6 +56,10 @@ def run(
     device: Optional[str] = typer.Option(None, "--device", help="Override the suite's device: cpu or cuda."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the figures after the run."),
+    triton_cache: Optional[Path] = typer.Option(
+        None, "--triton-cache", help="Keep Triton's compiled kernels and every autotuner's results in DIR "
+        "(TRITON_CACHE_DIR, TRITON_CACHE_AUTOTUNING=1): a later run with the same DIR skips the autotuning "
+        "(e.g. FLA chunk_gla's minutes per shape); first_call_s still shows what a run paid."),
 ) -> None:
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
     from tflabench import runner
@@ -76,6 +80,11 @@ def run(
             from tflabench.shard import parse_shard
 
             parse_shard(shard)
+        if triton_cache is not None:
+            from tflabench import triton_cache as tc
+
+            cache_dir = tc.configure(triton_cache)
+            typer.echo(f"triton cache: {cache_dir} ({len(tc.autotune_entries(cache_dir))} autotune results)", err=True)
         previous = signal.signal(signal.SIGTERM, _term)
         try:
             result = runner.run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
@@ -107,12 +116,28 @@ def report(
     results_dir: Path = typer.Argument(..., help="A result set (directory or one of its files)."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Redraw the figures."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory for the figures (default RESULTS_DIR/plots)."),
+    html: Optional[Path] = typer.Option(
+        None, "--html", help="Also write a self-contained HTML report (tables + figures in one file, "
+        "nothing loaded from the network) to FILE.html."),
+    ceilings: str = typer.Option(
+        "auto", "--ceilings", help="Ceilings of the model comparisons: auto (measured where recorded, "
+        "else datasheet), measured or datasheet."),
+    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU whose roofline to use (default: the set's GPU)."),
+    causal_factor: float = typer.Option(
+        0.66, "--causal-factor", help="F_causal of the chunk-sweep model curve (0.66: the paper's figures)."),
 ) -> None:
-    """Print a result set's table and redraw its figures."""
+    """Print a result set's table, its distance to the roofline bound and (for chunk-size
+    sweeps) predicted vs measured optimal chunk size; redraw its figures; optionally write
+    one self-contained HTML file."""
     with user_errors():
+        from tflabench import model_vs_measured as mm
         from tflabench.results import load_results
         from tflabench.runner import summary_table
 
+        if not 0.5 <= causal_factor <= 1.0:
+            raise UserError(f"--causal-factor={causal_factor!r} is not valid; F_causal must lie in [0.5, 1]")
+        if ceilings not in ("auto", "measured", "datasheet"):
+            raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|measured|datasheet")
         rs = load_results(results_dir)
         con = _console()
         meta = rs.metadata
@@ -121,11 +146,68 @@ def report(
                   f"git {meta.get('git_revision')})")
         con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
         con.print(_status_line(rs.rows.to_dict("records")))
-        if plots:
+        try:
+            model_gpu = mm.ceilings_for(meta, ceilings, gpu)
+        except UserError as exc:
+            if gpu is not None or ceilings == "measured":
+                raise
+            model_gpu = None
+            con.print(f"[dim]no model comparison: {exc}[/dim]")
+        distance, sweeps = [], []
+        if model_gpu is not None:
+            con.print(f"model: {mm.model_ceilings_text(model_gpu)}")
+            placement = mm.roofline_placement(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
+            distance = mm.distance_to_bound(placement)
+            sweeps = mm.chunk_sweeps(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
+                                     ceilings=model_gpu.ceilings, F_causal=causal_factor)
+            if distance:
+                con.print(distance_table(distance))
+            if sweeps:
+                con.print(sweep_table(sweeps))
+        written = []
+        if plots or html:
             from tflabench.plots.benchmark import write_plots
 
-            for p in write_plots(rs.path, out):
+            written = write_plots(rs.path, out, model_gpu=model_gpu, F_causal=causal_factor)
+            for p in written:
                 con.print(f"plot: {p}")
+        if html:
+            from tflabench.report_html import html_report, write_html_report
+
+            text = html_report(rs, figures=written, distance=distance, sweeps=sweeps,
+                               ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
+            con.print(f"html: {write_html_report(html, text)}")
+
+
+def distance_table(distance: list[dict]):
+    """A rich Table of :func:`tflabench.model_vs_measured.distance_to_bound` rows."""
+    from rich.table import Table
+
+    t = Table(title="distance to the bound: achieved / roofline bound at each case's own shape (eq. 119)")
+    for col in ("kernel", "mode", "cases", "median", "worst", "worst case", "best", "best case", "bound"):
+        t.add_column(col, justify="right" if col in ("cases", "median", "worst", "best") else "left")
+    for d in distance:
+        t.add_row(d["kernel"], d["mode"], str(d["n"]), f"{d['median_fraction']:.2f}", f"{d['worst_fraction']:.2f}",
+                  d["worst_case"], f"{d['best_fraction']:.2f}", d["best_case"], d["bound"])
+    return t
+
+
+def sweep_table(sweeps):
+    """A rich Table: predicted vs measured optimal chunk size per chunk-size sweep."""
+    from rich.table import Table
+
+    t = Table(title="optimal chunk size: measured (lowest median) vs model (eq. 121 runtime, eq. 111 FLOPs)")
+    for col in ("kernel", "mode", "shape", "measured L", "ms", "model L (eq. 121)", "model best swept L",
+                "FLOP-opt L (eq. 111)", "measured / model (eq. 116) per L"):
+        t.add_column(col, justify="left" if col in ("kernel", "mode", "shape") or col.startswith("measured /")
+                     else "right", overflow="fold")
+    for s in sweeps:
+        sh = s.shape
+        t.add_row(s.kernel, s.mode, f"B={sh['batch']} S={sh['seq_len']} NH={sh['heads']} {sh['d_qk']}/{sh['d_hv']}",
+                  str(s.measured_L_opt), f"{s.measured_ms_opt:.3f}", f"{s.optima['L_opt_runtime']:.0f}",
+                  str(s.model_L_pow2), f"{s.optima['L_opt_flop']:.1f}",
+                  ", ".join(f"{p['L']}: {p['ratio_sum']:.2f}" for p in s.points))
+    return t
 
 
 def backend_table():
@@ -201,7 +283,27 @@ def doctor() -> None:
                 con.print(f"  - {p}")
         else:
             con.print("[green]no known problem[/]")
+        from tflabench import triton_cache
+        from tflabench.peer_status import peer_modes
+
+        con.print(f"triton cache {triton_cache.status()}")
+        con.print(peer_mode_table(peer_modes(env)))
         con.print(backend_table())
+
+
+def peer_mode_table(modes):
+    """A rich Table of :func:`tflabench.peer_status.peer_modes`: each peer mode, whether it
+    runs here, why not and what would fix it."""
+    from rich.table import Table
+
+    t = Table(title="the paper's peers, mode by mode")
+    for col, kw in (("peer", {}), ("mode", {}), ("runs", {}), ("why (not)", {"overflow": "fold", "ratio": 3}),
+                    ("fix", {"overflow": "fold", "ratio": 3})):
+        t.add_column(col, **kw)
+    for m in modes:
+        runs = "[green]yes[/]" if m.runs else "[red]no[/]" if m.runs is False else "[yellow]?[/]"
+        t.add_row(m.peer, m.mode, runs, m.why, m.fix)
+    return t
 
 
 @app.command()

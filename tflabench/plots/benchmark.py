@@ -142,10 +142,14 @@ def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Pa
     return save_figure(fig, path)
 
 
-def write_plots(directory: str | Path, out_dir: str | Path | None = None) -> list[Path]:
+def write_plots(directory: str | Path, out_dir: str | Path | None = None, *, model_gpu=None,
+                F_causal: float = 0.66) -> list[Path]:
     """Draw every benchmark figure that applies to the result set at ``directory`` into
     ``out_dir`` (default ``<directory>/plots/``): ``runtime.png`` (Fig. 4) and, when a
-    kernel sweeps chunk sizes, ``memory_vs_runtime.png`` (Fig. 5). Returns the paths written.
+    kernel sweeps chunk sizes, ``memory_vs_runtime.png`` (Fig. 5); on a catalogued GPU also
+    ``roofline_measured.png`` and ``optimal_chunk.png``
+    (:func:`tflabench.plots.model_measured.model_figures`; ``model_gpu``: its ceilings, default the
+    set's GPU, measured where recorded; ``F_causal``: its chunk-sweep model). Returns the paths written.
     Raises UserError when ``directory`` is not a result set."""
     from tflabench.results import load_results
 
@@ -160,4 +164,7 @@ def write_plots(directory: str | Path, out_dir: str | Path | None = None) -> lis
         path = fn(frame, out / name, title=title)
         if path is not None:
             written.append(path)
+    from tflabench.plots.model_measured import model_figures
+
+    written += model_figures(rs, out, gpu=model_gpu, F_causal=F_causal)
     return written

@@ -1,0 +1,183 @@
+"""doctor's peer-mode diagnosis and the Triton autotune cache reuse (no GPU needed).
+
+The environments are made up; the expected verdicts follow the facts in
+tflabench/peer_status.py's docstring (fla-core 0.6.0's #640 guard: Hopper and
+3.4.0 <= triton < 3.7.1; the fa3_fwd wheel is forward only; mamba_ssm without
+selective_scan_cuda has no Mamba v1).
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from typer.testing import CliRunner
+
+from tflabench import triton_cache
+from tflabench.cli import app
+from tflabench.peer_status import peer_modes
+
+H200_ENV = {"gpu_name": "NVIDIA H200", "triton": "3.6.0",
+            "peers": {"fla-core": "0.6.0", "mamba_ssm": "2.3.2.post1", "fa3_fwd": "0.0.3", "mlstm_kernels": "2.0.6"}}
+
+
+def _only(*present):
+    return lambda name: object() if name in present else None
+
+
+def _verdicts(env, find_spec):
+    return {(m.peer, m.mode): m for m in peer_modes(env, find_spec=find_spec)}
+
+
+def test_the_reference_h200_environment_names_each_blocked_mode_and_its_fix():
+    v = _verdicts(H200_ENV, _only("fa3_fwd_interface"))
+    fla = v[("FLA chunk_simple_gla", "fwdbw")]
+    assert fla.runs is False and "#640" in fla.why and "triton 3.6.0" in fla.why and "3.7.1" in fla.fix
+    assert v[("FLA chunk_simple_gla", "fwd")].runs is True
+    assert v[("FLA chunk_gla", "fwd, fwdbw")].runs is True and "--triton-cache" in v[("FLA chunk_gla", "fwd, fwdbw")].fix
+    fa3 = v[("FlashAttention 3", "fwdbw")]
+    assert fa3.runs is False and "FLASHATTENTION_DISABLE_BACKWARD" in fa3.why and "hopper/" in fa3.fix
+    assert v[("FlashAttention 3", "fwd")].runs is True
+    mamba = v[("Mamba (v1)", "fwd, fwdbw")]
+    assert mamba.runs is False and "selective_scan_cuda" in mamba.why and "nvcc" in mamba.fix
+    assert v[("mlstm_kernels mLSTMexp xl_chunk", "fwd, fwdbw")].runs is False
+
+
+@pytest.mark.parametrize("env_change, runs", [
+    ({"triton": "3.7.1"}, True),                  # fixed Triton
+    ({"triton": "3.3.1"}, True),                  # before the miscompile
+    ({"gpu_name": "NVIDIA A100-SXM4-80GB"}, True),   # not Hopper
+    ({"triton": "3.7.0"}, False),                 # still in the guarded range
+])
+def test_fla_gated_backward_verdict_follows_the_guard(env_change, runs):
+    v = _verdicts({**H200_ENV, **env_change}, _only())
+    assert v[("FLA chunk_simple_gla", "fwdbw")].runs is runs
+
+
+def test_installed_fwdbw_builds_are_reported_as_running():
+    v = _verdicts({**H200_ENV, "triton": "3.5.1"}, _only("flash_attn_interface", "selective_scan_cuda"))
+    assert v[("FlashAttention 3", "fwd, fwdbw")].runs is True
+    assert v[("Mamba (v1)", "fwd, fwdbw")].runs is True
+    assert ("mlstm_kernels mLSTMexp xl_chunk", "fwd, fwdbw") not in v     # only triton 3.6 aborts
+
+
+def test_missing_peers_say_what_to_install():
+    v = _verdicts({"gpu_name": None, "triton": "3.6.0", "peers": {}}, _only())
+    assert v[("FLA chunk_gla", "fwd, fwdbw")].fix.startswith("pip install fla-core")
+    assert v[("Mamba 2 (SSD) / Mamba", "fwd, fwdbw")].runs is False
+
+
+def test_doctor_prints_the_peer_mode_table_and_the_triton_cache():
+    result = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "250"})
+    assert result.exit_code == 0, result.output
+    assert "the paper's peers, mode by mode" in result.output and "triton cache" in result.output
+
+
+def _fake_cache(root, n):
+    for k in range(n):
+        d = root / f"{k:064x}"
+        d.mkdir(parents=True)
+        (d / "chunk_gla_fwd_kernel.autotune.json").write_text(json.dumps({"key": [k], "configs_timings": []}))
+        (d / "chunk_gla_fwd_kernel.cubin").write_bytes(b"\0" * 4096)   # compiled kernel: not packed
+
+
+def test_pack_keeps_only_autotune_results_and_unpack_restores_them(tmp_path):
+    _fake_cache(tmp_path / "cache", 3)
+    assert triton_cache.pack(tmp_path / "cache", tmp_path / "packed") == 3
+    assert not list((tmp_path / "packed").rglob("*.cubin"))
+    assert triton_cache.unpack(tmp_path / "packed", tmp_path / "new") == 3
+    assert len(triton_cache.autotune_entries(tmp_path / "new")) == 3
+    assert triton_cache.unpack(tmp_path / "packed", tmp_path / "new") == 0     # existing files kept
+
+
+def test_configure_sets_the_environment_the_workers_inherit(tmp_path):
+    env = {}
+    path = triton_cache.configure(tmp_path / "tc", environ=env)
+    assert env == {"TRITON_CACHE_DIR": str(path), "TRITON_CACHE_AUTOTUNING": "1"} and path.is_dir()
+    assert triton_cache.default_cache_dir(env) == path
+    assert "every autotuner cached: yes" in triton_cache.status(env)
+
+
+def test_triton_reads_the_autotuning_knob_from_the_environment(monkeypatch, tmp_path):
+    """The knob triton_cache sets is the one Triton's autotuner reads (checked on the installed triton)."""
+    knobs = pytest.importorskip("triton.knobs")
+    monkeypatch.setenv("TRITON_CACHE_AUTOTUNING", "1")
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    assert knobs.autotuning.cache is True
+    assert knobs.cache.dir == str(tmp_path)
+
+
+# ------------------------------------------------------------------ fla's #640 guard, narrowed on request
+
+
+def test_fla_key_block_width_on_hopper_follows_fla_0_6_0():
+    from tflabench.backends.fla import hopper_key_block
+
+    # min(max(next_power_of_2(K), 16), 128): fla-core 0.6.0 chunk_o.chunk_bwd_dqkwg, CONST_TILING 128
+    assert [hopper_key_block(k) for k in (8, 32, 48, 64, 100, 128, 256)] == [16, 32, 64, 64, 128, 128, 128]
+
+
+def test_narrowed_guard_lifts_only_away_from_key_block_64(monkeypatch):
+    import sys
+    import types
+
+    from tflabench.backends import fla as fla_mod
+
+    fake = types.SimpleNamespace(TRITON_ABOVE_3_7_1=False)
+    monkeypatch.setitem(sys.modules, "fla.ops.common.chunk_o", fake)
+    monkeypatch.delenv(fla_mod.GUARD_ENV, raising=False)
+    assert fla_mod._narrow_guard_for(128) is False and fake.TRITON_ABOVE_3_7_1 is False   # default: fla's guard
+    monkeypatch.setenv(fla_mod.GUARD_ENV, "narrow")
+    assert fla_mod._narrow_guard_for(128) is True and fake.TRITON_ABOVE_3_7_1 is True     # BK 128: lifted
+    assert fla_mod._narrow_guard_for(64) is False and fake.TRITON_ABOVE_3_7_1 is False    # BK 64: guard back
+
+
+def test_narrowed_guard_lets_the_case_run_and_says_so(monkeypatch):
+    from tflabench.backends import fla as fla_mod
+    from tflabench.backends import get_backend
+
+    monkeypatch.setattr(fla_mod, "fla_backward_refused", lambda: (True, "Hopper GPU=True, triton 3.6.0"))
+    fla = get_backend("fla")
+    params = fla.parse_params({"op": "chunk_simple_gla"})
+    monkeypatch.delenv(fla_mod.GUARD_ENV, raising=False)
+    reason = fla.unsupported_mode(params, "fwdbw")
+    assert "#640" in reason and f"{fla_mod.GUARD_ENV}=narrow" in reason and fla.note(params, "cuda") is None
+    monkeypatch.setenv(fla_mod.GUARD_ENV, "narrow")
+    assert fla.unsupported_mode(params, "fwdbw") is None
+    assert "guard lifted" in fla.note(params, "cuda")
+    exc = RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "
+                       "chunk_bwd_dqkwg (see #640).")
+    assert "key block width 64" in fla.classify_error(params, "fwdbw", exc)
+
+
+# ------------------------------------------------------------------ FlashAttention 4
+
+
+def test_fa4_backend_has_the_attention_layout_and_names_what_is_missing(monkeypatch):
+    import torch
+
+    from tflabench.backends import flash_attn as fa_mod
+    from tflabench.backends import get_backend
+
+    fa4 = get_backend("fa4")
+    params = fa4.parse_params({})
+    assert fa4.layout(params, 4096) == (32, 128, 128)           # paper App. E.3: 32 heads of 128
+    monkeypatch.setattr(fa_mod, "_find_spec", lambda name: None)
+    assert "flash-attn-4 (flash_attn.cute) is not installed" in fa4.available(params)
+    monkeypatch.setattr(fa_mod, "_find_spec", lambda name: object())
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+
+    def no_cutlass(self, params):
+        raise ModuleNotFoundError("No module named 'cutlass'")
+
+    monkeypatch.setattr(fa_mod.Fa4Backend, "_load", no_cutlass)
+    reason = fa4.available(params)
+    assert "dsl_packages" in reason and ".pth" in reason
+
+
+def test_doctor_verdict_for_fa4_follows_its_module():
+    v = _verdicts(H200_ENV, _only("fa3_fwd_interface"))
+    assert v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")].runs is False
+    assert "device_fa4.sh" in v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")].fix
+    v = _verdicts(H200_ENV, _only("flash_attn.cute"))
+    assert v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")].runs is True
