@@ -377,7 +377,8 @@ class RegimeSpec(BaseModel):
 #: Built-in regimes (name -> spec), from saturated-open to saturated-closed gates, the
 #: benchmark's standard gates, a wide spread, and large / small attention logits.
 REGIMES: dict[str, RegimeSpec] = {
-    "standard": RegimeSpec(f=(3.0, 1.0), i=(0.0, 1.0), description="the benchmark's gates: f ~ N(3, 1), i ~ N(0, 1)"),
+    "standard": RegimeSpec(description="the backend's own inputs, as the benchmark and the gate "
+                                       "(mLSTM: f ~ N(3, 1), i ~ N(0, 1))"),
     "f_open": RegimeSpec(f=(20.0, 1.0), description="forget gates saturated open: f ~ N(20, 1)"),
     "f_closed": RegimeSpec(f=(-20.0, 2.0), description="forget gates saturated closed: f ~ N(-20, 2)"),
     "i_open": RegimeSpec(i=(30.0, 5.0), description="input gates saturated open: i ~ N(30, 5)"),
