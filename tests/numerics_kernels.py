@@ -38,8 +38,9 @@ def dk_off(q, k, v, i, f, factor=1.05):
 
 
 class _UnstableForgetGrad(torch.autograd.Function):
-    """Identity on f; the backward rescales through 1 / sigma(f)^4.5 and back, in float32:
-    exp(-4.5 f) overflows to inf for f < -19.7, and inf * 0 = NaN. Exact otherwise."""
+    """Identity on f; the backward rescales through ~1 / sigma(f)^4.5 and back, in float32:
+    exp(-4.5 min(f, 0)) overflows to inf for f < -19.7, and inf / inf = NaN. Exact
+    otherwise (the factor is 1 for open gates)."""
 
     @staticmethod
     def forward(ctx, f):
@@ -50,7 +51,7 @@ class _UnstableForgetGrad(torch.autograd.Function):
     def backward(ctx, g):
         (f,) = ctx.saved_tensors
         f32 = f.float()
-        up = torch.exp(-4.5 * f32)            # overflows when the forget gate is strongly closed
+        up = torch.exp(-4.5 * f32.clamp(max=0.0))   # overflows when the forget gate is strongly closed
         return ((g.float() * up) / up).to(g.dtype)
 
 

@@ -51,8 +51,7 @@ def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
             values[y, x] = math.log10(max(err, 1e-16))
             mark = f"x {r.get('numerics_worst')}\n" if r["status"] in FAILING else ""
             texts.append((x, y, f"{mark}{err:.0e}", "black"))
-    cmap = matplotlib.colormaps["viridis_r"].copy()
-    cmap.set_bad("lightgray")
+    cmap = matplotlib.colormaps["viridis_r"].with_extremes(bad="lightgray")
     finite = values[np.isfinite(values)]
     vmin = float(min(finite.min(), -7)) if finite.size else -7.0
     vmax = float(max(finite.max(), 0)) if finite.size else 0.0
