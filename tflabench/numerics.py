@@ -400,7 +400,9 @@ class VerifySettings(BaseModel):
             ``[L // 2 + 1, 2 L, 2 L + L // 2 + 1]``: shorter than one chunk, whole chunks,
             and a partial last chunk.
         initial_state: run without and/or with an initial state (kernels that take one).
-        modes: ``fwd`` (output, last state) and/or ``fwdbw`` (also every input gradient).
+        modes: ``fwd`` (output, last state) and/or ``fwdbw`` (also every input gradient;
+            the default, a superset of ``fwd``; kernels whose backward is refused here run
+            ``fwd`` instead).
         dtypes: None: the suite's dtypes.
         heads: heads per case (at most the kernel's); batch is 1.
     """
@@ -411,7 +413,7 @@ class VerifySettings(BaseModel):
     custom_regimes: dict[str, RegimeSpec] = Field(default_factory=dict)
     seq_lens: list[int] | None = None
     initial_state: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
-    modes: list[str] = Field(default_factory=lambda: ["fwd", "fwdbw"], min_length=1)
+    modes: list[str] = Field(default_factory=lambda: ["fwdbw"], min_length=1)
     dtypes: list[str] | None = None
     heads: int = Field(2, ge=1)
 

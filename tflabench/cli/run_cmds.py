@@ -121,6 +121,15 @@ def report(
                   f"git {meta.get('git_revision')})")
         con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
         con.print(_status_line(rs.rows.to_dict("records")))
+        if rs.rows["numerics_case"].notna().any():  # a `tflabench verify` result set
+            from tflabench.verify import verify_table
+
+            con.print(verify_table(rs.rows, title="verify: worst case per kernel and regime"))
+            if plots:
+                from tflabench.plots.numerics import write_heatmap
+
+                con.print(f"plot: {write_heatmap(rs.rows, (out or rs.path / 'plots') / 'verify_heatmap.png')}")
+            return
         if plots:
             from tflabench.plots.benchmark import write_plots
 
