@@ -50,7 +50,7 @@ def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
         elif err is not None and not (isinstance(err, float) and math.isnan(err)):
             values[y, x] = math.log10(max(err, 1e-16))
             mark = f"x {r.get('numerics_worst')}\n" if r["status"] in FAILING else ""
-            texts.append((x, y, f"{mark}{err:.0e}", "black"))
+            texts.append((x, y, f"{mark}{err:.0e}", "white" if values[y, x] > -2.5 else "black"))
     cmap = matplotlib.colormaps["viridis_r"].with_extremes(bad="lightgray")
     finite = values[np.isfinite(values)]
     vmin = float(min(finite.min(), -7)) if finite.size else -7.0
