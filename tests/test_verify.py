@@ -131,3 +131,17 @@ def test_unstable_kernel_fails_only_where_forget_gates_are_strongly_closed(suite
     # compare reads verify sets: the same set against itself has no new failure
     same = CliRunner().invoke(app, ["compare", str(directory), str(directory), "--fail-on", "failure"])
     assert same.exit_code == 0, same.output
+
+
+def test_one_kernel_without_a_suite(tmp_path, monkeypatch):
+    monkeypatch.chdir(ROOT)
+    params = '{"variant": "exp", "chunk_size": 16, "heads": 1, "d_qk": 8, "d_hv": 8, "impl": "reference"}'
+    result = CliRunner().invoke(app, ["verify", "--kernel", "tfla", "--params", params, "--device", "cpu",
+                                      "--regime", "i_open", "--seq-len", "9", "--initial-state", "yes",
+                                      "--out", str(tmp_path), "--no-progress", "--no-plots"])
+    assert result.exit_code == 0, result.output
+    rows = load_results(next((tmp_path / "verify-tfla-verify").iterdir())).rows
+    assert list(rows["numerics_case"]) == ["i_open+init"] and list(rows["status"]) == ["ok"]
+    assert "last_C" in json.loads(rows.iloc[0]["numerics_detail"]) and "dC0" in json.loads(rows.iloc[0]["numerics_detail"])
+    bad = CliRunner().invoke(app, ["verify", "--kernel", "tfla", "--params", "{not json"])
+    assert bad.exit_code == 2 and "--params: not JSON" in bad.output
