@@ -342,10 +342,13 @@ def run_verify(
     console=None,
     progress: bool = True,
     plots: bool = True,
+    max_kernel_failures: int = 2,
 ) -> VerifyResult:
     """Run verify ``cases`` (:func:`verify_cases`) in worker processes with a progress
     bar; write the result set ``<out_root>/<suite>-verify/<timestamp>/`` (rows as they
-    complete, table, metadata with the budgets) and the heat map.
+    complete, table, metadata with the budgets) and the heat map. ``max_kernel_failures``:
+    as :func:`tflabench.runner.run_cases` (a kernel that aborts twice in a row, e.g. while
+    compiling, is not started again for each of its remaining cases).
 
     Raises UserError for a CUDA suite without a GPU.
     """
@@ -386,7 +389,7 @@ def run_verify(
             rows = run_cases(cases, directory, gpus=gpus,
                              on_start=lambda slot, c: bar.update(
                                  task, description=f"[{slot}] {c.kernel} {c.numerics_case} S={c.seq_len} {c.mode}"),
-                             on_done=lambda row: bar.advance(task))
+                             on_done=lambda row: bar.advance(task), max_kernel_failures=max_kernel_failures)
         finally:
             if (directory / R.ROWS_FILE).exists():
                 R.finalize(directory)

@@ -81,6 +81,9 @@ def verify(
     heads: Optional[int] = typer.Option(None, "--heads", help="Heads per case (default: the suite's verify.heads)."),
     out: Path = typer.Option(Path("results"), "--out", help="Root of the result set: OUT/<suite>-verify/<timestamp>/."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU: 'all' or indices like 0,1."),
+    max_kernel_failures: int = typer.Option(
+        2, "--max-kernel-failures", min=0, help="After this many consecutive crash/timeout cases of one "
+        "kernel, record its remaining cases as not run (0: run every case)."),
     device: Optional[str] = typer.Option(None, "--device", help="Override the suite's device: cpu or cuda."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw the heat map."),
@@ -128,7 +131,7 @@ def verify(
         previous = signal.signal(signal.SIGTERM, _term)
         try:
             result = V.run_verify(loaded, cases, out_root=out, gpus=gpu_list, device=device,
-                                  progress=progress, plots=plots)
+                                  progress=progress, plots=plots, max_kernel_failures=max_kernel_failures)
         except KeyboardInterrupt:
             typer.echo("interrupted: the verdicts so far are in the result set named above", err=True)
             raise typer.Exit(130) from None
