@@ -468,7 +468,7 @@ def verify_table(frame, title: str | None = None):
         nonfinite = r.get("numerics_nonfinite")
         err = "NaN/inf" if nonfinite and not (isinstance(nonfinite, float) and math.isnan(nonfinite)) else fmt(r["numerics_err"])
         table.add_row(r["kernel"], r["dtype"], r["regime"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
-                      f"{r['failed']}/{r['cases']}", str(r.get("numerics_worst") or ""), err,
+                      f"{r['failed']}/{r['cases']}", r["numerics_worst"] if isinstance(r.get("numerics_worst"), str) else "", err,
                       fmt(r["numerics_budget"]), r["where"],
                       "" if r["status"] == "ok" else str(r.get("reason") or "")[:200])
     return table
