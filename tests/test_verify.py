@@ -128,6 +128,12 @@ def test_unstable_kernel_fails_only_where_forget_gates_are_strongly_closed(suite
     assert cell["failed"] == 1 and cell["status"] == "wrong"
     assert "unstable" in result.output and "FAIL" in result.output
 
+    # report reads verify sets: the summary per kernel and regime, the heat map redrawn
+    shown = CliRunner().invoke(app, ["report", str(directory), "--out", str(tmp_path / "plots")])
+    assert shown.exit_code == 0, shown.output
+    assert "worst case per kernel and regime" in shown.output and "1 wrong" in shown.output
+    assert (tmp_path / "plots" / "verify_heatmap.png").exists()
+
     # compare reads verify sets: the same set against itself has no new failure
     same = CliRunner().invoke(app, ["compare", str(directory), str(directory), "--fail-on", "failure"])
     assert same.exit_code == 0, same.output
