@@ -46,7 +46,10 @@ def _kernel_suite(backend: str, params_text: str | None, dtype: str | None, devi
     import hashlib
 
     loaded = LoadedSuite(suite=suite, path=Path(f"<--kernel {backend}>"), sha256=hashlib.sha256(text).hexdigest())
-    expand_cases(loaded, device="cpu")  # validates backend and params (UserError)
+    try:
+        expand_cases(loaded, device="cpu")  # validates backend and params
+    except UserError as exc:
+        raise UserError(f"--kernel {backend} --params: {str(exc).split(': ', 1)[-1]}") from None
     return loaded
 
 
