@@ -42,6 +42,9 @@ kernels:
   - backend: custom
     label: unstable
     params: {function: tests/numerics_kernels.py:unstable, heads: 2, d_qk: 8, d_hv: 8}
+  - backend: custom
+    label: aborting
+    params: {function: tests/numerics_kernels.py:aborting, heads: 2, d_qk: 8, d_hv: 8}
   - backend: tfla
     label: mLSTMsig reference
     params: {variant: sig, chunk_size: 16, heads: 2, d_qk: 8, d_hv: 8, impl: reference}
@@ -119,6 +122,9 @@ def test_unstable_kernel_fails_only_where_forget_gates_are_strongly_closed(suite
     for regime in ("standard", "f_open", "i_closed"):
         assert unstable.loc[regime, "status"] == "ok", unstable.loc[regime, "reason"]
         assert unstable.loc[regime, "numerics_err"] < 1e-4
+    aborting = rows[rows["kernel"] == "aborting"].set_index("numerics_case")   # a worker that dies is a row
+    assert aborting.loc["f_closed", "status"] == "crash" and "SIGABRT" in aborting.loc["f_closed", "reason"]
+    assert (aborting.drop(index="f_closed")["status"] == "ok").all()   # a new worker ran the rest
     reference = rows[rows["kernel"] == "mLSTMsig reference"]
     assert set(reference["status"]) == {"ok"}   # the same regimes are fine for a stable kernel
     assert (directory / "plots" / "verify_heatmap.png").stat().st_size > 10_000
@@ -132,6 +138,7 @@ def test_unstable_kernel_fails_only_where_forget_gates_are_strongly_closed(suite
     shown = CliRunner().invoke(app, ["report", str(directory), "--out", str(tmp_path / "plots")])
     assert shown.exit_code == 0, shown.output
     assert "worst case per kernel and regime" in shown.output and "1 wrong" in shown.output
+    assert "1 crash" in shown.output
     assert (tmp_path / "plots" / "verify_heatmap.png").exists()
 
     # compare reads verify sets: the same set against itself has no new failure
