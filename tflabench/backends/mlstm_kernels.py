@@ -247,8 +247,8 @@ class MlstmKernelsBackend(Backend):
             kwargs["normalize"] = bool(params.normalize)
         if state is not None:
             kwargs["c_initial"], kwargs["n_initial"] = state["C0"], state["n0"]
-            if params.variant == "exp":
-                kwargs["m_initial"] = state["m0"]
+            if params.variant == "exp":  # the peer asserts a 2-D m (B, NH) (its docstring says (B, NH, 1))
+                kwargs["m_initial"] = state["m0"].reshape(state["m0"].shape[0], state["m0"].shape[1])
         h, last = fn(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"], **kwargs)
         return h, mlstm_last_state(tuple(last), params.variant)
 
