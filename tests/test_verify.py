@@ -103,7 +103,7 @@ def test_verify_case_in_process_reports_each_tensor(suite_file):
     out = V.verify_case(closed)
     assert out["status"] == "ok", out["reason"]
     detail = json.loads(out["numerics_detail"])
-    assert set(detail) == {"out", "last_C", "last_n", "dq", "dk", "dv", "di", "df"}
+    assert set(detail) == {"out", "last_C", "dq", "dk", "dv", "di", "df"}   # no n: mLSTMsig without normaliser
     assert out["numerics_nonfinite"] == 0 and out["numerics_err"] < 1e-5
     assert "regime f_closed" in out["numerics_ref"] and out["tf32"] == "no"
 
