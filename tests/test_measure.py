@@ -102,7 +102,7 @@ def test_numerics_gate_flags_a_wrong_output():
     result = _gate("output", "fwd")
     assert not result.passed and result.worst == "out"
     assert result.err == pytest.approx(0.05, rel=1e-3)  # output scaled by 1.05
-    assert "exceeds tolerance" in result.reason()
+    assert "exceeds its budget" in result.reason()
 
 
 def test_numerics_gate_flags_a_wrong_gradient_only_in_fwdbw():

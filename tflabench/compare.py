@@ -51,7 +51,7 @@ UNAVAILABLE = "unavailable"
 #: and to describe a case.
 IDENTITY_COLUMNS = (
     "kernel", "backend", "family", "params", "mode", "dtype", "device", "batch",
-    "seq_len", "heads", "d_qk", "d_hv", "chunk_size", "embedding_dim",
+    "seq_len", "heads", "d_qk", "d_hv", "chunk_size", "embedding_dim", "numerics_case",
 )
 
 #: Metadata keys whose difference makes timings incomparable: warned about, never silent.
@@ -377,6 +377,9 @@ def describe_case(record: Mapping[str, Any]) -> str:
     chunk = _plain(record.get("chunk_size"))
     if chunk is not None:
         parts.append(f"L{int(chunk)}")
+    numerics_case = _plain(record.get("numerics_case"))
+    if numerics_case:  # a `tflabench verify` row: its regime (+init)
+        parts.append(str(numerics_case))
     return " ".join(parts)
 
 

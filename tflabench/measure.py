@@ -172,13 +172,16 @@ class GateResult:
     """Outcome of the numerics gate.
 
     Attributes:
-        err: worst max-normalised error over output and gradients (None: no reference).
-        worst: which tensor had it (``out`` or ``d<input name>``).
-        errors: every compared tensor's error.
-        tolerance: the accepted maximum.
+        err: max-normalised error of the deciding tensor (the largest error / budget;
+            None: no reference).
+        worst: which tensor it is (``out`` or ``d<input name>``).
+        errors: every compared tensor's max-normalised error.
+        tolerance: the deciding tensor's budget (:func:`tflabench.numerics.budget`).
         ref: label of the reference and the gate's shape (the ``numerics_ref`` column).
-        passed: True when err is None or err <= tolerance.
-        problem: a reason when the comparison itself failed (shape mismatch, NaN...).
+        passed: True when err is None or every tensor is within its budget.
+        problem: a reason when the comparison itself failed (shape mismatch, no gradient).
+        verdict: the per-tensor :class:`tflabench.numerics.Verdict` (None without reference).
+        tf32: whether the kernel's float32 dots use TF32 (the backend's ``uses_tf32``).
     """
 
     err: float | None
@@ -188,27 +191,36 @@ class GateResult:
     ref: str
     passed: bool
     problem: str | None = None
+    verdict: Any = None
+    tf32: bool | None = False
 
     def reason(self) -> str:
         """One line for the ``reason`` column of a ``wrong`` row."""
+        if self.verdict is not None and not self.passed:
+            return self.verdict.reason(self.ref)
         if self.problem:
             return f"numerics: {self.problem} ({self.ref})"
-        return (f"numerics: max-normalised error {self.err:.3g} on {self.worst} exceeds "
-                f"tolerance {self.tolerance:.3g} ({self.ref})")
+        return (f"numerics: max-normalised error {self.err:.3g} on {self.worst} exceeds its "
+                f"budget {self.tolerance:.3g} ({self.ref})")
+
+    def columns(self, dtype: str) -> dict:
+        """The row's numerics columns (``numerics_err``, ``numerics_ref``, ``numerics_worst``,
+        ``numerics_budget``, ``numerics_relf``, ``numerics_nonfinite``, ``numerics_detail``,
+        ``tf32``)."""
+        from tflabench.numerics import tf32_text
+
+        out = {"numerics_err": self.err, "numerics_ref": self.ref, "tf32": tf32_text(dtype, self.tf32)}
+        if self.verdict is not None:
+            out.update(self.verdict.columns())
+        return out
 
 
 def max_normalised_error(x, ref) -> float:
     """``max|x - ref| / max|ref|`` in float64 (``max|x|`` when ref is all zero); inf when
-    x holds NaN or inf where ref does not."""
-    import torch
+    x holds NaN or inf where ref does not (:func:`tflabench.numerics.tensor_error`)."""
+    from tflabench.numerics import tensor_error
 
-    x = x.detach().to(torch.float64)
-    ref = ref.detach().to(torch.float64)
-    if not torch.isfinite(x).all():
-        return float("inf")
-    diff = (x - ref).abs().max().item()
-    scale = ref.abs().max().item()
-    return diff / scale if scale > 0 else diff
+    return tensor_error("x", x, ref, 1.0).max_norm
 
 
 def _to_float64(value):
@@ -217,6 +229,11 @@ def _to_float64(value):
     if isinstance(value, torch.Tensor) and value.is_floating_point():
         return value.detach().to(torch.float64).requires_grad_(value.requires_grad)
     return value
+
+
+def dtype_name(dtype) -> str:
+    """``bfloat16`` for ``torch.bfloat16`` etc. (the suite's dtype names)."""
+    return str(dtype).replace("torch.", "")
 
 
 def numerics_gate(
@@ -230,22 +247,32 @@ def numerics_gate(
     seed: int,
     max_seq_len: int,
     tolerance: float | None = None,
+    budgets: dict | None = None,
 ) -> GateResult:
     """Check the kernel against its family's float64 reference at a reduced shape
-    (``backend.gate_shape``): output, and for ``fwdbw`` every input gradient.
+    (``backend.gate_shape``): output, and for ``fwdbw`` every input gradient, each against
+    its own budget (:func:`tflabench.numerics.judge`: per tensor class and dtype, TF32 or
+    full-precision float32 as ``backend.uses_tf32`` says; docs/numerics.md).
 
     Args:
         shape: the case's full shape (reduced here).
         dtype: torch dtype of the case.
-        tolerance: accepted max-normalised error (default ``backend.tolerance``).
+        tolerance: one max-normalised error for every tensor (the suite's
+            ``numerics.tolerance``); default: the per-tensor budgets.
+        budgets: the suite's ``numerics.budgets`` overrides (precision -> class -> number).
 
     Returns a :class:`GateResult`. Exceptions of the kernel propagate (the caller records
     them as ``error`` / ``oom``); a backend without reference passes with ``err=None``.
     """
     import torch
 
+    from tflabench.numerics import budget as budget_of
+    from tflabench.numerics import judge
+
     gshape = backend.gate_shape(params, shape, max_seq_len)
-    tol = tolerance if tolerance is not None else backend.tolerance(params, dtype)
+    tf32 = backend.uses_tf32(params, dtype, device)
+    name = dtype_name(dtype)
+    tol = budget_of("out", name, tf32, budgets, tolerance)
     where = f"B={gshape.batch} NH={gshape.heads} S={gshape.seq_len}"
     grad = mode == "fwdbw"
     inputs = backend.make_inputs(params, gshape, dtype, device, seed + 1, requires_grad=grad)
@@ -255,27 +282,31 @@ def numerics_gate(
         ref = backend.reference(params, ref_inputs)
     except NotImplementedError as exc:
         note = str(exc) or "the backend has no reference"
-        return GateResult(None, None, {}, tol, f"none: {note}", True)
+        return GateResult(None, None, {}, tol, f"none: {note}", True, tf32=tf32)
     label = f"{backend.family} float64 reference at {where}"
     if tuple(out.shape) != tuple(ref.shape):
-        return GateResult(None, "out", {}, tol, label, False,
+        return GateResult(None, "out", {}, tol, label, False, tf32=tf32,
                           problem=f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
-    errors = {"out": max_normalised_error(out, ref)}
+    pairs = {"out": (out, ref)}
     if grad:
         gen = torch.Generator(device=device).manual_seed(seed + 2)
         g = torch.randn(tuple(ref.shape), generator=gen, dtype=torch.float64, device=device)
         out.backward(g.to(out.dtype))
         ref.backward(g)
-        for name, value in inputs.items():
+        for key, value in inputs.items():
             if isinstance(value, torch.Tensor) and value.requires_grad:
                 if value.grad is None:
-                    return GateResult(None, f"d{name}", errors, tol, label, False,
-                                      problem=f"no gradient for input {name!r}")
-                errors[f"d{name}"] = max_normalised_error(value.grad, ref_inputs[name].grad)
-    worst = max(errors, key=lambda k: errors[k])
-    err = errors[worst]
-    passed = err <= tol
-    return GateResult(err, worst, errors, tol, label, passed)
+                    errors = {}
+                    return GateResult(None, f"d{key}", errors, tol, label, False, tf32=tf32,
+                                      problem=f"no gradient for input {key!r}")
+                pairs[f"d{key}"] = (value.grad, ref_inputs[key].grad)
+    verdict = judge(pairs, dtype=name, tf32=tf32, overrides=budgets, tolerance=tolerance)
+    errors = {e.name: e.max_norm for e in verdict.errors}
+    worst = verdict.worst
+    if worst is None:
+        return GateResult(None, None, errors, tol, label, verdict.passed, verdict.problem, verdict, tf32)
+    return GateResult(worst.max_norm, worst.name, errors, worst.budget, label, verdict.passed,
+                      verdict.problem, verdict, tf32)
 
 
 # --------------------------------------------------------------------------- a case
@@ -306,6 +337,10 @@ def measure_case(case) -> dict:
 
     from tflabench.backends import get_backend
 
+    if case.verify:  # a `tflabench verify` case: no timing, the numerics grid
+        from tflabench.verify import verify_case
+
+        return verify_case(case)
     backend = get_backend(case.backend)
     params = backend.parse_params(json.loads(case.params))
     shape = Shape(case.batch, case.seq_len, case.heads, case.d_qk, case.d_hv, case.dtype)
@@ -361,8 +396,9 @@ def measure_case(case) -> dict:
     if case.check_numerics:
         gate = numerics_gate(backend, params, shape, mode=case.mode, dtype=dtype, device=device,
                              seed=case.seed, max_seq_len=case.numerics_max_seq_len,
-                             tolerance=case.tolerance)
-        out["numerics_err"], out["numerics_ref"] = gate.err, gate.ref
+                             tolerance=case.tolerance,
+                             budgets=json.loads(case.numerics_budgets) if case.numerics_budgets else None)
+        out.update(gate.columns(case.dtype))
         if not gate.passed:
             return {**out, "status": "wrong", "reason": gate.reason()}
         if device.startswith("cuda"):
@@ -382,5 +418,5 @@ def measure_case(case) -> dict:
 
 __all__ = [
     "time_callable", "summarize", "first_call_seconds", "peak_memory_bytes", "numerics_gate",
-    "max_normalised_error", "measure_case", "GateResult", "is_oom", "torch_dtype",
+    "max_normalised_error", "measure_case", "GateResult", "is_oom", "torch_dtype", "dtype_name",
 ]

@@ -47,7 +47,12 @@ IDENTITY_COLUMNS: tuple[str, ...] = (
     "d_hv",
     "chunk_size",
     "embedding_dim",
+    "numerics_case",
 )
+#: Identity columns added after result sets existed: left out of :func:`case_id` when None,
+#: so that the ids of earlier rows do not change. ``numerics_case``: the verify case
+#: (gate regime, length, initial state) of a ``tflabench verify`` row; None for ``run`` rows.
+OPTIONAL_IDENTITY_COLUMNS: tuple[str, ...] = ("numerics_case",)
 OUTCOME_COLUMNS: tuple[str, ...] = ("status", "reason")
 TIMING_COLUMNS: tuple[str, ...] = (
     "ms_median",
@@ -61,7 +66,17 @@ TIMING_COLUMNS: tuple[str, ...] = (
     "first_call_s",
 )
 MEMORY_COLUMNS: tuple[str, ...] = ("peak_mem_bytes",)
-NUMERICS_COLUMNS: tuple[str, ...] = ("numerics_err", "numerics_ref")
+#: Numerics (tflabench.numerics): ``numerics_err`` the max-normalised error of the tensor
+#: that decides the verdict (largest error / budget), ``numerics_worst`` its name,
+#: ``numerics_budget`` its budget, ``numerics_relf`` its relative Frobenius error,
+#: ``numerics_nonfinite`` NaN/inf count where the reference is finite (all tensors),
+#: ``numerics_detail`` JSON tensor -> [max_norm, rel_fro, budget, nonfinite],
+#: ``numerics_ref`` the reference and shape, ``tf32`` (float32 rows) yes / no / unknown:
+#: whether the kernel's dots used TF32.
+NUMERICS_COLUMNS: tuple[str, ...] = (
+    "numerics_err", "numerics_ref", "numerics_worst", "numerics_budget", "numerics_relf",
+    "numerics_nonfinite", "numerics_detail", "tf32",
+)
 MODEL_COLUMNS: tuple[str, ...] = (
     "flops",
     "bytes",
@@ -82,7 +97,8 @@ COLUMNS: tuple[str, ...] = (
 #: Columns that hold text (or JSON text) once loaded into a DataFrame.
 TEXT_COLUMNS: tuple[str, ...] = (
     "case_id", "suite", "kernel", "backend", "family", "params", "mode", "dtype", "device",
-    "status", "reason", "ms_samples", "numerics_ref",
+    "status", "reason", "ms_samples", "numerics_ref", "numerics_case", "numerics_worst",
+    "numerics_detail", "tf32",
 )
 #: Columns that are numbers (NaN where not applicable): every other column, in order.
 NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)
@@ -163,6 +179,8 @@ def case_id(identity: Mapping[str, Any]) -> str:
             value = int(value)
         if isinstance(value, float) and math.isnan(value):
             value = None
+        if value is None and col in OPTIONAL_IDENTITY_COLUMNS:
+            continue
         parts[col] = value
     text = json.dumps(parts, sort_keys=True, separators=(",", ":"), default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:16]

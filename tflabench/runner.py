@@ -617,7 +617,7 @@ def run_suite(
 
 def summary_table(frame, title: str | None = None):
     """A rich Table of result rows (kernel, mode, shape, status, ms_median, peak GiB,
-    first-call s, numerics error, TFLOP/s, reason), in row order."""
+    first-call s, numerics error and its tensor, TFLOP/s, reason), in row order."""
     import math
 
     from rich.table import Table
@@ -645,7 +645,8 @@ def summary_table(frame, title: str | None = None):
             f"{fmt(r.get('heads'), '.0f')} x {fmt(r.get('d_qk'), '.0f')}/{fmt(r.get('d_hv'), '.0f')}",
             fmt(r.get("chunk_size"), ".0f"), f"[{colour.get(status, 'white')}]{status}[/]",
             fmt(r.get("ms_median"), ".3f"), fmt(peak / 2**30 if peak is not None and peak == peak else None, ".2f"),
-            fmt(r.get("first_call_s"), ".2f"), fmt(r.get("numerics_err"), ".1e"),
+            fmt(r.get("first_call_s"), ".2f"),
+            " ".join(x for x in (fmt(r.get("numerics_err"), ".1e"), str(r.get("numerics_worst") or "")) if x),
             fmt(r.get("tflops_per_s"), ".3g"), str(r.get("reason") or "")[:160],
         )
     return table

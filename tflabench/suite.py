@@ -41,6 +41,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from tflabench.errors import UserError
+from tflabench.numerics import BudgetOverride, VerifySettings
 
 DTYPES = ("bfloat16", "float16", "float32", "float64")
 DType = Literal["bfloat16", "float16", "float32", "float64"]
@@ -68,7 +69,11 @@ class Numerics(_Strict):
 
     check: bool = True
     max_seq_len: int = Field(512, ge=1, description="gate runs at batch 1, <=2 heads, S <= this")
-    tolerance: float | None = Field(None, gt=0, description="max-normalised error accepted; default per backend/dtype")
+    tolerance: float | None = Field(None, gt=0, description="one max-normalised error accepted for every tensor "
+                                    "(overrides budgets); default: per tensor and dtype (docs/numerics.md)")
+    budgets: dict[Literal["float64", "float32", "tf32", "float16", "bfloat16"], BudgetOverride] = Field(
+        default_factory=dict, description="per precision, per tensor class (out, state, grad, gate_grad)")
+    verify: VerifySettings = Field(default_factory=VerifySettings, description="the grid of tflabench verify")
 
 
 class CompareSettings(_Strict):
@@ -168,6 +173,16 @@ class Case:
     check_numerics: bool = True
     numerics_max_seq_len: int = 512
     tolerance: float | None = None
+    #: JSON of the suite's ``numerics.budgets`` (None: the defaults).
+    numerics_budgets: str | None = None
+    #: ``tflabench verify`` only: JSON of the case's regime spec, initial state and name;
+    #: None for ``run`` cases (its ``name`` is the row's ``numerics_case`` column).
+    verify: str | None = None
+
+    @property
+    def numerics_case(self) -> str | None:
+        """The verify case's name (identity column), None for ``run`` cases."""
+        return json.loads(self.verify)["name"] if self.verify else None
 
     def identity(self) -> dict:
         """The identity columns of the result row (without ``case_id``)."""
@@ -429,8 +444,16 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
                                 check_numerics=suite.numerics.check,
                                 numerics_max_seq_len=suite.numerics.max_seq_len,
                                 tolerance=suite.numerics.tolerance,
+                                numerics_budgets=budgets_json(suite.numerics.budgets),
                             ))
     return cases
+
+
+def budgets_json(budgets: dict) -> str | None:
+    """The ``Case.numerics_budgets`` text of a suite's ``numerics.budgets`` (None when empty)."""
+    if not budgets:
+        return None
+    return json.dumps({k: v.model_dump(exclude_none=True) for k, v in budgets.items()}, sort_keys=True)
 
 
 def default_suite_path() -> Path:

@@ -253,18 +253,53 @@ class Backend:
         raise NotImplementedError
 
     def tolerance(self, params: BackendParams, dtype: "torch.dtype") -> float:
-        """Largest max-normalised error (``max|x - x_ref| / max|x_ref|``, per output and per
-        gradient) the numerics gate accepts. Default by dtype: float64 1e-6, float32 2e-2
-        (TF32 dots), float16 5e-2, bfloat16 1e-1 (docs tfla-kernels.md 5.2: bf16 df reaches
-        ~8e-2 at S=8192 for the peer)."""
+        """Largest max-normalised error (``max|x - x_ref| / max|x_ref|``) of the output and
+        the q/k/v gradients at ``dtype`` (full-precision dots for float32): the ``out``
+        budget of :data:`tflabench.numerics.DEFAULT_BUDGETS`. The numerics gate and
+        ``verify`` use :func:`tflabench.numerics.budget` per tensor (gate gradients looser);
+        this is the one-number summary for tests and callers that compare one tensor."""
+        from tflabench.numerics import budget
+
+        name = str(dtype).replace("torch.", "")
+        return budget("out", name, tf32=False)
+
+    def uses_tf32(self, params: BackendParams, dtype: "torch.dtype", device: str) -> bool | None:
+        """Whether the kernel's float32 matrix products use TF32 operands (a 10-bit
+        mantissa) at ``dtype`` on ``device``: the numerics budget row (``tf32`` or
+        ``float32``) and the row's ``tf32`` column. Default: False on the CPU and for
+        other dtypes; on CUDA float32, torch's ``torch.backends.cuda.matmul.allow_tf32``
+        (what torch matmuls do). Triton kernels use TF32 for fp32 ``tl.dot`` unless they
+        ask otherwise: their backends override. None: unknown (the TF32 budget applies)."""
         import torch
 
-        return {
-            torch.float64: 1e-6,
-            torch.float32: 2e-2,
-            torch.float16: 5e-2,
-            torch.bfloat16: 1e-1,
-        }.get(dtype, 1e-1)
+        if dtype != torch.float32 or not str(device).startswith("cuda"):
+            return False
+        return bool(torch.backends.cuda.matmul.allow_tf32)
+
+    def numerics_family(self, params: BackendParams) -> str:
+        """The family whose input regimes ``tflabench verify`` applies
+        (:data:`tflabench.verify.FAMILY_PROFILES`): default :attr:`family`."""
+        return self.family
+
+    def initial_state(self, params: BackendParams, inputs: dict[str, Any], seed: int,
+                      requires_grad: bool = False) -> dict[str, Any] | None:
+        """An initial state for ``inputs`` (name -> tensor), for ``verify``'s cases with an
+        initial state; None (default) when the kernel takes none. Tensors that the
+        backward differentiates get ``requires_grad`` (their gradients are compared, e.g.
+        ``dC0``)."""
+        return None
+
+    def forward_state(self, params: BackendParams, inputs: dict[str, Any],
+                      state: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        """Run the kernel from ``state`` (None: zeros) and return (output, last state as
+        name -> tensor, names starting with ``last_``), for kernels whose
+        :meth:`initial_state` is not None. Default: NotImplementedError."""
+        raise NotImplementedError
+
+    def reference_state(self, params: BackendParams, inputs: dict[str, Any],
+                        state: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
+        """float64 counterpart of :meth:`forward_state` (same names), differentiable."""
+        raise NotImplementedError
 
     def gate_shape(self, params: BackendParams, shape: Shape, max_seq_len: int) -> Shape:
         """The reduced shape of the numerics gate: batch 1, at most 2 heads, ``seq_len =
@@ -358,6 +393,78 @@ def mlstm_reference(q, k, v, i, f, *, variant: str, normalize: bool | None = Non
     q, k, v, i, f = (x.to(torch.float64) for x in (q, k, v, i, f))
     return mlstm_parallel(q, k, v, i, f, variant=variant, normalize=normalize, eps=eps,
                           detach_normalizer=True)
+
+
+def mlstm_initial_state(inputs: dict, variant: str, seed: int, requires_grad: bool = False) -> dict:
+    """An mLSTM initial state for ``inputs`` (q (B, NH, S, d_qk), v (B, NH, S, d_hv)):
+    ``C0`` (B, NH, d_qk, d_hv) and ``n0`` (B, NH, d_qk) ~ N(0, 1), float32 (float64 for
+    float64 inputs); for ``variant="exp"`` also ``m0`` (B, NH, 1) zeros (the stabiliser:
+    C0, n0 are then the plain states). Only C0 gets ``requires_grad`` (the kernels'
+    convention, docs/tfla-kernels.md 1.5: dn0 and dm0 are not propagated)."""
+    import torch
+
+    q, v = inputs["q"], inputs["v"]
+    B, NH, _, d_qk = q.shape
+    d_hv = v.shape[-1]
+    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
+    gen = _generator(str(q.device), seed)
+    C0 = torch.randn(B, NH, d_qk, d_hv, generator=gen, device=q.device, dtype=torch.float32).to(dt)
+    n0 = torch.randn(B, NH, d_qk, generator=gen, device=q.device, dtype=torch.float32).to(dt)
+    state = {"C0": C0.requires_grad_(requires_grad), "n0": n0}
+    if variant == "exp":
+        state["m0"] = torch.zeros(B, NH, 1, device=q.device, dtype=dt)
+    return state
+
+
+def mlstm_state_tuple(state: dict | None, variant: str):
+    """``(C0, n0[, m0])`` of an :func:`mlstm_initial_state` dict (None stays None): the
+    ``initial_state`` argument of ``tfla`` and ``tfla.reference``."""
+    if state is None:
+        return None
+    return tuple(state[n] for n in (("C0", "n0", "m0") if variant == "exp" else ("C0", "n0")))
+
+
+def mlstm_last_state(last: tuple, variant: str) -> dict:
+    """The last state as compared by ``verify``: ``last_C`` (B, NH, d_qk, d_hv) and
+    ``last_n`` (B, NH, d_qk) in float64. For mLSTMexp the stabilised (C, n, m) are
+    returned unstabilised, C exp(m) and n exp(m) (in float64, no overflow for m < 700),
+    so that kernels with different max-state conventions compare alike."""
+    import torch
+
+    C, n = last[0].to(torch.float64), last[1].to(torch.float64)
+    if variant == "exp":
+        m = last[2].to(torch.float64).reshape(C.shape[0], C.shape[1])
+        scale = torch.exp(m)
+        C = C * scale[..., None, None]
+        n = n * scale[..., None]
+    return {"last_C": C, "last_n": n}
+
+
+def mlstm_reference_state(q, k, v, i, f, state: dict | None, *, variant: str,
+                          normalize: bool | None = None, eps: float = 1e-6):
+    """float64 mLSTM from an initial state: (h (B, NH, S, d_hv), :func:`mlstm_last_state`)
+    by ``tfla.reference.mlstm_parallel(..., initial_state, return_last_state=True,
+    detach_normalizer=True)``; for mLSTMsig without normaliser without ``last_n`` (the
+    model never reads n; ``verify`` compares the states the reference returns). Raises
+    NotImplementedError when tfla.reference is absent."""
+    import torch
+
+    try:
+        from tfla.reference import mlstm_parallel
+    except ImportError as exc:
+        raise NotImplementedError(f"tfla.reference is not importable ({exc})") from None
+    q, k, v, i, f = (x.to(torch.float64) for x in (q, k, v, i, f))
+    init = mlstm_state_tuple(state, variant)
+    if init is not None:
+        init = tuple(t.to(torch.float64) for t in init)
+    h, last = mlstm_parallel(q, k, v, i, f, variant=variant, normalize=normalize, eps=eps,
+                             initial_state=init, return_last_state=True, detach_normalizer=True)
+    states = mlstm_last_state(last, variant)
+    if variant == "sig" and not normalize:
+        # mLSTMsig without normaliser never reads n: not compared (mlstm_kernels leaves its
+        # n_last unmaintained there: 1e35 measured under the interpreter)
+        del states["last_n"]
+    return h, states
 
 
 # ------------------------------------------------------------------------ shared inputs

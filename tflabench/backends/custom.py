@@ -125,6 +125,19 @@ class CustomBackend(Backend):
                                    normalize=normalize)
         return attention_reference(inputs["q"], inputs["k"], inputs["v"], causal=params.causal)
 
+    def numerics_family(self, params: CustomParams) -> str:
+        """``mlstm`` or ``attention`` (the ``layout``): the input regimes ``verify`` applies."""
+        return params.layout
+
+    def uses_tf32(self, params: CustomParams, dtype, device) -> bool | None:
+        """Unknown (None) for float32 on CUDA: the TF32 budget applies and the row says
+        ``unknown``; False on the CPU and for other dtypes."""
+        import torch
+
+        if dtype == torch.float32 and str(device).startswith("cuda"):
+            return None
+        return False
+
     def model_counts(self, params: CustomParams, shape: Shape, mode: str):
         if params.layout == "attention":
             return model_counts("attention_causal", mode, shape) if params.causal else None

@@ -419,6 +419,13 @@ class FlaBackend(Backend):
             t.requires_grad_(requires_grad)
         return inputs
 
+    def uses_tf32(self, params, dtype, device) -> bool:
+        """True for float32 on CUDA: the peer's Triton ``tl.dot`` uses TF32 operands for
+        fp32 inputs by default (Triton's default input precision)."""
+        import torch
+
+        return dtype == torch.float32 and str(device).startswith("cuda")
+
     def _lightning(self, params: FlaParams) -> tuple[int, int]:
         return (params.layer_idx or 0), (params.num_layers or 32)
 

@@ -340,6 +340,13 @@ class Mamba2Backend(Backend):
             inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"], params.chunk_size,
             D=inputs["D"], dt_bias=inputs["dt_bias"], dt_softplus=True)
 
+    def uses_tf32(self, params, dtype, device) -> bool:
+        """True for float32 on CUDA: the peer's Triton ``tl.dot`` uses TF32 operands for
+        fp32 inputs by default (Triton's default input precision)."""
+        import torch
+
+        return dtype == torch.float32 and str(device).startswith("cuda")
+
     def reference(self, params: Mamba2Params, inputs: dict[str, Any]):
         """float64 SSD (:func:`ssd_reference`), y (B, S, H, P)."""
         return ssd_reference(inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],

@@ -37,8 +37,11 @@ from tflabench.backends.base import (
     Backend,
     HeadLayoutParams,
     Shape,
+    mlstm_initial_state,
     mlstm_inputs,
+    mlstm_last_state,
     mlstm_reference,
+    mlstm_reference_state,
     model_counts,
     resolve_layout,
 )
@@ -221,6 +224,38 @@ class MlstmKernelsBackend(Backend):
         if params.variant == "sig":
             kwargs["normalize"] = bool(params.normalize)
         return fn(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"], **kwargs)
+
+    def uses_tf32(self, params: MlstmKernelsParams, dtype, device) -> bool:
+        """True for float32 on CUDA: the peer's Triton ``tl.dot`` calls use Triton's default
+        input precision (TF32) for fp32 operands."""
+        import torch
+
+        return dtype == torch.float32 and str(device).startswith("cuda")
+
+    def initial_state(self, params: MlstmKernelsParams, inputs, seed, requires_grad=False):
+        """C0, n0 (and m0 = 0 for mLSTMexp), as the ``tfla`` backend's
+        (:func:`~tflabench.backends.base.mlstm_initial_state`)."""
+        return mlstm_initial_state(inputs, params.variant, seed, requires_grad)
+
+    def forward_state(self, params: MlstmKernelsParams, inputs, state):
+        """The peer kernel with ``c_initial``, ``n_initial`` (``m_initial`` for mLSTMexp)
+        and ``return_last_states=True`` -> (h, {last_C, last_n}) (mLSTMexp unstabilised)."""
+        fn = _peer_kernel(params.variant, params.algorithm)
+        kwargs: dict[str, Any] = {"chunk_size": self.chunk_size(params), "eps": params.eps,
+                                  "return_last_states": True}
+        if params.variant == "sig":
+            kwargs["normalize"] = bool(params.normalize)
+        if state is not None:
+            kwargs["c_initial"], kwargs["n_initial"] = state["C0"], state["n0"]
+            if params.variant == "exp":  # the peer asserts a 2-D m (B, NH) (its docstring says (B, NH, 1))
+                kwargs["m_initial"] = state["m0"].reshape(state["m0"].shape[0], state["m0"].shape[1])
+        h, last = fn(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"], **kwargs)
+        return h, mlstm_last_state(tuple(last), params.variant)
+
+    def reference_state(self, params: MlstmKernelsParams, inputs, state):
+        normalize = bool(params.normalize) if params.variant == "sig" else True
+        return mlstm_reference_state(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"],
+                                     state, variant=params.variant, normalize=normalize, eps=params.eps)
 
     def reference(self, params: MlstmKernelsParams, inputs: dict[str, Any]):
         """float64 mLSTM of the same variant and normaliser

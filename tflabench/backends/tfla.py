@@ -20,8 +20,9 @@ from typing import Literal
 from pydantic import Field
 
 from tflabench.backends import register
-from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, mlstm_inputs,
-                                     mlstm_reference, model_counts)
+from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, mlstm_initial_state,
+                                     mlstm_inputs, mlstm_last_state, mlstm_reference,
+                                     mlstm_reference_state, mlstm_state_tuple, model_counts)
 
 
 class TflaParams(HeadLayoutParams):
@@ -104,6 +105,30 @@ class TflaBackend(Backend):
         return inputs
 
     def forward(self, params: TflaParams, inputs):
+        out = self._run(params, inputs, None, False)
+        return out[0] if isinstance(out, tuple) else out
+
+    def uses_tf32(self, params: TflaParams, dtype, device) -> bool:
+        """False: float32 runs use ``tf32x3`` dots (mLSTMsig, three TF32 products, ~fp32
+        accuracy) or IEEE fp32 dots (mLSTMexp, limit_chunk); the reference is PyTorch."""
+        return False
+
+    def initial_state(self, params: TflaParams, inputs, seed, requires_grad=False):
+        """C0, n0 (and m0 = 0 for mLSTMexp): :func:`~tflabench.backends.base.mlstm_initial_state`."""
+        return mlstm_initial_state(inputs, params.variant, seed, requires_grad)
+
+    def forward_state(self, params: TflaParams, inputs, state):
+        """``tfla.mlstm_<variant>(..., initial_state=(C0, n0[, m0]), return_last_state=True)``
+        -> (h, {last_C, last_n}) (mLSTMexp states unstabilised)."""
+        h, last = self._run(params, inputs, mlstm_state_tuple(state, params.variant), True)
+        return h, mlstm_last_state(last, params.variant)
+
+    def reference_state(self, params: TflaParams, inputs, state):
+        normalize = params.normalize if params.variant == "sig" else None
+        return mlstm_reference_state(*(inputs[n] for n in "qkvif"), state, variant=params.variant,
+                                     normalize=normalize, eps=params.eps)
+
+    def _run(self, params: TflaParams, inputs, initial_state, return_last_state: bool):
         q, k, v, i, f = (inputs[n] for n in "qkvif")
         impl = self._impl(params, inputs.get("_device", str(q.device)))
         normalize = params.normalize if params.variant == "sig" else None
@@ -114,13 +139,13 @@ class TflaBackend(Backend):
                 kwargs["normalize"] = params.normalize
             else:
                 kwargs["eps"] = params.eps
-            out = fn(q, k, v, i, f, **kwargs)
-        else:
-            from tfla.reference import mlstm_chunkwise
+            return fn(q, k, v, i, f, initial_state=initial_state,
+                      return_last_state=return_last_state, **kwargs)
+        from tfla.reference import mlstm_chunkwise
 
-            out = mlstm_chunkwise(q, k, v, i, f, variant=params.variant, chunk_size=params.chunk_size,
-                                  normalize=normalize, eps=params.eps)
-        return out[0] if isinstance(out, tuple) else out
+        return mlstm_chunkwise(q, k, v, i, f, variant=params.variant, chunk_size=params.chunk_size,
+                               normalize=normalize, eps=params.eps, initial_state=initial_state,
+                               return_last_state=return_last_state)
 
     def reference(self, params: TflaParams, inputs):
         normalize = params.normalize if params.variant == "sig" else None

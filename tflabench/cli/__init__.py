@@ -5,6 +5,7 @@ Commands live in one module per area, each registering on :data:`app`:
 - ``analytic_cmds``: flops, roofline, intensity, optimal-chunk, gpus (no torch import)
 - ``run_cmds``: run, report, backends, doctor, calibrate
 - ``compare_cmds``: compare, merge
+- ``verify_cmds``: verify (the numerics grid)
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ def user_errors():
 
 def _register() -> None:
     # Each command module registers its commands on `app` when imported.
-    for name in ("analytic_cmds", "run_cmds", "compare_cmds"):
+    for name in ("analytic_cmds", "run_cmds", "compare_cmds", "verify_cmds"):
         __import__(f"tflabench.cli.{name}")
 
 

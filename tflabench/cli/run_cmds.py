@@ -144,6 +144,16 @@ def report(
         con.print(f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} "
                   f"({meta.get('date')}, torch {meta.get('torch')}, triton {meta.get('triton')}, "
                   f"git {meta.get('git_revision')})")
+        if rs.rows["numerics_case"].notna().any():  # a `tflabench verify` result set
+            from tflabench.verify import verify_table
+
+            con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
+            con.print(_status_line(rs.rows.to_dict("records")))
+            if plots:
+                from tflabench.plots.numerics import write_heatmap
+
+                con.print(f"plot: {write_heatmap(rs.rows, (out or rs.path / 'plots') / 'verify_heatmap.png')}")
+            return
         con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
         con.print(_status_line(rs.rows.to_dict("records")))
         try:

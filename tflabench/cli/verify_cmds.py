@@ -1,0 +1,160 @@
+"""Command: verify (the numerics grid of :mod:`tflabench.verify`).
+
+Thin: parse, build the grid (:func:`tflabench.verify.verify_cases`), run it
+(:func:`tflabench.verify.run_verify`), render :func:`tflabench.verify.verify_table`.
+Exit status as ``compare``: 1 when any case fails its budget (or crashes / errors), 0 when
+all pass, 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from tflabench.cli import app, user_errors
+from tflabench.errors import UserError
+
+#: The suite ``tflabench verify`` runs without arguments (CPU, CI time).
+DEFAULT_VERIFY_SUITE = Path(__file__).resolve().parents[2] / "suites" / "verify_cpu.yaml"
+
+
+def _kernel_suite(backend: str, params_text: str | None, dtype: str | None, device: str | None):
+    """An in-memory suite of one kernel (``--kernel``): LoadedSuite named ``verify-<backend>``."""
+    import json
+
+    import yaml
+    from pydantic import ValidationError
+
+    from tflabench.suite import LoadedSuite, Suite, expand_cases, _format_validation
+
+    try:
+        params = json.loads(params_text) if params_text else {}
+    except json.JSONDecodeError as exc:
+        raise UserError(f"--params: not JSON ({exc.msg}); e.g. --params '{{\"variant\": \"sig\"}}'") from None
+    if not isinstance(params, dict):
+        raise UserError("--params: a JSON object, e.g. '{\"variant\": \"sig\", \"chunk_size\": 16}'")
+    data = {"name": f"verify-{backend}", "device": device or "auto", "dtype": dtype or "float32",
+            "sweep": {"batch": 1, "seq_len": 64}, "kernels": [{"backend": backend, "params": params}]}
+    try:
+        suite = Suite.model_validate(data)
+    except ValidationError as exc:
+        raise UserError(f"--kernel: {_format_validation(exc, Suite)}") from None
+    text = yaml.safe_dump(data).encode()
+    import hashlib
+
+    loaded = LoadedSuite(suite=suite, path=Path(f"<--kernel {backend}>"), sha256=hashlib.sha256(text).hexdigest())
+    try:
+        expand_cases(loaded, device="cpu")  # validates backend and params
+    except UserError as exc:
+        raise UserError(f"--kernel {backend} --params: {str(exc).split(': ', 1)[-1]}") from None
+    return loaded
+
+
+def _parse_bool_list(values: list[str] | None) -> list[bool] | None:
+    if not values:
+        return None
+    out = []
+    for v in values:
+        if v.lower() in ("yes", "true", "1", "with"):
+            out.append(True)
+        elif v.lower() in ("no", "false", "0", "without"):
+            out.append(False)
+        else:
+            raise UserError(f"--initial-state={v!r}; allowed: yes, no")
+    return out
+
+
+@app.command()
+def verify(
+    suite: Optional[Path] = typer.Argument(
+        None, help="Suite YAML (default: suites/verify_cpu.yaml: our Triton kernels in the interpreter, CPU)."),
+    kernel: Optional[str] = typer.Option(None, "--kernel", help="Verify one backend without a suite (e.g. tfla)."),
+    params: Optional[str] = typer.Option(None, "--params", help="With --kernel: its parameters as JSON."),
+    only: Optional[list[str]] = typer.Option(
+        None, "--only", help="Only kernels whose label or backend matches this glob (repeatable)."),
+    regime: Optional[list[str]] = typer.Option(None, "--regime", help="Only these regimes (repeatable)."),
+    seq_len: Optional[list[int]] = typer.Option(None, "--seq-len", help="These lengths instead (repeatable)."),
+    dtype: Optional[list[str]] = typer.Option(None, "--dtype", help="These dtypes instead (repeatable)."),
+    mode: Optional[list[str]] = typer.Option(None, "--mode", help="fwd and/or fwdbw (repeatable)."),
+    initial_state: Optional[list[str]] = typer.Option(
+        None, "--initial-state", help="yes and/or no (repeatable; kernels without states: no)."),
+    heads: Optional[int] = typer.Option(None, "--heads", help="Heads per case (default: the suite's verify.heads)."),
+    out: Path = typer.Option(Path("results"), "--out", help="Root of the result set: OUT/<suite>-verify/<timestamp>/."),
+    gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU: 'all' or indices like 0,1."),
+    max_kernel_failures: int = typer.Option(
+        2, "--max-kernel-failures", min=0, help="After this many consecutive crash/timeout cases of one "
+        "kernel, record its remaining cases as not run (0: run every case)."),
+    device: Optional[str] = typer.Option(None, "--device", help="Override the suite's device: cpu or cuda."),
+    progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
+    plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw the heat map."),
+) -> None:
+    """Check every kernel of a suite against its float64 reference over gate regimes,
+    lengths, initial states and dtypes (budgets per tensor: docs/numerics.md).
+
+    Exit status: 1 when any case fails its budget, 0 when all pass, 2 for bad input.
+    """
+    from tflabench import runner
+    from tflabench import verify as V
+    from tflabench.suite import load_suite
+
+    def _term(signum, frame):
+        raise KeyboardInterrupt
+
+    with user_errors():
+        if device not in (None, "cpu", "cuda"):
+            raise UserError(f"--device={device!r}; allowed: cpu, cuda")
+        if params is not None and kernel is None:
+            raise UserError("--params needs --kernel")
+        if kernel is not None and suite is not None:
+            raise UserError("give a SUITE or --kernel, not both")
+        if kernel is not None:
+            loaded = _kernel_suite(kernel, params, dtype[0] if dtype and len(dtype) == 1 else None, device)
+        else:
+            loaded = load_suite(suite if suite is not None else DEFAULT_VERIFY_SUITE)
+        settings = loaded.suite.numerics.verify
+        update = {k: v for k, v in {"regimes": regime or None, "seq_lens": seq_len or None,
+                                    "dtypes": dtype or None, "modes": mode or None,
+                                    "initial_state": _parse_bool_list(initial_state), "heads": heads}.items()
+                  if v is not None}
+        if update:
+            from pydantic import ValidationError
+
+            from tflabench.numerics import VerifySettings
+
+            try:
+                settings = VerifySettings.model_validate({**settings.model_dump(), **update})
+            except ValidationError as exc:
+                err = exc.errors()[0]
+                raise UserError(f"verify options: {err['msg'].removeprefix('Value error, ')}") from None
+        gpu_list = runner.parse_gpus(gpus)
+        cases = V.verify_cases(loaded, device=device, only=only, settings=settings)
+        previous = signal.signal(signal.SIGTERM, _term)
+        try:
+            result = V.run_verify(loaded, cases, out_root=out, gpus=gpu_list, device=device,
+                                  progress=progress, plots=plots, max_kernel_failures=max_kernel_failures)
+        except KeyboardInterrupt:
+            typer.echo("interrupted: the verdicts so far are in the result set named above", err=True)
+            raise typer.Exit(130) from None
+        finally:
+            signal.signal(signal.SIGTERM, previous)
+    from collections import Counter
+
+    from tflabench.cli.run_cmds import _console
+    from tflabench.results import load_results
+
+    con = _console()
+    frame = load_results(result.directory).rows
+    con.print(V.verify_table(frame, title=f"{V.verify_suite_name(loaded.suite.name)}: {len(frame)} cases"))
+    counts = Counter(r["status"] for r in result.rows)
+    con.print(f"{len(result.rows)} cases in {result.wall_s:.1f} s: "
+              + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
+    con.print(f"results: {result.directory}")
+    if result.heatmap is not None:
+        con.print(f"plot: {result.heatmap}")
+    status = result.exit_status()
+    con.print("FAIL: some cases exceed their budgets or did not run (exit 1)" if status
+              else "pass: every case within its budgets")
+    raise typer.Exit(status)
