@@ -348,7 +348,7 @@ def _say(console, kind: str, text: str) -> None:
     """One ``warning:`` / ``note:`` line on the run's console (``text`` printed as is)."""
     from rich.text import Text
 
-    console.print(Text.assemble((f"{kind}: ", "yellow"), text))
+    console.print(Text.assemble((f"{kind}: ", "yellow"), text), soft_wrap=True)
 
 
 def _base_row(case: Case) -> dict:
@@ -633,7 +633,7 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: 
         for line in R.repair_rows(directory):
             _say(console, "warning", line)
         for line in plan.report_lines():
-            console.print(line, markup=False)
+            console.print(line, markup=False, soft_wrap=True)
         done = plan.done
         date = old_meta.get("date") or now
         resumed = list(old_meta.get("resumed") or []) + [{
