@@ -4,8 +4,8 @@ table, an unwritable or full disk, a second run, and a suite that names a path.
 Each test says what is kept (every whole row), what is said (one line; exit status 2
 for what the user can fix) and checks that no file appears outside the result set
 (``_new_files``). The suites are tiny ``custom``-backend suites whose kernel is torch's
-SDPA (``good``) or SDPA after a 0.2 s sleep (``slow``, so that a run lasts long enough to
-be killed from outside)."""
+SDPA (``good``), or SDPA that waits at S >= 32 while a file exists (``held``: the test
+holds a run there, to start a second run beside it and to kill it from outside)."""
 
 from __future__ import annotations
 
@@ -37,14 +37,16 @@ ROOT = Path(__file__).resolve().parent.parent
 cli = CliRunner()
 
 KERNELS = textwrap.dedent('''
-    import time, torch
+    import os, time, torch
 
     def good(q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
 
-    def slow(q, k, v):
-        time.sleep(0.2)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+    def held(q, k, v):
+        # from S = 32 on, wait while the file $FAULT_HOLD exists: the test holds the run there
+        while q.shape[2] >= 32 and os.path.exists(os.environ.get("FAULT_HOLD", "/nonexistent")):
+            time.sleep(0.02)
+        return good(q, k, v)
 ''')
 
 
@@ -88,15 +90,15 @@ def _one_error_line(result) -> str:
     return errors[0]
 
 
-def _cli_env() -> dict:
-    env = dict(os.environ, COLUMNS="200")
+def _cli_env(**extra: str) -> dict:
+    env = dict(os.environ, COLUMNS="200", **extra)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), env.get("PYTHONPATH", "")])
     return env
 
 
-def _start_run(args: list[str], cwd: Path) -> subprocess.Popen:
+def _start_run(args: list[str], cwd: Path, env: dict) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "tflabench", "run", *args, "--no-progress", "--no-plots"],
-                            cwd=cwd, env=_cli_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def _wait_for_rows(directory_glob: Path, n: int, proc: subprocess.Popen, timeout_s=120.0) -> Path:
@@ -114,11 +116,13 @@ def _wait_for_rows(directory_glob: Path, n: int, proc: subprocess.Popen, timeout
 
 
 def test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock(tmp_path):
-    suite = _suite(tmp_path, fn="slow", seq_len=(8, 16, 24, 32, 40, 48))
+    suite = _suite(tmp_path, fn="held", seq_len=(8, 16, 24, 32, 40, 48))
+    hold = tmp_path / "hold"
+    hold.write_text("the first run waits at S=32 while this file exists")
     before = _files(tmp_path)
-    proc = _start_run([str(suite), "--out", str(tmp_path / "out")], tmp_path)
+    proc = _start_run([str(suite), "--out", str(tmp_path / "out")], tmp_path, _cli_env(FAULT_HOLD=str(hold)))
     try:
-        directory = _wait_for_rows(tmp_path / "out" / "faults" / "*", 2, proc)
+        directory = _wait_for_rows(tmp_path / "out" / "faults" / "*", 3, proc)  # now held at S=32
         # a second run on the same result set, while the first writes it: refused
         second = cli.invoke(app, ["run", str(suite), "--resume", str(directory), "--no-progress", "--no-plots"])
         line = _one_error_line(second)
@@ -129,8 +133,9 @@ def test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock(tm
         if proc.poll() is None:
             proc.kill()
     assert proc.returncode == -signal.SIGKILL
+    hold.unlink()
     kept = _whole_lines(directory / R.ROWS_FILE)
-    assert 2 <= len(kept) < 6
+    assert [r["seq_len"] for r in kept] == [8, 16, 24]
     owner = json.loads((directory / R.LOCK_FILE).read_text())
     assert owner["pid"] == proc.pid  # the killed run could not remove its lock
     assert not (directory / R.PARQUET_FILE).exists()  # killed before the table: rows.jsonl is enough
@@ -152,7 +157,7 @@ def test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock(tm
 
 
 DRIVER = textwrap.dedent('''
-    # Run `tflabench run ARGS`, SIGKILLing this process halfway through writing row N.
+    # driver.py N ARGS: `tflabench run ARGS`, SIGKILLed halfway through writing row N.
     import os, signal, sys
     from tflabench import results as R
 
@@ -166,9 +171,10 @@ DRIVER = textwrap.dedent('''
             os.kill(os.getpid(), signal.SIGKILL)
         real(fd, data)
 
-    R._write_all = torn_write
-    from tflabench.cli import app
-    app(["run", *args, "--no-progress", "--no-plots"])
+    if __name__ == "__main__":  # not again in the spawned workers, which import this file
+        R._write_all = torn_write
+        from tflabench.cli import app
+        app(["run", *args, "--no-progress", "--no-plots"])
 ''')
 
 
