@@ -260,6 +260,18 @@ def test_row_glued_onto_a_torn_row_by_an_earlier_version_is_recovered(measured, 
     assert json.loads((directory / R.SET_ASIDE_FILE).read_text())["text"] == one[:40]
 
 
+def test_zeroed_tail_of_a_power_loss_is_not_a_row(measured, tmp_path):
+    # ext4 and others can leave NUL bytes where a file's last block was not written.
+    _, directory = _copy(measured, tmp_path)
+    one = (directory / R.ROWS_FILE).read_text().splitlines()[0]
+    (directory / R.ROWS_FILE).write_bytes(one.encode() + b"\n" + b"\x00" * 512)
+    assert len(R.load_results(directory).rows) == 1
+    assert R.repair_rows(directory) == [] and _whole_lines(directory / R.ROWS_FILE) == [json.loads(one)]
+    (directory / R.ROWS_FILE).write_bytes(one.encode() + b"\n" + one[:30].encode() + b"\x00" * 512)
+    rs = R.load_results(directory)
+    assert len(rs.rows) == 1 and "line 2 is a torn last row" in rs.warnings[0]
+
+
 def test_unreadable_middle_line_is_refused_in_one_line_with_the_way_out(measured, tmp_path):
     _, directory = _copy(measured, tmp_path)
     one, two = (directory / R.ROWS_FILE).read_text().splitlines()

@@ -562,9 +562,7 @@ def _scan_rows(path: Path) -> _Scan:
     tail = lines.pop()  # b"" when the file ends in a newline
     for lineno, raw in enumerate(lines, 1):
         _scan_line(scan, lineno, raw, last=False)
-    tail = tail.rstrip(b"\x00 \t\r")
-    if tail:
-        _scan_line(scan, len(lines) + 1, tail, last=True)
+    _scan_line(scan, len(lines) + 1, tail, last=True)
     return scan
 
 
@@ -585,7 +583,7 @@ def _scan_line(scan: _Scan, lineno: int, raw: bytes, last: bool) -> None:
         scan.rows.append(row)
         scan.kept.append(stripped + b"\n")
         return
-    text = stripped.decode("utf-8", errors="replace")
+    text = raw.rstrip(b"\x00").decode("utf-8", errors="replace")  # set aside as it was
     start = stripped.rfind(_ROW_START)
     glued = _parse_row(stripped[start:]) if start > 0 else None
     if glued is not None:
