@@ -458,7 +458,7 @@ def test_kernel_label_that_looks_like_a_path_stays_data(tmp_path):
 
 @pytest.mark.parametrize("edit, field", [
     (lambda d: d["timing"].update(iterations=3), "timing.iterations is 3 in this run but 2 in the result set"),
-    (lambda d: d.update(dtype="float64"), 'dtype is ["float64"] in this run but ["float32"]'),
+    (lambda d: d.update(dtype="float64"), 'dtype is "float64" in this run but "float32"'),
     (lambda d: d.update(seed=1), "seed is 1 in this run but 0"),
     (lambda d: d["numerics"].update(tolerance=0.5), "numerics.tolerance is 0.5 in this run but null"),
     (lambda d: d["kernels"][0]["params"].update(heads=1), "kernels['sdpa'].params.heads is 1 in this run but 2"),

@@ -85,7 +85,8 @@ def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     out: list[tuple[str, Any, Any]] = []
     for key in ("device", "dtype", "seed"):
         if key in old and key in new and old[key] != new[key]:
-            out.append((key, old[key], new[key]))
+            out.append((key, _one(old[key]) if isinstance(old[key], list) else old[key],
+                        _one(new[key]) if isinstance(new[key], list) else new[key]))
     for group in ("timing", "numerics"):
         a, b = old.get(group) or {}, new.get(group) or {}
         for key in a:
@@ -201,8 +202,8 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
         old_ids = set(old["case_ids"])
         new_ids = set(new_measurement["case_ids"])
         plan.added = [c.describe() for c in cases if c.case_id not in old_ids]
-        by_id = {row.get("case_id"): row for row in rows}
-        gone = sorted(old_ids - new_ids)
+        by_id = {row.get("case_id"): row for row in rows}  # in the order measured
+        gone = [i for i in by_id if i in old_ids - new_ids] + sorted(old_ids - new_ids - set(by_id))
         plan.removed = [_describe_row(by_id[i]) if i in by_id else f"case {i} (not measured)" for i in gone]
     revision = old_meta.get("git_revision")
     if revision and revision != env.get("git_revision"):
