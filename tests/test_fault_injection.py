@@ -427,7 +427,7 @@ def test_lock_is_exclusive_and_released(tmp_path):
 @pytest.mark.parametrize("name, why", [("../../escape", "contains a path separator"),
                                        ("a/b", "contains a path separator"), ("..", "contains '..'"),
                                        ("a..b", "contains '..'"), (".hidden", "is not a plain name"),
-                                       ("x" * 101, "is 101 characters long")])
+                                       ("x" * 129, "is 129 characters long"), ("größe", "is not a plain name")])
 def test_suite_name_that_is_a_path_is_refused_and_nothing_is_written(tmp_path, name, why):
     out = tmp_path / "deep" / "er" / "results"
     suite = _suite(tmp_path, name="named")

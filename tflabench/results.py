@@ -136,7 +136,7 @@ SET_ASIDE_FILE = "rows.jsonl.set-aside"
 #: The lock file of a result set being written (owner's pid, host, start, command).
 LOCK_FILE = ".lock"
 #: Longest suite name (it becomes a directory name).
-NAME_MAX_CHARS = 100
+NAME_MAX_CHARS = 128
 
 
 @dataclasses.dataclass
@@ -633,12 +633,12 @@ def repair_rows(directory: str | os.PathLike) -> list[str]:
 # --------------------------------------------------------------------------- names and locks
 
 
-_PLAIN_NAME = re.compile(r"\w[\w.+-]*")
+_PLAIN_NAME = re.compile(r"\w[\w.+-]*", re.ASCII)
 
 
 def check_plain_name(value: str, what: str = "suite name") -> str:
-    """``value`` when it is a plain file name: letters, digits, ``_``, ``-``, ``.``, ``+``,
-    starting with a letter, digit or ``_``, at most :data:`NAME_MAX_CHARS` characters (so no
+    """``value`` when it is a plain file name: ASCII letters, digits, ``_``, ``-``, ``.``,
+    ``+``, starting with a letter, digit or ``_``, at most :data:`NAME_MAX_CHARS` characters (so no
     path separator, no ``..``, no hidden name). A suite name becomes the directory
     ``<out>/<name>/``; a plain name cannot point anywhere else.
 
@@ -655,7 +655,7 @@ def check_plain_name(value: str, what: str = "suite name") -> str:
         why = "is not a plain name"
     else:
         return value
-    raise UserError(f"{what} {value[:120]!r} {why}; it becomes a directory name, so use letters, "
+    raise UserError(f"{what} {value[:120]!r} {why}; it becomes a directory name, so use ASCII letters, "
                     "digits, '_', '-', '.' and '+' only (e.g. my_suite)")
 
 
