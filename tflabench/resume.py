@@ -34,8 +34,10 @@ from tflabench.suite import Case, LoadedSuite
 #: shards, ``tflabench.shard.MERGE_ENVIRONMENT_KEYS``, less the git revision).
 ENVIRONMENT_KEYS: tuple[str, ...] = ("gpu_name", "driver", "cuda", "torch", "triton", "python", "peers",
                                      "tflabench")
-#: Fields of ``timing`` / ``numerics`` that limit a run without changing what it measures.
-LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s"})
+#: Fields of ``timing`` / ``numerics`` that do not change what ``run`` measures: the time
+#: limit of a case, and the grid of ``tflabench verify`` (``numerics.verify``), which
+#: ``run`` does not use.
+LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
 #: Cases listed by name in a resume's report (the rest are counted).
 LIST_LIMIT = 20
 
