@@ -272,6 +272,16 @@ def test_zeroed_tail_of_a_power_loss_is_not_a_row(measured, tmp_path):
     assert len(rs.rows) == 1 and "line 2 is a torn last row" in rs.warnings[0]
 
 
+def test_reading_a_set_while_a_live_run_writes_it_does_not_call_the_last_line_torn(measured, tmp_path):
+    _, directory = _copy(measured, tmp_path)
+    one = (directory / R.ROWS_FILE).read_text().splitlines()[0]
+    (directory / R.ROWS_FILE).write_text(one + "\n" + one[:30])
+    with R.ResultSetLock(directory):  # this process plays the run that is appending
+        rs = R.load_results(directory)
+    assert len(rs.rows) == 1 and "line 2 is not whole yet" in rs.warnings[0]
+    assert (directory / R.ROWS_FILE).read_text() == one + "\n" + one[:30]
+
+
 def test_unreadable_middle_line_is_refused_in_one_line_with_the_way_out(measured, tmp_path):
     _, directory = _copy(measured, tmp_path)
     one, two = (directory / R.ROWS_FILE).read_text().splitlines()

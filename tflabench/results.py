@@ -748,6 +748,12 @@ class ResultSetLock:
         start = owner.get("pid_start")
         return start is not None and _process_start(pid) not in (None, start)
 
+    def held(self) -> bool:
+        """Whether another run may be writing the set now: a lock exists and its owner is
+        not known to be gone (a process of another host counts as running)."""
+        owner = self._owner()
+        return owner is not None and not (owner and self._is_stale(owner))
+
     def acquire(self) -> "ResultSetLock":
         """Take the lock. Raises UserError when another live run holds it, and
         :class:`ResultWriteError` when the directory is not writable."""
@@ -842,7 +848,10 @@ def _read_jsonl(path: Path, warnings: list[str] | None = None) -> list[dict]:
             raise UserError(
                 f"{path}: line {lineno} is not JSON; `tflabench run SUITE --resume {Path(path).parent}` "
                 f"sets such lines aside into {SET_ASIDE_FILE}, or delete the line")
-        if warnings is not None:
+        if warnings is not None and ResultSetLock(Path(path).parent).held():
+            warnings.append(f"{path}: line {lineno} is not whole yet: skipped (a run holds "
+                            f"{Path(path).parent / LOCK_FILE} and may be writing it now)")
+        elif warnings is not None:
             warnings.append(f"{path}: line {lineno} is {why}: skipped; `tflabench run SUITE --resume "
                             f"{Path(path).parent}` sets it aside into {SET_ASIDE_FILE}")
     return scan.rows
