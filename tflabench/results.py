@@ -697,6 +697,15 @@ def _process_start(pid: int) -> str | None:
         return None
 
 
+def _command_line() -> str:
+    """This process's command line as a user typed it (``python -m tflabench`` shows as
+    ``tflabench``), at most 300 characters."""
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if program == "__main__.py":
+        program = "tflabench"
+    return " ".join([program] + sys.argv[1:])[:300]
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -760,7 +769,7 @@ class ResultSetLock:
         token = uuid.uuid4().hex
         owner = {"pid": os.getpid(), "host": socket.gethostname(),
                  "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-                 "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:])[:300],
+                 "command": _command_line(),
                  "pid_start": _process_start(os.getpid()), "token": token}
         tmp = self.directory / f"{LOCK_FILE}.{os.getpid()}.{token[:8]}.tmp"
         try:
