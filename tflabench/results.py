@@ -636,7 +636,7 @@ def repair_rows(directory: str | os.PathLike) -> list[str]:
 _PLAIN_NAME = re.compile(r"\w[\w.+-]*", re.ASCII)
 
 
-def check_plain_name(value: str, what: str = "suite name") -> str:
+def check_plain_name(value: str, what: str = "suite name", becomes: str = "a directory name") -> str:
     """``value`` when it is a plain file name: ASCII letters, digits, ``_``, ``-``, ``.``,
     ``+``, starting with a letter, digit or ``_``, at most :data:`NAME_MAX_CHARS` characters (so no
     path separator, no ``..``, no hidden name). A suite name becomes the directory
@@ -655,7 +655,7 @@ def check_plain_name(value: str, what: str = "suite name") -> str:
         why = "is not a plain name"
     else:
         return value
-    raise UserError(f"{what} {value[:120]!r} {why}; it becomes a directory name, so use ASCII letters, "
+    raise UserError(f"{what} {value[:120]!r} {why}; it becomes {becomes}, so use ASCII letters, "
                     "digits, '_', '-', '.' and '+' only (e.g. my_suite)")
 
 
