@@ -130,6 +130,7 @@ def test_environment_variable_and_default_file_are_read(tmp_path, monkeypatch):
     ("gpus:\n  x: {flops_per_s: 1.0e+12}\n", "bytes_per_s"),
     ("gpus:\n  h100: {speed: 3}\n", "speed"),
     ("gpus:\n  h100: {measured: {flops_per_s: -1, bytes_per_s: 1.0e+12}}\n", "measured.flops_per_s"),
+    ("gpus:\n  ../../x: {flops_per_s: 1.0e+12, bytes_per_s: 1.0e+12}\n", "key '../../x' contains a path separator"),
 ])
 def test_invalid_hardware_file_is_a_one_line_user_error(tmp_path, text, match):
     f = tmp_path / "bad.yaml"

@@ -31,6 +31,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tflabench.errors import UserError
+from tflabench.results import check_plain_name
 
 CEILINGS = ("datasheet", "measured")
 ENV_VAR = "TFLABENCH_HARDWARE"
@@ -266,6 +267,7 @@ def catalogue(hardware_file: str | os.PathLike | None = None) -> dict[str, GPU]:
     data = _read_yaml(path)
     for raw_key, entry in (data.get("gpus") or {}).items():
         key = str(raw_key).lower()
+        check_plain_name(key, f"hardware file {path}: gpus: key", becomes="part of plot file names")
         base = gpus.get(key) or gpus.get(_lookup_key(key, gpus) or "")
         g = _apply_entry(path, key, entry, base)
         gpus[g.key] = g

@@ -8,10 +8,19 @@ A result set is a directory ``results/<suite>/<YYYYmmdd-HHMMSS>/`` holding
   when the run ends (:func:`finalize`) or by :func:`write_results`;
 - ``metadata.json``: the run's environment and suite (see :data:`METADATA_KEYS`).
 
+Crash safety (``docs/harness.md``, "Crash safety"): a row is one complete line or absent
+(:class:`RowWriter` writes whole lines, fsynced, and cuts a failed write back off); the
+table and ``metadata.json`` are written to a temporary file and renamed; a torn last line
+left by a killed run is skipped with a warning on load and set aside into
+``rows.jsonl.set-aside`` before a resumed run appends (:func:`repair_rows`); one run at a
+time writes a result set (:class:`ResultSetLock`, the file ``.lock``); a suite name becomes
+a directory only when it is a plain name (:func:`check_plain_name`).
+
 Source: ``docs/ARCHITECTURE.md``, "Contract: result sets". Every other module reads and
 writes result sets through the functions here: :func:`new_row`, :func:`case_id`,
 :class:`RowWriter`, :func:`write_results`, :func:`finalize`, :func:`load_results`,
-:func:`measured_case_ids`, :func:`fill_model_columns`.
+:func:`measured_case_ids`, :func:`fill_model_columns`, :func:`repair_rows`,
+:class:`ResultSetLock`, :func:`new_result_directory`.
 
 Import-light: pandas is imported inside the functions that need it.
 """
@@ -20,12 +29,17 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as _dt
+import errno
 import hashlib
 import json
 import math
 import os
+import re
+import socket
+import sys
+import uuid
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 from tflabench.errors import UserError
 
@@ -132,6 +146,13 @@ ROWS_FILE = "rows.jsonl"
 PARQUET_FILE = "results.parquet"
 CSV_FILE = "results.csv"
 METADATA_FILE = "metadata.json"
+#: Where torn or unreadable lines of ``rows.jsonl`` are moved (one JSON record per line:
+#: ``date``, ``line``, ``why``, ``text``) before a resumed run appends.
+SET_ASIDE_FILE = "rows.jsonl.set-aside"
+#: The lock file of a result set being written (owner's pid, host, start, command).
+LOCK_FILE = ".lock"
+#: Longest suite name (it becomes a directory name).
+NAME_MAX_CHARS = 128
 
 
 @dataclasses.dataclass
@@ -143,11 +164,14 @@ class ResultSet:
             as float64 with NaN where not applicable; ``params``, ``ms_samples`` as JSON text).
         metadata: the parsed ``metadata.json`` (empty dict when the file is absent).
         path: the result-set directory.
+        warnings: lines skipped while loading and why (empty for an intact set).
     """
 
     rows: Any
     metadata: dict
     path: Path
+    #: One line each: what was skipped while loading (a torn last line of a killed run).
+    warnings: list[str] = dataclasses.field(default_factory=list)
 
 
 # --------------------------------------------------------------------------- rows
@@ -266,38 +290,157 @@ def _json_safe(value: Any) -> Any:
 # --------------------------------------------------------------------------- writing
 
 
+class ResultWriteError(UserError):
+    """A result-set file could not be written (full disk, no permission, read-only file
+    system). What was written before it is intact; the message says which file, why, and
+    how to go on."""
+
+
+def _io_reason(exc: OSError) -> str:
+    name = errno.errorcode.get(exc.errno or 0)
+    return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+
+
+def _write_all(fd: int, data: bytes) -> None:
+    """``os.write`` until every byte of ``data`` is written (raises OSError)."""
+    view = memoryview(data)
+    while view:
+        n = os.write(fd, view)
+        view = view[n:]
+
+
+def _fsync(fd: int) -> None:
+    try:
+        os.fsync(fd)
+    except OSError as exc:  # file systems that cannot fsync (EINVAL) are not an error
+        if exc.errno not in (errno.EINVAL, errno.ENOTSUP, errno.EROFS):
+            raise
+
+
+def _fsync_dir(directory: Path) -> None:
+    """Make a rename or a new file in ``directory`` durable (best effort)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        _fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
+    """Write ``path`` whole or not at all: ``write(tmp)`` fills a temporary file beside it
+    (``.<name>.<pid>.tmp``), which is fsynced and renamed over ``path``. A run killed
+    mid-write leaves the old file (or none) and a stale temporary file, which
+    :func:`remove_stale_temporaries` deletes. Raises :class:`ResultWriteError`."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        write(tmp)
+        fd = os.open(tmp, os.O_RDONLY)
+        try:
+            _fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise ResultWriteError(f"cannot write {path}: {_io_reason(exc)}; free space or fix the "
+                               "directory's permissions, then write it again") from None
+    except BaseException:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+    return path
+
+
+def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
+    """Delete the temporary files (``.<name>.<pid>.tmp``) that a run killed inside
+    :func:`_atomic_write` left in ``directory``. Call only while holding its
+    :class:`ResultSetLock`. Returns the paths removed."""
+    removed = []
+    for tmp in Path(directory).glob(".*.tmp"):
+        if tmp.name.startswith(LOCK_FILE + "."):
+            continue  # a lock being taken (ResultSetLock's own temporary)
+        try:
+            tmp.unlink()
+            removed.append(tmp)
+        except OSError:
+            pass
+    return removed
+
+
+def _row_line(row: Mapping[str, Any]) -> bytes:
+    return (json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n").encode("utf-8")
+
+
 class RowWriter:
-    """Appends rows to ``<directory>/rows.jsonl``, one JSON line each, flushed and fsynced
-    per row so that a killed run keeps every row written so far.
+    """Appends rows to ``<directory>/rows.jsonl``, one whole JSON line each, fsynced per
+    row, so that a killed run keeps every row written so far and nothing else.
 
     Usage::
 
         with RowWriter(directory) as w:
             w.append(row)          # row: dict with keys from COLUMNS (missing -> None)
 
-    The file is opened in append mode: resuming a run appends to the existing file.
+    The file is opened for appending: resuming a run appends to the existing file, after
+    :func:`repair_rows` has set aside a torn last line (``set_aside`` lists what was moved).
+    A failed write (full disk, I/O error) is cut back off the file, so the file still ends
+    in a whole line, and raises :class:`ResultWriteError`. The caller holds the set's
+    :class:`ResultSetLock`.
     """
 
     def __init__(self, directory: str | os.PathLike):
         self.directory = Path(directory)
-        self.directory.mkdir(parents=True, exist_ok=True)
         self.path = self.directory / ROWS_FILE
-        self._fh = open(self.path, "a", encoding="utf-8")
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True)
+            self.set_aside: list[str] = repair_rows(self.directory)
+            created = not self.path.exists()
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise ResultWriteError(f"cannot write {self.path}: {_io_reason(exc)}; choose a writable "
+                                   "output directory (--out) or fix its permissions") from None
+        if created:
+            _fsync_dir(self.directory)
+        self.rows_written = 0
 
     def append(self, row: Mapping[str, Any]) -> dict:
-        """Write one row (completed with :func:`complete_row`); returns the written row."""
+        """Write one row (completed with :func:`complete_row`) as one line, fsynced; returns
+        the written row. Raises :class:`ResultWriteError` (the file keeps its earlier rows)."""
         full = complete_row(row)
-        self._fh.write(json.dumps({k: _json_safe(v) for k, v in full.items()}) + "\n")
-        self._fh.flush()
+        data = _row_line(full)
+        if self._fd is None:
+            raise ValueError("RowWriter is closed")
+        start = os.fstat(self._fd).st_size
         try:
-            os.fsync(self._fh.fileno())
-        except OSError:  # pragma: no cover - e.g. some network filesystems
-            pass
+            _write_all(self._fd, data)
+            _fsync(self._fd)
+        except OSError as exc:
+            try:  # a partial line must not stay: cut the file back to its last whole row
+                os.ftruncate(self._fd, start)
+            except OSError:
+                pass
+            raise ResultWriteError(
+                f"cannot write {self.path}: {_io_reason(exc)}; the rows written before it are kept "
+                "(this case's measurement is lost); free space, then finish the run with --resume "
+                f"{self.directory}") from None
+        self.rows_written += 1
         return full
 
     def close(self) -> None:
-        if not self._fh.closed:
-            self._fh.close()
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
 
     def __enter__(self) -> "RowWriter":
         return self
@@ -308,16 +451,14 @@ class RowWriter:
 
 def write_metadata(directory: str | os.PathLike, metadata: Mapping[str, Any]) -> Path:
     """Write ``metadata.json`` (keys of :data:`METADATA_KEYS`, missing ones null, extra
-    keys kept). Returns its path."""
+    keys kept) through a temporary file and a rename. Returns its path. Raises
+    :class:`ResultWriteError`."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     meta = {key: metadata.get(key) for key in METADATA_KEYS}
     meta.update({k: v for k, v in metadata.items() if k not in meta})
-    path = directory / METADATA_FILE
-    tmp = path.with_suffix(".json.tmp")
-    tmp.write_text(json.dumps(meta, indent=2, sort_keys=False, default=str) + "\n")
-    os.replace(tmp, path)
-    return path
+    text = json.dumps(meta, indent=2, sort_keys=False, default=str) + "\n"
+    return _atomic_write(directory / METADATA_FILE, lambda tmp: tmp.write_text(text, encoding="utf-8"))
 
 
 def rows_frame(rows: Iterable[Mapping[str, Any]]):
@@ -347,12 +488,8 @@ def _write_table(directory: Path, frame) -> Path:
     try:
         import pyarrow  # noqa: F401
     except ImportError:
-        path = directory / CSV_FILE
-        frame.to_csv(path, index=False)
-        return path
-    path = directory / PARQUET_FILE
-    frame.to_parquet(path, index=False)
-    return path
+        return _atomic_write(directory / CSV_FILE, lambda tmp: frame.to_csv(tmp, index=False))
+    return _atomic_write(directory / PARQUET_FILE, lambda tmp: frame.to_parquet(tmp, index=False))
 
 
 def write_results(
@@ -361,34 +498,40 @@ def write_results(
     metadata: Mapping[str, Any],
 ) -> Path:
     """Write a complete result set into ``directory`` (created if needed): ``rows.jsonl``
-    (replaced), ``results.parquet`` (``results.csv`` without pyarrow) and ``metadata.json``.
+    (replaced), ``results.parquet`` (``results.csv`` without pyarrow) and ``metadata.json``,
+    each through a temporary file and a rename.
 
     Args:
         rows: dicts with keys from :data:`COLUMNS` (missing ones None; ``case_id`` computed
             when absent; ``params`` as dict or JSON text; ``ms_samples`` as list or JSON text).
         metadata: run metadata (keys of :data:`METADATA_KEYS`).
 
-    Returns the directory. Raises ValueError for unknown row columns.
+    Returns the directory. Raises ValueError for unknown row columns,
+    :class:`ResultWriteError` when a file cannot be written.
     """
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise ResultWriteError(f"cannot create {directory}: {_io_reason(exc)}; choose a writable directory") from None
     full = [complete_row(r) for r in rows]
-    with open(directory / ROWS_FILE, "w", encoding="utf-8") as fh:
-        for row in full:
-            fh.write(json.dumps({k: _json_safe(v) for k, v in row.items()}) + "\n")
+    data = b"".join(_row_line(row) for row in full)
+    _atomic_write(directory / ROWS_FILE, lambda tmp: tmp.write_bytes(data))
     _write_table(directory, rows_frame(full))
     write_metadata(directory, metadata)
     return directory
 
 
 def finalize(directory: str | os.PathLike) -> Path:
-    """Write ``results.parquet`` (or ``.csv``) from ``rows.jsonl`` at the end of a run.
+    """Write ``results.parquet`` (or ``.csv``) from ``rows.jsonl`` at the end of a run,
+    through a temporary file and a rename (a run killed here keeps the previous table or
+    none; ``load_results`` reads ``rows.jsonl`` either way).
 
     When a case appears more than once (a resumed run that re-measured it), the last row
-    wins. Returns the table's path.
+    wins. A torn last line is left out. Returns the table's path.
     """
     directory = Path(directory)
-    rows = _read_jsonl(directory / ROWS_FILE)
+    rows = _scan_rows(directory / ROWS_FILE).rows
     return _write_table(directory, rows_frame(_last_per_case(rows)))
 
 
@@ -399,27 +542,346 @@ def _last_per_case(rows: list[dict]) -> list[dict]:
     return list(seen.values())
 
 
+# --------------------------------------------------------------------------- torn lines
+
+
+@dataclasses.dataclass
+class _Scan:
+    """``rows.jsonl`` read leniently: the rows, the text of each whole row line (bytes,
+    newline included), and the pieces that are not rows: (line number, why, text,
+    fatal). ``fatal``: a line in the middle that no crash of a writer explains."""
+
+    rows: list[dict]
+    kept: list[bytes]
+    bad: list[tuple[int, str, str, bool]]
+
+
+_ROW_START = b'{"case_id"'
+
+
+def _scan_rows(path: Path) -> _Scan:
+    """Read ``rows.jsonl`` line by line, telling rows from what a killed writer leaves:
+
+    - a last line without its newline that is not a JSON object: a torn row (a run died
+      while writing it);
+    - a line whose tail is a whole row (``{"case_id"...``) glued onto a torn row (what a
+      resumed run of an earlier tflabench wrote after a torn line): the row is kept, the
+      torn head set aside;
+    - any other line that is not a JSON object: ``fatal`` (the file was edited or damaged).
+
+    Trailing NUL bytes (a file system that lost the end of a file on power loss) count as
+    part of the torn last line. Empty lines are dropped.
+    """
+    scan = _Scan(rows=[], kept=[], bad=[])
+    if not Path(path).exists():
+        return scan
+    data = Path(path).read_bytes()
+    lines = data.split(b"\n")
+    tail = lines.pop()  # b"" when the file ends in a newline
+    for lineno, raw in enumerate(lines, 1):
+        _scan_line(scan, lineno, raw, last=False)
+    _scan_line(scan, len(lines) + 1, tail, last=True)
+    return scan
+
+
+def _parse_row(raw: bytes) -> dict | None:
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        return None
+    return obj if isinstance(obj, dict) else None
+
+
+def _scan_line(scan: _Scan, lineno: int, raw: bytes, last: bool) -> None:
+    stripped = raw.strip(b"\x00 \t\r")
+    if not stripped:
+        return
+    row = _parse_row(stripped)
+    if row is not None:
+        scan.rows.append(row)
+        scan.kept.append(stripped + b"\n")
+        return
+    text = raw.rstrip(b"\x00").decode("utf-8", errors="replace")  # set aside as it was
+    start = stripped.rfind(_ROW_START)
+    glued = _parse_row(stripped[start:]) if start > 0 else None
+    if glued is not None:
+        scan.rows.append(glued)
+        scan.kept.append(stripped[start:] + b"\n")
+        scan.bad.append((lineno, "a torn row with a whole row appended to it (the whole row is kept)",
+                         stripped[:start].decode("utf-8", errors="replace"), False))
+    elif last:
+        scan.bad.append((lineno, "a torn last row (a run died while writing it)", text, False))
+    else:
+        scan.bad.append((lineno, "not a JSON row", text, True))
+
+
+def repair_rows(directory: str | os.PathLike) -> list[str]:
+    """Make ``<directory>/rows.jsonl`` whole lines only before a run appends to it: every
+    piece :func:`_scan_rows` finds that is not a row (a torn last line, a torn head glued to
+    a row, an unreadable line) is appended to ``rows.jsonl.set-aside`` (one JSON record:
+    ``date``, ``line``, ``why``, ``text``), then ``rows.jsonl`` is rewritten with the whole
+    rows (temporary file and rename). Call only while holding the set's
+    :class:`ResultSetLock`.
+
+    Returns one line per piece set aside (empty when the file was whole).
+    """
+    directory = Path(directory)
+    path = directory / ROWS_FILE
+    scan = _scan_rows(path)
+    if not scan.bad:
+        if path.exists() and path.stat().st_size and not path.read_bytes().endswith(b"\n"):
+            # a whole last row that lost only its newline: give it one
+            _atomic_write(path, lambda tmp: tmp.write_bytes(b"".join(scan.kept)))
+        return []
+    now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    records = b"".join(
+        (json.dumps({"date": now, "line": lineno, "why": why, "text": text}) + "\n").encode("utf-8")
+        for lineno, why, text, _ in scan.bad)
+    aside = directory / SET_ASIDE_FILE
+    fd = os.open(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        _write_all(fd, records)
+        _fsync(fd)
+    finally:
+        os.close(fd)
+    _atomic_write(path, lambda tmp: tmp.write_bytes(b"".join(scan.kept)))
+    return [f"{path}: line {lineno} is {why}: set aside into {aside}" for lineno, why, _, _ in scan.bad]
+
+
+# --------------------------------------------------------------------------- names and locks
+
+
+_PLAIN_NAME = re.compile(r"\w[\w.+-]*", re.ASCII)
+
+
+def check_plain_name(value: str, what: str = "suite name", becomes: str = "a directory name") -> str:
+    """``value`` when it is a plain file name: ASCII letters, digits, ``_``, ``-``, ``.``,
+    ``+``, starting with a letter, digit or ``_``, at most :data:`NAME_MAX_CHARS` characters (so no
+    path separator, no ``..``, no hidden name). A suite name becomes the directory
+    ``<out>/<name>/``; a plain name cannot point anywhere else.
+
+    Raises UserError naming what is wrong and what is allowed."""
+    if not isinstance(value, str) or not value:
+        raise UserError(f"{what} is empty; use a plain name such as my_suite")
+    if "/" in value or "\\" in value:
+        why = "contains a path separator"
+    elif ".." in value:
+        why = "contains '..'"
+    elif len(value) > NAME_MAX_CHARS:
+        why = f"is {len(value)} characters long (at most {NAME_MAX_CHARS})"
+    elif not _PLAIN_NAME.fullmatch(value):
+        why = "is not a plain name"
+    else:
+        return value
+    raise UserError(f"{what} {value[:120]!r} {why}; it becomes {becomes}, so use ASCII letters, "
+                    "digits, '_', '-', '.' and '+' only (e.g. my_suite)")
+
+
+def new_result_directory(root: str | os.PathLike, suite: str, now: _dt.datetime | None = None) -> Path:
+    """``<root>/<suite>/<YYYYmmdd-HHMMSS>/`` (created; a suffix ``-2``, ``-3``... when taken,
+    also by a run starting at the same second).
+
+    Raises UserError when ``suite`` is not a plain name (:func:`check_plain_name`), and
+    :class:`ResultWriteError` when the directory cannot be created (naming ``root``)."""
+    check_plain_name(suite)
+    now = now or _dt.datetime.now()
+    root = Path(root)
+    base = root / suite / now.strftime("%Y%m%d-%H%M%S")
+    if not base.resolve().is_relative_to(root.resolve()):  # a symlinked name cannot escape
+        raise UserError(f"suite name {suite!r} resolves outside {str(root)!r}; use a plain name")
+    n = 1
+    while True:
+        directory = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            directory.mkdir(parents=True)
+            return directory
+        except FileExistsError:
+            n += 1
+        except OSError as exc:
+            raise ResultWriteError(f"cannot create a result set under {str(root)!r}: {_io_reason(exc)}; "
+                                   "choose a writable --out directory") from None
+
+
+def _process_start(pid: int) -> str | None:
+    """The start time of process ``pid`` (Linux: clock ticks since boot, from
+    ``/proc/<pid>/stat``), so that a reused pid is not taken for the lock's owner."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    try:
+        return stat.rsplit(")", 1)[1].split()[19]
+    except IndexError:
+        return None
+
+
+def _command_line() -> str:
+    """This process's command line as a user typed it (``python -m tflabench`` shows as
+    ``tflabench``), at most 300 characters."""
+    program = Path(sys.argv[0]).name if sys.argv and sys.argv[0] else "python"
+    if program == "__main__.py":
+        program = "tflabench"
+    return " ".join([program] + sys.argv[1:])[:300]
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    except OSError:
+        return False
+    return True
+
+
+class ResultSetLock:
+    """The lock file ``<directory>/.lock`` of a result set being written: at most one run
+    writes a result set at a time.
+
+    The file holds its owner (JSON: ``pid``, ``host``, ``started``, ``command``, ``token``)
+    and appears atomically (written beside it, then hard-linked into place). Another run
+    finding it is refused (UserError naming the owner) unless the owner is gone: a lock of
+    a process of this host that no longer runs (a run killed with SIGKILL, a power loss) is
+    taken over, and :attr:`note` says so. A lock of another host cannot be checked: delete
+    the file when that run is known to be gone.
+
+    Usage: ``with ResultSetLock(directory) as lock: ...`` or :meth:`acquire` /
+    :meth:`release`.
+    """
+
+    def __init__(self, directory: str | os.PathLike):
+        self.directory = Path(directory)
+        self.path = self.directory / LOCK_FILE
+        self.note: str | None = None
+        self._token: str | None = None
+
+    def _owner(self) -> dict | None:
+        try:
+            owner = json.loads(self.path.read_text())
+        except FileNotFoundError:
+            return None
+        except (OSError, ValueError):
+            return {}
+        return owner if isinstance(owner, dict) else {}
+
+    def _is_stale(self, owner: dict) -> bool:
+        if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+            return False
+        pid = owner["pid"]
+        if not _pid_alive(pid):
+            return True
+        start = owner.get("pid_start")
+        return start is not None and _process_start(pid) not in (None, start)
+
+    def held(self) -> bool:
+        """Whether another run may be writing the set now: a lock exists and its owner is
+        not known to be gone (a process of another host counts as running)."""
+        owner = self._owner()
+        return owner is not None and not (owner and self._is_stale(owner))
+
+    def acquire(self) -> "ResultSetLock":
+        """Take the lock. Raises UserError when another live run holds it, and
+        :class:`ResultWriteError` when the directory is not writable."""
+        token = uuid.uuid4().hex
+        owner = {"pid": os.getpid(), "host": socket.gethostname(),
+                 "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                 "command": _command_line(),
+                 "pid_start": _process_start(os.getpid()), "token": token}
+        tmp = self.directory / f"{LOCK_FILE}.{os.getpid()}.{token[:8]}.tmp"
+        try:
+            tmp.write_text(json.dumps(owner) + "\n")
+            for _ in range(5):
+                try:
+                    os.link(tmp, self.path)
+                    break
+                except FileExistsError:
+                    self._take_over_if_stale()
+            else:  # pragma: no cover - lost the race to take over five times
+                raise UserError(f"result set {self.directory} is being locked by another run; try again")
+        except OSError as exc:
+            raise ResultWriteError(f"cannot lock result set {self.directory}: {_io_reason(exc)}; "
+                                   "choose a writable output directory (--out) or fix its permissions") from None
+        finally:
+            try:
+                tmp.unlink()
+            except OSError:
+                pass
+        self._token = token
+        _fsync_dir(self.directory)
+        return self
+
+    def _take_over_if_stale(self) -> None:
+        import fcntl
+
+        fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)  # one taker at a time re-reads and removes
+            owner = self._owner()
+            if owner is None:
+                return  # released meanwhile: try again
+            if owner and not self._is_stale(owner):
+                raise UserError(self._held_message(owner))
+            if not owner:
+                age = _dt.datetime.now().timestamp() - self.path.stat().st_mtime
+                if age < 10:  # pragma: no cover - never seen: locks appear whole
+                    raise UserError(f"result set {self.directory} is locked ({self.path} unreadable); "
+                                    "if no run writes it, delete that file")
+            os.unlink(self.path)
+            self.note = (f"{self.directory}: took over the lock of pid {owner.get('pid', '?')} "
+                         f"(started {owner.get('started', '?')}), which no longer runs; "
+                         "its run was killed before it could finish")
+        finally:
+            os.close(fd)
+
+    def _held_message(self, owner: dict) -> str:
+        who = (f"pid {owner.get('pid')} on host {owner.get('host')}, started {owner.get('started')}"
+               + (f": {owner['command']}" if owner.get("command") else ""))
+        if owner.get("host") == socket.gethostname():
+            how = "wait for it to finish, or run without --resume to start a new result set"
+        else:
+            how = f"if that run is gone, delete {self.path}; otherwise wait for it"
+        return f"result set {self.directory} is being written by another run ({who}); {how}"
+
+    def release(self) -> None:
+        """Remove the lock file when it is still this run's."""
+        if self._token is None:
+            return
+        owner = self._owner()
+        if owner and owner.get("token") == self._token:
+            try:
+                os.unlink(self.path)
+            except OSError:
+                pass
+        self._token = None
+
+    def __enter__(self) -> "ResultSetLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+
 # --------------------------------------------------------------------------- reading
 
 
-def _read_jsonl(path: Path) -> list[dict]:
-    rows = []
-    lines = Path(path).read_text(encoding="utf-8").splitlines()
-    for lineno, line in enumerate(lines, 1):
-        line = line.strip()
-        if not line:
-            continue
-        try:
-            obj = json.loads(line)
-        except json.JSONDecodeError as exc:
-            # A run killed mid-write leaves at most one partial last line: skip it.
-            if lineno == len(lines):
-                break
-            raise UserError(f"{path}: line {lineno} is not JSON ({exc.msg})") from None
-        if not isinstance(obj, dict):
-            raise UserError(f"{path}: line {lineno} is not a JSON object")
-        rows.append(obj)
-    return rows
+def _read_jsonl(path: Path, warnings: list[str] | None = None) -> list[dict]:
+    """The rows of ``rows.jsonl``. A torn last line (a killed run) is skipped and described
+    in ``warnings``; any other line that is not a JSON object raises UserError."""
+    scan = _scan_rows(Path(path))
+    for lineno, why, _text, fatal in scan.bad:
+        if fatal:
+            raise UserError(
+                f"{path}: line {lineno} is not JSON; `tflabench run SUITE --resume {Path(path).parent}` "
+                f"sets such lines aside into {SET_ASIDE_FILE}, or delete the line")
+        if warnings is not None and ResultSetLock(Path(path).parent).held():
+            warnings.append(f"{path}: line {lineno} is not whole yet: skipped (a run holds "
+                            f"{Path(path).parent / LOCK_FILE} and may be writing it now)")
+        elif warnings is not None:
+            warnings.append(f"{path}: line {lineno} is {why}: skipped; `tflabench run SUITE --resume "
+                            f"{Path(path).parent}` sets it aside into {SET_ASIDE_FILE}")
+    return scan.rows
 
 
 def resolve_directory(path: str | os.PathLike) -> Path:
@@ -440,8 +902,9 @@ def load_results(path: str | os.PathLike) -> ResultSet:
     """Load a result set from its directory or any of its files.
 
     Rows come from ``rows.jsonl`` when present (the file appended as cases complete, so an
-    interrupted run loads too; the last row per ``case_id`` wins), else from
-    ``results.parquet``, else ``results.csv``.
+    interrupted run loads too, with or without its table; the last row per ``case_id``
+    wins; a torn last line is skipped and named in ``warnings``), else from
+    ``results.parquet``, else ``results.csv``. Loading changes no file.
 
     Returns a :class:`ResultSet`. Raises UserError when the path is missing, is not a
     result set, or a file is corrupt.
@@ -449,9 +912,10 @@ def load_results(path: str | os.PathLike) -> ResultSet:
     import pandas as pd
 
     directory = resolve_directory(path)
+    warnings: list[str] = []
     try:
         if (directory / ROWS_FILE).exists():
-            frame = rows_frame(_last_per_case(_read_jsonl(directory / ROWS_FILE)))
+            frame = rows_frame(_last_per_case(_read_jsonl(directory / ROWS_FILE, warnings)))
         elif (directory / PARQUET_FILE).exists():
             frame = _normalise_frame(pd.read_parquet(directory / PARQUET_FILE))
         else:
@@ -469,25 +933,10 @@ def load_results(path: str | os.PathLike) -> ResultSet:
             raise UserError(f"{meta_path}: not valid JSON ({exc.msg})") from None
         if not isinstance(metadata, dict):
             raise UserError(f"{meta_path}: not a JSON object")
-    return ResultSet(rows=frame, metadata=metadata, path=directory)
+    return ResultSet(rows=frame, metadata=metadata, path=directory, warnings=warnings)
 
 
 def measured_case_ids(directory: str | os.PathLike) -> set[str]:
-    """The ``case_id`` of every row already in ``<directory>/rows.jsonl`` (empty set when
-    the file is absent); ``--resume`` skips these cases."""
-    path = Path(directory) / ROWS_FILE
-    if not path.exists():
-        return set()
-    return {row.get("case_id") or case_id(row) for row in _read_jsonl(path)}
-
-
-def new_result_directory(root: str | os.PathLike, suite: str, now: _dt.datetime | None = None) -> Path:
-    """``<root>/<suite>/<YYYYmmdd-HHMMSS>/`` (created; a suffix ``-2``, ``-3``... when taken)."""
-    now = now or _dt.datetime.now()
-    base = Path(root) / suite / now.strftime("%Y%m%d-%H%M%S")
-    directory, n = base, 1
-    while directory.exists():
-        n += 1
-        directory = base.with_name(f"{base.name}-{n}")
-    directory.mkdir(parents=True)
-    return directory
+    """The ``case_id`` of every whole row in ``<directory>/rows.jsonl`` (empty set when
+    the file is absent; torn lines do not count); ``--resume`` skips these cases."""
+    return {row.get("case_id") or case_id(row) for row in _scan_rows(Path(directory) / ROWS_FILE).rows}

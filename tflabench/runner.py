@@ -344,6 +344,13 @@ def _ceilings(gpu_name: str | None, ceilings: str) -> dict | None:
         return None
 
 
+def _say(console, kind: str, text: str) -> None:
+    """One ``warning:`` / ``note:`` line on the run's console (``text`` printed as is)."""
+    from rich.text import Text
+
+    console.print(Text.assemble((f"{kind}: ", "yellow"), text), soft_wrap=True)
+
+
 def _base_row(case: Case) -> dict:
     return R.new_row(**case.identity())
 
@@ -371,11 +378,14 @@ def run_cases(
         ceilings: ``{"flops_per_s", "bytes_per_s"}`` for the roofline columns (or None).
         on_start(slot, case) / on_done(row): progress callbacks (called from slot threads).
 
-    KeyboardInterrupt stops the slots, kills the workers and propagates.
+    KeyboardInterrupt stops the slots, kills the workers and propagates. A row that cannot
+    be written (a full disk) stops the run the same way and raises
+    :class:`~tflabench.results.ResultWriteError`; the rows written before it stay.
     """
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
+    writer = R.RowWriter(directory)
     (directory / "logs").mkdir(parents=True, exist_ok=True)
     slots = gpus if gpus else [None]
     queue = collections.deque(cases)
@@ -383,7 +393,6 @@ def run_cases(
     stop = threading.Event()
     done_rows: list[dict] = []
     workers: dict[int, _Worker] = {}
-    writer = R.RowWriter(directory)
     flops_per_s = (ceilings or {}).get("flops_per_s")
     bytes_per_s = (ceilings or {}).get("bytes_per_s")
     failures: dict[tuple, list[dict]] = collections.defaultdict(list)  # consecutive crash/timeout
@@ -399,7 +408,19 @@ def run_cases(
                           f"{last['status']} ({first_line[0] if first_line else 'no reason'}); "
                           "--max-kernel-failures 0 runs every case"}
 
+    errors: list[BaseException] = []
+
     def slot_loop(slot: int, gpu: str | None) -> None:
+        try:
+            slot_cases(slot, gpu)
+        except BaseException as exc:  # e.g. ResultWriteError: stop every slot, raise in the caller
+            errors.append(exc)
+            stop.set()
+            w = workers.pop(slot, None)
+            if w is not None:
+                w.kill()
+
+    def slot_cases(slot: int, gpu: str | None) -> None:
         log_path = directory / "logs" / f"worker-{slot}.log"
         while not stop.is_set():
             with lock:
@@ -465,6 +486,8 @@ def run_cases(
         while any(t.is_alive() for t in threads):
             for t in threads:
                 t.join(0.2)
+        if errors:
+            raise errors[0]
     except BaseException:
         stop.set()
         for w in list(workers.values()):
@@ -526,14 +549,21 @@ def run_suite(
         device: override the suite's device (``cpu`` / ``cuda``).
         console: rich Console for the progress bar (default: stderr).
 
+    The result set is locked while the run writes it (:class:`~tflabench.results.ResultSetLock`).
+    A resume checks that the suite describes the same measurement
+    (:func:`tflabench.resume.plan_resume`), sets a torn last line of ``rows.jsonl`` aside
+    (:func:`~tflabench.results.repair_rows`) and lists the cases added to or removed from
+    the suite since the set began.
+
     Raises UserError for a CUDA suite without a GPU, a bad shard, a resume directory that
-    is not a result set of this suite.
+    is not a result set of this suite or was measured under other conditions, a result set
+    another run is writing; :class:`~tflabench.results.ResultWriteError` (a UserError) when
+    the result set cannot be written.
     """
     from rich.console import Console
-    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
-                               TextColumn, TimeElapsedColumn, TimeRemainingColumn)
 
     from tflabench import environment
+    from tflabench import resume as resume_mod
 
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
@@ -543,7 +573,8 @@ def run_suite(
         if not torch.cuda.is_available():
             raise UserError(f"suite {suite.name!r} asks for device cuda, but torch sees no GPU; "
                             "run the CPU default (`tflabench run`) or set device: auto in the suite")
-    cases = select_kernels(expand_cases(loaded, device=dev), only)
+    all_cases = expand_cases(loaded, device=dev)
+    cases = select_kernels(all_cases, only)
     shard_text = None
     if shard:
         from tflabench.shard import format_shard, parse_shard, select_shard
@@ -554,21 +585,63 @@ def run_suite(
 
     env = environment.collect()
     ceil = _ceilings(env.get("gpu_name") if dev == "cuda" else None, ceilings)
+    conditions = resume_mod.measurement(loaded, dev, all_cases)
+    console = console or Console(stderr=True)
     if resume is not None:
         directory = Path(resume)
         if not (directory / R.ROWS_FILE).exists() and not (directory / R.METADATA_FILE).exists():
             raise UserError(f"--resume {str(directory)!r}: not a result set (no {R.ROWS_FILE})")
-        old_meta = {}
-        if (directory / R.METADATA_FILE).exists():
-            old_meta = json.loads((directory / R.METADATA_FILE).read_text())
-        if old_meta.get("suite") not in (None, suite.name):
-            raise UserError(f"--resume {str(directory)!r}: holds suite {old_meta.get('suite')!r}, not {suite.name!r}")
-        done = R.measured_case_ids(directory)
-        date = old_meta.get("date") or _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     else:
         directory = R.new_result_directory(out_root, suite.name)
+    lock = R.ResultSetLock(directory).acquire()
+    try:
+        return _run_locked(loaded, directory, lock, console, resume=resume is not None, conditions=conditions,
+                           env=env, ceil=ceil, all_cases=all_cases, cases=cases, dev=dev, gpus=gpus,
+                           shard_text=shard_text, only=only, max_kernel_failures=max_kernel_failures,
+                           progress=progress, plots=plots)
+    finally:
+        lock.release()
+
+
+def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: bool, conditions: dict,
+                env: dict, ceil: dict | None, all_cases: list[Case], cases: list[Case], dev: str,
+                gpus: list[str] | None, shard_text: str | None, only: list[str] | None,
+                max_kernel_failures: int, progress: bool, plots: bool) -> RunResult:
+    """:func:`run_suite` once the result set is locked: check a resume, set torn lines
+    aside, write the metadata, run, write the table and the plots."""
+    from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColumn,
+                               TextColumn, TimeElapsedColumn, TimeRemainingColumn)
+
+    from tflabench import resume as resume_mod
+
+    suite = loaded.suite
+    now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+    if lock.note:
+        _say(console, "note", lock.note)
+    R.remove_stale_temporaries(directory)
+    resumed: list[dict] = []
+    if resume:
+        old_meta = {}
+        if (directory / R.METADATA_FILE).exists():
+            try:
+                old_meta = json.loads((directory / R.METADATA_FILE).read_text())
+            except ValueError as exc:
+                raise UserError(f"--resume {str(directory)!r}: {R.METADATA_FILE} is not valid JSON ({exc}); "
+                                "start a fresh run (the same command without --resume)") from None
+        plan = resume_mod.plan_resume(directory, loaded, old_meta, conditions, env, all_cases,
+                                      shard=shard_text, ceilings=ceil)
+        for line in R.repair_rows(directory):
+            _say(console, "warning", line)
+        for line in plan.report_lines():
+            console.print(line, markup=False, soft_wrap=True)
+        done = plan.done
+        date = old_meta.get("date") or now
+        resumed = list(old_meta.get("resumed") or []) + [{
+            "date": now, "git_revision": env.get("git_revision"), "hostname": env.get("hostname"),
+            "suite_sha256": loaded.sha256, "cases_added": len(plan.added), "cases_removed": len(plan.removed)}]
+    else:
         done = set()
-        date = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
+        date = now
     todo = [c for c in cases if c.case_id not in done]
     skipped = len(cases) - len(todo)
     metadata = {
@@ -577,10 +650,12 @@ def run_suite(
         "device": dev, "gpus": gpus,
         "compare": suite.compare.model_dump(exclude_none=True),
         "only": list(only) if only else None,
+        "measurement": conditions,
     }
+    if resumed:
+        metadata["resumed"] = resumed
     R.write_metadata(directory, metadata)
 
-    console = console or Console(stderr=True)
     console.print(f"writing to {directory} ({len(todo)} cases to run"
                   + (f", {skipped} already measured" if skipped else "") + ")")
     t0 = time.perf_counter()
@@ -601,7 +676,11 @@ def run_suite(
                              max_kernel_failures=max_kernel_failures)
         finally:
             if (directory / R.ROWS_FILE).exists():
-                R.finalize(directory)
+                try:
+                    R.finalize(directory)
+                except UserError as exc:  # e.g. a full disk: rows.jsonl still holds every row
+                    _say(console, "warning", f"{exc} (rows.jsonl holds every row; report, compare and "
+                         "merge read it)")
         bar.update(task, description=f"{suite.name}: done")
     wall = time.perf_counter() - t0
     written_plots: list[Path] = []

@@ -132,6 +132,7 @@ def merge_results(
     dirs: Iterable[str | os.PathLike],
     out_dir: str | os.PathLike,
     allow_missing: bool = False,
+    warnings: list[str] | None = None,
 ) -> Path:
     """Join the result sets of the shards of one run into one result set in ``out_dir``.
 
@@ -147,6 +148,8 @@ def merge_results(
         out_dir: where to write the merged set (created; must not hold a result set).
         allow_missing: write the merge even when some of the N shards are absent
             (recorded in ``shards_missing``; ``compare`` warns about it).
+        warnings: when given, receives one line per line skipped while loading a shard
+            (the torn last line of a shard whose run was killed).
 
     Returns:
         ``out_dir`` as a Path.
@@ -162,6 +165,8 @@ def merge_results(
     if not paths:
         raise UserError("merge: give at least one shard result directory")
     sets = [results.load_results(p) for p in paths]
+    if warnings is not None:  # torn last lines of killed shards: their whole rows merge
+        warnings.extend(line for rs in sets for line in rs.warnings)
 
     shards: list[tuple[int, int, Any]] = []
     for rs in sets:

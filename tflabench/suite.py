@@ -38,7 +38,7 @@ import os
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tflabench.errors import UserError
 from tflabench.numerics import BudgetOverride, VerifySettings
@@ -127,6 +127,17 @@ class Suite(_Strict):
     sweep: Sweep
     kernels: list[KernelSpec] = Field(min_length=1)
     compare: CompareSettings = Field(default_factory=CompareSettings)
+
+    @field_validator("name")
+    @classmethod
+    def _plain_name(cls, value: str) -> str:
+        # the name becomes the directory <out>/<name>/: no separator, no '..' (docs/harness.md)
+        from tflabench.results import check_plain_name
+
+        try:
+            return check_plain_name(value, "a suite name")
+        except UserError as exc:
+            raise ValueError(str(exc)) from None
 
 
 #: Top-level and nested field names, for docs and error messages.
@@ -277,6 +288,8 @@ def _format_validation(error: ValidationError, model: type[BaseModel], prefix: t
         reason = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
     elif first["type"] == "missing":
         reason = "required field is missing"
+    elif first["type"] == "value_error":  # our validators' messages name the value already
+        reason = str(first["msg"]).removeprefix("Value error, ")
     else:
         value = first.get("input")
         reason = first["msg"] if isinstance(value, (dict, list)) else f"{first['msg']} (got {value!r})"

@@ -54,6 +54,14 @@ def user_errors():
         raise typer.Exit(2) from None
 
 
+def echo_warnings(*result_sets) -> None:
+    """Print what loading each result set skipped (a torn last line of a killed run), one
+    ``warning:`` line each on stderr."""
+    for rs in result_sets:
+        for line in getattr(rs, "warnings", ()):
+            typer.echo(f"warning: {line}", err=True)
+
+
 def _register() -> None:
     # Each command module registers its commands on `app` when imported.
     for name in ("analytic_cmds", "run_cmds", "compare_cmds", "verify_cmds"):

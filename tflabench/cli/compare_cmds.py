@@ -11,7 +11,7 @@ from typing import List, Optional
 
 import typer
 
-from tflabench.cli import app, user_errors
+from tflabench.cli import app, echo_warnings, user_errors
 
 
 @app.command()
@@ -68,6 +68,7 @@ def compare(
         if output_format not in ("table", "markdown", "json"):
             raise UserError(f"--format: {output_format!r} is not one of table, markdown, json")
         base_set, new_set = load_results(base), load_results(new)
+        echo_warnings(base_set, new_set)
         file_values = cmp.load_thresholds_file(thresholds_file) if thresholds_file else None
         thresholds, source = cmp.resolve_thresholds(
             base_set.metadata, new_set.metadata, file_values,
@@ -111,8 +112,11 @@ def merge(
     from tflabench.shard import merge_results
 
     with user_errors():
-        path = merge_results(dirs, out, allow_missing=allow_missing)
+        warnings: list[str] = []
+        path = merge_results(dirs, out, allow_missing=allow_missing, warnings=warnings)
         merged = load_results(path)
+    for line in warnings:
+        typer.echo(f"warning: {line}", err=True)
     missing = merged.metadata.get("shards_missing") or []
     n_shards = len(merged.metadata.get("merged_from") or [])
     typer.echo(f"merged {n_shards} shard(s), {len(merged.rows)} row(s) into {path}")

@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from tflabench.cli import app, user_errors
+from tflabench.cli import app, echo_warnings, user_errors
 from tflabench.errors import UserError
 
 
@@ -100,7 +100,10 @@ def run(
     from tflabench.results import load_results
 
     con = _console()
-    frame = load_results(result.directory).rows
+    with user_errors():
+        loaded_set = load_results(result.directory)
+    echo_warnings(loaded_set)
+    frame = loaded_set.rows
     con.print(runner.summary_table(frame, title=f"{loaded.suite.name}: {len(frame)} rows"))
     skipped = f", {result.skipped} already measured (skipped)" if result.skipped else ""
     first_call_s = sum(r["first_call_s"] or 0.0 for r in result.rows)
@@ -139,6 +142,7 @@ def report(
         if ceilings not in ("auto", "measured", "datasheet"):
             raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|measured|datasheet")
         rs = load_results(results_dir)
+        echo_warnings(rs)
         con = _console()
         meta = rs.metadata
         con.print(f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} "

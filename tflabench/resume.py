@@ -1,0 +1,214 @@
+"""Resuming a result set: does the suite still describe the same measurement?
+
+``tflabench run SUITE --resume DIR`` appends to a result set. Every row in it must have
+been measured under the same conditions, or one result set would hold rows that are not
+comparable (a different iteration count, dtype, GPU, seed or kernel parameters under the
+same label). A run records its conditions in ``metadata.json`` under ``measurement``
+(:func:`measurement`); a resume compares them with the suite it is given
+(:func:`differences`) and refuses any difference with one line naming the field.
+
+What may change between the start and a resume: the cases. Sweep values
+(``sweep.*``), ``modes``, ``model.embedding_dim``, kernels added or removed, values of a
+kernel parameter given as a list: the new cases run, the removed ones keep their rows,
+and both are listed (:class:`ResumePlan`). ``timing.timeout_s`` and a kernel's
+``timeout_s`` may change too: a limit, not a condition of a measured value. Everything
+else is a condition: the device and GPU, ``dtype``, ``seed``, every other ``timing`` and
+``numerics`` field, each kernel's backend and its parameters given as single values, the
+software the rows are measured with (driver, CUDA, torch, triton, python, peers,
+tflabench), ``--shard`` and the roofline ceilings. A change of git revision (a suite edited
+in the checkout makes it ``+dirty``) is recorded in ``metadata.json`` under ``resumed``.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from pathlib import Path
+from typing import Any
+
+from tflabench.errors import UserError
+from tflabench.suite import Case, LoadedSuite
+
+#: Environment keys of ``metadata.json`` that must match for a resume (as for merging
+#: shards, ``tflabench.shard.MERGE_ENVIRONMENT_KEYS``, less the git revision).
+ENVIRONMENT_KEYS: tuple[str, ...] = ("gpu_name", "driver", "cuda", "torch", "triton", "python", "peers",
+                                     "tflabench")
+#: Fields of ``timing`` / ``numerics`` that do not change what ``run`` measures: the time
+#: limit of a case, and the grid of ``tflabench verify`` (``numerics.verify``), which
+#: ``run`` does not use.
+LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
+#: Cases listed by name in a resume's report (the rest are counted).
+LIST_LIMIT = 20
+
+
+def measurement(loaded: LoadedSuite, device: str, cases: list[Case]) -> dict:
+    """The conditions of a run, JSON-able, for ``metadata.json`` (key ``measurement``).
+
+    Args:
+        loaded: the validated suite.
+        device: the resolved device (``cpu`` / ``cuda``).
+        cases: every case of the suite on that device (before ``--only`` and ``--shard``).
+
+    Returns ``{"device", "dtype", "seed", "timing", "numerics", "kernels", "case_ids"}``;
+    ``kernels`` maps each label to its ``backend`` and ``params`` (key -> list of the JSON
+    texts of its values) and ``swept`` (the keys given as lists in the suite).
+    """
+    suite = loaded.suite
+    swept: dict[str, set[str]] = collections.defaultdict(set)
+    for spec in suite.kernels:
+        if spec.label:
+            swept[spec.label] |= {k for k, v in spec.params.items() if isinstance(v, (list, tuple))}
+    kernels: dict[str, dict] = {}
+    for case in cases:
+        entry = kernels.setdefault(case.kernel, {"backend": set(), "params": collections.defaultdict(set)})
+        entry["backend"].add(case.backend)
+        for key, value in case.params_dict.items():
+            entry["params"][key].add(json.dumps(value, sort_keys=True))
+    return {
+        "device": device,
+        "dtype": list(suite.dtype) if isinstance(suite.dtype, (list, tuple)) else [suite.dtype],
+        "seed": suite.seed,
+        "timing": suite.timing.model_dump(mode="json"),
+        "numerics": suite.numerics.model_dump(mode="json"),
+        "kernels": {label: {"backend": sorted(entry["backend"]),
+                            "params": {k: sorted(v) for k, v in sorted(entry["params"].items())},
+                            "swept": sorted(swept.get(label, ()))}
+                    for label, entry in kernels.items()},
+        "case_ids": sorted({c.case_id for c in cases}),
+    }
+
+
+def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
+    """(field, value in the result set, value now) for every condition that differs
+    between two :func:`measurement` records, in the order: device, dtype, seed, timing,
+    numerics, kernels. Fields that only one side knows (a field added by a newer
+    tflabench) are not compared; neither are :data:`LIMIT_FIELDS` nor swept parameters."""
+    out: list[tuple[str, Any, Any]] = []
+    for key in ("device", "dtype", "seed"):
+        if key in old and key in new and old[key] != new[key]:
+            out.append((key, _one(old[key]) if isinstance(old[key], list) else old[key],
+                        _one(new[key]) if isinstance(new[key], list) else new[key]))
+    for group in ("timing", "numerics"):
+        a, b = old.get(group) or {}, new.get(group) or {}
+        for key in a:
+            if key in b and key not in LIMIT_FIELDS and a[key] != b[key]:
+                out.append((f"{group}.{key}", a[key], b[key]))
+    old_k, new_k = old.get("kernels") or {}, new.get("kernels") or {}
+    for label in old_k:
+        if label not in new_k:
+            continue
+        a, b = old_k[label], new_k[label]
+        if a.get("backend") != b.get("backend"):
+            out.append((f"kernels[{label!r}].backend", _one(a.get("backend")), _one(b.get("backend"))))
+        swept = set(a.get("swept") or ()) | set(b.get("swept") or ())
+        pa, pb = a.get("params") or {}, b.get("params") or {}
+        for key in pa:
+            if key in pb and key not in swept and pa[key] != pb[key]:
+                out.append((f"kernels[{label!r}].params.{key}", _values(pa[key]), _values(pb[key])))
+    return out
+
+
+def _one(values: list | None) -> Any:
+    return values[0] if values and len(values) == 1 else values
+
+
+def _values(texts: list[str]) -> Any:
+    return _one([json.loads(t) for t in texts])
+
+
+@dataclasses.dataclass
+class ResumePlan:
+    """What a resume found: the cases measured already (skipped), and how the suite's
+    cases changed since the result set began (descriptions, for the report)."""
+
+    done: set[str]
+    added: list[str] = dataclasses.field(default_factory=list)
+    removed: list[str] = dataclasses.field(default_factory=list)
+    notes: list[str] = dataclasses.field(default_factory=list)
+
+    def report_lines(self) -> list[str]:
+        """Lines for the console: the new and the removed cases, each listed (up to
+        :data:`LIST_LIMIT`), and the notes."""
+        lines = list(self.notes)
+        for names, what in ((self.added, "new in the suite since the result set began (they run now)"),
+                            (self.removed, "no longer in the suite (rows already measured stay in the result set)")):
+            if not names:
+                continue
+            lines.append(f"resume: {len(names)} case{'s' if len(names) != 1 else ''} {what}:")
+            lines += [f"  {name}" for name in names[:LIST_LIMIT]]
+            if len(names) > LIST_LIMIT:
+                lines.append(f"  ... and {len(names) - LIST_LIMIT} more")
+        return lines
+
+
+def _describe_row(row: dict) -> str:
+    def n(x):
+        return int(x) if isinstance(x, float) and x.is_integer() else x
+
+    return f"{row.get('kernel')} {row.get('mode')} B={n(row.get('batch'))} S={n(row.get('seq_len'))} {row.get('dtype')}"
+
+
+def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_measurement: dict,
+                env: dict, cases: list[Case], *, shard: str | None, ceilings: dict | None) -> ResumePlan:
+    """Check that ``loaded`` may be resumed into ``directory`` and say what runs.
+
+    Args:
+        old_meta: the result set's ``metadata.json``.
+        new_measurement: :func:`measurement` of this run.
+        env: this run's environment (``tflabench.environment.collect``).
+        cases: every case of the suite (before ``--only`` and ``--shard``).
+        shard: this run's ``--shard`` (``K/N`` text, normalised) or None.
+        ceilings: this run's roofline ceilings (as recorded in the metadata) or None.
+
+    Raises UserError with one line: the first field that differs (and how many more), its
+    value in the result set and now, and how to start a fresh run.
+    """
+    from tflabench import results as R
+
+    directory = Path(directory)
+    where = f"--resume {directory}"
+    fresh = "start a fresh run (the same command without --resume)"
+    suite = loaded.suite
+    if old_meta.get("suite") not in (None, suite.name):
+        raise UserError(f"{where}: holds suite {old_meta.get('suite')!r}, not {suite.name!r}; {fresh}")
+    old = old_meta.get("measurement")
+    diffs: list[tuple[str, Any, Any, str]] = []
+    if isinstance(old, dict):
+        diffs += [(f, a, b, f"set {f} back to {json.dumps(a)} in the suite") for f, a, b in differences(old, new_measurement)]
+    elif old_meta.get("suite_sha256") and old_meta["suite_sha256"] != loaded.sha256:
+        raise UserError(
+            f"{where}: the result set does not record its measurement conditions (an earlier tflabench "
+            f"wrote it) and the suite file changed since (sha256 {str(old_meta['suite_sha256'])[:12]}..., "
+            f"now {loaded.sha256[:12]}...); resume with the suite file it began with, or {fresh}")
+    for key in ENVIRONMENT_KEYS:
+        if key in old_meta and old_meta.get(key) != env.get(key):
+            diffs.append((key, old_meta.get(key), env.get(key),
+                          "resume where it began (the same GPU and software)"))
+    if "shard" in old_meta and old_meta.get("shard") != shard:
+        diffs.append(("--shard", old_meta.get("shard"), shard, "give the --shard it began with"))
+    if "ceilings" in old_meta and old_meta.get("ceilings") != ceilings:
+        diffs.append(("--ceilings", old_meta.get("ceilings"), ceilings, "give the --ceilings it began with"))
+    if diffs:
+        field, a, b, hint = diffs[0]
+        more = f" (also different: {', '.join(d[0] for d in diffs[1:])})" if len(diffs) > 1 else ""
+        raise UserError(
+            f"{where}: {field} is {json.dumps(b, default=str)} in this run but {json.dumps(a, default=str)} in "
+            f"the result set{more}; rows measured under different conditions cannot share a result set: "
+            f"{fresh}, or {hint}")
+
+    rows = R._scan_rows(directory / R.ROWS_FILE).rows
+    done = {row.get("case_id") or R.case_id(row) for row in rows}
+    plan = ResumePlan(done=done)
+    if isinstance(old, dict) and "case_ids" in old:
+        old_ids = set(old["case_ids"])
+        new_ids = set(new_measurement["case_ids"])
+        plan.added = [c.describe() for c in cases if c.case_id not in old_ids]
+        by_id = {row.get("case_id"): row for row in rows}  # in the order measured
+        gone = [i for i in by_id if i in old_ids - new_ids] + sorted(old_ids - new_ids - set(by_id))
+        plan.removed = [_describe_row(by_id[i]) if i in by_id else f"case {i} (not measured)" for i in gone]
+    revision = old_meta.get("git_revision")
+    if revision and revision != env.get("git_revision"):
+        plan.notes.append(f"resume: the result set began at git revision {revision}, this run is at "
+                          f"{env.get('git_revision')} (recorded in metadata.json under 'resumed')")
+    return plan
