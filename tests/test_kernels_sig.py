@@ -288,6 +288,16 @@ def test_algorithm_rule_forward_only_short_chunks_take_the_walk():
     assert pick(64, 256, False) == "tiled"
 
 
+def test_algorithm_rule_small_grids_take_the_walk_forward(monkeypatch):
+    """Forward-only calls whose tiled recurrent grid would fill fewer than half the SMs
+    (B·NH·⌈d_hv/128⌉ < SMs/2) take the walk; training calls stay tiled."""
+    monkeypatch.setattr(common, "num_sms", lambda device: 132)
+    pick = lambda B, grad: common.choose_sig_impl(B, 16, 65536 // B, 128, 256, 128,  # noqa: E731
+                                                  torch.bfloat16, "cuda", grad)
+    assert pick(2, False) == "walk" and pick(1, False) == "walk"
+    assert pick(4, False) == "tiled" and pick(2, True) == "tiled"
+
+
 def test_forward_only_and_training_calls_agree(monkeypatch):
     """The same inputs through the rule's two paths (no grad: walk, grad: tiled) give the
     same h up to float32 round-off."""

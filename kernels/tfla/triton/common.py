@@ -163,8 +163,12 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device, needs_grad: bool = T
     measured: 3 head shapes x L 64-512, e.g. Figure 4's heads L 128 5.14 vs 5.33 ms, the 7B
     heads L 128 7.20 vs 13.82 ms); forward-only calls take the walk for L <= 64 with
     d_qk <= 128 (Figure 4's heads L 64: 1.45 vs 1.96 ms; d_qk 64: 1.10 vs 1.43 ms), where no
-    state traffic beats two launches; "tiled" otherwise (from L 128 on, or d_qk 256, the
-    walk's serial intra-chunk work loses: 7B heads L 64 4.08 vs 3.41 ms).
+    state traffic beats two launches, and, with d_qk <= 128, where the tiled recurrent
+    kernel would get fewer than half the SMs as programs (B·NH·⌈d_hv/128⌉ < SMs/2: one long
+    serial chain each, while the walk splits the sequence into segments; Figure 4 at
+    S 32768, B 2: walk 1.76 ms (912a5aa reference run) vs tiled 1.92 ms (9fce854));
+    "tiled" otherwise (from L 128 on, or d_qk 256, the walk's serial intra-chunk work loses:
+    7B heads L 64 4.08 vs 3.41 ms).
     Env TFLA_SIG_IMPL or OVERRIDES["impl"] force one.
 
     Raises:
@@ -175,7 +179,9 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device, needs_grad: bool = T
         if forced not in SIG_IMPLS:
             raise ValueError(f"{IMPL_ENV}: got {forced!r}; allowed: 'tiled' or 'walk'")
         return forced
-    return "walk" if (not needs_grad and L <= 64 and d_qk <= 128) else "tiled"
+    small_grid = B * NH * triton.cdiv(d_hv, 128) < num_sms(torch.device(device)) // 2
+    walk = not needs_grad and d_qk <= 128 and (L <= 64 or small_grid)
+    return "walk" if walk else "tiled"
 
 
 
