@@ -53,6 +53,7 @@ VARIANTS = {
     "fw_kv32": ({"B_LKV": 32}, {}, {}),
     "rec_64x64": ({}, {}, {"B_DQK": 64, "B_DHV": 64}),
     "rec_st2": ({}, {}, {"num_stages": 2}),
+    "rec_acc_in_c": ({}, {}, {"ACC_IN_C": True}),
     "bw_w8": ({}, {"num_warps": 8}, {}),
     "bw_dhv64": ({}, {"B_DHV": 64}, {}),
     "bw_st3": ({}, {"num_stages": 3}, {}),

@@ -184,3 +184,15 @@ def test_issue11_nan_gradients_on_a_partial_last_chunk_with_short_memory(name, L
         assert torch.isfinite(x.grad).all(), f"d{nm} has non-finite values"
         err = ((x.grad.double() - r.grad).abs().max() / r.grad.abs().max()).item()
         assert err < (1e-3 if nm == "f" else 5e-5), (nm, err)
+
+
+@pytest.mark.parametrize("name", ["sig_xl_tiled", "exp_xl"])
+@pytest.mark.parametrize("L,S", [(16, 45), (64, 150)])
+def test_recurrent_kernel_accumulating_into_the_state(name, L, S, monkeypatch):
+    """exp_recurrent.STATE_OVERRIDE["ACC_IN_C"]: the state kernel's tl.dot accumulates into
+    ḡ·C (one register tile less) -- the same states up to round-off, in a saturated regime
+    and a standard one; PIECE 32 covers the chunk-in-pieces branch."""
+    from tfla.triton import exp_recurrent
+    monkeypatch.setattr(exp_recurrent, "STATE_OVERRIDE", {"ACC_IN_C": True, "PIECE": min(L, 32)})
+    for regime in ("short_memory", "input_wide"):
+        check_kernel(name, regime, L, S)

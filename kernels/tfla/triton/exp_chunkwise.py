@@ -117,15 +117,17 @@ def _flat(x, *tail):
     return x.reshape(-1, *tail).contiguous() if x is not None else None
 
 
-def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config):
+def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, with_n: bool = True):
     """Run the forward kernels on flattened (B*NH, ...) contiguous tensors.
 
     Returns h (BNH, S, d_hv), n_out (BNH, N_c*L) fp32, the states (C_st in the input
-    dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, u, m^intra, g, max a)."""
+    dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, ī, m^intra, g, max a).
+    with_n False (only without normalisation): the normaliser state is not computed."""
     rec, pfw, _, _ = kernels()
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=cfg.is_exp)
     b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch = gates
-    states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp)
+    states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp,
+                              with_n=with_n or cfg.normalize)
     C_st, n_st, m_st, _ = states
     h, n_out = pfw.parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, L=cfg.L,
                                is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
@@ -144,7 +146,8 @@ class ChunkwiseFunction(torch.autograd.Function):
         i_f, f_f = _flat(i, S), _flat(f, S)
         C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
         m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
-        h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg)
+        h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg,
+                                                  with_n=return_last)
         C_st, n_st, m_st, C_last_f = states
         C_last = n_last = m_last = None
         if return_last:
@@ -176,7 +179,7 @@ class ChunkwiseFunction(torch.autograd.Function):
         if cfg.recompute_states:
             gates = rec.chunk_gates(i_f, f_f, L=cfg.L, is_exp=cfg.is_exp)
             C_st, _, m_st, _ = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], C0f, n0f,
-                                                m0f, L=cfg.L, is_exp=cfg.is_exp)
+                                                m0f, L=cfg.L, is_exp=cfg.is_exp, with_n=False)
             gates = gates[:4]
         else:
             C_st, m_st = saved[10:12]

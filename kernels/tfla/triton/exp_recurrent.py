@@ -89,9 +89,13 @@ def _recurrent_fw_kernel(
     S, NC, d_qk, d_hv,
     L: tl.constexpr, PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, HAS_C0: tl.constexpr, HAS_N0: tl.constexpr, HAS_M0: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, WITH_N: tl.constexpr, ACC_IN_C: tl.constexpr,
 ):
-    # 1-D grid, (d_hv block) fastest, then d_qk block, then b*head
+    # 1-D grid, (d_hv block) fastest, then d_qk block, then b*head. WITH_N: carry and store
+    # the normaliser state n (skipped when nothing reads it: its column sum is a cross-thread
+    # reduction on every step of the serial chain). ACC_IN_C: the step's tl.dot accumulates
+    # into ḡ·C itself instead of a fresh tile added afterwards (one 128 x 128 fp32 tile of
+    # registers less per thread).
     pid = tl.program_id(0)
     n_v = tl.cdiv(d_hv, B_DHV)
     n_k = tl.cdiv(d_qk, B_DQK)
@@ -125,7 +129,8 @@ def _recurrent_fw_kernel(
         if HAS_M0:
             m = tl.load(M0 + bh + tl.zeros((1,), dtype=tl.int32)).to(tl.float32)
     tl.store(C_st + st_base + c_offs, C.to(C_st.dtype.element_ty), mask=mask_kv)
-    tl.store(N_st + n_base + offs_k, n, mask=mask_k & writer_n)
+    if WITH_N:
+        tl.store(N_st + n_base + offs_k, n, mask=mask_k & writer_n)
     tl.store(M_st + bh * (NC + 1) + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
 
     t_loc = tl.arange(0, PIECE)
@@ -147,10 +152,18 @@ def _recurrent_fw_kernel(
             v_t = tl.load(v_base + t[:, None] * d_hv + offs_v[None, :],
                           mask=valid[:, None] & mask_v[None, :], other=0.0)
             k_bar = k_t.to(tl.float32) * a_bar[:, None]
-            C = g_bar * C + tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t, input_precision=DOT_PREC)
-            n = g_bar * n + tl.sum(k_bar, 0)
+            if ACC_IN_C:
+                C = tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t, C * g_bar, input_precision=DOT_PREC)
+            else:
+                C = g_bar * C + tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t,
+                                       input_precision=DOT_PREC)
+            if WITH_N:
+                n = g_bar * n + tl.sum(k_bar, 0)
         else:
-            acc = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
+            if ACC_IN_C:
+                acc = C * g_bar
+            else:
+                acc = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
             n_acc = tl.zeros((B_DQK,), dtype=tl.float32)
             for p in range(L // PIECE):
                 t = c * L + p * PIECE + t_loc
@@ -162,13 +175,19 @@ def _recurrent_fw_kernel(
                               mask=valid[:, None] & mask_v[None, :], other=0.0)
                 k_bar = k_t.to(tl.float32) * a_bar[:, None]
                 acc = tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t, acc, input_precision=DOT_PREC)
-                n_acc += tl.sum(k_bar, 0)
-            C = g_bar * C + acc
-            n = g_bar * n + n_acc
+                if WITH_N:
+                    n_acc += tl.sum(k_bar, 0)
+            if ACC_IN_C:
+                C = acc
+            else:
+                C = g_bar * C + acc
+            if WITH_N:
+                n = g_bar * n + n_acc
         m = m_new
         tl.store(C_st + st_base + (c + 1) * d_qk * d_hv + c_offs, C.to(C_st.dtype.element_ty),
                  mask=mask_kv)
-        tl.store(N_st + n_base + (c + 1) * d_qk + offs_k, n, mask=mask_k & writer_n)
+        if WITH_N:
+            tl.store(N_st + n_base + (c + 1) * d_qk + offs_k, n, mask=mask_k & writer_n)
         tl.store(M_st + bh * (NC + 1) + c + 1 + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
     tl.store(C_last + bh * d_qk * d_hv + c_offs, C, mask=mask_kv)
 
@@ -262,7 +281,8 @@ def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
-# Tuning overrides for benchmarks (keys B_DQK, B_DHV, num_warps, num_stages, MIN_PROGRAMS, PIECE).
+# Tuning overrides for benchmarks (keys B_DQK, B_DHV, num_warps, num_stages, MIN_PROGRAMS, PIECE,
+# ACC_IN_C).
 STATE_OVERRIDE: dict = {}
 
 
@@ -294,7 +314,8 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     (docs/kernels-sig-notes.md, version 4).
     """
     if (sig_forward and d_qk <= 64 and step >= 128 and dtype != torch.float32
-            and d_hv >= 128 and not STATE_OVERRIDE):
+            and d_hv >= 128
+            and not any(k in STATE_OVERRIDE for k in ("B_DQK", "B_DHV", "num_warps", "num_stages"))):
         return 32, 128, 4, 2
     cap = 64 if dtype == torch.float32 else 128
     b_qk = max(16, min(cap, _p2(d_qk)))
@@ -341,13 +362,16 @@ def chunk_gates(i, f, *, L: int, is_exp: bool):
     return b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch
 
 
-def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool):
+def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool,
+                 with_n: bool = True):
     """Chunk states from the chunk gates.
 
     k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous, input dtype; C0 (BNH, d_qk, d_hv),
     n0 (BNH, d_qk), m0 (BNH,) or None. Returns C_st (BNH, N_c+1, d_qk, d_hv) in the input
     dtype (the copies the parallel kernels read), n_st (BNH, N_c+1, d_qk) and m_st
-    (BNH, N_c+1) fp32, and C_last (BNH, d_qk, d_hv) fp32.
+    (BNH, N_c+1) fp32, and C_last (BNH, d_qk, d_hv) fp32. ``with_n`` False: n is neither
+    carried nor stored (n_st is left unset; for callers that read no normaliser state:
+    mLSTMsig without normalisation and without the last state).
     """
     BNH, S, d_qk = k.shape
     d_hv = v.shape[-1]
@@ -369,7 +393,8 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
         S, NC, d_qk, d_hv,
         L=L, PIECE=piece(L), B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp,
         HAS_C0=C0 is not None, HAS_N0=n0 is not None, HAS_M0=m0 is not None,
-        DOT_PREC=dot_precision(k.dtype), num_warps=warps, num_stages=stages,
+        DOT_PREC=dot_precision(k.dtype), WITH_N=with_n,
+        ACC_IN_C=STATE_OVERRIDE.get("ACC_IN_C", False), num_warps=warps, num_stages=stages,
     )
     return C_st, n_st, m_st, C_last
 
