@@ -116,14 +116,14 @@ class with_overrides:
 
     @contextlib.contextmanager
     def active(self):
-        from tfla.triton import exp_chunkwise, exp_parallel_bw, exp_parallel_fw, exp_recurrent
+        from tfla.triton import chunkwise, chunkwise_parallel_bw, chunkwise_parallel_fw, chunkwise_recurrent
         from tfla.triton import limit_parallel_bw
         sp = self.spec
-        targets = [(exp_parallel_fw.FW_OVERRIDE["xl"], sp["fw_xl"]),
-                   (exp_parallel_fw.FW_OVERRIDE["limit"], sp["fw_limit"]),
-                   (exp_parallel_bw.BW_OVERRIDE, sp["bw"]),
+        targets = [(chunkwise_parallel_fw.FW_OVERRIDE["xl"], sp["fw_xl"]),
+                   (chunkwise_parallel_fw.FW_OVERRIDE["limit"], sp["fw_limit"]),
+                   (chunkwise_parallel_bw.BW_OVERRIDE, sp["bw"]),
                    (limit_parallel_bw.LIMIT_BW_OVERRIDE, sp["limit_bw"]),
-                   (exp_recurrent.STATE_OVERRIDE, sp["state"]), (exp_chunkwise.TUNING, sp["tuning"])]
+                   (chunkwise_recurrent.STATE_OVERRIDE, sp["state"]), (chunkwise.TUNING, sp["tuning"])]
         saved = [dict(d) for d, _ in targets]
         try:
             for d, o in targets:
@@ -219,8 +219,8 @@ def impls(include_sig_xl=True):
 
 def breakdown(rows, S=8192, n=10):
     """Per-kernel times (median of n) of our exp kernels at one S (Figure-4 sizes)."""
-    from tfla.triton import exp_chunkwise as X
-    from tfla.triton.exp_chunkwise import Config, kernels
+    from tfla.triton import chunkwise as X
+    from tfla.triton.chunkwise import Config, kernels
     rec, pfw, pbw, lbw = kernels()
     B = TOKENS // S
     q, k, v, i, f = make_inputs(B, S)

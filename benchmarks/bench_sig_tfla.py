@@ -12,8 +12,8 @@ warm-ups (tflabench.measure.time_callable: CUDA events, calls back to back), pea
 torch.cuda.max_memory_allocated during one call minus what was allocated before it; all in
 one process, peers in the same process. Compile/autotune is the untimed first call.
 
-Tuning variants of the tiled path (``--variants``) set exp_parallel_fw.FW_OVERRIDE["xl"],
-exp_parallel_bw.BW_OVERRIDE and exp_recurrent.STATE_OVERRIDE for one measurement.
+Tuning variants of the tiled path (``--variants``) set chunkwise_parallel_fw.FW_OVERRIDE["xl"],
+chunkwise_parallel_bw.BW_OVERRIDE and chunkwise_recurrent.STATE_OVERRIDE for one measurement.
 ``--breakdown`` times the tiled forward's three launches (gates, recurrent, H) apart.
 
     python3 benchmarks/bench_sig_tfla.py --out $OUT [--shapes fig4,b7,small] [--chunks 64,128,256,512]
@@ -150,21 +150,21 @@ class Bench:
 
     @contextlib.contextmanager
     def variant(self, name):
-        from tfla.triton import exp_parallel_bw, exp_parallel_fw, exp_recurrent
+        from tfla.triton import chunkwise_parallel_bw, chunkwise_parallel_fw, chunkwise_recurrent
         fw, bw, st = VARIANTS[name] if name else ({}, {}, {})
-        old = (dict(exp_parallel_fw.FW_OVERRIDE["xl"]), dict(exp_parallel_bw.BW_OVERRIDE),
-               dict(exp_recurrent.STATE_OVERRIDE))
-        exp_parallel_fw.FW_OVERRIDE["xl"].update(fw)
-        exp_parallel_bw.BW_OVERRIDE.update(bw)
-        exp_recurrent.STATE_OVERRIDE.update(st)
+        old = (dict(chunkwise_parallel_fw.FW_OVERRIDE["xl"]), dict(chunkwise_parallel_bw.BW_OVERRIDE),
+               dict(chunkwise_recurrent.STATE_OVERRIDE))
+        chunkwise_parallel_fw.FW_OVERRIDE["xl"].update(fw)
+        chunkwise_parallel_bw.BW_OVERRIDE.update(bw)
+        chunkwise_recurrent.STATE_OVERRIDE.update(st)
         try:
             yield
         finally:
-            exp_parallel_fw.FW_OVERRIDE["xl"] = old[0]
-            exp_parallel_bw.BW_OVERRIDE.clear()
-            exp_parallel_bw.BW_OVERRIDE.update(old[1])
-            exp_recurrent.STATE_OVERRIDE.clear()
-            exp_recurrent.STATE_OVERRIDE.update(old[2])
+            chunkwise_parallel_fw.FW_OVERRIDE["xl"] = old[0]
+            chunkwise_parallel_bw.BW_OVERRIDE.clear()
+            chunkwise_parallel_bw.BW_OVERRIDE.update(old[1])
+            chunkwise_recurrent.STATE_OVERRIDE.clear()
+            chunkwise_recurrent.STATE_OVERRIDE.update(old[2])
 
     # ------------------------------------------------------------ one measurement
     def measure(self, shape_name, impl, L, mode, variant=""):
@@ -229,7 +229,7 @@ class Bench:
     def breakdown(self, shape_name, L):
         torch = self.torch
         from tflabench.measure import time_callable
-        from tfla.triton.exp_chunkwise import kernels
+        from tfla.triton.chunkwise import kernels
         shp = (SMOKE_SHAPES if self.smoke else SHAPES)[shape_name]
         rec, pfw, _, _ = kernels()
         xs, _ = self.inputs(shp, "mlstm", grad=False)
@@ -287,8 +287,8 @@ def sweep(b, shape_name, L, which):
     then the best one with other pipeline depths / pieces / d_qk blocks (stage B)."""
     torch = b.torch
     from tflabench.measure import time_callable
-    from tfla.triton import exp_parallel_fw, exp_recurrent
-    from tfla.triton.exp_chunkwise import kernels
+    from tfla.triton import chunkwise_parallel_fw, chunkwise_recurrent
+    from tfla.triton.chunkwise import kernels
     shp = (SMOKE_SHAPES if b.smoke else SHAPES)[shape_name]
     rec, pfw, _, _ = kernels()
     xs, _ = b.inputs(shp, "mlstm", grad=False)
@@ -305,14 +305,14 @@ def sweep(b, shape_name, L, which):
             with torch.no_grad():
                 gates = rec.chunk_gates(i, f, L=L, is_exp=False)
                 if which == "rec":
-                    exp_recurrent.STATE_OVERRIDE.clear()
-                    exp_recurrent.STATE_OVERRIDE.update(cfg)
+                    chunkwise_recurrent.STATE_OVERRIDE.clear()
+                    chunkwise_recurrent.STATE_OVERRIDE.update(cfg)
                     fn = lambda: rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None,  # noqa: E731
                                                   None, None, L=L, is_exp=False)
                 else:
                     st = rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None, None, None,
                                           L=L, is_exp=False)
-                    exp_parallel_fw.FW_OVERRIDE["xl"] = dict(cfg)
+                    chunkwise_parallel_fw.FW_OVERRIDE["xl"] = dict(cfg)
                     fn = lambda: pfw.parallel_fw(q, k, v, gates[0], gates[2], gates[3], st[0],  # noqa: E731
                                                  st[1], st[2], L=L, is_exp=False,
                                                  normalize=False, eps=1e-6, limit=False)
@@ -325,8 +325,8 @@ def sweep(b, shape_name, L, which):
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
         finally:
-            exp_recurrent.STATE_OVERRIDE.clear()
-            exp_parallel_fw.FW_OVERRIDE["xl"] = {}
+            chunkwise_recurrent.STATE_OVERRIDE.clear()
+            chunkwise_parallel_fw.FW_OVERRIDE["xl"] = {}
         b.emit(row)
 
     for cfg in (_rec_grid if which == "rec" else _fw_grid)(shp, L):

@@ -1,7 +1,7 @@
 """mLSTMexp Triton kernels (xl_chunk, and limit_chunk through tfla.mlstm_exp) on the CPU.
 
 The Triton kernels run in triton's interpreter (TRITON_INTERPRET=1, set per test with
-monkeypatch; tfla.triton.exp_chunkwise.kernels() re-imports the kernel modules to match)
+monkeypatch; tfla.triton.chunkwise.kernels() re-imports the kernel modules to match)
 and are compared with the float64 PyTorch reference tfla.reference.mlstm_chunkwise on the
 same inputs: the output h, the last state (C, n, m) and all gradients (dq, dk, dv, di,
 df, dC0) under the convention of docs/tfla-kernels.md 1.5 (normaliser and max states
@@ -273,7 +273,7 @@ def test_mismatched_shapes_raise_value_error():
 def test_recurrent_state_blocks_grow_with_the_grid():
     """The recurrent kernels take the largest state blocks that still give half the SMs a
     program (docs/kernels-exp-notes.md, version 3): Figure-4 sizes on 132 SMs."""
-    from tfla.triton.exp_recurrent import state_blocks
+    from tfla.triton.chunkwise_recurrent import state_blocks
 
     assert state_blocks(128, 256, BNH=128, n_sms=132)[:3] == (128, 128, 8)   # 256 programs
     assert state_blocks(128, 256, BNH=32, n_sms=132)[:3] == (64, 128, 8)     # 64 -> 128

@@ -27,11 +27,9 @@ def _interpreted_kernel_modules():
     """Import (or re-import) the sig kernel modules so their kernels are interpreted."""
     from triton.runtime.interpreter import InterpretedFunction
 
-    names = ["tfla.triton.common", "tfla.triton.sig_fwd_recurrent", "tfla.triton.sig_fwd_parallel",
-             "tfla.triton.sig_bwd_recurrent", "tfla.triton.sig_bwd_parallel",
-             "tfla.triton.sig_bwd_chunk"]
+    names = ["tfla.triton.common", "tfla.triton.sig_walk_segments", "tfla.triton.sig_walk_fwd"]
     mods = [importlib.import_module(n) for n in names]
-    if not isinstance(mods[2]._sig_fwd_parallel_kernel, InterpretedFunction):
+    if not isinstance(mods[2]._walk_kernel, InterpretedFunction):
         mods = [importlib.reload(m) for m in mods]
     mods[0]._fix_interpreter_index()
     return mods[0]
@@ -65,11 +63,19 @@ def run_case(*, B=1, NH=2, S=45, d_qk=16, d_hv=32, L=16, normalize=False, initia
     if initial:
         state = (torch.randn(B, NH, d_qk, d_hv, generator=g),
                  torch.randn(B, NH, d_qk, generator=g).abs())
-    xs = [x.clone().requires_grad_() for x in (q, k, v, i, f)]
-    leaves = xs + ([state[0].clone().requires_grad_()] if initial else [])
+    backward = common.OVERRIDES.get("impl") != "walk"      # the walk is forward-only
+    xs = [x.clone().requires_grad_(backward) for x in (q, k, v, i, f)]
+    leaves = xs + ([state[0].clone().requires_grad_(backward)] if initial else [])
     init = (leaves[5], state[1]) if initial else None
     h, (C, n) = tfla.mlstm_sig(*xs, chunk_size=L, normalize=normalize, initial_state=init,
                                return_last_state=True)
+    if not backward:
+        hr, (Cr, nr) = mlstm_recurrent(*(x.double() for x in leaves[:5]), variant="sig",
+                                       normalize=normalize, return_last_state=True,
+                                       initial_state=((leaves[5].double(), state[1].double())
+                                                      if initial else None))
+        assert h.dtype == dtype and C.dtype == torch.float32
+        return {"h": maxnorm(h, hr), "C": maxnorm(C, Cr), "n": maxnorm(n, nr)}
     dh = torch.randn(h.shape, generator=g)
     dC = torch.randn(C.shape, generator=g) if last_state_grad else torch.zeros(C.shape)
     grads = torch.autograd.grad([h, C], leaves, [dh.to(h.dtype), dC])
@@ -129,11 +135,10 @@ def test_kernels_match_reference_in_extreme_gate_regimes(regime, normalize, impl
 
 @pytest.mark.parametrize("overrides,L,normalize", [
     ({"chunks_per_seg": 1}, 16, False),                      # one segment per chunk
-    ({"chunks_per_seg": 2, "BDHV": 16, "BDHV_B": 16}, 16, True),  # segments + atomics
+    ({"chunks_per_seg": 2, "BDHV": 16}, 16, True),           # segments, narrow d_hv blocks
     ({"BL": 16}, 32, False),                                 # chunk of two tiles (L > BL)
     ({"BL": 16, "chunks_per_seg": 1, "BLR": 16}, 32, True),  # tiled chunks + segments
     ({"use_tma": False, "chunks_per_seg": 2, "BDHV": 16}, 16, True),  # pointer loads
-    ({"use_tma_b": True, "BDHV": 16}, 16, False),            # TMA loads in the backward
     ({}, 128, False),                                        # chunk 128 as one 128-row tile
 ])
 def test_kernel_variants_agree_with_reference(overrides, L, normalize):
@@ -141,55 +146,12 @@ def test_kernel_variants_agree_with_reference(overrides, L, normalize):
     check(run_case(S=61, L=L, d_qk=16, d_hv=32, normalize=normalize, initial=True), 2e-5, 1e-4)
 
 
-@pytest.mark.parametrize("overrides,L,S,d_qk,d_hv,normalize,initial", [
-    ({}, 16, 45, 16, 32, False, False),                    # S not a multiple of L, d_qk != d_hv
-    ({}, 16, 45, 16, 32, True, True),                      # normalised, initial state in
-    ({}, 32, 70, 32, 16, False, True),                     # d_qk > d_hv
-    ({}, 64, 40, 16, 24, True, False),                     # L > S, d_hv not a power of two
-    ({}, 16, 1, 16, 16, False, True),                      # S = 1
-    ({"BL_C": 16, "BL_W": 16}, 64, 61, 16, 32, True, True),  # chunk of four row tiles
-    ({"BDV_C": 16, "BDA_W": 16, "BDB_W": 16}, 16, 50, 32, 40, False, True),  # many blocks
-    ({"chunks_per_seg": 1}, 16, 61, 16, 32, True, True),   # forward in segments
-])
-def test_chunk_parallel_backward_matches_float64_reference(overrides, L, S, d_qk, d_hv,
-                                                           normalize, initial):
-    common.OVERRIDES.update(overrides, bwd="chunk", impl="walk")
-    check(run_case(L=L, S=S, d_qk=d_qk, d_hv=d_hv, normalize=normalize, initial=initial), 2e-5,
-          1e-4)
-
-
-@pytest.mark.parametrize("regime", [
-    dict(i_mean=-30.0, i_std=5.0),
-    dict(i_mean=30.0, i_std=5.0),
-    dict(f_mean=-8.0, f_std=2.0),
-    dict(f_mean=8.0, f_std=1.0, i_std=25.0),
-])
-def test_chunk_parallel_backward_in_extreme_gate_regimes(regime):
-    common.OVERRIDES.update(bwd="chunk", impl="walk")
-    check(run_case(S=40, normalize=True, initial=True, **regime), 2e-5, 1e-4)
-
-
-@pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
-def test_chunk_parallel_backward_half_precision(dtype, tol):
-    common.OVERRIDES.update(bwd="chunk", impl="walk")
-    check(run_case(S=40, L=16, dtype=dtype, normalize=False, initial=True), tol)
-
-
-def test_backward_paths_agree():
-    runs = []
-    for path in ("walk", "chunk"):
-        common.OVERRIDES.clear()
-        common.OVERRIDES.update(bwd=path, impl="walk")
-        runs.append(run_case(S=37, L=16, normalize=True, initial=True, seed=3))
-    assert all(runs[1][key] < 2e-5 for key in runs[1] if key != "df"), runs
-    assert runs[1]["df"] < 1e-4 and runs[0]["df"] < 1e-4, runs
-
-
-def test_unknown_backward_path_is_refused(monkeypatch):
+def test_walk_refuses_a_call_that_needs_gradients():
     common.OVERRIDES.update(impl="walk")
-    monkeypatch.setenv(common.BWD_ENV, "fast")
-    with pytest.raises(ValueError, match="TFLA_SIG_BWD"):
-        run_case(S=20, L=16)
+    q = torch.zeros(1, 1, 20, 16, requires_grad=True)
+    with pytest.raises(ValueError, match="TFLA_SIG_IMPL=walk: the walk is a forward-only"):
+        tfla.mlstm_sig(q, q.detach(), q.detach(), q.detach()[..., 0], q.detach()[..., 0],
+                       chunk_size=16)
 
 
 def test_unknown_algorithm_is_refused(monkeypatch):
@@ -320,6 +282,6 @@ def test_forward_only_and_training_calls_agree(monkeypatch):
 ])
 def test_tiled_sig_tile_configs_in_half_precision(L, S, d_qk, d_hv):
     """The 16-bit tile configurations that the sig variant of the tiled kernels chooses
-    (exp_parallel_fw.fw_config, exp_recurrent.state_blocks) against float64."""
+    (chunkwise_parallel_fw.fw_config, chunkwise_recurrent.state_blocks) against float64."""
     common.OVERRIDES.update(impl="tiled")
     check(run_case(S=S, L=L, d_qk=d_qk, d_hv=d_hv, dtype=torch.float16, initial=True), 5e-3)

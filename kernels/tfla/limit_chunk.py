@@ -78,7 +78,7 @@ def mlstm_limit_chunk(q, k, v, i, f, *, variant="sig", chunk_size=64, normalize=
                                normalize=normalize, eps=eps, initial_state=initial_state,
                                return_last_state=return_last_state)
     check_kernel_dtype(q)
-    from tfla.triton.exp_chunkwise import Config, effective_chunk, run
+    from tfla.triton.chunkwise import Config, effective_chunk, run
     L_eff = effective_chunk(dims.S, L)
     cfg = Config.make(variant=variant, normalize=normalize, eps=eps, L=L_eff, limit=True)
     return run(q, k, v, i, f, C0, n0, m0, cfg, return_last_state)

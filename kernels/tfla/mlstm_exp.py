@@ -65,7 +65,7 @@ def mlstm_exp(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", eps=1e-6,
         return mlstm_chunkwise(q, k, v, i, f, variant="exp", chunk_size=L, eps=eps,
                                initial_state=initial_state, return_last_state=return_last_state)
     check_kernel_dtype(q)
-    from tfla.triton.exp_chunkwise import Config, effective_chunk, run
+    from tfla.triton.chunkwise import Config, effective_chunk, run
     L_eff = effective_chunk(dims.S, L)
     cfg = Config.make(variant="exp", normalize=True, eps=eps, L=L_eff, limit=False)
     return run(q, k, v, i, f, C0, n0, m0, cfg, return_last_state)

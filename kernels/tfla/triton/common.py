@@ -151,11 +151,11 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device, needs_grad: bool = T
     """Which mLSTMsig xl_chunk kernels run a shape: "tiled" or "walk" (a documented rule).
 
     "tiled": the paper's two-level TFLA (Sec. 3.2, Table 1), the kernels mLSTMexp uses with
-    IS_EXP=False (tfla/triton/exp_*.py): a recurrent kernel writes the chunk states C_k
+    IS_EXP=False (tfla/triton/chunkwise*.py): a recurrent kernel writes the chunk states C_k
     every L steps, a parallel kernel tiled over (query tile, d_hv block, chunk) forms H
     (loop fusion of the inter- and intra-chunk terms, App. C.2), and the backward is the
     recurrent dC kernel plus the parallel dQ/dK/dV kernels. "walk": one program per
-    (d_hv block, head, segment) walks the chunks with C on chip (sig_fwd_parallel.py),
+    (d_hv block, head, segment) walks the chunks with C on chip (sig_walk_fwd.py),
     no state in HBM, but the intra-chunk work of every chunk serialised in that program.
 
     Rule (measured on the H200, docs/kernels-sig-notes.md, version 4): calls that need a
@@ -185,11 +185,6 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device, needs_grad: bool = T
 
 
 
-#: environment variable choosing the mLSTMsig backward path ("chunk" or "walk"); OVERRIDES
-#: key "bwd" wins over it. DEFAULT_BWD is used when neither is set (docs/kernels-sig-notes.md).
-BWD_ENV = "TFLA_SIG_BWD"
-DEFAULT_BWD = "chunk"   # measured faster at every Fig. 4 S (docs/kernels-sig-notes.md, run 3)
-
 #: Tests (and the benchmark's variants) override fields of the heuristic here, e.g.
 #: {"chunks_per_seg": 1, "BDHV": 16, "BL": 16}; dependent fields are recomputed.
 OVERRIDES: dict = {}
@@ -203,17 +198,10 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     needs M >= 64), smaller for wider heads so that the Q and K tiles fit in shared memory;
     chunk 128 with d_qk <= 128 runs as one 128-row tile with 64-wide d_hv blocks. Segments
     are added only when (d_hv blocks x heads) < 2 x SMs, then about four programs per SM.
-    Forward tiles come through TMA with 2 pipeline stages. Backward path ``cfg.bwd``:
-    "chunk" (default, sig_bwd_chunk.py: 64-row tiles, whole d_qk per program, 64-wide d_hv
-    blocks, 3 stages; state walks in 64 x 64 blocks, 32-wide when the grid is small, 128
-    positions a step) or "walk" (sig_bwd_parallel.py: TMA only with 64-wide d_hv blocks);
-    env TFLA_SIG_BWD or OVERRIDES["bwd"] choose. All measured, see the notes.
-
-    Raises:
-        ValueError: TFLA_SIG_BWD / OVERRIDES["bwd"] not "chunk" or "walk".
+    Tiles come through TMA with 2 pipeline stages. Only the walk's forward uses this config:
+    it has no backward (calls that need gradients take the tiled kernels, choose_sig_impl).
     """
-    key = (B, NH, S, d_qk, d_hv, L, dtype, str(device), tuple(sorted(OVERRIDES.items())),
-           os.environ.get(BWD_ENV, ""))
+    key = (B, NH, S, d_qk, d_hv, L, dtype, str(device), tuple(sorted(OVERRIDES.items())))
     cfg = _CONFIG_CACHE.get(key)
     if cfg is not None:
         return cfg
@@ -247,39 +235,12 @@ def choose_config(B, NH, S, d_qk, d_hv, L, dtype, device) -> SigConfig:
     BDQK_R = min(BDQK, 64)
     BDHV_R = min(max(16, next_pow2(d_hv)), 64)
     BLR = min(L, OVERRIDES.get("BLR", 64))
-    BDHV_B = OVERRIDES.get("BDHV_B", BDHV)
     cfg = SigConfig(L=L, BL=BL, BDQK=BDQK, BDHV=BDHV, n_jv=n_jv, n_seg=n_seg,
                     chunks_per_seg=chunks_per_seg, n_chunks=n_chunks, num_warps=num_warps,
                     num_stages=OVERRIDES.get("num_stages", 2), BDQK_R=BDQK_R, BDHV_R=BDHV_R,
                     BLR=BLR, num_warps_r=OVERRIDES.get("num_warps_r", 4),
                     num_stages_r=OVERRIDES.get("num_stages_r", 2),
-                    BDHV_B=BDHV_B, n_jv_b=triton.cdiv(d_hv, BDHV_B),
-                    num_warps_b=OVERRIDES.get("num_warps_b", num_warps),
                     use_tma=OVERRIDES.get("use_tma", True))
-    # backward: TMA (with 2 stages) paid off only with 64-wide d_hv blocks; with 128-wide
-    # blocks pointer loads without pipelining were faster (docs/kernels-sig-notes.md, runs 1-2)
-    cfg.use_tma_b = OVERRIDES.get("use_tma_b", cfg.use_tma and BDHV_B <= 64)
-    cfg.num_stages_b = OVERRIDES.get("num_stages_b", 2 if cfg.use_tma_b else 1)
-    # backward path: "chunk" (materialised bf16 chunk states + chunk-parallel dQ/dK/dV,
-    # sig_bwd_chunk.py) or "walk" (the fused state walks of sig_bwd_parallel.py)
-    bwd = OVERRIDES.get("bwd", os.environ.get(BWD_ENV, "") or DEFAULT_BWD)
-    if bwd not in ("chunk", "walk"):
-        raise ValueError(f"{BWD_ENV}: got {bwd!r}; allowed: 'chunk' or 'walk'")
-    cfg.bwd = bwd
-    # chunk path tiles: 64-row tiles (wgmma M), the whole d_qk per program (no atomics),
-    # 64-wide d_hv blocks; state walks in (64 x 64) state blocks, narrower when the grid
-    # would leave SMs idle, stepping 128 positions at a time
-    cfg.BL_C = min(L, OVERRIDES.get("BL_C", 64 if BDQK <= 256 else (32 if BDQK <= 512 else 16)))
-    cfg.BDV_C = OVERRIDES.get("BDV_C", min(64, max(16, next_pow2(d_hv))))
-    cfg.num_warps_c = OVERRIDES.get("num_warps_c", 8 if BDQK >= 256 else 4)
-    cfg.num_stages_c = OVERRIDES.get("num_stages_c", 3)   # run 4: 3 beat 2 and 1 (notes)
-    cfg.BL_W = min(L, OVERRIDES.get("BL_W", 128 if BDQK <= 256 else 64))
-    cfg.BDA_W = OVERRIDES.get("BDA_W", min(64, BDQK))
-    bdb = min(64, max(16, next_pow2(d_hv)))
-    if B * NH * triton.cdiv(d_qk, cfg.BDA_W) * triton.cdiv(d_hv, bdb) < 2 * target:
-        bdb = min(bdb, 32)
-    cfg.BDB_W = OVERRIDES.get("BDB_W", bdb)
-    cfg.num_stages_w = OVERRIDES.get("num_stages_w", 2)
     _CONFIG_CACHE[key] = cfg
     return cfg
 
@@ -315,24 +276,6 @@ def store_tile(desc, ptr, x, bh, t0, d0, s_bh, s_s, S, D, BL: tl.constexpr, BD: 
         d = d0 + tl.arange(0, BD)
         tl.store(ptr + bh.to(tl.int64) * s_bh + t[:, None] * s_s + d[None, :], x,
                  mask=(t < S)[:, None] & (d < D)[None, :])
-
-
-@triton.jit
-def add_tile(desc, ptr, x, bh, t0, d0, s_bh, s_s, S, D, BL: tl.constexpr, BD: tl.constexpr,
-             MODE: tl.constexpr):
-    """Accumulate an fp32 tile: MODE 0 plain store (sole writer), 1 pointer atomics,
-    2 TMA reduce-add (Hopper; not in the interpreter)."""
-    if MODE == 2:
-        desc.atomic_add([bh.to(tl.int32), t0, d0], x.reshape(1, BL, BD))
-    else:
-        t = t0 + tl.arange(0, BL)
-        d = d0 + tl.arange(0, BD)
-        ptrs = ptr + bh.to(tl.int64) * s_bh + t[:, None] * s_s + d[None, :]
-        m = (t < S)[:, None] & (d < D)[None, :]
-        if MODE == 1:
-            tl.atomic_add(ptrs, x, mask=m, sem="relaxed")
-        else:
-            tl.store(ptrs, x, mask=m)
 
 
 def can_use_tma(*tensors, blocks) -> bool:

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.exp_recurrent import dot_precision
+from tfla.triton.chunkwise_recurrent import dot_precision
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 

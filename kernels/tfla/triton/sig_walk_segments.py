@@ -1,4 +1,4 @@
-"""mLSTMsig forward recurrent kernel: the states C (and n) at the segment starts.
+"""mLSTMsig "walk" forward, segment states: C (and n) at the start of each sequence segment.
 
 docs/tfla-kernels.md 2.4 (inter-chunk recurrence, eqs. 39-43 without max state):
 C_k = exp(g_k) C_{k-1} + (exp(a_k) ⊙ K^(k))ᵀ V^(k), n_k likewise with V -> 1.
@@ -21,7 +21,7 @@ from tfla.triton.common import exp_nonpos, launch, logsigmoid, state_combine
 
 
 @triton.jit
-def _sig_fwd_local_state_kernel(
+def _segment_local_state_kernel(
     K, V, I, F, LOC, LOCN, G,
     S, DQK, DHV, seg_len, n_seg,
     s_k_bh, s_k_s, s_v_bh, s_v_s,
@@ -68,7 +68,7 @@ def _sig_fwd_local_state_kernel(
             tl.store(G + bh * n_seg + p + tl.arange(0, 1), gsum)
 
 
-def sig_fwd_recurrent(k, v, i, f, C0, n0, cfg, *, with_n: bool, dot_dt, dot_prec):
+def walk_segment_states(k, v, i, f, C0, n0, cfg, *, with_n: bool, dot_dt, dot_prec):
     """States at the start of each of ``cfg.n_seg`` segments (n_seg >= 2).
 
     k (BH, S, d_qk), v (BH, S, d_hv) contiguous; i, f (BH, S); C0 (BH, d_qk, d_hv) fp32 or
@@ -82,7 +82,7 @@ def sig_fwd_recurrent(k, v, i, f, C0, n0, cfg, *, with_n: bool, dot_dt, dot_prec
     locn = torch.empty((BH, n_seg - 1, d_qk), dtype=torch.float32, device=k.device) if with_n else loc
     G = torch.zeros((BH, n_seg), dtype=torch.float32, device=k.device)
     grid = (triton.cdiv(d_qk, cfg.BDQK_R), triton.cdiv(d_hv, cfg.BDHV_R), BH * (n_seg - 1))
-    launch(_sig_fwd_local_state_kernel, grid, cfg,
+    launch(_segment_local_state_kernel, grid, cfg,
         k, v, i, f, loc, locn, G, S, d_qk, d_hv, cfg.chunks_per_seg * cfg.L, n_seg,
         k.stride(0), k.stride(1), v.stride(0), v.stride(1),
         WITH_N=with_n, DOT_DT=dot_dt, DOT_PREC=dot_prec, BLR=cfg.BLR, BDQK=cfg.BDQK_R,

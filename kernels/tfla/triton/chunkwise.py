@@ -1,7 +1,8 @@
 """Host side of the chunkwise Triton kernels: launch order, saved tensors, autograd.
 
-Used by :func:`tfla.mlstm_exp` (mLSTMexp ``xl_chunk``) and :func:`tfla.limit_chunk.mlstm_limit_chunk`
-(``limit_chunk``, mLSTMexp and mLSTMsig). Forward (docs/tfla-kernels.md 4.1): the recurrent
+Used by :func:`tfla.mlstm_exp` (mLSTMexp ``xl_chunk``), :func:`tfla.mlstm_sig` (mLSTMsig
+``xl_chunk``, the "tiled" algorithm) and :func:`tfla.limit_chunk.mlstm_limit_chunk`
+(``limit_chunk``, both variants). Forward (docs/tfla-kernels.md 4.1): the recurrent
 kernel (chunk states, b, m^comb), then the parallel H kernel. Backward: the recurrent dC
 kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three kernels as in the paper's
 Table 1; limit_chunk: one fused kernel per chunk), then the gate gradients (docs 3.4)
@@ -22,9 +23,9 @@ import torch
 import triton
 
 _MODULES = (
-    "tfla.triton.exp_recurrent",
-    "tfla.triton.exp_parallel_fw",
-    "tfla.triton.exp_parallel_bw",
+    "tfla.triton.chunkwise_recurrent",
+    "tfla.triton.chunkwise_parallel_fw",
+    "tfla.triton.chunkwise_parallel_bw",
     "tfla.triton.limit_parallel_bw",
 )
 
@@ -70,7 +71,7 @@ def kernels():
         _interpreter_numpy_compat()
     mods = [importlib.import_module(name) for name in _MODULES]
     if any(m.INTERPRET != want for m in mods):
-        mods = [importlib.reload(m) for m in mods]   # exp_recurrent first: the others import it
+        mods = [importlib.reload(m) for m in mods]   # chunkwise_recurrent first: the others import it
     return tuple(mods)
 
 

@@ -1,4 +1,4 @@
-"""mLSTMsig forward parallel kernel: H for every chunk, with the chunk recurrence fused in.
+"""mLSTMsig "walk" forward: H for every chunk, with the chunk recurrence fused in (on chip).
 
 Algorithm: docs/tfla-kernels.md 2.4 (chunkwise form, mLSTMsig: no max state) and 4.4/4.8
 (the H kernel with the paper's loop fusion for mLSTMsig: the inter term Q̄ C_{k-1} needs no
@@ -12,8 +12,9 @@ state C (d_qk x BDHV, fp32) in registers and walks the chunks of its segment in 
         C_k  = exp(g_k) C_{k-1} + Σ_ikv (exp(a) ⊙ K_ikv)ᵀ V_ikv
 
 so the chunk states never travel through HBM (only the segment-start states, written by
-sig_fwd_recurrent when there is more than one segment). With ``normalize`` it also carries
-n and divides by max(|den|, 1) + eps, saving n_out (fp32) for the backward.
+sig_walk_segments.py when there is more than one segment). With ``normalize`` it also
+carries n and divides by max(|den|, 1) + eps. Forward only: calls that need gradients run
+the tiled kernels (tfla.triton.common.choose_sig_impl).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import exp_nonpos, can_use_tma, descriptor, launch, load_tile, store_tile
+from tfla.triton.common import can_use_tma, descriptor, exp_nonpos, launch, load_tile, store_tile
 
 
 @triton.jit
@@ -58,7 +59,7 @@ def _h_tile(q, bq, mq, C, n, K, V, GB, GI, bh, t0, iq, S, DQK, DHV, dk, mk, dv, 
 
 
 @triton.jit
-def _sig_fwd_parallel_kernel(
+def _walk_kernel(
     Q, K, V, GB, GI, H, NOUT, CS, NS, CL, NL,
     S, DQK, DHV, n_chunks, chunks_per_seg, n_seg, scale, eps,
     s_q_bh, s_q_s, s_k_bh, s_k_s, s_v_bh, s_v_s, s_h_bh, s_h_s,
@@ -139,7 +140,7 @@ def _sig_fwd_parallel_kernel(
 
 
 @triton.jit
-def _sig_fwd_flat_kernel(
+def _walk_flat_kernel(
     QD, KD, VD, HD, Q, K, V, H, GB, GI, NOUT, CS, NS, CL, NL,
     S, DQK, DHV, n_chunks, chunks_per_seg, n_seg, scale, eps,
     s_q_bh, s_q_s, s_v_bh, s_v_s,
@@ -210,7 +211,7 @@ def _sig_fwd_flat_kernel(
                     tl.store(NL + bh64 * DQK + dk, n, mask=mk)
 
 
-def sig_fwd_parallel(q, k, v, gb, gi, CS, NS, cfg, *, normalize, eps, write_last, track_n,
+def walk_forward(q, k, v, gb, gi, CS, NS, cfg, *, normalize, eps, write_last, track_n,
                      dot_dt, dot_prec, h_dtype):
     """h (BH, S, d_hv) in h_dtype, n_out (BH, S) fp32 or None, last (C, n) or (None, None).
 
@@ -232,7 +233,7 @@ def sig_fwd_parallel(q, k, v, gb, gi, CS, NS, cfg, *, normalize, eps, write_last
         KD = descriptor(k, (1, cfg.L, cfg.BDQK), use_tma)
         VD = descriptor(v, (1, cfg.L, cfg.BDHV), use_tma)
         HD = descriptor(h, (1, cfg.L, cfg.BDHV), use_tma)
-        launch(_sig_fwd_flat_kernel, grid, cfg,
+        launch(_walk_flat_kernel, grid, cfg,
             QD, KD, VD, HD, q, k, v, h, gb, gi, n_out if normalize else dummy,
             CS if CS is not None else dummy, NS if NS is not None else dummy,
             CL if write_last else dummy, NL if write_last else dummy,
@@ -243,7 +244,7 @@ def sig_fwd_parallel(q, k, v, gb, gi, CS, NS, cfg, *, normalize, eps, write_last
             BDQK=cfg.BDQK, BDHV=cfg.BDHV, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
                )
         return h, n_out, (CL, NL)
-    launch(_sig_fwd_parallel_kernel, grid, cfg,
+    launch(_walk_kernel, grid, cfg,
         q, k, v, gb, gi, h, n_out if normalize else dummy,
         CS if CS is not None else dummy, NS if NS is not None else dummy,
         CL if write_last else dummy, NL if write_last else dummy,
