@@ -7,6 +7,8 @@
 #     and FLA simple_gla (Figure 4)
 # Each step stops itself (timeouts below); results/ comes back as $OUT/results.tgz.
 #   STEPS="bench fig5 fig4" bash benchmarks/device_issue11.sh
+# (BENCH_ARGS, FIG5_ARGS, FIG4_ARGS add options; FIG4_ONLY replaces the --only patterns, ';'-separated;
+#  BENCH_S, FIG5_S, FIG4_S are the steps' time limits in seconds)
 set -uo pipefail
 : "${OUT:?run this through the device tool (OUT unset)}"
 python3 -m pip install -q --no-deps --no-compile --target /tmp/peers .peers/*.whl 2>&1 | grep -v WARNING
@@ -15,12 +17,14 @@ export TFLABENCH_GIT_REVISION="${TFLABENCH_GIT_REVISION:-unknown}"
 for step in ${STEPS:-bench fig5 fig4}; do
   case "$step" in
     bench) python3 benchmarks/bench_sig_tfla.py --out "$OUT/bench" --modes fwd \
-             --budget-s "${BENCH_S:-190}" > "$OUT/bench.log" 2>&1 ;;
+             --budget-s "${BENCH_S:-190}" ${BENCH_ARGS:-} > "$OUT/bench.log" 2>&1 ;;
     fig5) timeout --signal=TERM "${FIG5_S:-160}" python3 -m tflabench run suites/chunk_tradeoff.yaml \
              --no-progress ${FIG5_ARGS:-} > "$OUT/fig5.log" 2>&1 ;;
-    fig4) timeout --signal=TERM "${FIG4_S:-170}" python3 -m tflabench run suites/h100_7b.yaml --no-progress \
-             --only 'mLSTMsig*' --only 'mLSTMexp TFLA xl_chunk (ours)' --only 'mLSTMexp limit_chunk (ours)' \
-             --only 'Simple GLA (FLA chunk)' ${FIG4_ARGS:-} > "$OUT/fig4.log" 2>&1 ;;
+    fig4) only=()
+          IFS=';' read -ra pats <<< "${FIG4_ONLY:-mLSTMsig*;mLSTMexp TFLA xl_chunk (ours);mLSTMexp limit_chunk (ours);Simple GLA (FLA chunk)}"
+          for p in "${pats[@]}"; do only+=(--only "$p"); done
+          timeout --signal=TERM "${FIG4_S:-170}" python3 -m tflabench run suites/h100_7b.yaml --no-progress \
+             "${only[@]}" ${FIG4_ARGS:-} > "$OUT/fig4.log" 2>&1 ;;
   esac
 done
 tar czf "$OUT/results.tgz" results
