@@ -252,7 +252,10 @@ def numerics_gate(
     """Check the kernel against its family's float64 reference at a reduced shape
     (``backend.gate_shape``): output, and for ``fwdbw`` every input gradient, each against
     its own budget (:func:`tflabench.numerics.judge`: per tensor class and dtype, TF32 or
-    full-precision float32 as ``backend.uses_tf32`` says; docs/numerics.md).
+    full-precision float32 as ``backend.uses_tf32`` says; docs/numerics.md). The mLSTM
+    family's df is judged against the scale of its summands
+    (:func:`tflabench.numerics.reference_scales`; ``numerics_ref`` then ends in
+    ``; df vs summand scale``).
 
     Args:
         shape: the case's full shape (reduced here).
@@ -267,7 +270,7 @@ def numerics_gate(
     import torch
 
     from tflabench.numerics import budget as budget_of
-    from tflabench.numerics import judge
+    from tflabench.numerics import judge, reference_scales
 
     gshape = backend.gate_shape(params, shape, max_seq_len)
     tf32 = backend.uses_tf32(params, dtype, device)
@@ -300,7 +303,10 @@ def numerics_gate(
                     return GateResult(None, f"d{key}", errors, tol, label, False, tf32=tf32,
                                       problem=f"no gradient for input {key!r}")
                 pairs[f"d{key}"] = (value.grad, ref_inputs[key].grad)
-    verdict = judge(pairs, dtype=name, tf32=tf32, overrides=budgets, tolerance=tolerance)
+    scales = reference_scales(backend.numerics_family(params), ref_inputs, pairs)
+    if scales:
+        label += "; " + ", ".join(f"{t} vs {s.label}" for t, s in scales.items())
+    verdict = judge(pairs, dtype=name, tf32=tf32, overrides=budgets, tolerance=tolerance, scales=scales)
     errors = {e.name: e.max_norm for e in verdict.errors}
     worst = verdict.worst
     if worst is None:

@@ -9,7 +9,11 @@ Error measures, per tensor x (kernel) against r (float64 reference), over the po
 where r is finite:
 
 - **max-normalised** (the verdict's measure): ``max|x - r| / max|r|`` (``max|x|`` when r
-  is all zero);
+  is all zero); for a tensor given a normaliser (``judge(..., scales=...)``), the
+  denominator is ``max(max|r|, scale)`` instead: the mLSTM forget-gate gradient ``df`` is
+  judged against the scale of the summands it is computed from (:func:`mlstm_df_scale`,
+  :data:`FAMILY_SCALES`), since its true value cancels to ~1e-8 where forget gates are
+  closed and every float kernel's df error there is rounding noise of O(1) summands;
 - **relative Frobenius** (recorded beside it): ``||x - r||_F / ||r||_F``;
 - **non-finite**: the count of NaN/inf in x where r is finite. Any is a failure (error inf).
 
@@ -170,6 +174,9 @@ class TensorError:
         nonfinite: NaN/inf count in the kernel's tensor where the reference is finite.
         ref_nonfinite: NaN/inf count in the reference (those positions are not compared).
         budget: the accepted max-normalised error.
+        scale: the normaliser given for this tensor (:class:`Normaliser`) when it was
+            judged against ``max(max|r|, scale)`` rather than ``max|r|``; None otherwise.
+        ref_max: ``max|r|`` over the compared positions (0 when none).
     """
 
     name: str
@@ -178,6 +185,16 @@ class TensorError:
     nonfinite: int
     ref_nonfinite: int
     budget: float
+    scale: "Normaliser | None" = None
+    ref_max: float = 0.0
+
+    @property
+    def normaliser_text(self) -> str | None:
+        """``vs summand scale 31.6 (max|ref| 4.1e-08)`` when judged against a given
+        normaliser, None when against ``max|r|``."""
+        if self.scale is None:
+            return None
+        return f"vs {self.scale.label} {self.scale.value:.3g} (max|ref| {self.ref_max:.3g})"
 
     @property
     def passed(self) -> bool:
@@ -190,17 +207,40 @@ class TensorError:
         return math.inf if self.nonfinite else self.max_norm / self.budget
 
 
-def tensor_error(name: str, x, ref, budget_value: float) -> TensorError:
+@dataclasses.dataclass(frozen=True)
+class Normaliser:
+    """A per-tensor normaliser of the max-normalised error (``judge(..., scales=...)``):
+    the error is ``max|x - r| / max(max|r|, value)``.
+
+    Attributes:
+        value: the scale (positive and finite, else it is ignored and ``max|r|`` applies).
+        label: what it is, for the row's detail and reason (``summand scale``).
+    """
+
+    value: float
+    label: str = "given scale"
+
+
+def tensor_error(name: str, x, ref, budget_value: float, scale: "Normaliser | float | None" = None) -> TensorError:
     """Compare one tensor with its reference (float64 arithmetic).
 
     Args:
         x: the kernel's tensor, any float dtype, any shape.
         ref: the reference, same number of elements (compared flattened).
         budget_value: the accepted max-normalised error.
+        scale: a normaliser (:class:`Normaliser`, or a plain number labelled ``given
+            scale``) for the max-normalised error: ``max|x - r| / max(max|r|, scale)``
+            instead of ``/ max|r|``. None, or a value that is not positive and finite:
+            ``max|r|``. The relative Frobenius error is unchanged.
 
     Returns a :class:`TensorError`. Raises ValueError when the element counts differ.
     """
     import torch
+
+    if scale is not None and not isinstance(scale, Normaliser):
+        scale = Normaliser(float(scale))
+    if scale is not None and not (math.isfinite(scale.value) and scale.value > 0):
+        scale = None
 
     x = x.detach().to(torch.float64).reshape(-1)
     ref = ref.detach().to(torch.float64).reshape(-1)
@@ -209,18 +249,19 @@ def tensor_error(name: str, x, ref, budget_value: float) -> TensorError:
     ref_ok = torch.isfinite(ref)
     ref_nonfinite = int((~ref_ok).sum())
     x, ref = x[ref_ok], ref[ref_ok]
+    ref_max = ref.abs().max().item() if ref.numel() else 0.0
     bad = int((~torch.isfinite(x)).sum())
     if bad:
-        return TensorError(name, math.inf, math.inf, bad, ref_nonfinite, float(budget_value))
+        return TensorError(name, math.inf, math.inf, bad, ref_nonfinite, float(budget_value), scale, ref_max)
     if x.numel() == 0:
-        return TensorError(name, 0.0, 0.0, 0, ref_nonfinite, float(budget_value))
+        return TensorError(name, 0.0, 0.0, 0, ref_nonfinite, float(budget_value), scale, ref_max)
     diff = x - ref
-    scale = ref.abs().max().item()
-    max_norm = diff.abs().max().item() / scale if scale > 0 else diff.abs().max().item()
+    denom = max(ref_max, scale.value) if scale is not None else ref_max
+    max_norm = diff.abs().max().item() / denom if denom > 0 else diff.abs().max().item()
     fro = torch.linalg.vector_norm(ref).item()
     dfro = torch.linalg.vector_norm(diff).item()
     rel_fro = dfro / fro if fro > 0 else dfro
-    return TensorError(name, max_norm, rel_fro, 0, ref_nonfinite, float(budget_value))
+    return TensorError(name, max_norm, rel_fro, 0, ref_nonfinite, float(budget_value), scale, ref_max)
 
 
 @dataclasses.dataclass
@@ -264,17 +305,22 @@ class Verdict:
         others = f"; also {', '.join(e.name for e in failing if e is not w)}" if len(failing) > 1 else ""
         if w.nonfinite:
             return f"numerics: {w.nonfinite} non-finite values in {w.name} where the reference is finite{others}{at}"
+        vs = f" ({w.name} {w.normaliser_text})" if w.scale is not None else ""
         return (f"numerics: max-normalised error {w.max_norm:.3g} on {w.name} exceeds its budget "
-                f"{w.budget:.3g} ({w.max_norm / w.budget:.1f}x; relF {w.rel_fro:.3g}){others}{at}")
+                f"{w.budget:.3g} ({w.max_norm / w.budget:.1f}x; relF {w.rel_fro:.3g}){vs}{others}{at}")
 
     def columns(self) -> dict[str, Any]:
         """The row's numerics columns: ``numerics_err`` (max-normalised error of the
         deciding tensor), ``numerics_worst``, ``numerics_budget``, ``numerics_relf``,
         ``numerics_nonfinite``, ``numerics_detail`` (JSON: tensor -> [max_norm, rel_fro,
-        budget, nonfinite])."""
+        budget, nonfinite], with a fifth entry, the normaliser, for a tensor judged
+        against a given scale: ``"vs summand scale 31.6 (max|ref| 4.1e-08)"``)."""
         w = self.worst
-        detail = {e.name: [_finite_or_none(e.max_norm), _finite_or_none(e.rel_fro), e.budget, e.nonfinite]
-                  for e in self.errors}
+        detail = {}
+        for e in self.errors:
+            detail[e.name] = [_finite_or_none(e.max_norm), _finite_or_none(e.rel_fro), e.budget, e.nonfinite]
+            if e.scale is not None:
+                detail[e.name].append(e.normaliser_text)
         return {
             "numerics_err": None if w is None else w.max_norm,
             "numerics_worst": None if w is None else w.name,
@@ -291,21 +337,27 @@ def _finite_or_none(x: float) -> float | None:
 
 def judge(pairs: Mapping[str, tuple[Any, Any]], *, dtype: str, tf32: bool | None = None,
           overrides: Mapping[str, Budget | Mapping[str, float]] | None = None,
-          tolerance: float | None = None) -> Verdict:
+          tolerance: float | None = None,
+          scales: Mapping[str, "Normaliser | float"] | None = None) -> Verdict:
     """Compare every (kernel, reference) tensor pair with its budget.
 
     Args:
         pairs: tensor name -> (kernel tensor, float64 reference tensor); names as
             :func:`tensor_class` reads them.
         dtype, tf32, overrides, tolerance: as :func:`budget`.
+        scales: tensor name -> normaliser of its max-normalised error
+            (:class:`Normaliser` or a number): that tensor's error is ``max|x - r| /
+            max(max|r|, scale)``, and its detail and reason say so. Tensors not named keep
+            ``max|r|``. The mLSTM family's df: :func:`reference_scales`.
 
     Returns a :class:`Verdict`; a pair whose element counts differ becomes its ``problem``.
     """
     errors = []
+    scales = scales or {}
     for name, (x, ref) in pairs.items():
         b = budget(name, dtype, tf32, overrides, tolerance)
         try:
-            errors.append(tensor_error(name, x, ref, b))
+            errors.append(tensor_error(name, x, ref, b, scales.get(name)))
         except ValueError as exc:
             return Verdict(errors, problem=str(exc))
     return Verdict(errors)
@@ -318,9 +370,102 @@ def tf32_text(dtype: str, tf32: bool | None) -> str | None:
     return {True: "yes", False: "no", None: "unknown"}[tf32]
 
 
+# --------------------------------------------------------------------------- normalisers
+
+
+def mlstm_df_scale(q, k, f, dq_ref, dk_ref, dC=None, C_last=None, df_ref=None) -> float:
+    """The scale the mLSTM forget-gate gradient df is judged against (shared docs
+    ``tfla-kernels.md`` 5.1, issue 11).
+
+    Every kernel (ours and mlstm_kernels) computes df by the difference identity
+    (``tfla-kernels.md`` 3.4) ``df_t = σ(-f_t) [Σ_{u>=t} (q_u·dq_u - k_u·dk_u) + ⟨dC_S, C_S⟩]``.
+    Where forget gates are closed (f ~ N(-20, 2)) the true df is ~1e-8 while the summands
+    are O(1), so a float kernel's df error is rounding noise of the summands; its size
+    is measured against::
+
+        max( max|df_ref|, max_t σ(-f_t) [Σ_{u>=t} (|q_u| |dq_u| + |k_u| |dk_u|) + |⟨dC_S, C_S⟩|] )
+
+    with |·| the L2 norm over the head dimension, per (batch, head), the max over all.
+
+    Args:
+        q, k: (B, NH, S, d_qk) inputs (the float64 reference's); f: (B, NH, S) forget-gate
+            pre-activations. The mLSTM layout of ``tfla`` and ``mlstm_kernels`` alike.
+        dq_ref, dk_ref: (B, NH, S, d_qk) the reference's gradients of q and k.
+        dC, C_last: (B, NH, d_qk, d_hv) the gradient reaching the last state and the last
+            state, only where a last-state gradient is used (otherwise the term is 0).
+        df_ref: the reference df (B, NH, S); None: its max is left to the caller
+            (:func:`tensor_error` takes ``max(max|r|, scale)`` anyway).
+
+    Returns the scale (float). Raises ValueError for shapes that do not fit together.
+    """
+    import torch
+
+    q, k, f, dq, dk = (t.detach().to(torch.float64) for t in (q, k, f, dq_ref, dk_ref))
+    if q.dim() != 4 or k.shape != q.shape or dq.shape != q.shape or dk.shape != q.shape:
+        raise ValueError(f"mlstm_df_scale: q, k, dq, dk must be (B, NH, S, d) alike; got {tuple(q.shape)}, "
+                         f"{tuple(k.shape)}, {tuple(dq.shape)}, {tuple(dk.shape)}")
+    if tuple(f.shape) != tuple(q.shape[:-1]):
+        raise ValueError(f"mlstm_df_scale: f must be (B, NH, S) = {tuple(q.shape[:-1])}; got {tuple(f.shape)}")
+    per_t = q.norm(dim=-1) * dq.norm(dim=-1) + k.norm(dim=-1) * dk.norm(dim=-1)   # (B, NH, S)
+    rev = per_t.flip(-1).cumsum(-1).flip(-1)                                      # Σ_{u>=t}
+    if dC is not None and C_last is not None:
+        T = (dC.detach().to(torch.float64) * C_last.detach().to(torch.float64)).sum((-2, -1)).abs()
+        rev = rev + T.reshape(*rev.shape[:-1], 1)
+    scale = (torch.sigmoid(-f) * rev).max().item() if rev.numel() else 0.0
+    if df_ref is not None and df_ref.numel():
+        scale = max(scale, df_ref.detach().to(torch.float64).abs().max().item())
+    return float(scale)
+
+
+#: What a summand-scale normaliser is called in rows (``numerics_detail``, reason).
+SUMMAND_SCALE = "summand scale"
+
+
+def _mlstm_scales(inputs: Mapping[str, Any], pairs: Mapping[str, tuple[Any, Any]],
+                  last_grads: Mapping[str, Any] | None = None) -> dict[str, Normaliser]:
+    if "df" not in pairs or "dq" not in pairs or "dk" not in pairs:
+        return {}
+    if not all(n in inputs for n in ("q", "k", "f")):
+        return {}
+    dC = C = None
+    if last_grads and "last_C" in last_grads:
+        dC, C = last_grads["last_C"]
+    value = mlstm_df_scale(inputs["q"], inputs["k"], inputs["f"], pairs["dq"][1], pairs["dk"][1],
+                           dC=dC, C_last=C, df_ref=pairs["df"][1])
+    return {"df": Normaliser(value, SUMMAND_SCALE)}
+
+
+#: family (``Backend.numerics_family``) -> (reference inputs, pairs, last-state gradients)
+#: -> tensor name -> :class:`Normaliser`: the tensors a family judges against something
+#: other than their own max. mLSTM (``tfla``, ``mlstm_kernels``, ``custom`` with the mLSTM
+#: layout): df against its summand scale (:func:`mlstm_df_scale`).
+FAMILY_SCALES: dict[str, Any] = {"mlstm": _mlstm_scales}
+
+
+def reference_scales(family: str, inputs: Mapping[str, Any], pairs: Mapping[str, tuple[Any, Any]],
+                     last_grads: Mapping[str, tuple[Any, Any]] | None = None) -> dict[str, Normaliser]:
+    """The ``scales`` argument of :func:`judge` for a case of ``family``.
+
+    Args:
+        family: ``Backend.numerics_family`` (``mlstm``...); families not in
+            :data:`FAMILY_SCALES` get none.
+        inputs: the float64 reference's inputs (name -> tensor: ``q``, ``k``, ``f``...).
+        pairs: as :func:`judge` (the reference gradients are the pairs' second items);
+            without ``df``, ``dq``, ``dk`` (a ``fwd`` case) there is nothing to scale.
+        last_grads: last-state name -> (gradient reaching it, the reference's last state),
+            where the backward starts from a last-state gradient too (``last_C``); the
+            gate and ``verify`` backpropagate the output only (None).
+
+    Returns tensor name -> :class:`Normaliser` (empty when none applies).
+    """
+    fn = FAMILY_SCALES.get(family)
+    return fn(inputs, pairs, last_grads) if fn is not None else {}
+
+
 __all__ = [
     "Budget", "DEFAULT_BUDGETS", "BUDGET_REASONS", "TENSOR_CLASSES", "GATE_GRADIENTS", "PRECISIONS",
     "tensor_class", "precision", "budget", "TensorError", "tensor_error", "Verdict", "judge", "tf32_text",
+    "Normaliser", "mlstm_df_scale", "FAMILY_SCALES", "reference_scales", "SUMMAND_SCALE",
 ]
 
 

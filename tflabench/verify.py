@@ -16,7 +16,8 @@ is set), at batch 1 and ``verify.heads`` heads: forward (from the initial state 
 case has one, returning the last state where the backend can), and for ``fwdbw`` the
 backward of a fixed random output gradient; then :func:`tflabench.numerics.judge` compares
 the output, the last state and every input gradient with the float64 reference, each
-against its budget. Rows: ``ok`` (every tensor within budget), ``wrong`` (reason: the
+against its budget (the mLSTM family's df against the scale of its summands,
+:func:`tflabench.numerics.reference_scales`). Rows: ``ok`` (every tensor within budget), ``wrong`` (reason: the
 deciding tensor, its error, budget and relF; or the non-finite count), ``unavailable``
 (the kernel cannot run this length, mode or state here), ``crash`` / ``timeout`` /
 ``error``. The result set (``results/<suite>-verify/<timestamp>/``) is read by ``report``
@@ -245,7 +246,7 @@ def verify_case(case: Case) -> dict:
     from tflabench.backends import get_backend
     from tflabench.backends.base import Shape
     from tflabench.measure import torch_dtype
-    from tflabench.numerics import judge, tf32_text
+    from tflabench.numerics import judge, reference_scales, tf32_text
 
     spec_all = json.loads(case.verify)
     spec = RegimeSpec.model_validate(spec_all["spec"])
@@ -309,7 +310,11 @@ def verify_case(case: Case) -> dict:
                     return {**base, "status": "wrong", "reason": f"numerics: no gradient for input {key!r}"}
                 pairs[f"d{key}"] = (value.grad, ref_value.grad)
     budgets = json.loads(case.numerics_budgets) if case.numerics_budgets else None
-    verdict = judge(pairs, dtype=case.dtype, tf32=tf32, overrides=budgets, tolerance=case.tolerance)
+    scales = reference_scales(spec_all["family"], ref_inputs, pairs)
+    if scales:
+        base["numerics_ref"] += "; " + ", ".join(f"{t} vs {s.label}" for t, s in scales.items())
+    verdict = judge(pairs, dtype=case.dtype, tf32=tf32, overrides=budgets, tolerance=case.tolerance,
+                    scales=scales)
     return {**base, **verdict.columns(), "status": "ok" if verdict.passed else "wrong",
             "reason": verdict.reason()}
 
