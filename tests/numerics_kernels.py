@@ -68,3 +68,26 @@ def aborting(q, k, v, i, f):
     if float(f.detach().min()) < -15.0:
         os.abort()
     return _exact(q, k, v, i, f).to(q.dtype)
+
+
+class _NoisyForgetGrad(torch.autograd.Function):
+    """Identity on f; the backward adds ``amplitude * u`` to df, u uniform in [-1, 1]
+    (seeded, max |u| = 1 exactly): a kernel whose df carries absolute noise."""
+
+    @staticmethod
+    def forward(ctx, f, amplitude, seed):
+        ctx.amplitude, ctx.seed = amplitude, seed
+        return f.view_as(f)
+
+    @staticmethod
+    def backward(ctx, g):
+        gen = torch.Generator().manual_seed(ctx.seed)
+        u = torch.rand(g.shape, generator=gen, dtype=torch.float64) * 2 - 1
+        u = u / u.abs().max()
+        return (g.double() + ctx.amplitude * u.to(g.device)).to(g.dtype), None, None
+
+
+def df_noise(q, k, v, i, f, amplitude=0.0, seed=0):
+    """Exact output and gradients, except df plus noise of absolute size ``amplitude``
+    (max |noise| = amplitude)."""
+    return _exact(q, k, v, i, _NoisyForgetGrad.apply(f, float(amplitude), int(seed))).to(q.dtype)

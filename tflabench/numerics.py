@@ -194,7 +194,7 @@ class TensorError:
         normaliser, None when against ``max|r|``."""
         if self.scale is None:
             return None
-        return f"vs {self.scale.label} {self.scale.value:.3g} (max|ref| {self.ref_max:.3g})"
+        return f"vs {self.scale.label} {self.scale.value:.6g} (max|ref| {self.ref_max:.3g})"
 
     @property
     def passed(self) -> bool:

@@ -355,15 +355,11 @@ def run_verify(
     as :func:`tflabench.runner.run_cases` (a kernel that aborts twice in a row, e.g. while
     compiling, is not started again for each of its remaining cases).
 
-    Raises UserError for a CUDA suite without a GPU.
+    The result set is locked while verify writes it (:class:`tflabench.results.ResultSetLock`,
+    as ``run``): a second writer of the same directory is refused.
+
+    Raises UserError for a CUDA suite without a GPU, or a result set another run holds.
     """
-    from rich.console import Console
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from tflabench import environment
-    from tflabench.numerics import BUDGET_REASONS, DEFAULT_BUDGETS
-    from tflabench.runner import run_cases
-
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
     if dev == "cuda":
@@ -374,6 +370,27 @@ def run_verify(
                             "verify the CPU default (`tflabench verify`) or pass --device cpu")
     name = verify_suite_name(suite.name)
     directory = R.new_result_directory(out_root, name)
+    lock = R.ResultSetLock(directory).acquire()   # as `run`: one writer per result set
+    try:
+        return _run_verify_locked(loaded, cases, directory, name, dev=dev, gpus=gpus, console=console,
+                                  progress=progress, plots=plots, max_kernel_failures=max_kernel_failures,
+                                  note=lock.note)
+    finally:
+        lock.release()
+
+
+def _run_verify_locked(loaded: LoadedSuite, cases: list[Case], directory: Path, name: str, *, dev: str,
+                       gpus: list[str] | None, console, progress: bool, plots: bool,
+                       max_kernel_failures: int, note: str | None = None) -> VerifyResult:
+    """:func:`run_verify` once its result set is locked: metadata, the cases, the heat map."""
+    from rich.console import Console
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from tflabench import environment
+    from tflabench.numerics import BUDGET_REASONS, DEFAULT_BUDGETS
+    from tflabench.runner import run_cases
+
+    suite = loaded.suite
     metadata = {
         "suite": name, "suite_path": str(loaded.path), "suite_sha256": loaded.sha256,
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -385,6 +402,8 @@ def run_verify(
     }
     R.write_metadata(directory, metadata)
     console = console or Console(stderr=True)
+    if note:
+        console.print(f"[yellow]note:[/] {note}")
     console.print(f"writing to {directory} ({len(cases)} verify cases)")
     t0 = time.perf_counter()
     columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
