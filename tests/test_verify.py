@@ -106,6 +106,8 @@ def test_verify_case_in_process_reports_each_tensor(suite_file):
     assert set(detail) == {"out", "last_C", "dq", "dk", "dv", "di", "df"}   # no n: mLSTMsig without normaliser
     assert out["numerics_nonfinite"] == 0 and out["numerics_err"] < 1e-5
     assert "regime f_closed" in out["numerics_ref"] and out["tf32"] == "no"
+    assert out["numerics_ref"].endswith("; df vs summand scale")   # df judged against its summands
+    assert detail["df"][4].startswith("vs summand scale") and all(len(v) == 4 for k, v in detail.items() if k != "df")
 
 
 def test_unstable_kernel_fails_only_where_forget_gates_are_strongly_closed(suite_file, tmp_path):
@@ -158,3 +160,30 @@ def test_one_kernel_without_a_suite(tmp_path, monkeypatch):
     assert "last_C" in json.loads(rows.iloc[0]["numerics_detail"]) and "dC0" in json.loads(rows.iloc[0]["numerics_detail"])
     bad = CliRunner().invoke(app, ["verify", "--kernel", "tfla", "--params", "{not json"])
     assert bad.exit_code == 2 and "--params: not JSON" in bad.output
+
+
+def test_verify_locks_its_result_set_and_a_second_writer_is_refused(suite_file, tmp_path, monkeypatch):
+    from tflabench import results as R
+    from tflabench import runner
+
+    loaded = load_suite(suite_file)
+    cases = [c for c in V.verify_cases(loaded, device="cpu") if c.kernel == "mLSTMsig reference"][:1]
+    directory = tmp_path / "set"
+    directory.mkdir()
+    monkeypatch.setattr(R, "new_result_directory", lambda root, name: directory)
+    with R.ResultSetLock(directory):   # another writer holds the set
+        with pytest.raises(UserError, match="is being written by another run"):
+            V.run_verify(loaded, cases, out_root=tmp_path, progress=False, plots=False)
+    assert not (directory / R.METADATA_FILE).exists() and not (directory / R.ROWS_FILE).exists()
+
+    seen = []
+
+    def fake_run_cases(cases, directory, **kw):   # the lock is held while the rows are written
+        seen.append(R.ResultSetLock(directory).held())
+        with pytest.raises(UserError, match="is being written by another run"):
+            R.ResultSetLock(directory).acquire()
+        return []
+
+    monkeypatch.setattr(runner, "run_cases", fake_run_cases)
+    V.run_verify(loaded, cases, out_root=tmp_path, progress=False, plots=False)
+    assert seen == [True] and not (directory / R.LOCK_FILE).exists()   # released afterwards
