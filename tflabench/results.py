@@ -84,8 +84,10 @@ MEMORY_COLUMNS: tuple[str, ...] = ("peak_mem_bytes",)
 #: that decides the verdict (largest error / budget), ``numerics_worst`` its name,
 #: ``numerics_budget`` its budget, ``numerics_relf`` its relative Frobenius error,
 #: ``numerics_nonfinite`` NaN/inf count where the reference is finite (all tensors),
-#: ``numerics_detail`` JSON tensor -> [max_norm, rel_fro, budget, nonfinite],
-#: ``numerics_ref`` the reference and shape, ``tf32`` (float32 rows) yes / no / unknown:
+#: ``numerics_detail`` JSON tensor -> [max_norm, rel_fro, budget, nonfinite] (plus the
+#: normaliser, e.g. ``vs summand scale ...``, for a tensor not judged against its own max:
+#: the mLSTM df), ``numerics_ref`` the reference and shape (``; df vs summand scale`` where
+#: that applies), ``tf32`` (float32 rows) yes / no / unknown:
 #: whether the kernel's dots used TF32.
 NUMERICS_COLUMNS: tuple[str, ...] = (
     "numerics_err", "numerics_ref", "numerics_worst", "numerics_budget", "numerics_relf",
