@@ -242,10 +242,11 @@ def test_bad_tensors_raise_value_error():
 
 def test_algorithm_rule_forward_only_short_chunks_take_the_walk():
     """choose_sig_impl: training calls take the tiled kernels; forward-only calls the walk
-    only for L <= 64 with d_qk <= 128 (docs/kernels-sig-notes.md, version 4)."""
+    only for L <= 64 with 64 < d_qk <= 128 (docs/kernels-sig-notes.md, version 4)."""
     pick = lambda L, d_qk, grad: common.choose_sig_impl(8, 16, 8192, d_qk, 2 * d_qk, L,  # noqa: E731
                                                         torch.bfloat16, "cpu", grad)
-    assert pick(64, 128, False) == "walk" and pick(32, 64, False) == "walk"
+    assert pick(64, 128, False) == "walk" and pick(32, 96, False) == "walk"
+    assert pick(64, 64, False) == "tiled"
     assert pick(64, 128, True) == "tiled" and pick(128, 128, False) == "tiled"
     assert pick(64, 256, False) == "tiled"
 
@@ -261,14 +262,16 @@ def test_algorithm_rule_small_grids_take_the_walk_forward(monkeypatch):
 
 
 def test_forward_only_and_training_calls_agree(monkeypatch):
-    """The same inputs through the rule's two paths (no grad: walk, grad: tiled) give the
-    same h up to float32 round-off."""
+    """The same inputs through the two algorithms (walk without grad, tiled with grad) give
+    the same h up to float32 round-off."""
     g = torch.Generator().manual_seed(2)
     q, k = torch.randn(2, 1, 2, 70, 16, generator=g)
     v = torch.randn(1, 2, 70, 32, generator=g)
     i, f = torch.randn(2, 1, 2, 70, generator=g)
+    common.OVERRIDES.update(impl="walk")
     with torch.no_grad():
         h_walk = tfla.mlstm_sig(q, k, v, i, f - 3, chunk_size=32)
+    common.OVERRIDES.clear()
     qg = q.clone().requires_grad_(True)
     h_tiled = tfla.mlstm_sig(qg, k, v, i, f - 3, chunk_size=32)
     ref = mlstm_recurrent(*(x.double() for x in (q, k, v, i, f - 3)), variant="sig")
