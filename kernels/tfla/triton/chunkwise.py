@@ -30,35 +30,6 @@ _MODULES = (
 )
 
 
-def _interpreter_numpy_compat() -> None:
-    """Let triton's interpreter take Python loop bounds from runtime scalars under numpy >= 2.3.
-
-    The interpreter (triton 3.6) holds scalars as 1-element numpy arrays and converts them
-    for ``range()`` with ``int(array)``, which numpy 2.3+ refuses for arrays of ndim > 0
-    ("only 0-dimensional arrays can be converted"). This wraps the interpreter's tensor
-    patching so that ``__index__`` reads the single element instead. Interpreter only,
-    idempotent, and a no-op where int(array) still works.
-    """
-    import numpy as np
-    from triton.runtime import interpreter as interp
-
-    try:
-        int(np.zeros(1, dtype=np.int32))
-        return
-    except TypeError:
-        pass
-    if getattr(interp._patch_lang_tensor, "_tfla_compat", False):
-        return
-    original = interp._patch_lang_tensor
-
-    def patched(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.reshape(-1)[0]))
-
-    patched._tfla_compat = True
-    interp._patch_lang_tensor = patched
-
-
 def kernels():
     """The kernel modules, (re)imported so that they match the current TRITON_INTERPRET.
 
@@ -68,7 +39,8 @@ def kernels():
     """
     want = bool(triton.knobs.runtime.interpret)
     if want:
-        _interpreter_numpy_compat()
+        from tfla.triton.common import _fix_interpreter_index
+        _fix_interpreter_index()
     mods = [importlib.import_module(name) for name in _MODULES]
     if any(m.INTERPRET != want for m in mods):
         mods = [importlib.reload(m) for m in mods]   # chunkwise_recurrent first: the others import it

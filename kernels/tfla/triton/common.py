@@ -39,10 +39,17 @@ def _fix_interpreter_index() -> None:
     The interpreter holds every scalar as a 1-element 1-d array and converts it for
     ``range()`` with ``int(array)``, which NumPy 2.4 refuses ("only 0-dimensional arrays can
     be converted to Python scalars"). We re-register ``__index__`` after the interpreter's own
-    patching to read the single element instead. Nothing changes outside the interpreter.
+    patching to read the single element instead. Nothing changes outside the interpreter, and
+    nothing at all where int(array) still works. Idempotent; used by every kernel family.
     """
+    import numpy as np
     import triton.runtime.interpreter as interp
 
+    try:
+        int(np.zeros(1, dtype=np.int32))
+        return
+    except TypeError:
+        pass
     if getattr(interp, "_tfla_index_fix", False):
         return
     original = interp._patch_lang_tensor
