@@ -37,7 +37,7 @@ from typing import Callable
 
 from tflabench import results as R
 from tflabench.errors import UserError
-from tflabench.suite import Case, LoadedSuite, expand_cases, resolve_device
+from tflabench.suite import Case, LoadedSuite, expand_cases, require_device, resolve_device
 
 #: Seconds a fresh worker may take to start (import torch, initialise) before it counts
 #: as crashed.
@@ -567,12 +567,7 @@ def run_suite(
 
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
-    if dev == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UserError(f"suite {suite.name!r} asks for device cuda, but torch sees no GPU; "
-                            "run the CPU default (`tflabench run`) or set device: auto in the suite")
+    require_device(suite.name, dev, "run the CPU default (`tflabench run`) or set device: auto in the suite")
     all_cases = expand_cases(loaded, device=dev)
     cases = select_kernels(all_cases, only)
     shard_text = None

@@ -392,6 +392,17 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
+def require_device(suite_name: str, device: str, instead: str) -> None:
+    """Raise UserError when ``device`` is ``cuda`` and torch sees no GPU; ``instead`` is the
+    one-line advice that ends the message (what to run on this machine)."""
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            raise UserError(f"suite {suite_name!r} asks for device cuda, but torch sees no GPU; "
+                            + instead)
+
+
 def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list[Case]:
     """All cases of a suite, in run order: kernels in file order, then parameter
     combinations, embedding dimensions, dtypes, shapes (batch, seq_len), modes.

@@ -36,7 +36,7 @@ from typing import Any, Callable
 from tflabench import results as R
 from tflabench.errors import UserError
 from tflabench.numerics import REGIMES, RegimeSpec, VerifySettings
-from tflabench.suite import Case, LoadedSuite, expand_cases, resolve_device
+from tflabench.suite import Case, LoadedSuite, expand_cases, require_device, resolve_device
 
 #: Suffix of a verify result set's suite name (``<suite>-verify``): ``compare`` refuses to
 #: match a verify set against a timing set of the same suite.
@@ -362,12 +362,7 @@ def run_verify(
     """
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
-    if dev == "cuda":
-        import torch
-
-        if not torch.cuda.is_available():
-            raise UserError(f"suite {suite.name!r} asks for device cuda, but torch sees no GPU; "
-                            "verify the CPU default (`tflabench verify`) or pass --device cpu")
+    require_device(suite.name, dev, "verify the CPU default (`tflabench verify`) or pass --device cpu")
     name = verify_suite_name(suite.name)
     directory = R.new_result_directory(out_root, name)
     lock = R.ResultSetLock(directory).acquire()   # as `run`: one writer per result set
