@@ -205,7 +205,6 @@ class Bench:
                     call()
                     self.sync()
                     row["peak_mem_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
-                del xs
         except Exception as e:  # noqa: BLE001 - a failing kernel is a row, the run goes on
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             traceback.print_exc(limit=3)
@@ -225,10 +224,10 @@ class Bench:
         print(" ".join(f"{k}={full[k]}" for k in FIELDS if full[k] != ""), flush=True)
         return full
 
-    # ------------------------------------------------------------ breakdown of the tiled forward
-    def breakdown(self, shape_name, L):
-        torch = self.torch
-        from tflabench.measure import time_callable
+    # ------------------------------------------------------------ the tiled forward's kernels alone
+    def flat_inputs(self, shape_name):
+        """(recurrent module, parallel-fw module, (q, k, v, i, f) flattened to (B*NH, S, ...)):
+        the inputs the tiled forward's kernels take, for timing them one by one."""
         from tfla.triton.chunkwise import kernels
         shp = (SMOKE_SHAPES if self.smoke else SHAPES)[shape_name]
         rec, pfw, _, _ = kernels()
@@ -236,6 +235,12 @@ class Bench:
         BH = shp["B"] * shp["NH"]
         q, k, v = (x.reshape(BH, shp["S"], -1) for x in xs[:3])
         i, f = (x.reshape(BH, shp["S"]) for x in xs[3:])
+        return rec, pfw, (q, k, v, i, f)
+
+    def breakdown(self, shape_name, L):
+        torch = self.torch
+        from tflabench.measure import time_callable
+        rec, pfw, (q, k, v, i, f) = self.flat_inputs(shape_name)
         with torch.no_grad():
             gates = rec.chunk_gates(i, f, L=L, is_exp=False)
             st = rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None, None, None, L=L,
@@ -288,13 +293,8 @@ def sweep(b, shape_name, L, which):
     torch = b.torch
     from tflabench.measure import time_callable
     from tfla.triton import chunkwise_parallel_fw, chunkwise_recurrent
-    from tfla.triton.chunkwise import kernels
     shp = (SMOKE_SHAPES if b.smoke else SHAPES)[shape_name]
-    rec, pfw, _, _ = kernels()
-    xs, _ = b.inputs(shp, "mlstm", grad=False)
-    BH = shp["B"] * shp["NH"]
-    q, k, v = (x.reshape(BH, shp["S"], -1) for x in xs[:3])
-    i, f = (x.reshape(BH, shp["S"]) for x in xs[3:])
+    rec, pfw, (q, k, v, i, f) = b.flat_inputs(shape_name)
     results = []
 
     def run(cfg):

@@ -13,7 +13,6 @@ longer than a tile need no carry between tiles.
 from __future__ import annotations
 
 import functools
-import math
 import os
 
 import torch
