@@ -40,6 +40,9 @@ SHAPES = {
     "fig4": dict(B=8, NH=16, d_qk=128, d_hv=256, S=8192),
     "b7": dict(B=8, NH=8, d_qk=256, d_hv=512, S=8192),
     "small": dict(B=16, NH=32, d_qk=64, d_hv=128, S=4096),
+    # Figure 4's two longest sequences (fixed tokens: B·S = 65536): grids of 32 and 16 heads
+    "fig4_s32k": dict(B=2, NH=16, d_qk=128, d_hv=256, S=32768),
+    "fig4_s64k": dict(B=1, NH=16, d_qk=128, d_hv=256, S=65536),
 }
 SMOKE_SHAPES = {"tiny": dict(B=1, NH=2, d_qk=16, d_hv=32, S=100)}
 
@@ -54,6 +57,17 @@ VARIANTS = {
     "rec_64x64": ({}, {}, {"B_DQK": 64, "B_DHV": 64}),
     "rec_st2": ({}, {}, {"num_stages": 2}),
     "rec_acc_in_c": ({}, {}, {"ACC_IN_C": True}),
+    # issue 11, version 5: K unscaled into the dot (V scaled), TMA tiles and C_k stores
+    "rec_sv": ({}, {}, {"SCALE_V": True}),
+    "rec_tma": ({}, {}, {"USE_TMA": True}),
+    "rec_tma_sv": ({}, {}, {"USE_TMA": True, "SCALE_V": True}),
+    "rec_tma_sv_st2": ({}, {}, {"USE_TMA": True, "SCALE_V": True, "num_stages": 2}),
+    "rec_tma_sv_accc": ({}, {}, {"USE_TMA": True, "SCALE_V": True, "ACC_IN_C": True}),
+    "rec_tma_sv_64x128w4": ({}, {}, {"USE_TMA": True, "SCALE_V": True, "B_DQK": 64,
+                                     "B_DHV": 128, "num_warps": 4}),
+    "fw_tma": ({"USE_TMA": True}, {}, {}),
+    "fw_tma_st3": ({"USE_TMA": True, "num_stages": 3}, {}, {}),
+    "tma_sv": ({"USE_TMA": True}, {}, {"USE_TMA": True, "SCALE_V": True}),
     "bw_w8": ({}, {"num_warps": 8}, {}),
     "bw_dhv64": ({}, {"B_DHV": 64}, {}),
     "bw_st3": ({}, {"num_stages": 3}, {}),
@@ -73,6 +87,7 @@ def parse_args(argv=None):
     ap.add_argument("--variants", default="", help="comma list of VARIANTS names, or 'all'")
     ap.add_argument("--variant-chunks", default="128,256", help="chunk sizes for --variants")
     ap.add_argument("--variant-modes", default="fwd", help="modes for --variants")
+    ap.add_argument("--variant-impls", default="sig_tiled", help="impls for --variants")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--sweep", default="", help="'rec', 'fw' or 'rec,fw': time one kernel of the "
                     "tiled forward alone over a grid of tile configs (see sweep())")
@@ -399,8 +414,9 @@ def main(argv=None):
         for shape in shapes:
             for mode in args.variant_modes.split(","):
                 for L in [int(c) for c in args.variant_chunks.split(",")]:
-                    for name in names:
-                        b.measure(shape, "sig_tiled", L, mode, variant=name)
+                    for impl in args.variant_impls.split(","):
+                        for name in names:
+                            b.measure(shape, impl, L, mode, variant=name)
     print_tables(b.rows)
 
 

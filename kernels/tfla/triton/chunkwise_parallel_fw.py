@@ -24,20 +24,24 @@ import triton
 import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
+from tfla.triton.common import can_use_tma, descriptor, load_tile, store_tile
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
 
 @triton.jit
 def _parallel_fw_kernel(
-    Q, K, V, B_vec, I_vec, MI_vec, C_st, N_st, M_st, H, NOUT,
+    Q, K, V, QD, KD, VD, CD, HD, B_vec, I_vec, MI_vec, C_st, N_st, M_st, H, NOUT,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     # 1-D grid, (d_hv block) fastest, then query tile, then chunk*b*head: programs that
-    # share a chunk's K, V and C_{k-1} run next to each other (L2 reuse)
+    # share a chunk's K, V and C_{k-1} run next to each other (L2 reuse). USE_TMA: tiles
+    # through the tensor descriptors QD, KD, VD, HD (BNH, S, d) and CD (BNH·(N_c+1), d_qk,
+    # d_hv), whose bounds give the zeros past S; else masked pointers.
     pid = tl.program_id(0)
     n_v = tl.cdiv(d_hv, B_DHV)
     n_q = L // B_LQ
@@ -47,15 +51,10 @@ def _parallel_fw_kernel(
     c = pid_cbh % NC
     bh = (pid_cbh // NC).to(tl.int64)
     S_pad = NC * L
-    q_base = Q + bh * S * d_qk
-    k_base = K + bh * S * d_qk
-    v_base = V + bh * S * d_hv
 
     r_loc = pid_q * B_LQ + tl.arange(0, B_LQ)          # position inside the chunk
+    r0 = c * L + pid_q * B_LQ
     rows = c * L + r_loc
-    row_ok = rows < S
-    offs_v = pid_v * B_DHV + tl.arange(0, B_DHV)
-    mask_v = offs_v < d_hv
     offs_dk = tl.arange(0, B_DQK)
 
     b_q = tl.load(B_vec + bh * S_pad + rows)
@@ -70,14 +69,14 @@ def _parallel_fw_kernel(
     # inter-chunk part: Q C_{k-1} (and Q n_{k-1}); rows scaled by b̄ * scale afterwards
     acc = tl.zeros((B_LQ, B_DHV), dtype=tl.float32)
     den = tl.zeros((B_LQ,), dtype=tl.float32)
-    c_base = C_st + (bh * (NC + 1) + c) * d_qk * d_hv
-    n_base = N_st + (bh * (NC + 1) + c) * d_qk
+    c_row = bh * (NC + 1) + c
+    v0 = pid_v * B_DHV
+    n_base = N_st + c_row * d_qk
     if NUM_DQK == 1:
         mask_k = offs_dk < d_qk
-        q_tile = tl.load(q_base + rows[:, None] * d_qk + offs_dk[None, :],
-                         mask=row_ok[:, None] & mask_k[None, :], other=0.0)
-        c_blk = tl.load(c_base + offs_dk[:, None] * d_hv + offs_v[None, :],
-                        mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        q_tile = load_tile(QD, Q, bh, r0, 0, S * d_qk, d_qk, S, d_qk, B_LQ, B_DQK, USE_TMA)
+        c_blk = load_tile(CD, C_st, c_row, 0, v0, d_qk * d_hv, d_hv, d_qk, d_hv, B_DQK, B_DHV,
+                          USE_TMA)
         acc = tl.dot(q_tile, c_blk.to(q_tile.dtype), acc, input_precision=DOT_PREC)
         if NORMALIZE:
             n_blk = tl.load(n_base + offs_dk, mask=mask_k, other=0.0)
@@ -86,10 +85,10 @@ def _parallel_fw_kernel(
         for kb in range(NUM_DQK):
             offs_k = kb * B_DQK + offs_dk
             mask_k = offs_k < d_qk
-            q_blk = tl.load(q_base + rows[:, None] * d_qk + offs_k[None, :],
-                            mask=row_ok[:, None] & mask_k[None, :], other=0.0)
-            c_blk = tl.load(c_base + offs_k[:, None] * d_hv + offs_v[None, :],
-                            mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+            q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S * d_qk, d_qk, S, d_qk, B_LQ, B_DQK,
+                              USE_TMA)
+            c_blk = load_tile(CD, C_st, c_row, kb * B_DQK, v0, d_qk * d_hv, d_hv, d_qk, d_hv,
+                              B_DQK, B_DHV, USE_TMA)
             acc = tl.dot(q_blk, c_blk.to(q_blk.dtype), acc, input_precision=DOT_PREC)
             if NORMALIZE:
                 n_blk = tl.load(n_base + offs_k, mask=mask_k, other=0.0)
@@ -102,21 +101,18 @@ def _parallel_fw_kernel(
     n_kv = ((pid_q + 1) * B_LQ) // B_LKV
     for j in range(n_kv):
         s_loc = j * B_LKV + tl.arange(0, B_LKV)
+        s0 = c * L + j * B_LKV
         cols = c * L + s_loc
-        col_ok = cols < S
         if NUM_DQK == 1:
-            k_tile = tl.load(k_base + cols[:, None] * d_qk + offs_dk[None, :],
-                             mask=col_ok[:, None] & (offs_dk < d_qk)[None, :], other=0.0)
+            k_tile = load_tile(KD, K, bh, s0, 0, S * d_qk, d_qk, S, d_qk, B_LKV, B_DQK, USE_TMA)
             s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PREC)
         else:
             s = tl.zeros((B_LQ, B_LKV), dtype=tl.float32)
             for kb in range(NUM_DQK):
-                offs_k = kb * B_DQK + offs_dk
-                mask_k = offs_k < d_qk
-                q_blk = tl.load(q_base + rows[:, None] * d_qk + offs_k[None, :],
-                                mask=row_ok[:, None] & mask_k[None, :], other=0.0)
-                k_blk = tl.load(k_base + cols[:, None] * d_qk + offs_k[None, :],
-                                mask=col_ok[:, None] & mask_k[None, :], other=0.0)
+                q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S * d_qk, d_qk, S, d_qk, B_LQ,
+                                  B_DQK, USE_TMA)
+                k_blk = load_tile(KD, K, bh, s0, kb * B_DQK, S * d_qk, d_qk, S, d_qk, B_LKV,
+                                  B_DQK, USE_TMA)
                 s = tl.dot(q_blk, tl.trans(k_blk), s, input_precision=DOT_PREC)
         i_kv = tl.load(I_vec + bh * S_pad + cols)                  # ī, -inf beyond S
         b_kv = tl.load(B_vec + bh * S_pad + cols)
@@ -125,8 +121,7 @@ def _parallel_fw_kernel(
         s_bar = s * scale * tl.exp(d_log)
         if NORMALIZE:
             den += tl.sum(s_bar, 1)
-        v_tile = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
-                         mask=col_ok[:, None] & mask_v[None, :], other=0.0)
+        v_tile = load_tile(VD, V, bh, s0, v0, S * d_hv, d_hv, S, d_hv, B_LKV, B_DHV, USE_TMA)
         acc = tl.dot(s_bar.to(v_tile.dtype), v_tile, acc, input_precision=DOT_PREC)
 
     if NORMALIZE:
@@ -137,8 +132,8 @@ def _parallel_fw_kernel(
         n_out = tl.maximum(tl.abs(den), floor)
         acc = acc / (n_out + eps)[:, None]
         tl.store(NOUT + bh * S_pad + rows, n_out, mask=(rows * 0 + pid_v) == 0)
-    tl.store(H + bh * S * d_hv + rows[:, None] * d_hv + offs_v[None, :],
-             acc.to(H.dtype.element_ty), mask=row_ok[:, None] & mask_v[None, :])
+    store_tile(HD, H, acc.to(H.dtype.element_ty), bh, r0, v0, S * d_hv, d_hv, S, d_hv, B_LQ,
+               B_DHV, USE_TMA)
 
 
 def _p2(x: int) -> int:
@@ -196,11 +191,18 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
+    b_lq, b_lkv, b_qk, b_hv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
+    use_tma = bool(cfg.get("USE_TMA", False)) and can_use_tma(
+        q, k, v, C_st, h, blocks=(b_lq, b_lkv, b_qk, b_hv))
+    C_view = C_st.view(-1, d_qk, d_hv)
     _parallel_fw_kernel[grid](
-        q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, h, n_out,
+        q, k, v, descriptor(q, (1, b_lq, b_qk), use_tma), descriptor(k, (1, b_lkv, b_qk), use_tma),
+        descriptor(v, (1, b_lkv, b_hv), use_tma), descriptor(C_view, (1, b_qk, b_hv), use_tma),
+        descriptor(h, (1, b_lq, b_hv), use_tma), b_vec, i_vec, mi_vec, C_st, n_st, m_st, h, n_out,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
         NUM_DQK=triton.cdiv(d_qk, cfg["B_DQK"]), IS_EXP=is_exp, NORMALIZE=normalize,
-        DOT_PREC=dot_precision(q.dtype), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"],
     )
     return h, n_out

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import num_sms
+from tfla.triton.common import can_use_tma, descriptor, load_tile, num_sms, store_tile
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -83,19 +83,48 @@ def _gates_kernel(
 
 
 @triton.jit
+def _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, t0, S, S_pad, m_new, k0, v0, d_qk, d_hv,
+              PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
+              WITH_N: tl.constexpr, USE_TMA: tl.constexpr, SCALE_V: tl.constexpr,
+              DOT_PREC: tl.constexpr):
+    """acc + (ā ⊙ K)ᵀ V and n_acc + colsum(ā ⊙ K) over positions t0..t0+PIECE (zeros past S).
+
+    SCALE_V: the gate column scales V instead, Kᵀ (ā ⊙ V): K then feeds the dot unchanged
+    (its transpose is a view of the loaded tile, no register relayout); the same product up
+    to the rounding of the scaled operand to the dot dtype."""
+    t = t0 + tl.arange(0, PIECE)
+    a_bar = tl.exp(tl.load(A_vec + bh * S_pad + t) - m_new)      # 0 past S (a = -inf there)
+    k_t = load_tile(KD, K, bh, t0, k0, S * d_qk, d_qk, S, d_qk, PIECE, B_DQK, USE_TMA)
+    v_t = load_tile(VD, V, bh, t0, v0, S * d_hv, d_hv, S, d_hv, PIECE, B_DHV, USE_TMA)
+    if SCALE_V:
+        v_bar = (v_t.to(tl.float32) * a_bar[:, None]).to(v_t.dtype)
+        acc = tl.dot(tl.trans(k_t), v_bar, acc, input_precision=DOT_PREC)
+        if WITH_N:
+            n_acc += tl.sum(k_t.to(tl.float32) * a_bar[:, None], 0)
+    else:
+        k_bar = k_t.to(tl.float32) * a_bar[:, None]
+        acc = tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t, acc, input_precision=DOT_PREC)
+        if WITH_N:
+            n_acc += tl.sum(k_bar, 0)
+    return acc, n_acc
+
+
+@triton.jit
 def _recurrent_fw_kernel(
-    K, V, A_vec, G_ch, AMAX_ch, C0, N0, M0,
+    K, V, KD, VD, CD, A_vec, G_ch, AMAX_ch, C0, N0, M0,
     C_st, N_st, M_st, C_last,
     S, NC, d_qk, d_hv,
     L: tl.constexpr, PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, HAS_C0: tl.constexpr, HAS_N0: tl.constexpr, HAS_M0: tl.constexpr,
     DOT_PREC: tl.constexpr, WITH_N: tl.constexpr, ACC_IN_C: tl.constexpr,
+    USE_TMA: tl.constexpr, SCALE_V: tl.constexpr,
 ):
     # 1-D grid, (d_hv block) fastest, then d_qk block, then b*head. WITH_N: carry and store
     # the normaliser state n (skipped when nothing reads it: its column sum is a cross-thread
     # reduction on every step of the serial chain). ACC_IN_C: the step's tl.dot accumulates
     # into ḡ·C itself instead of a fresh tile added afterwards (one 128 x 128 fp32 tile of
-    # registers less per thread).
+    # registers less per thread). USE_TMA: K, V tiles and the C_k stores go through tensor
+    # descriptors KD, VD (BNH, S, d) and CD (BNH·(N_c+1), d_qk, d_hv); else pointers.
     pid = tl.program_id(0)
     n_v = tl.cdiv(d_hv, B_DHV)
     n_k = tl.cdiv(d_qk, B_DQK)
@@ -103,14 +132,16 @@ def _recurrent_fw_kernel(
     pid_k = (pid // n_v) % n_k
     bh = (pid // (n_v * n_k)).to(tl.int64)
     S_pad = NC * L
-    offs_k = pid_k * B_DQK + tl.arange(0, B_DQK)
-    offs_v = pid_v * B_DHV + tl.arange(0, B_DHV)
+    k0 = pid_k * B_DQK
+    v0 = pid_v * B_DHV
+    offs_k = k0 + tl.arange(0, B_DQK)
+    offs_v = v0 + tl.arange(0, B_DHV)
     mask_k = offs_k < d_qk
     mask_v = offs_v < d_hv
     mask_kv = mask_k[:, None] & mask_v[None, :]
     c_offs = offs_k[:, None] * d_hv + offs_v[None, :]
-    st_base = bh * (NC + 1) * d_qk * d_hv
     n_base = bh * (NC + 1) * d_qk
+    st_row = bh * (NC + 1)          # C_k is "row" st_row + k of the (BNH·(N_c+1), d_qk, d_hv) view
     # which programs store n and m, as block masks (triton 3.9's interpreter rejects a
     # scalar bool combined with a block mask)
     writer_n = (offs_k * 0 + pid_v) == 0
@@ -128,14 +159,12 @@ def _recurrent_fw_kernel(
     if IS_EXP:
         if HAS_M0:
             m = tl.load(M0 + bh + tl.zeros((1,), dtype=tl.int32)).to(tl.float32)
-    tl.store(C_st + st_base + c_offs, C.to(C_st.dtype.element_ty), mask=mask_kv)
+    store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row, k0, v0, d_qk * d_hv, d_hv,
+               d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
     if WITH_N:
         tl.store(N_st + n_base + offs_k, n, mask=mask_k & writer_n)
     tl.store(M_st + bh * (NC + 1) + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
 
-    t_loc = tl.arange(0, PIECE)
-    k_base = K + bh * S * d_qk
-    v_base = V + bh * S * d_hv
     for c in range(NC):
         g = tl.load(G_ch + bh * NC + c)
         if IS_EXP:
@@ -143,49 +172,29 @@ def _recurrent_fw_kernel(
         else:
             m_new = m
         g_bar = tl.exp(g + m - m_new)
-        if L == PIECE:
-            t = c * L + t_loc
-            valid = t < S
-            a_bar = tl.exp(tl.load(A_vec + bh * S_pad + t) - m_new)
-            k_t = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :],
-                          mask=valid[:, None] & mask_k[None, :], other=0.0)
-            v_t = tl.load(v_base + t[:, None] * d_hv + offs_v[None, :],
-                          mask=valid[:, None] & mask_v[None, :], other=0.0)
-            k_bar = k_t.to(tl.float32) * a_bar[:, None]
-            if ACC_IN_C:
-                C = tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t, C * g_bar, input_precision=DOT_PREC)
-            else:
-                C = g_bar * C + tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t,
-                                       input_precision=DOT_PREC)
-            if WITH_N:
-                n = g_bar * n + tl.sum(k_bar, 0)
+        if ACC_IN_C:
+            acc = C * g_bar
         else:
-            if ACC_IN_C:
-                acc = C * g_bar
-            else:
-                acc = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
-            n_acc = tl.zeros((B_DQK,), dtype=tl.float32)
+            acc = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
+        n_acc = tl.zeros((B_DQK,), dtype=tl.float32)
+        if L == PIECE:
+            acc, n_acc = _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, c * L, S, S_pad, m_new,
+                                   k0, v0, d_qk, d_hv, PIECE, B_DQK, B_DHV, WITH_N, USE_TMA,
+                                   SCALE_V, DOT_PREC)
+        else:
             for p in range(L // PIECE):
-                t = c * L + p * PIECE + t_loc
-                valid = t < S
-                a_bar = tl.exp(tl.load(A_vec + bh * S_pad + t) - m_new)
-                k_t = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :],
-                              mask=valid[:, None] & mask_k[None, :], other=0.0)
-                v_t = tl.load(v_base + t[:, None] * d_hv + offs_v[None, :],
-                              mask=valid[:, None] & mask_v[None, :], other=0.0)
-                k_bar = k_t.to(tl.float32) * a_bar[:, None]
-                acc = tl.dot(tl.trans(k_bar.to(k_t.dtype)), v_t, acc, input_precision=DOT_PREC)
-                if WITH_N:
-                    n_acc += tl.sum(k_bar, 0)
-            if ACC_IN_C:
-                C = acc
-            else:
-                C = g_bar * C + acc
-            if WITH_N:
-                n = g_bar * n + n_acc
+                acc, n_acc = _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, c * L + p * PIECE, S,
+                                       S_pad, m_new, k0, v0, d_qk, d_hv, PIECE, B_DQK, B_DHV,
+                                       WITH_N, USE_TMA, SCALE_V, DOT_PREC)
+        if ACC_IN_C:
+            C = acc
+        else:
+            C = g_bar * C + acc
+        if WITH_N:
+            n = g_bar * n + n_acc
         m = m_new
-        tl.store(C_st + st_base + (c + 1) * d_qk * d_hv + c_offs, C.to(C_st.dtype.element_ty),
-                 mask=mask_kv)
+        store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + c + 1, k0, v0, d_qk * d_hv,
+                   d_hv, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
         if WITH_N:
             tl.store(N_st + n_base + (c + 1) * d_qk + offs_k, n, mask=mask_k & writer_n)
         tl.store(M_st + bh * (NC + 1) + c + 1 + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
@@ -341,6 +350,14 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     return b_qk, b_hv, warps, STATE_OVERRIDE.get("num_stages", 3)
 
 
+def fw_state_options(k, v, C_st, b_qk: int, b_hv: int, P: int, is_exp: bool) -> tuple[bool, bool]:
+    """(USE_TMA, SCALE_V) of the forward state kernel: STATE_OVERRIDE's, else off (the
+    measured defaults are in docs/kernels-sig-notes.md); TMA only where the tensors allow it."""
+    use_tma = STATE_OVERRIDE.get("USE_TMA", False) and can_use_tma(
+        k, v, C_st, blocks=(P, b_qk, b_hv))
+    return bool(use_tma), bool(STATE_OVERRIDE.get("SCALE_V", False))
+
+
 def piece(L: int) -> int:
     """Positions per tl.dot in the recurrent kernels: the whole chunk up to 128."""
     return min(L, STATE_OVERRIDE.get("PIECE", 128))
@@ -385,8 +402,12 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
                                              sig_forward=not is_exp)
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     dummy = m_st
+    P = piece(L)
+    use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P, is_exp)
+    C_view = C_st.view(BNH * (NC + 1), d_qk, d_hv)
     _recurrent_fw_kernel[grid](
-        k, v, a_vec, g_ch, amax_ch,
+        k, v, descriptor(k, (1, P, b_qk), use_tma), descriptor(v, (1, P, b_hv), use_tma),
+        descriptor(C_view, (1, b_qk, b_hv), use_tma), a_vec, g_ch, amax_ch,
         C0 if C0 is not None else dummy, n0 if n0 is not None else dummy,
         m0 if m0 is not None else dummy,
         C_st, n_st, m_st, C_last,
@@ -394,7 +415,8 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
         L=L, PIECE=piece(L), B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp,
         HAS_C0=C0 is not None, HAS_N0=n0 is not None, HAS_M0=m0 is not None,
         DOT_PREC=dot_precision(k.dtype), WITH_N=with_n,
-        ACC_IN_C=STATE_OVERRIDE.get("ACC_IN_C", False), num_warps=warps, num_stages=stages,
+        ACC_IN_C=STATE_OVERRIDE.get("ACC_IN_C", False), USE_TMA=use_tma, SCALE_V=scale_v,
+        num_warps=warps, num_stages=stages,
     )
     return C_st, n_st, m_st, C_last
 
