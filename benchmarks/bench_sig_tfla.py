@@ -263,7 +263,7 @@ class Bench:
             parts = {
                 "gates": lambda: rec.chunk_gates(i, f, L=L, is_exp=False),
                 "recurrent": lambda: rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None,
-                                                      None, None, L=L, is_exp=False),
+                                                      None, None, L=L, is_exp=False, with_n=False),
                 "parallel_H": lambda: pfw.parallel_fw(q, k, v, gates[0], gates[2], gates[3],
                                                       st[0], st[1], st[2], L=L, is_exp=False,
                                                       normalize=False, eps=1e-6, limit=False),
@@ -323,10 +323,10 @@ def sweep(b, shape_name, L, which):
                     chunkwise_recurrent.STATE_OVERRIDE.clear()
                     chunkwise_recurrent.STATE_OVERRIDE.update(cfg)
                     fn = lambda: rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None,  # noqa: E731
-                                                  None, None, L=L, is_exp=False)
+                                                  None, None, L=L, is_exp=False, with_n=False)
                 else:
                     st = rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None, None, None,
-                                          L=L, is_exp=False)
+                                          L=L, is_exp=False, with_n=False)
                     chunkwise_parallel_fw.FW_OVERRIDE["xl"] = dict(cfg)
                     fn = lambda: pfw.parallel_fw(q, k, v, gates[0], gates[2], gates[3], st[0],  # noqa: E731
                                                  st[1], st[2], L=L, is_exp=False,

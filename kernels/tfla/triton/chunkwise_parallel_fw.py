@@ -159,6 +159,11 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     and L >= 128 takes 128-row query tiles, 64-row key tiles, the d_hv block 256 and 8 warps
     (Figure 4's heads: 0.84 vs 0.90 ms at L 128, 0.86 vs 1.13 at L 256). Wider heads keep the
     default (d_qk 256, d_hv 512: the default was the best measured). mLSTMexp was not swept.
+
+    ``USE_TMA``: xl_chunk in 16-bit dtypes loads its tiles and stores H through tensor
+    descriptors (H200, forward with the state kernel's TMA, docs/kernels-sig-notes.md
+    version 5: mLSTMsig Figure-4 heads L 128 1.08 vs 1.22 ms, mLSTMexp 1.40 vs 1.53;
+    limit_chunk was not measured and keeps pointers).
     """
     fp32 = dtype == torch.float32
     b_l = L if limit else min(64, L)
@@ -166,7 +171,8 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     b_hv = max(16, min(32 if (fp32 and b_l >= 128) else 64 if (fp32 or b_l >= 128) else 128,
                        _p2(d_hv)))
     warps = 8 if b_l * b_hv >= 128 * 128 or b_l >= 128 else 4
-    cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2)
+    cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2,
+               USE_TMA=(not limit) and dtype in (torch.bfloat16, torch.float16))
     if not (is_exp or limit or fp32) and L >= 64:
         if d_qk <= 64:
             cfg.update(B_LQ=64, B_LKV=32, B_DHV=max(16, min(128, _p2(d_hv))), num_warps=4,
@@ -192,7 +198,7 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
     b_lq, b_lkv, b_qk, b_hv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
-    use_tma = bool(cfg.get("USE_TMA", False)) and can_use_tma(
+    use_tma = bool(cfg["USE_TMA"]) and can_use_tma(
         q, k, v, C_st, h, blocks=(b_lq, b_lkv, b_qk, b_hv))
     C_view = C_st.view(-1, d_qk, d_hv)
     _parallel_fw_kernel[grid](

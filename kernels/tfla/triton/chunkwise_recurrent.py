@@ -350,12 +350,19 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     return b_qk, b_hv, warps, STATE_OVERRIDE.get("num_stages", 3)
 
 
-def fw_state_options(k, v, C_st, b_qk: int, b_hv: int, P: int, is_exp: bool) -> tuple[bool, bool]:
-    """(USE_TMA, SCALE_V) of the forward state kernel: STATE_OVERRIDE's, else off (the
-    measured defaults are in docs/kernels-sig-notes.md); TMA only where the tensors allow it."""
-    use_tma = STATE_OVERRIDE.get("USE_TMA", False) and can_use_tma(
+def fw_state_options(k, v, C_st, b_qk: int, b_hv: int, P: int) -> tuple[bool, bool]:
+    """(USE_TMA, SCALE_V) of the forward state kernel, both variants.
+
+    Default: both on for 16-bit inputs (TMA only where the tensors allow it), off for fp32
+    (not measured there); STATE_OVERRIDE's keys win. Measured on the H200, bf16, forward ms,
+    state kernel with both vs pointer loads of ā-scaled K (docs/kernels-sig-notes.md,
+    version 5): mLSTMsig Figure-4 heads L 128 1.22 vs 1.41 (the whole forward; 1.08 with the
+    H kernel's TMA too), 7B heads 1.88 vs 2.33; mLSTMexp 1.53 vs 1.61, 2.77 vs 2.91.
+    """
+    half = k.dtype in (torch.bfloat16, torch.float16)
+    use_tma = STATE_OVERRIDE.get("USE_TMA", half) and can_use_tma(
         k, v, C_st, blocks=(P, b_qk, b_hv))
-    return bool(use_tma), bool(STATE_OVERRIDE.get("SCALE_V", False))
+    return bool(use_tma), bool(STATE_OVERRIDE.get("SCALE_V", half))
 
 
 def piece(L: int) -> int:
@@ -403,7 +410,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     dummy = m_st
     P = piece(L)
-    use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P, is_exp)
+    use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P)
     C_view = C_st.view(BNH * (NC + 1), d_qk, d_hv)
     _recurrent_fw_kernel[grid](
         k, v, descriptor(k, (1, P, b_qk), use_tma), descriptor(v, (1, P, b_hv), use_tma),
