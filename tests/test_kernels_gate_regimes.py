@@ -193,13 +193,53 @@ def test_issue11_nan_gradients_on_a_partial_last_chunk_with_short_memory(name, L
         assert err < (1e-3 if nm == "f" else 5e-5), (nm, err)
 
 
+#: forward-kernel options of the bf16 GPU path, forced here on float32 in the interpreter:
+#: (STATE_OVERRIDE of the state kernel, FW_OVERRIDE["xl"] of the H kernel)
+FORWARD_OPTIONS = {
+    # the step's tl.dot accumulates into ḡ·C (one register tile less); PIECE 32 covers the
+    # chunk-in-pieces branch
+    "acc_in_c": ({"ACC_IN_C": True, "PIECE": 32}, {}),
+    # the bf16 default since version 5: TMA tiles and C_k stores, ā scaling V instead of K,
+    # TMA tiles and H stores in the H kernel (descriptor bounds give the zeros past S)
+    "tma_scale_v": ({"USE_TMA": True, "SCALE_V": True}, {"USE_TMA": True}),
+    # the same in pieces, with several d_qk blocks and query/key tiles in the H kernel
+    "tma_scale_v_tiled": ({"USE_TMA": True, "SCALE_V": True, "PIECE": 16, "B_DQK": 16},
+                          {"USE_TMA": True, "B_LQ": 32, "B_LKV": 16, "B_DQK": 16}),
+}
+
+
 @pytest.mark.parametrize("name", ["sig_xl_tiled", "exp_xl"])
 @pytest.mark.parametrize("L,S", [(16, 45), (64, 150)])
-def test_recurrent_kernel_accumulating_into_the_state(name, L, S, monkeypatch):
-    """chunkwise_recurrent.STATE_OVERRIDE["ACC_IN_C"]: the state kernel's tl.dot accumulates into
-    ḡ·C (one register tile less) -- the same states up to round-off, in a saturated regime
-    and a standard one; PIECE 32 covers the chunk-in-pieces branch."""
-    from tfla.triton import chunkwise_recurrent
-    monkeypatch.setattr(chunkwise_recurrent, "STATE_OVERRIDE", {"ACC_IN_C": True, "PIECE": min(L, 32)})
+@pytest.mark.parametrize("option", list(FORWARD_OPTIONS))
+def test_forward_kernel_options(name, L, S, option, monkeypatch):
+    """Each option of the forward kernels gives the same h, last state and gradients up to
+    round-off, in a saturated regime and a standard one, on ragged sequences."""
+    from tfla.triton import chunkwise_parallel_fw, chunkwise_recurrent
+    state, fw = FORWARD_OPTIONS[option]
+    state = {k: (min(L, v) if k == "PIECE" else v) for k, v in state.items()}
+    monkeypatch.setattr(chunkwise_recurrent, "STATE_OVERRIDE", state)
+    monkeypatch.setattr(chunkwise_parallel_fw, "FW_OVERRIDE", {"xl": dict(fw), "limit": {}})
     for regime in ("short_memory", "input_wide"):
-        check_kernel(name, regime, L, S)
+        check_kernel(name, regime, L, S, d_qk=32)
+
+
+def test_forward_kernel_defaults_by_dtype(monkeypatch):
+    """TMA and V-side scaling are the 16-bit xl_chunk default (measured on the H200), off for
+    float32 and for limit_chunk's H kernel (not measured there); overrides win."""
+    from tfla.triton import chunkwise_parallel_fw, chunkwise_recurrent
+    monkeypatch.setattr(chunkwise_recurrent, "STATE_OVERRIDE", {})
+    monkeypatch.setattr(chunkwise_parallel_fw, "FW_OVERRIDE", {"xl": {}, "limit": {}})
+
+    def state_opts(dtype):
+        k, v = torch.zeros(2, 64, 32, dtype=dtype), torch.zeros(2, 64, 64, dtype=dtype)
+        C_st = torch.zeros(2, 2, 32, 64, dtype=dtype)
+        return chunkwise_recurrent.fw_state_options(k, v, C_st, 32, 64, 64)
+
+    assert state_opts(torch.bfloat16) == (True, True)
+    assert state_opts(torch.float32) == (False, False)
+    fw = chunkwise_parallel_fw.fw_config
+    assert fw(128, 128, 256, torch.bfloat16, limit=False, is_exp=False)["USE_TMA"] is True
+    assert fw(128, 128, 256, torch.float32, limit=False)["USE_TMA"] is False
+    assert fw(64, 128, 256, torch.bfloat16, limit=True)["USE_TMA"] is False
+    chunkwise_recurrent.STATE_OVERRIDE["USE_TMA"] = False
+    assert state_opts(torch.bfloat16) == (False, True)

@@ -251,14 +251,15 @@ def test_algorithm_rule_forward_only_short_chunks_take_the_walk():
     assert pick(64, 256, False) == "tiled"
 
 
-def test_algorithm_rule_small_grids_take_the_walk_forward(monkeypatch):
-    """Forward-only calls whose tiled recurrent grid would fill fewer than half the SMs
-    (B·NH·⌈d_hv/128⌉ < SMs/2) take the walk; training calls stay tiled."""
+def test_algorithm_rule_small_grids_stay_tiled(monkeypatch):
+    """Version 5 dropped version 4's small-grid clause: forward-only calls whose tiled
+    recurrent grid fills fewer than half the SMs (Figure 4 at S 32768 / 65536) stay tiled
+    at L 128; at L 64 the short-chunk clause still sends them to the walk."""
     monkeypatch.setattr(common, "num_sms", lambda device: 132)
-    pick = lambda B, grad: common.choose_sig_impl(B, 16, 65536 // B, 128, 256, 128,  # noqa: E731
-                                                  torch.bfloat16, "cuda", grad)
-    assert pick(2, False) == "walk" and pick(1, False) == "walk"
-    assert pick(4, False) == "tiled" and pick(2, True) == "tiled"
+    pick = lambda B, L, grad: common.choose_sig_impl(B, 16, 65536 // B, 128, 256, L,  # noqa: E731
+                                                     torch.bfloat16, "cuda", grad)
+    assert pick(2, 128, False) == "tiled" and pick(1, 128, False) == "tiled"
+    assert pick(1, 64, False) == "walk" and pick(1, 64, True) == "tiled"
 
 
 def test_forward_only_and_training_calls_agree(monkeypatch):

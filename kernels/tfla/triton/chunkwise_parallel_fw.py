@@ -152,13 +152,15 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     Head dims: B_dqk covers d_qk up to 128 in one block (Q stays in registers across the
     key/value loop); B_dhv at most 128 (64 for limit_chunk's L = 128 to bound registers).
 
-    mLSTMsig xl_chunk in 16-bit dtypes (``is_exp`` False; the best of a sweep of 24-30 tile
-    configurations per shape on the H200, docs/kernels-sig-notes.md version 4): d_qk <= 64
-    takes 64-row query tiles, 32-row key tiles, 4 warps and 3 stages (B 16, 32 heads, 64/128,
-    S 4096: 0.56 ms vs 0.66 ms at L 128, 0.67 vs 0.81 at L 256); d_qk <= 128 with d_hv >= 256
-    and L >= 128 takes 128-row query tiles, 64-row key tiles, the d_hv block 256 and 8 warps
-    (Figure 4's heads: 0.84 vs 0.90 ms at L 128, 0.86 vs 1.13 at L 256). Wider heads keep the
-    default (d_qk 256, d_hv 512: the default was the best measured). mLSTMexp was not swept.
+    mLSTMsig xl_chunk in 16-bit dtypes (``is_exp`` False; the best of sweeps of 24-30 tile
+    configurations per shape on the H200, docs/kernels-sig-notes.md versions 4 and 5, the
+    latter with TMA tiles): d_qk <= 64 takes 64-row query tiles, 32-row key tiles, 4 warps and
+    2 stages (B 16, 32 heads, 64/128, S 4096, L 128: 0.546 ms vs 0.578 with 3 stages);
+    d_qk <= 128 with d_hv >= 256 and L >= 128 takes 128-row query tiles, 64-row key tiles,
+    the d_hv block 256 and 8 warps (Figure 4's heads, L 128: 0.714 ms, the best of 28);
+    128 < d_qk <= 256 with L >= 128 takes 128 x 128 tiles, the whole d_qk, the d_hv block 256
+    and 8 warps (d_qk 256, d_hv 512, L 128: 0.978 ms vs 1.200 for the default 64 x 64 tiles).
+    mLSTMexp was not swept.
 
     ``USE_TMA``: xl_chunk in 16-bit dtypes loads its tiles and stores H through tensor
     descriptors (H200, forward with the state kernel's TMA, docs/kernels-sig-notes.md
@@ -176,9 +178,11 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     if not (is_exp or limit or fp32) and L >= 64:
         if d_qk <= 64:
             cfg.update(B_LQ=64, B_LKV=32, B_DHV=max(16, min(128, _p2(d_hv))), num_warps=4,
-                       num_stages=3)
+                       num_stages=2)
         elif d_qk <= 128 and d_hv >= 256 and L >= 128:
             cfg.update(B_LQ=128, B_LKV=64, B_DHV=256, num_warps=8, num_stages=2)
+        elif 128 < d_qk <= 256 and d_hv >= 256 and L >= 128:
+            cfg.update(B_LQ=128, B_LKV=128, B_DQK=256, B_DHV=256, num_warps=8, num_stages=2)
     cfg.update(FW_OVERRIDE["limit" if limit else "xl"])
     if limit:
         cfg["B_LQ"] = cfg["B_LKV"] = L

@@ -317,15 +317,15 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     64 x 32 3.11.
 
     ``sig_forward`` (mLSTMsig's forward state kernel, 16-bit dtypes, d_qk <= 64, steps of
-    128): 32 x 128 blocks, 4 warps, 2 stages, the best of 13 measured at B 16, 32 heads,
-    64/128, S 4096 (0.39 ms vs 0.54 ms for 64 x 128 with 8 warps at L 128; at L 256 0.44 vs
-    0.56). Other sig shapes kept these defaults: at d_qk 128 / 256 they were the best measured
-    (docs/kernels-sig-notes.md, version 4).
+    128): 64 x 128 blocks, 4 warps, 3 stages, the best of 17 measured with TMA tiles at B 16,
+    32 heads, 64/128, S 4096, L 128 (0.271 ms vs 0.302 for the 32 x 128 / 2 stages that was
+    best with pointer loads). Other sig shapes keep these defaults: at d_qk 128 / 256 they
+    were within 1 % of the best measured (docs/kernels-sig-notes.md, versions 4 and 5).
     """
     if (sig_forward and d_qk <= 64 and step >= 128 and dtype != torch.float32
             and d_hv >= 128
             and not any(k in STATE_OVERRIDE for k in ("B_DQK", "B_DHV", "num_warps", "num_stages"))):
-        return 32, 128, 4, 2
+        return max(16, min(64, _p2(d_qk))), 128, 4, 3
     cap = 64 if dtype == torch.float32 else 128
     b_qk = max(16, min(cap, _p2(d_qk)))
     b_hv = max(16, min(cap, _p2(d_hv)))

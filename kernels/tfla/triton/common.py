@@ -164,18 +164,16 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device, needs_grad: bool = T
     (d_hv block, head, segment) walks the chunks with C on chip (sig_walk_fwd.py),
     no state in HBM, but the intra-chunk work of every chunk serialised in that program.
 
-    Rule (measured on the H200, docs/kernels-sig-notes.md, version 4): calls that need a
-    backward (``needs_grad``) always take "tiled" (forward+backward faster at all 12 points
-    measured: 3 head shapes x L 64-512, e.g. Figure 4's heads L 128 5.14 vs 5.33 ms, the 7B
-    heads L 128 7.20 vs 13.82 ms); forward-only calls take the walk for L <= 64 with
+    Rule (measured on the H200, docs/kernels-sig-notes.md, versions 4 and 5): calls that
+    need a backward (``needs_grad``) always take "tiled" (forward+backward faster at all 12
+    points measured: 3 head shapes x L 64-512, e.g. Figure 4's heads L 128 5.14 vs 5.33 ms,
+    the 7B heads L 128 7.20 vs 13.82 ms); forward-only calls take the walk for L <= 64 with
     64 < d_qk <= 128 (Figure 4's heads L 64: 1.45 vs 1.62 ms in run 4; at d_qk 64 the tiled
-    kernels won there: 1.04 vs 1.09 ms), where no state traffic beats two launches, and,
-    with 64 < d_qk <= 128, where the tiled recurrent
-    kernel would get fewer than half the SMs as programs (B·NH·⌈d_hv/128⌉ < SMs/2: one long
-    serial chain each, while the walk splits the sequence into segments; Figure 4 at
-    S 32768, B 2: walk 1.76 ms (912a5aa reference run) vs tiled 1.92 ms (9fce854));
+    kernels won there: 1.04 vs 1.09 ms), where no state traffic beats two launches;
     "tiled" otherwise (from L 128 on, or d_qk 256, the walk's serial intra-chunk work loses:
-    7B heads L 64 4.08 vs 3.41 ms).
+    7B heads L 64 4.08 vs 3.41 ms). Version 4 also sent small grids (B·NH·⌈d_hv/128⌉ < SMs/2)
+    to the walk; with TMA tiles (version 5) the tiled kernels win there too: Figure 4 at
+    S 32768, B 2, L 128: 1.17 vs 1.81 ms; S 65536, B 1: 1.27 vs 2.37 ms.
     Env TFLA_SIG_IMPL or OVERRIDES["impl"] force one.
 
     Raises:
@@ -186,8 +184,7 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device, needs_grad: bool = T
         if forced not in SIG_IMPLS:
             raise ValueError(f"{IMPL_ENV}: got {forced!r}; allowed: 'tiled' or 'walk'")
         return forced
-    small_grid = B * NH * triton.cdiv(d_hv, 128) < num_sms(torch.device(device)) // 2
-    walk = not needs_grad and 64 < d_qk <= 128 and (L <= 64 or small_grid)
+    walk = not needs_grad and 64 < d_qk <= 128 and L <= 64
     return "walk" if walk else "tiled"
 
 
