@@ -243,3 +243,34 @@ def test_forward_kernel_defaults_by_dtype(monkeypatch):
     assert fw(64, 128, 256, torch.bfloat16, limit=True)["USE_TMA"] is False
     chunkwise_recurrent.STATE_OVERRIDE["USE_TMA"] = False
     assert state_opts(torch.bfloat16) == (False, True)
+
+
+def test_launch_retries_with_fewer_stages_and_remembers_the_depth():
+    """common.launch (used by the forward kernels): a launch whose pipelined tiles do not fit
+    in shared memory is retried with fewer stages, and the depth that fitted is kept per
+    launch configuration, so the next call starts there; one stage that does not fit raises."""
+    from triton.runtime.errors import OutOfResources
+
+    calls = []
+
+    class FakeKernel:
+        __name__ = "fake"
+
+        def __init__(self, fits_at):
+            self.fits_at = fits_at
+
+        def __getitem__(self, grid):
+            def run(*args, num_stages, **kw):
+                calls.append(num_stages)
+                if num_stages > self.fits_at:
+                    raise OutOfResources(300000, 232448, "shared memory")
+                return num_stages
+            return run
+
+    memo = {}
+    assert common.launch(FakeKernel(1), (1,), memo, num_stages=3) == 1
+    assert calls == [3, 2, 1] and memo["stages_fake"] == 1
+    calls.clear()
+    assert common.launch(FakeKernel(1), (1,), memo, num_stages=3) == 1 and calls == [1]
+    with pytest.raises(OutOfResources):
+        common.launch(FakeKernel(0), (1,), {}, num_stages=2)

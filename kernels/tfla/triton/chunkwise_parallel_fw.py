@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
-from tfla.triton.common import can_use_tma, descriptor, load_tile, store_tile
+from tfla.triton.common import can_use_tma, descriptor, launch, load_tile, store_tile
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -143,6 +143,9 @@ def _p2(x: int) -> int:
 # Tuning overrides for benchmarks: {"xl": {...}, "limit": {...}} merged into fw_config.
 FW_OVERRIDE: dict = {"xl": {}, "limit": {}}
 
+# pipeline depth that fitted in shared memory, per launch configuration (common.launch)
+_FIT: dict = {}
+
 
 def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
               is_exp: bool = True) -> dict:
@@ -158,8 +161,9 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     2 stages (B 16, 32 heads, 64/128, S 4096, L 128: 0.546 ms vs 0.578 with 3 stages);
     d_qk <= 128 with d_hv >= 256 and L >= 128 takes 128-row query tiles, 64-row key tiles,
     the d_hv block 256 and 8 warps (Figure 4's heads, L 128: 0.714 ms, the best of 28);
-    128 < d_qk <= 256 with L >= 128 takes 128 x 128 tiles, the whole d_qk, the d_hv block 256
-    and 8 warps (d_qk 256, d_hv 512, L 128: 0.978 ms vs 1.200 for the default 64 x 64 tiles).
+    128 < d_qk <= 256 with L = 128 takes 128 x 128 tiles (the whole chunk), the whole d_qk,
+    the d_hv block 256 and 8 warps (d_qk 256, d_hv 512, L 128: 0.978 ms vs 1.200 for the
+    default 64 x 64 tiles).
     mLSTMexp was not swept.
 
     ``USE_TMA``: xl_chunk in 16-bit dtypes loads its tiles and stores H through tensor
@@ -181,7 +185,9 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
                        num_stages=2)
         elif d_qk <= 128 and d_hv >= 256 and L >= 128:
             cfg.update(B_LQ=128, B_LKV=64, B_DHV=256, num_warps=8, num_stages=2)
-        elif 128 < d_qk <= 256 and d_hv >= 256 and L >= 128:
+        elif 128 < d_qk <= 256 and d_hv >= 256 and L == 128:
+            # one key tile per chunk: a longer chunk would pipeline two 128 x 256 K and V
+            # tiles and need 450 KB of shared memory (measured failure at L 256-1024)
             cfg.update(B_LQ=128, B_LKV=128, B_DQK=256, B_DHV=256, num_warps=8, num_stages=2)
     cfg.update(FW_OVERRIDE["limit" if limit else "xl"])
     if limit:
@@ -205,7 +211,10 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     use_tma = bool(cfg["USE_TMA"]) and can_use_tma(
         q, k, v, C_st, h, blocks=(b_lq, b_lkv, b_qk, b_hv))
     C_view = C_st.view(-1, d_qk, d_hv)
-    _parallel_fw_kernel[grid](
+    fit = _FIT.setdefault((L, b_lq, b_lkv, b_qk, b_hv, cfg["num_warps"], cfg["num_stages"],
+                           use_tma, is_exp, normalize, q.dtype), {})
+    launch(
+        _parallel_fw_kernel, grid, fit,
         q, k, v, descriptor(q, (1, b_lq, b_qk), use_tma), descriptor(k, (1, b_lkv, b_qk), use_tma),
         descriptor(v, (1, b_lkv, b_hv), use_tma), descriptor(C_view, (1, b_qk, b_hv), use_tma),
         descriptor(h, (1, b_lq, b_hv), use_tma), b_vec, i_vec, mi_vec, C_st, n_st, m_st, h, n_out,

@@ -29,7 +29,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import can_use_tma, descriptor, load_tile, num_sms, store_tile
+from tfla.triton.common import can_use_tma, descriptor, launch, load_tile, num_sms, store_tile
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -291,8 +291,11 @@ def _p2(x: int) -> int:
 
 
 # Tuning overrides for benchmarks (keys B_DQK, B_DHV, num_warps, num_stages, MIN_PROGRAMS, PIECE,
-# ACC_IN_C).
+# ACC_IN_C, USE_TMA, SCALE_V).
 STATE_OVERRIDE: dict = {}
+
+# pipeline depth that fitted in shared memory, per launch configuration (common.launch)
+_FIT: dict = {}
 
 
 def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
@@ -412,7 +415,9 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     P = piece(L)
     use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P)
     C_view = C_st.view(BNH * (NC + 1), d_qk, d_hv)
-    _recurrent_fw_kernel[grid](
+    fit = _FIT.setdefault(("fw", L, P, b_qk, b_hv, warps, stages, use_tma, k.dtype), {})
+    launch(
+        _recurrent_fw_kernel, grid, fit,
         k, v, descriptor(k, (1, P, b_qk), use_tma), descriptor(v, (1, P, b_hv), use_tma),
         descriptor(C_view, (1, b_qk, b_hv), use_tma), a_vec, g_ch, amax_ch,
         C0 if C0 is not None else dummy, n0 if n0 is not None else dummy,
