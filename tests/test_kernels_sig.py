@@ -240,26 +240,21 @@ def test_bad_tensors_raise_value_error():
         tfla.mlstm_sig(*_inputs(dtype=torch.float64))
 
 
-def test_algorithm_rule_forward_only_short_chunks_take_the_walk():
-    """choose_sig_impl: training calls take the tiled kernels; forward-only calls the walk
-    only for L <= 64 with 64 < d_qk <= 128 (docs/kernels-sig-notes.md, version 4)."""
-    pick = lambda L, d_qk, grad: common.choose_sig_impl(8, 16, 8192, d_qk, 2 * d_qk, L,  # noqa: E731
-                                                        torch.bfloat16, "cpu", grad)
-    assert pick(64, 128, False) == "walk" and pick(32, 96, False) == "walk"
-    assert pick(64, 64, False) == "tiled"
-    assert pick(64, 128, True) == "tiled" and pick(128, 128, False) == "tiled"
-    assert pick(64, 256, False) == "tiled"
-
-
-def test_algorithm_rule_small_grids_stay_tiled(monkeypatch):
-    """Version 5 dropped version 4's small-grid clause: forward-only calls whose tiled
-    recurrent grid fills fewer than half the SMs (Figure 4 at S 32768 / 65536) stay tiled
-    at L 128; at L 64 the short-chunk clause still sends them to the walk."""
+def test_algorithm_rule_takes_the_tiled_kernels_unless_forced(monkeypatch):
+    """choose_sig_impl (version 5): the tiled kernels for every call, forward-only or not, at
+    short chunks and small grids (where version 4 took the walk); TFLA_SIG_IMPL / OVERRIDES
+    force the walk, and a bad value is one clear ValueError."""
     monkeypatch.setattr(common, "num_sms", lambda device: 132)
-    pick = lambda B, L, grad: common.choose_sig_impl(B, 16, 65536 // B, 128, 256, L,  # noqa: E731
-                                                     torch.bfloat16, "cuda", grad)
-    assert pick(2, 128, False) == "tiled" and pick(1, 128, False) == "tiled"
-    assert pick(1, 64, False) == "walk" and pick(1, 64, True) == "tiled"
+    pick = lambda B, L, d_qk, grad: common.choose_sig_impl(  # noqa: E731
+        B, 16, 65536 // B, d_qk, 2 * d_qk, L, torch.bfloat16, "cuda", grad)
+    for B, L, d_qk in [(8, 64, 128), (8, 32, 96), (8, 64, 64), (1, 128, 128), (2, 64, 128),
+                       (8, 128, 256)]:
+        assert pick(B, L, d_qk, False) == "tiled" and pick(B, L, d_qk, True) == "tiled"
+    monkeypatch.setenv(common.IMPL_ENV, "walk")
+    assert pick(8, 64, 128, False) == "walk"
+    monkeypatch.setenv(common.IMPL_ENV, "fast")
+    with pytest.raises(ValueError, match=r"^TFLA_SIG_IMPL: got 'fast'"):
+        pick(8, 64, 128, False)
 
 
 def test_forward_only_and_training_calls_agree(monkeypatch):

@@ -27,10 +27,10 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
     C_t = σ(f̃_t) C_{t-1} + σ(ĩ_t) k_t v_tᵀ, h_t = C_tᵀ q_t / sqrt(d_qk); with
     ``normalize=True`` also n_t = σ(f̃_t) n_{t-1} + σ(ĩ_t) k_t and
     h_t = C_tᵀ q̂_t / (max(|n_tᵀ q̂_t|, 1) + 1e-6). It is evaluated in the chunkwise form
-    (Sec. 3) with chunk size L = ``chunk_size``, by TFLA Triton kernels: the paper's two-level
-    "tiled" kernels (shared with mLSTMexp) or, where it measured faster, the "walk" that
-    keeps the chunk recurrence on chip (``tfla.triton.common.choose_sig_impl``,
-    docs/kernels-sig-notes.md).
+    (Sec. 3) with chunk size L = ``chunk_size``, by the paper's two-level TFLA Triton kernels
+    (shared with mLSTMexp); ``TFLA_SIG_IMPL=walk`` forces the forward-only "walk" that keeps
+    the chunk recurrence on chip, kept as the measured baseline
+    (``tfla.triton.common.choose_sig_impl``, docs/kernels-sig-notes.md).
 
     Args:
         q, k: (B, NH, S, d_qk); v: (B, NH, S, d_hv); bfloat16, float16 or float32 on CUDA

@@ -164,16 +164,12 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device, needs_grad: bool = T
     (d_hv block, head, segment) walks the chunks with C on chip (sig_walk_fwd.py),
     no state in HBM, but the intra-chunk work of every chunk serialised in that program.
 
-    Rule (measured on the H200, docs/kernels-sig-notes.md, versions 4 and 5): calls that
-    need a backward (``needs_grad``) always take "tiled" (forward+backward faster at all 12
-    points measured: 3 head shapes x L 64-512, e.g. Figure 4's heads L 128 5.14 vs 5.33 ms,
-    the 7B heads L 128 7.20 vs 13.82 ms); forward-only calls take the walk for L <= 64 with
-    64 < d_qk <= 128 (Figure 4's heads L 64: 1.45 vs 1.62 ms in run 4; at d_qk 64 the tiled
-    kernels won there: 1.04 vs 1.09 ms), where no state traffic beats two launches;
-    "tiled" otherwise (from L 128 on, or d_qk 256, the walk's serial intra-chunk work loses:
-    7B heads L 64 4.08 vs 3.41 ms). Version 4 also sent small grids (B·NH·⌈d_hv/128⌉ < SMs/2)
-    to the walk; with TMA tiles (version 5) the tiled kernels win there too: Figure 4 at
-    S 32768, B 2, L 128: 1.17 vs 1.81 ms; S 65536, B 1: 1.27 vs 2.37 ms.
+    Rule (measured on the H200, docs/kernels-sig-notes.md, version 5): "tiled" for every
+    call. With TMA tiles the tiled forward beat the walk at every point measured, including
+    the two kinds of shape where version 4 still sent forward-only calls to the walk: L 64
+    (Figure 4's heads 1.28 vs 1.46 ms, 7B heads 2.18 vs 4.07, small heads 0.92 vs 1.10) and
+    small grids (Figure 4 at S 32768, B 2, L 128: 1.17 vs 1.81 ms; S 65536: 1.27 vs 2.37).
+    The walk stays reachable (forward only) as the measured baseline.
     Env TFLA_SIG_IMPL or OVERRIDES["impl"] force one.
 
     Raises:
@@ -184,8 +180,7 @@ def choose_sig_impl(B, NH, S, d_qk, d_hv, L, dtype, device, needs_grad: bool = T
         if forced not in SIG_IMPLS:
             raise ValueError(f"{IMPL_ENV}: got {forced!r}; allowed: 'tiled' or 'walk'")
         return forced
-    walk = not needs_grad and 64 < d_qk <= 128 and L <= 64
-    return "walk" if walk else "tiled"
+    return "tiled"
 
 
 
