@@ -1,9 +1,10 @@
 """Benchmark figures drawn from a result set (matplotlib, imported lazily).
 
-- :func:`plot_runtime`: median runtime over sequence length, one panel per mode (the
-  paper's Figure 4: forward left, forward+backward right; fixed tokens, so batch falls as S
-  grows). Only ``ok`` rows are drawn: a missing point is a case that did not measure
-  (the results table gives its status and reason).
+- :func:`plot_runtime`: median runtime over the swept axis, one panel per mode: sequence
+  length (the paper's Figure 4: forward left, forward+backward right; fixed tokens, so batch
+  falls as S grows), else head dimension (Figure 14), chunk size or batch, whichever the
+  result set sweeps (:func:`runtime_axis`). Only ``ok`` rows are drawn: a missing point is a
+  case that did not measure (the results table gives its status and reason).
 - :func:`plot_memory_runtime`: peak memory against runtime over chunk size, one panel per
   mode (the paper's Figure 5), for every kernel measured at more than one chunk size at
   the same shape; points are labelled with L.
@@ -31,16 +32,39 @@ def _figure(ncols: int):
     return fig, list(axes)
 
 
-def _series_labels(frame) -> list[str]:
+#: x-axis candidates of :func:`plot_runtime`, in order of preference: (result column, the
+#: kernel-params key that sweeps it or None, axis label)
+RUNTIME_AXES = (
+    ("seq_len", None, "sequence length S (tokens)"),
+    ("d_hv", "d_hv", "head dimension d_hv"),
+    ("chunk_size", "chunk_size", "chunk size L (tokens)"),
+    ("batch", "batch", "batch size B"),
+)
+
+
+def runtime_axis(frame) -> tuple[str, str | None, str]:
+    """(column, params key, label) of the runtime plot's x-axis: the first of
+    :data:`RUNTIME_AXES` that takes more than one value in ``frame``; sequence length when
+    none does."""
+    for col, key, label in RUNTIME_AXES:
+        if col in frame and frame[col].nunique(dropna=True) > 1:
+            return col, key, label
+    return RUNTIME_AXES[0]
+
+
+def _series_labels(frame, exclude: tuple[str, ...] = ()) -> list[str]:
     """Label per row: the kernel, plus the parameters that vary within that kernel label
-    (e.g. ``chunk_size=64``), plus ``B=`` when one (kernel, S) has several batch sizes."""
+    (e.g. ``chunk_size=64``) except those in ``exclude`` (the plot's x-axis), plus ``B=``
+    when one (kernel, S) has several batch sizes."""
     labels = []
     varying: dict[str, list[str]] = {}
     for kernel, group in frame.groupby("kernel", sort=False):
         dicts = [json.loads(p) if isinstance(p, str) else {} for p in group["params"]]
-        keys = sorted({k for d in dicts for k in d})
+        keys = sorted({k for d in dicts for k in d} - set(exclude))
         varying[kernel] = [k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in dicts}) > 1]
     multi_batch = frame.groupby(["kernel", "params", "mode", "seq_len"])["batch"].transform("nunique") > 1
+    if "batch" in exclude:
+        multi_batch = multi_batch & False
     for (_, row), mb in zip(frame.iterrows(), multi_batch):
         params = json.loads(row["params"]) if isinstance(row["params"], str) else {}
         extra = [f"{k}={params.get(k)}" for k in varying.get(row["kernel"], [])]
@@ -70,9 +94,10 @@ def _series_styles(frame) -> dict[str, dict]:
 
 
 def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | None:
-    """Median runtime (ms, log scale) over sequence length (log2 scale), one panel per mode,
-    one line per kernel series (paper Fig. 4). Returns the path, or None when no row is
-    ``ok``.
+    """Median runtime (ms, log scale) over the swept axis (log2 scale; :func:`runtime_axis`:
+    sequence length as in the paper's Fig. 4, else head dimension as in Fig. 14, chunk size
+    or batch), one panel per mode, one line per kernel series. Returns the path, or None when
+    no row is ``ok``.
 
     Args:
         frame: result rows (:attr:`tflabench.results.ResultSet.rows`).
@@ -80,18 +105,19 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()].copy()
     if ok.empty:
         return None
-    ok["series"] = _series_labels(ok)
+    x_col, x_key, x_label = runtime_axis(ok)
+    ok["series"] = _series_labels(ok, exclude=(x_key,) if x_key else ())
     styles = _series_styles(ok)
     modes = [m for m in ("fwd", "fwdbw") if (ok["mode"] == m).any()]
     fig, axes = _figure(len(modes))
     for ax, mode in zip(axes, modes):
         part = ok[ok["mode"] == mode]
         for series, group in part.groupby("series", sort=False):
-            group = group.sort_values("seq_len")
-            ax.plot(group["seq_len"], group["ms_median"], label=series, **styles[series])
+            group = group.sort_values(x_col)
+            ax.plot(group[x_col], group["ms_median"], label=series, **styles[series])
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        ax.set_xlabel("sequence length S (tokens)")
+        ax.set_xlabel(x_label)
         ax.set_ylabel("runtime, median (ms)")
         ax.set_title(MODE_TITLES.get(mode, mode))
         ax.grid(True, which="both", alpha=0.3)
