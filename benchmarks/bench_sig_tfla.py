@@ -1,6 +1,7 @@
-"""Device benchmark for issue 11: mLSTMsig xl_chunk, "tiled" (the paper's two-level TFLA,
-kernels shared with mLSTMexp) vs "walk" (states on chip), beside our mLSTMexp xl_chunk,
-the authors' mlstm_kernels mLSTMsig xl_chunk and FLA chunk_simple_gla, over chunk sizes.
+"""Device benchmark for issue 11: mLSTMsig xl_chunk ("sig_tiled": the paper's two-level TFLA,
+kernels shared with mLSTMexp) beside our mLSTMexp xl_chunk, the authors' mlstm_kernels
+mLSTMsig xl_chunk and FLA chunk_simple_gla, over chunk sizes. (The forward-only "walk" that
+earlier runs list as sig_walk was removed in version 5, docs/kernels-sig-notes.md.)
 
 Shapes (issue 11's tables; bf16):
   fig4   B 8, 16 heads, d_qk 128, d_hv 256, S 8192   (Figure 4's head shape)
@@ -17,7 +18,7 @@ chunkwise_parallel_bw.BW_OVERRIDE and chunkwise_recurrent.STATE_OVERRIDE for one
 ``--breakdown`` times the tiled forward's three launches (gates, recurrent, H) apart.
 
     python3 benchmarks/bench_sig_tfla.py --out $OUT [--shapes fig4,b7,small] [--chunks 64,128,256,512]
-        [--impls sig_tiled,sig_walk,exp,peer,fla] [--modes fwd,fwdbw] [--variants] [--breakdown]
+        [--impls sig_tiled,exp,peer,fla] [--modes fwd,fwdbw] [--variants] [--breakdown]
         [--sweep rec,fw --sweep-chunks 128,256] [--budget-s 500] [--smoke]
 
 Writes rows.csv (one row per measurement, appended as it goes) under --out and prints a
@@ -82,7 +83,7 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     ap.add_argument("--shapes", default="fig4,b7,small")
     ap.add_argument("--chunks", default="64,128,256,512")
-    ap.add_argument("--impls", default="sig_tiled,sig_walk,exp,peer,fla")
+    ap.add_argument("--impls", default="sig_tiled,exp,peer,fla")
     ap.add_argument("--modes", default="fwd,fwdbw")
     ap.add_argument("--variants", default="", help="comma list of VARIANTS names, or 'all'")
     ap.add_argument("--variant-chunks", default="128,256", help="chunk sizes for --variants")
@@ -140,17 +141,8 @@ class Bench:
     def kernel(self, impl, L):
         """(callable on the input list, input layout)."""
         import tfla
-        from tfla.triton import common
-        if impl in ("sig_tiled", "sig_walk"):
-            which = impl.split("_")[1]
-
-            def fn(q, k, v, i, f):
-                common.OVERRIDES["impl"] = which
-                try:
-                    return tfla.mlstm_sig(q, k, v, i, f, chunk_size=L)
-                finally:
-                    common.OVERRIDES.pop("impl", None)
-            return fn, "mlstm"
+        if impl == "sig_tiled":
+            return (lambda q, k, v, i, f: tfla.mlstm_sig(q, k, v, i, f, chunk_size=L)), "mlstm"
         if impl == "exp":
             return (lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=L)), "mlstm"
         if impl == "peer":

@@ -10,7 +10,6 @@ fp32 operands exactly in the interpreter, so fp32 errors are round-off (docs/tfl
 stays).
 """
 
-import importlib
 import os
 import sys
 
@@ -23,27 +22,9 @@ import tfla  # noqa: E402
 from tfla.reference import mlstm_chunkwise, mlstm_recurrent  # noqa: E402
 
 
-def _interpreted_kernel_modules():
-    """Import (or re-import) the sig kernel modules so their kernels are interpreted."""
-    from triton.runtime.interpreter import InterpretedFunction
-
-    names = ["tfla.triton.common", "tfla.triton.sig_walk_segments", "tfla.triton.sig_walk_fwd"]
-    mods = [importlib.import_module(n) for n in names]
-    if not isinstance(mods[2]._walk_kernel, InterpretedFunction):
-        mods = [importlib.reload(m) for m in mods]
-    mods[0]._fix_interpreter_index()
-    return mods[0]
-
-
-common = _interpreted_kernel_modules()
-
-
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    common.OVERRIDES.clear()
-    yield
-    common.OVERRIDES.clear()
 
 
 def maxnorm(x, ref):
@@ -63,19 +44,11 @@ def run_case(*, B=1, NH=2, S=45, d_qk=16, d_hv=32, L=16, normalize=False, initia
     if initial:
         state = (torch.randn(B, NH, d_qk, d_hv, generator=g),
                  torch.randn(B, NH, d_qk, generator=g).abs())
-    backward = common.OVERRIDES.get("impl") != "walk"      # the walk is forward-only
-    xs = [x.clone().requires_grad_(backward) for x in (q, k, v, i, f)]
-    leaves = xs + ([state[0].clone().requires_grad_(backward)] if initial else [])
+    xs = [x.clone().requires_grad_(True) for x in (q, k, v, i, f)]
+    leaves = xs + ([state[0].clone().requires_grad_(True)] if initial else [])
     init = (leaves[5], state[1]) if initial else None
     h, (C, n) = tfla.mlstm_sig(*xs, chunk_size=L, normalize=normalize, initial_state=init,
                                return_last_state=True)
-    if not backward:
-        hr, (Cr, nr) = mlstm_recurrent(*(x.double() for x in leaves[:5]), variant="sig",
-                                       normalize=normalize, return_last_state=True,
-                                       initial_state=((leaves[5].double(), state[1].double())
-                                                      if initial else None))
-        assert h.dtype == dtype and C.dtype == torch.float32
-        return {"h": maxnorm(h, hr), "C": maxnorm(C, Cr), "n": maxnorm(n, nr)}
     dh = torch.randn(h.shape, generator=g)
     dC = torch.randn(C.shape, generator=g) if last_state_grad else torch.zeros(C.shape)
     grads = torch.autograd.grad([h, C], leaves, [dh.to(h.dtype), dC])
@@ -113,9 +86,7 @@ def check(errs, tol, tol_df=None):
     (64, 40, 16, 24, True, False),     # L > S, d_hv not a power of two
     (16, 1, 16, 16, False, True),      # S = 1
 ])
-@pytest.mark.parametrize("impl", ["tiled", "walk"])
-def test_kernels_match_float64_reference(L, S, d_qk, d_hv, normalize, initial, impl):
-    common.OVERRIDES.update(impl=impl)
+def test_kernels_match_float64_reference(L, S, d_qk, d_hv, normalize, initial):
     check(run_case(L=L, S=S, d_qk=d_qk, d_hv=d_hv, normalize=normalize, initial=initial), 2e-5,
           1e-4)
 
@@ -127,49 +98,16 @@ def test_kernels_match_float64_reference(L, S, d_qk, d_hv, normalize, initial, i
     dict(f_mean=8.0, f_std=1.0, i_std=25.0),       # weak forgetting, wide input gate
 ])
 @pytest.mark.parametrize("normalize", [False, True])
-@pytest.mark.parametrize("impl", ["tiled", "walk"])
-def test_kernels_match_reference_in_extreme_gate_regimes(regime, normalize, impl):
-    common.OVERRIDES.update(impl=impl)
+def test_kernels_match_reference_in_extreme_gate_regimes(regime, normalize):
     check(run_case(S=40, normalize=normalize, initial=True, **regime), 2e-5, 1e-4)
 
 
-@pytest.mark.parametrize("overrides,L,normalize", [
-    ({"chunks_per_seg": 1}, 16, False),                      # one segment per chunk
-    ({"chunks_per_seg": 2, "BDHV": 16}, 16, True),           # segments, narrow d_hv blocks
-    ({"BL": 16}, 32, False),                                 # chunk of two tiles (L > BL)
-    ({"BL": 16, "chunks_per_seg": 1, "BLR": 16}, 32, True),  # tiled chunks + segments
-    ({"use_tma": False, "chunks_per_seg": 2, "BDHV": 16}, 16, True),  # pointer loads
-    ({}, 128, False),                                        # chunk 128 as one 128-row tile
-])
-def test_kernel_variants_agree_with_reference(overrides, L, normalize):
-    common.OVERRIDES.update(overrides, impl="walk")
-    check(run_case(S=61, L=L, d_qk=16, d_hv=32, normalize=normalize, initial=True), 2e-5, 1e-4)
-
-
-def test_walk_refuses_a_call_that_needs_gradients():
-    common.OVERRIDES.update(impl="walk")
-    q = torch.zeros(1, 1, 20, 16, requires_grad=True)
-    with pytest.raises(ValueError, match="TFLA_SIG_IMPL=walk: the walk is a forward-only"):
-        tfla.mlstm_sig(q, q.detach(), q.detach(), q.detach()[..., 0], q.detach()[..., 0],
-                       chunk_size=16)
-
-
-def test_unknown_algorithm_is_refused(monkeypatch):
-    monkeypatch.setenv(common.IMPL_ENV, "fast")
-    with pytest.raises(ValueError, match="TFLA_SIG_IMPL"):
-        run_case(S=20, L=16)
-
-
 @pytest.mark.parametrize("dtype,tol", [(torch.float16, 5e-3), (torch.bfloat16, 3e-2)])
-@pytest.mark.parametrize("impl", ["tiled", "walk"])
-def test_half_precision_inputs(dtype, tol, impl):
-    common.OVERRIDES.update(impl=impl)
+def test_half_precision_inputs(dtype, tol):
     check(run_case(S=40, L=16, dtype=dtype, normalize=True), tol)
 
 
-@pytest.mark.parametrize("impl", ["tiled", "walk"])
-def test_state_passed_between_calls_equals_one_call(impl):
-    common.OVERRIDES.update(impl=impl)
+def test_state_passed_between_calls_equals_one_call():
     g = torch.Generator().manual_seed(5)
     q, k = torch.randn(2, 1, 2, 50, 16, generator=g)
     v = torch.randn(1, 2, 50, 32, generator=g)
@@ -240,47 +178,30 @@ def test_bad_tensors_raise_value_error():
         tfla.mlstm_sig(*_inputs(dtype=torch.float64))
 
 
-def test_algorithm_rule_takes_the_tiled_kernels_unless_forced(monkeypatch):
-    """choose_sig_impl (version 5): the tiled kernels for every call, forward-only or not, at
-    short chunks and small grids (where version 4 took the walk); TFLA_SIG_IMPL / OVERRIDES
-    force the walk, and a bad value is one clear ValueError."""
-    monkeypatch.setattr(common, "num_sms", lambda device: 132)
-    pick = lambda B, L, d_qk, grad: common.choose_sig_impl(  # noqa: E731
-        B, 16, 65536 // B, d_qk, 2 * d_qk, L, torch.bfloat16, "cuda", grad)
-    for B, L, d_qk in [(8, 64, 128), (8, 32, 96), (8, 64, 64), (1, 128, 128), (2, 64, 128),
-                       (8, 128, 256)]:
-        assert pick(B, L, d_qk, False) == "tiled" and pick(B, L, d_qk, True) == "tiled"
-    monkeypatch.setenv(common.IMPL_ENV, "walk")
-    assert pick(8, 64, 128, False) == "walk"
-    monkeypatch.setenv(common.IMPL_ENV, "fast")
-    with pytest.raises(ValueError, match=r"^TFLA_SIG_IMPL: got 'fast'"):
-        pick(8, 64, 128, False)
-
-
-def test_forward_only_and_training_calls_agree(monkeypatch):
-    """The same inputs through the two algorithms (walk without grad, tiled with grad) give
-    the same h up to float32 round-off."""
+def test_forward_only_and_training_calls_agree():
+    """A call without gradients and one with them run the same kernels and give the same h
+    (float32 round-off), against the float64 recurrence."""
     g = torch.Generator().manual_seed(2)
     q, k = torch.randn(2, 1, 2, 70, 16, generator=g)
     v = torch.randn(1, 2, 70, 32, generator=g)
     i, f = torch.randn(2, 1, 2, 70, generator=g)
-    common.OVERRIDES.update(impl="walk")
     with torch.no_grad():
-        h_walk = tfla.mlstm_sig(q, k, v, i, f - 3, chunk_size=32)
-    common.OVERRIDES.clear()
+        h_fwd = tfla.mlstm_sig(q, k, v, i, f - 3, chunk_size=32)
     qg = q.clone().requires_grad_(True)
-    h_tiled = tfla.mlstm_sig(qg, k, v, i, f - 3, chunk_size=32)
+    h_train = tfla.mlstm_sig(qg, k, v, i, f - 3, chunk_size=32)
     ref = mlstm_recurrent(*(x.double() for x in (q, k, v, i, f - 3)), variant="sig")
-    assert maxnorm(h_walk, ref) < 2e-5 and maxnorm(h_tiled.detach(), ref) < 2e-5
+    assert maxnorm(h_fwd, ref) < 2e-5 and maxnorm(h_train.detach(), ref) < 2e-5
+    assert torch.equal(h_fwd, h_train.detach())
 
 
 @pytest.mark.parametrize("L,S,d_qk,d_hv", [
     (64, 150, 16, 32),      # fw_config: d_qk <= 64 -> 64-row query tiles, 32-row key tiles
     (128, 200, 32, 128),    # + state_blocks(sig_forward): 32 x 128 state blocks, 4 warps
     (128, 140, 96, 256),    # fw_config: d_qk <= 128, d_hv >= 256 -> 128 x 64 tiles, d_hv 256
+    (128, 140, 160, 256),   # fw_config: 128 < d_qk <= 256 at L 128 -> 128 x 128 tiles, d_qk 256
 ])
 def test_tiled_sig_tile_configs_in_half_precision(L, S, d_qk, d_hv):
     """The 16-bit tile configurations that the sig variant of the tiled kernels chooses
-    (chunkwise_parallel_fw.fw_config, chunkwise_recurrent.state_blocks) against float64."""
-    common.OVERRIDES.update(impl="tiled")
+    (chunkwise_parallel_fw.fw_config, chunkwise_recurrent.state_blocks; with TMA tiles, the
+    16-bit default) against float64."""
     check(run_case(S=S, L=L, d_qk=d_qk, d_hv=d_hv, dtype=torch.float16, initial=True), 5e-3)

@@ -1,7 +1,7 @@
 """Triton kernels of tfla, one module per kernel of the paper's Table 1 (plus the recurrent
 state kernels). The TFLA kernels of both variants (IS_EXP a constexpr) in ``chunkwise*``
-(host side and autograd in ``chunkwise``) and ``limit_parallel_bw``; mLSTMsig's forward-only
-"walk" (chunk states on chip) in ``sig_walk_*`` with ``common``.
+(host side and autograd in ``chunkwise``) and ``limit_parallel_bw``; shared helpers (tile
+access, launch, interpreter workaround) in ``common``.
 
 Modules are imported lazily by the public functions, so that importing ``tfla`` never
 compiles anything, and so that ``TRITON_INTERPRET`` is read when a kernel module is first
