@@ -117,18 +117,17 @@ def descriptor(t, block_shape, use_tma: bool):
     return TensorDescriptor.from_tensor(t, block_shape=list(block_shape))
 
 
-def launch(kernel, grid, cfg, *args, num_stages: int, **kwargs):
+def launch(kernel, grid, memo: dict, *args, num_stages: int, **kwargs):
     """kernel[grid](*args, num_stages=..., **kwargs); if its tiles do not fit in shared
     memory at that pipelining depth, retry with fewer stages, and remember the depth that
-    fitted in ``cfg`` (an object with attributes, or a dict kept per launch configuration)
-    so that only the first call of a shape pays for the retry.
+    fitted in ``memo`` (a dict kept per launch configuration by the caller) so that only the
+    first call of a shape pays for the retry.
 
     Raises:
         triton.runtime.errors.OutOfResources: the tiles do not fit even with one stage.
     """
     from triton.runtime.errors import OutOfResources
 
-    memo = cfg if isinstance(cfg, dict) else cfg.__dict__
     key = "stages_" + getattr(kernel, "__name__", str(id(kernel)))
     ns = min(num_stages, memo.get(key, num_stages))
     while True:
