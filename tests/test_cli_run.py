@@ -142,7 +142,8 @@ def test_known_bad_combinations_are_reported():
            "peers": {"fla-core": "0.6.0", "mlstm_kernels": "2.0.6"}}
     problems = known_problems(env)
     assert any("fla 0.6.0 on triton 3.6.0 on Hopper" in p for p in problems)
-    assert any("mlstm_kernels" in p and "aborts" in p for p in problems)
+    # the authors' mLSTMexp xl_chunk ran in every H200 reference run with triton 3.6
+    assert not any("mlstm_kernels" in p for p in problems)
     fixed = known_problems(dict(env, triton="3.7.1", peers={"fla-core": "0.6.0"}))
     assert not any("fla" in p for p in fixed)
     assert json.dumps(problems)  # plain strings

@@ -40,7 +40,8 @@ def test_the_reference_h200_environment_names_each_blocked_mode_and_its_fix():
     assert v[("FlashAttention 3", "fwd")].runs is True
     mamba = v[("Mamba (v1)", "fwd, fwdbw")]
     assert mamba.runs is False and "selective_scan_cuda" in mamba.why and "nvcc" in mamba.fix
-    assert v[("mlstm_kernels mLSTMexp xl_chunk", "fwd, fwdbw")].runs is False
+    # measured ok in every H200 reference run with triton 3.6 (912a5aa, 6039bb3): not listed
+    assert ("mlstm_kernels mLSTMexp xl_chunk", "fwd, fwdbw") not in v
 
 
 @pytest.mark.parametrize("env_change, runs", [
@@ -58,7 +59,7 @@ def test_installed_fwdbw_builds_are_reported_as_running():
     v = _verdicts({**H200_ENV, "triton": "3.5.1"}, _only("flash_attn_interface", "selective_scan_cuda"))
     assert v[("FlashAttention 3", "fwd, fwdbw")].runs is True
     assert v[("Mamba (v1)", "fwd, fwdbw")].runs is True
-    assert ("mlstm_kernels mLSTMexp xl_chunk", "fwd, fwdbw") not in v     # only triton 3.6 aborts
+    assert ("mlstm_kernels mLSTMexp xl_chunk", "fwd, fwdbw") not in v
 
 
 def test_missing_peers_say_what_to_install():

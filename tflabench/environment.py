@@ -172,11 +172,6 @@ def known_problems(env: dict) -> list[str]:
             "chunk_simple_gla (chunk_bwd_dqkwg) refuses to run (fla issue #640: Triton 3.4-3.7.0 "
             "miscompiles it on Hopper); its fwdbw rows will be unavailable (chunk_gla's backward "
             "is not guarded). Fix: triton >= 3.7.1 for fla's workers.")
-    if peers.get("mlstm_kernels") and triton and triton[:2] == (3, 6):
-        problems.append(
-            f"mlstm_kernels {peers['mlstm_kernels']} on triton 3.6: its mLSTMexp xl_chunk kernel "
-            "aborts the process while compiling (LLVM assertion); those rows become `crash`. "
-            "mLSTMsig xl_chunk and mLSTMexp limit_chunk run.")
     if peers.get("mamba_ssm") and importlib.util.find_spec("selective_scan_cuda") is None:
         problems.append(
             f"mamba_ssm {peers['mamba_ssm']} has no compiled selective_scan_cuda: Mamba (v1) is "

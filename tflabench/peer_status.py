@@ -32,8 +32,10 @@ cases that could not run (``unavailable``, from each backend's ``available`` /
   nvcc (``nvidia-cuda-nvcc`` on the package index, plus the CUDA headers) matching torch's
   CUDA major version, and compiles many template instantiations (tens of minutes for all
   architectures; restrict to sm_90 for an H200).
-- mlstm_kernels mLSTMexp ``xl_chunk``: aborts while compiling on triton 3.6 (LLVM assertion
-  in SLPVectorizer; ``shared/wheels/README.md``).
+- mlstm_kernels mLSTMexp ``xl_chunk`` is not listed: an abort while compiling was seen once on
+  triton 3.6 (2026-11-22, ``shared/wheels/README.md``), but every H200 result set of this
+  project with the same versions measured it (912a5aa, 6039bb3: all rows ok); a crash would
+  be a ``crash`` row with its reason.
 """
 
 from __future__ import annotations
@@ -153,13 +155,6 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
         else:
             out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, "selective_scan_cuda compiled"))
 
-    # --- the authors' kernels
-    mk = peers.get("mlstm_kernels")
-    if mk and triton is not None and triton[:2] == (3, 6):
-        out.append(PeerMode("mlstm_kernels mLSTMexp xl_chunk", "fwd, fwdbw", False,
-                            f"mlstm_kernels {mk} on triton {tv}: its kernel aborts the process while compiling "
-                            "(LLVM assertion in SLPVectorizer); rows become crash",
-                            "another triton (the kernel compiled with the versions the authors used)"))
     return out
 
 

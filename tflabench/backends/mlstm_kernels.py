@@ -13,8 +13,10 @@ variant       algorithm    peer kernel                              default chun
 
 mLSTMsig's normaliser is passed explicitly (the peer's own default is ``normalize=True``;
 the paper's mLSTMsig and the peer baselines use ``normalize=False``, which is ours).
-On triton 3.6 the mLSTMexp ``xl_chunk`` kernel aborts the process while compiling
-(``shared/wheels/README.md``); the runner's isolation turns that into a ``crash`` row.
+On triton 3.6 the mLSTMexp ``xl_chunk`` kernel was once seen to abort the process while
+compiling (``shared/wheels/README.md``, 2026-11-22); this project's H200 runs with the same
+versions measured it (results/reference/h200/h100_7b, all rows ok). Were it to abort, the
+runner's isolation turns that into a ``crash`` row.
 
 Native layout (docs 1.1): q, k (B, NH, S, d_qk), v (B, NH, S, d_hv), i, f (B, NH, S),
 contiguous. Paper App. E.3 layout at embedding 4096: 16 heads, d_hv 256, d_qk 128.
