@@ -19,6 +19,7 @@ import triton
 import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
+from tfla.triton.common import chunk_tile_pid
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -62,14 +63,7 @@ def _dq_kernel(
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n_k = tl.cdiv(d_qk, B_DQK)
-    n_q = L // B_LQ
-    pid_k = pid % n_k
-    pid_q = (pid // n_k) % n_q
-    pid_cbh = pid // (n_k * n_q)
-    c = pid_cbh % NC
-    bh = (pid_cbh // NC).to(tl.int64)
+    pid_k, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_qk, B_DQK), L // B_LQ, NC)
     S_pad = NC * L
     r_loc = pid_q * B_LQ + tl.arange(0, B_LQ)
     rows = c * L + r_loc
@@ -136,14 +130,7 @@ def _dk_kernel(
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n_k = tl.cdiv(d_qk, B_DQK)
-    n_kv = L // B_LKV
-    pid_k = pid % n_k
-    pid_kv = (pid // n_k) % n_kv
-    pid_cbh = pid // (n_k * n_kv)
-    c = pid_cbh % NC
-    bh = (pid_cbh // NC).to(tl.int64)
+    pid_k, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_qk, B_DQK), L // B_LKV, NC)
     S_pad = NC * L
     s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
     cols = c * L + s_loc
@@ -208,14 +195,7 @@ def _dv_kernel(
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n_v = tl.cdiv(d_hv, B_DHV)
-    n_kv = L // B_LKV
-    pid_v = pid % n_v
-    pid_kv = (pid // n_v) % n_kv
-    pid_cbh = pid // (n_v * n_kv)
-    c = pid_cbh % NC
-    bh = (pid_cbh // NC).to(tl.int64)
+    pid_v, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), L // B_LKV, NC)
     S_pad = NC * L
     s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
     cols = c * L + s_loc

@@ -24,7 +24,8 @@ import triton
 import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
-from tfla.triton.common import can_use_tma, descriptor, launch, load_tile, store_tile
+from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, launch, load_tile,
+                                store_tile)
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -42,14 +43,7 @@ def _parallel_fw_kernel(
     # share a chunk's K, V and C_{k-1} run next to each other (L2 reuse). USE_TMA: tiles
     # through the tensor descriptors QD, KD, VD, HD (BNH, S, d) and CD (BNH·(N_c+1), d_qk,
     # d_hv), whose bounds give the zeros past S; else masked pointers.
-    pid = tl.program_id(0)
-    n_v = tl.cdiv(d_hv, B_DHV)
-    n_q = L // B_LQ
-    pid_v = pid % n_v
-    pid_q = (pid // n_v) % n_q
-    pid_cbh = pid // (n_v * n_q)
-    c = pid_cbh % NC
-    bh = (pid_cbh // NC).to(tl.int64)
+    pid_v, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), L // B_LQ, NC)
     S_pad = NC * L
 
     r_loc = pid_q * B_LQ + tl.arange(0, B_LQ)          # position inside the chunk

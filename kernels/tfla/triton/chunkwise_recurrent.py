@@ -29,7 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import can_use_tma, descriptor, launch, load_tile, num_sms, store_tile
+from tfla.triton.common import (can_use_tma, descriptor, launch, load_tile, num_sms, split_pid,
+                                store_tile)
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -125,12 +126,8 @@ def _recurrent_fw_kernel(
     # into ḡ·C itself instead of a fresh tile added afterwards (one 128 x 128 fp32 tile of
     # registers less per thread). USE_TMA: K, V tiles and the C_k stores go through tensor
     # descriptors KD, VD (BNH, S, d) and CD (BNH·(N_c+1), d_qk, d_hv); else pointers.
-    pid = tl.program_id(0)
-    n_v = tl.cdiv(d_hv, B_DHV)
-    n_k = tl.cdiv(d_qk, B_DQK)
-    pid_v = pid % n_v
-    pid_k = (pid // n_v) % n_k
-    bh = (pid // (n_v * n_k)).to(tl.int64)
+    pid_v, pid_k, bh = split_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), tl.cdiv(d_qk, B_DQK))
+    bh = bh.to(tl.int64)
     S_pad = NC * L
     k0 = pid_k * B_DQK
     v0 = pid_v * B_DHV
@@ -231,12 +228,8 @@ def _recurrent_bw_kernel(
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DC_LAST: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    pid = tl.program_id(0)
-    n_v = tl.cdiv(d_hv, B_DHV)
-    n_k = tl.cdiv(d_qk, B_DQK)
-    pid_v = pid % n_v
-    pid_k = (pid // n_v) % n_k
-    bh = (pid // (n_v * n_k)).to(tl.int64)
+    pid_v, pid_k, bh = split_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), tl.cdiv(d_qk, B_DQK))
+    bh = bh.to(tl.int64)
     S_pad = NC * L
     offs_k = pid_k * B_DQK + tl.arange(0, B_DQK)
     offs_v = pid_v * B_DHV + tl.arange(0, B_DHV)

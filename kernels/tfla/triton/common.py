@@ -1,5 +1,6 @@
-"""Pieces shared by the TFLA Triton kernels: the interpreter workaround, the SM count, tile
-access through TMA descriptors or pointers, and a launch that fits shared memory."""
+"""Pieces shared by the TFLA Triton kernels: the interpreter workaround, the SM count, program
+ids of the flattened grids, tile access through TMA descriptors or pointers, and a launch
+that fits shared memory."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["interpret_mode", "num_sms", "load_tile", "store_tile", "can_use_tma", "descriptor",
-           "launch"]
+__all__ = ["interpret_mode", "num_sms", "split_pid", "chunk_tile_pid", "load_tile", "store_tile",
+           "can_use_tma", "descriptor", "launch"]
 
 def interpret_mode() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
@@ -61,6 +62,24 @@ def num_sms(device: torch.device) -> int:
 @functools.lru_cache(maxsize=None)
 def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+# ---------------------------------------------------------------- program ids
+
+@triton.jit
+def split_pid(pid, n0, n1):
+    """(i0, i1, rest) of a 1-D program id whose grid is flattened as rest x n1 x n0, with
+    i0 (0 <= i0 < n0) fastest: the state kernels' (d_hv block, d_qk block, b·head)."""
+    return pid % n0, (pid // n0) % n1, pid // (n0 * n1)
+
+
+@triton.jit
+def chunk_tile_pid(pid, n_blk, n_tile, NC):
+    """(block, tile, chunk, b·head as int64) of the parallel kernels' 1-D grid, flattened as
+    (b·head, chunk, tile, block) with the head-dimension block fastest: programs that share a
+    chunk's tiles run next to each other (L2 reuse)."""
+    blk, tile, cbh = split_pid(pid, n_blk, n_tile)
+    return blk, tile, cbh % NC, (cbh // NC).to(tl.int64)
 
 
 # ---------------------------------------------------------------- tile access (TMA or pointers)
