@@ -20,11 +20,9 @@ runner = CliRunner()
 
 
 @pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch):
+def _isolated(tmp_path, monkeypatch, isolated_user_files):
     """Plots land in tmp_path/results/plots; no user hardware file is read."""
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("TFLABENCH_HARDWARE", raising=False)
 
 
 def run(*args):

@@ -15,11 +15,7 @@ from tflabench.errors import UserError
 from tflabench.hardware import detect_gpu, get_gpu, list_gpus, save_measured
 
 
-@pytest.fixture(autouse=True)
-def _isolated_home(tmp_path, monkeypatch):
-    """No test reads the real ~/.config/tflabench/gpus.yaml or $TFLABENCH_HARDWARE."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    monkeypatch.delenv("TFLABENCH_HARDWARE", raising=False)
+pytestmark = pytest.mark.usefixtures("isolated_user_files")   # tests/conftest.py
 
 
 def test_table_18_ceilings_and_exact_intensities_I10():
