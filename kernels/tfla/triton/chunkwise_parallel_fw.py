@@ -205,7 +205,9 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     use_tma = bool(cfg["USE_TMA"]) and can_use_tma(
         q, k, v, C_st, h, blocks=(b_lq, b_lkv, b_qk, b_hv))
     C_view = C_st.view(-1, d_qk, d_hv)
-    fit = _FIT.setdefault((L, b_lq, b_lkv, b_qk, b_hv, cfg["num_warps"], cfg["num_stages"],
+    num_dqk = triton.cdiv(d_qk, b_qk)
+    # keyed by everything that shapes the compiled kernel (see chunkwise_recurrent._FIT)
+    fit = _FIT.setdefault((L, b_lq, b_lkv, b_qk, b_hv, num_dqk, cfg["num_warps"], cfg["num_stages"],
                            use_tma, is_exp, normalize, q.dtype), {})
     launch(
         _parallel_fw_kernel, grid, fit,
@@ -214,7 +216,7 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
         descriptor(h, (1, b_lq, b_hv), use_tma), b_vec, i_vec, mi_vec, C_st, n_st, m_st, h, n_out,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
-        NUM_DQK=triton.cdiv(d_qk, cfg["B_DQK"]), IS_EXP=is_exp, NORMALIZE=normalize,
+        NUM_DQK=num_dqk, IS_EXP=is_exp, NORMALIZE=normalize,
         DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )

@@ -408,7 +408,11 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     P = piece(L)
     use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P)
     C_view = C_st.view(BNH * (NC + 1), d_qk, d_hv)
-    fit = _FIT.setdefault(("fw", L, P, b_qk, b_hv, warps, stages, use_tma, k.dtype), {})
+    acc_in_c = STATE_OVERRIDE.get("ACC_IN_C", False)
+    # keyed by everything that shapes the compiled kernel, so that one shape's retry never
+    # lowers another's pipeline depth
+    fit = _FIT.setdefault((L, P, b_qk, b_hv, warps, stages, use_tma, scale_v, is_exp, with_n,
+                           acc_in_c, C0 is not None, n0 is not None, m0 is not None, k.dtype), {})
     launch(
         _recurrent_fw_kernel, grid, fit,
         k, v, descriptor(k, (1, P, b_qk), use_tma), descriptor(v, (1, P, b_hv), use_tma),
@@ -420,7 +424,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
         L=L, PIECE=piece(L), B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp,
         HAS_C0=C0 is not None, HAS_N0=n0 is not None, HAS_M0=m0 is not None,
         DOT_PREC=dot_precision(k.dtype), WITH_N=with_n,
-        ACC_IN_C=STATE_OVERRIDE.get("ACC_IN_C", False), USE_TMA=use_tma, SCALE_V=scale_v,
+        ACC_IN_C=acc_in_c, USE_TMA=use_tma, SCALE_V=scale_v,
         num_warps=warps, num_stages=stages,
     )
     return C_st, n_st, m_st, C_last
