@@ -19,7 +19,7 @@ import triton
 import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
-from tfla.triton.common import chunk_tile_pid
+from tfla.triton.common import chunk_tile_pid, load_tile, store_tile
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -66,54 +66,39 @@ def _dq_kernel(
     pid_k, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_qk, B_DQK), L // B_LQ, NC)
     S_pad = NC * L
     r_loc = pid_q * B_LQ + tl.arange(0, B_LQ)
+    r0 = c * L + pid_q * B_LQ
     rows = c * L + r_loc
-    row_ok = rows < S
-    offs_k = pid_k * B_DQK + tl.arange(0, B_DQK)
-    mask_k = offs_k < d_qk
-    offs_dv = tl.arange(0, B_DHV)
-    dh_base = DH + bh * S * d_hv
-    v_base = V + bh * S * d_hv
+    k0 = pid_k * B_DQK
     b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
                                    IS_EXP, NORMALIZE)
     # inter: b̄ ⊙ dH̃ C_{k-1}ᵀ · scale
     acc = tl.zeros((B_LQ, B_DQK), dtype=tl.float32)
-    c_base = C_st + (bh * (NC + 1) + c) * d_qk * d_hv
+    c_row = bh * (NC + 1) + c       # C_{k-1} in the (BNH·(N_c+1), d_qk, d_hv) view
     for vb in range(NUM_DHV):
-        offs_v = vb * B_DHV + offs_dv
-        mask_v = offs_v < d_hv
-        dh_blk = tl.load(dh_base + rows[:, None] * d_hv + offs_v[None, :],
-                         mask=row_ok[:, None] & mask_v[None, :], other=0.0)
-        c_blk = tl.load(c_base + offs_k[:, None] * d_hv + offs_v[None, :],
-                        mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        dh_blk = load_tile(DH, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, False)
+        c_blk = load_tile(C_st, C_st, c_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV, False)
         acc = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), acc, input_precision=DOT_PREC)
     acc = acc * (b_bar * rs)[:, None]
     # intra: (dH̃ Vᵀ ⊙ D) K · scale
     n_kv = ((pid_q + 1) * B_LQ) // B_LKV
     for j in range(n_kv):
         s_loc = j * B_LKV + tl.arange(0, B_LKV)
+        s0 = c * L + j * B_LKV
         cols = c * L + s_loc
-        col_ok = cols < S
         ds = tl.zeros((B_LQ, B_LKV), dtype=tl.float32)
         for vb in range(NUM_DHV):
-            offs_v = vb * B_DHV + offs_dv
-            mask_v = offs_v < d_hv
-            dh_blk = tl.load(dh_base + rows[:, None] * d_hv + offs_v[None, :],
-                             mask=row_ok[:, None] & mask_v[None, :], other=0.0)
-            v_blk = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
-                            mask=col_ok[:, None] & mask_v[None, :], other=0.0)
+            dh_blk = load_tile(DH, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, False)
+            v_blk = load_tile(V, V, bh, s0, vb * B_DHV, S, d_hv, B_LKV, B_DHV, False)
             ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
         i_kv = tl.load(I_vec + bh * S_pad + cols)
         b_kv = tl.load(B_vec + bh * S_pad + cols)
         d_log = (b_q[:, None] - b_kv[None, :] + i_kv[None, :]) - mc_q[:, None]
         d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
         ds = ds * tl.exp(d_log) * rs[:, None]
-        k_blk = tl.load(K + bh * S * d_qk + cols[:, None] * d_qk + offs_k[None, :],
-                        mask=col_ok[:, None] & mask_k[None, :], other=0.0)
+        k_blk = load_tile(K, K, bh, s0, k0, S, d_qk, B_LKV, B_DQK, False)
         acc = tl.dot(ds.to(k_blk.dtype), k_blk, acc, input_precision=DOT_PREC)
-    q_blk = tl.load(Q + bh * S * d_qk + rows[:, None] * d_qk + offs_k[None, :],
-                    mask=row_ok[:, None] & mask_k[None, :], other=0.0)
-    tl.store(DQ + bh * S * d_qk + rows[:, None] * d_qk + offs_k[None, :],
-             acc.to(DQ.dtype.element_ty), mask=row_ok[:, None] & mask_k[None, :])
+    q_blk = load_tile(Q, Q, bh, r0, k0, S, d_qk, B_LQ, B_DQK, False)
+    store_tile(DQ, DQ, acc.to(DQ.dtype.element_ty), bh, r0, k0, S, d_qk, B_LQ, B_DQK, False)
     rowsum = tl.sum(q_blk.to(tl.float32) * acc, 1)
     if ATOMIC_ROWSUM:
         tl.atomic_add(QDQ + bh * S_pad + rows, rowsum)
@@ -133,53 +118,38 @@ def _dk_kernel(
     pid_k, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_qk, B_DQK), L // B_LKV, NC)
     S_pad = NC * L
     s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
+    s0 = c * L + pid_kv * B_LKV
     cols = c * L + s_loc
-    col_ok = cols < S
-    offs_k = pid_k * B_DQK + tl.arange(0, B_DQK)
-    mask_k = offs_k < d_qk
-    offs_dv = tl.arange(0, B_DHV)
-    dh_base = DH + bh * S * d_hv
-    v_base = V + bh * S * d_hv
+    k0 = pid_k * B_DQK
     b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
     # inter: ā ⊙ (V dC_kᵀ)
     acc = tl.zeros((B_LKV, B_DQK), dtype=tl.float32)
-    dc_base = DC_st + (bh * (NC + 1) + c + 1) * d_qk * d_hv
+    dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
     for vb in range(NUM_DHV):
-        offs_v = vb * B_DHV + offs_dv
-        mask_v = offs_v < d_hv
-        v_blk = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
-                        mask=col_ok[:, None] & mask_v[None, :], other=0.0)
-        dc_blk = tl.load(dc_base + offs_k[:, None] * d_hv + offs_v[None, :],
-                         mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        v_blk = load_tile(V, V, bh, s0, vb * B_DHV, S, d_hv, B_LKV, B_DHV, False)
+        dc_blk = load_tile(DC_st, DC_st, dc_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV, False)
         acc = tl.dot(v_blk, tl.trans(dc_blk.to(v_blk.dtype)), acc, input_precision=DOT_PREC)
     acc = acc * a_bar[:, None]
     # intra: (V dH̃ᵀ ⊙ Dᵀ) Q · scale over query tiles on or after the diagonal
     j0 = (pid_kv * B_LKV) // B_LQ
     for j in range(j0, L // B_LQ):
         r_loc = j * B_LQ + tl.arange(0, B_LQ)
+        r0 = c * L + j * B_LQ
         rows = c * L + r_loc
-        row_ok = rows < S
         b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
                                        scale, eps, IS_EXP, NORMALIZE)
         dst = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
         for vb in range(NUM_DHV):
-            offs_v = vb * B_DHV + offs_dv
-            mask_v = offs_v < d_hv
-            v_blk = tl.load(v_base + cols[:, None] * d_hv + offs_v[None, :],
-                            mask=col_ok[:, None] & mask_v[None, :], other=0.0)
-            dh_blk = tl.load(dh_base + rows[:, None] * d_hv + offs_v[None, :],
-                             mask=row_ok[:, None] & mask_v[None, :], other=0.0)
+            v_blk = load_tile(V, V, bh, s0, vb * B_DHV, S, d_hv, B_LKV, B_DHV, False)
+            dh_blk = load_tile(DH, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, False)
             dst = tl.dot(v_blk, tl.trans(dh_blk), dst, input_precision=DOT_PREC)
         d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
         d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
         dst = dst * tl.exp(d_log) * rs[None, :]
-        q_blk = tl.load(Q + bh * S * d_qk + rows[:, None] * d_qk + offs_k[None, :],
-                        mask=row_ok[:, None] & mask_k[None, :], other=0.0)
+        q_blk = load_tile(Q, Q, bh, r0, k0, S, d_qk, B_LQ, B_DQK, False)
         acc = tl.dot(dst.to(q_blk.dtype), q_blk, acc, input_precision=DOT_PREC)
-    k_blk = tl.load(K + bh * S * d_qk + cols[:, None] * d_qk + offs_k[None, :],
-                    mask=col_ok[:, None] & mask_k[None, :], other=0.0)
-    tl.store(DK + bh * S * d_qk + cols[:, None] * d_qk + offs_k[None, :],
-             acc.to(DK.dtype.element_ty), mask=col_ok[:, None] & mask_k[None, :])
+    k_blk = load_tile(K, K, bh, s0, k0, S, d_qk, B_LKV, B_DQK, False)
+    store_tile(DK, DK, acc.to(DK.dtype.element_ty), bh, s0, k0, S, d_qk, B_LKV, B_DQK, False)
     rowsum = tl.sum(k_blk.to(tl.float32) * acc, 1)
     if ATOMIC_ROWSUM:
         tl.atomic_add(KDK + bh * S_pad + cols, rowsum)
@@ -198,51 +168,37 @@ def _dv_kernel(
     pid_v, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), L // B_LKV, NC)
     S_pad = NC * L
     s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
+    s0 = c * L + pid_kv * B_LKV
     cols = c * L + s_loc
-    col_ok = cols < S
-    offs_v = pid_v * B_DHV + tl.arange(0, B_DHV)
-    mask_v = offs_v < d_hv
-    offs_dk = tl.arange(0, B_DQK)
-    q_base = Q + bh * S * d_qk
-    k_base = K + bh * S * d_qk
+    v0 = pid_v * B_DHV
     b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
     # inter: (ā ⊙ K) dC_k
     acc = tl.zeros((B_LKV, B_DHV), dtype=tl.float32)
-    dc_base = DC_st + (bh * (NC + 1) + c + 1) * d_qk * d_hv
+    dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
     for kb in range(NUM_DQK):
-        offs_k = kb * B_DQK + offs_dk
-        mask_k = offs_k < d_qk
-        k_blk = tl.load(k_base + cols[:, None] * d_qk + offs_k[None, :],
-                        mask=col_ok[:, None] & mask_k[None, :], other=0.0)
-        dc_blk = tl.load(dc_base + offs_k[:, None] * d_hv + offs_v[None, :],
-                         mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+        k_blk = load_tile(K, K, bh, s0, kb * B_DQK, S, d_qk, B_LKV, B_DQK, False)
+        dc_blk = load_tile(DC_st, DC_st, dc_row, kb * B_DQK, v0, d_qk, d_hv, B_DQK, B_DHV, False)
         acc = tl.dot(k_blk, dc_blk.to(k_blk.dtype), acc, input_precision=DOT_PREC)
     acc = acc * a_bar[:, None]
     # intra: (K Qᵀ · scale ⊙ Dᵀ) dH̃
     j0 = (pid_kv * B_LKV) // B_LQ
     for j in range(j0, L // B_LQ):
         r_loc = j * B_LQ + tl.arange(0, B_LQ)
+        r0 = c * L + j * B_LQ
         rows = c * L + r_loc
-        row_ok = rows < S
         b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
                                        scale, eps, IS_EXP, NORMALIZE)
         st = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
         for kb in range(NUM_DQK):
-            offs_k = kb * B_DQK + offs_dk
-            mask_k = offs_k < d_qk
-            k_blk = tl.load(k_base + cols[:, None] * d_qk + offs_k[None, :],
-                            mask=col_ok[:, None] & mask_k[None, :], other=0.0)
-            q_blk = tl.load(q_base + rows[:, None] * d_qk + offs_k[None, :],
-                            mask=row_ok[:, None] & mask_k[None, :], other=0.0)
+            k_blk = load_tile(K, K, bh, s0, kb * B_DQK, S, d_qk, B_LKV, B_DQK, False)
+            q_blk = load_tile(Q, Q, bh, r0, kb * B_DQK, S, d_qk, B_LQ, B_DQK, False)
             st = tl.dot(k_blk, tl.trans(q_blk), st, input_precision=DOT_PREC)
         d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
         d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
         st = st * tl.exp(d_log) * rs[None, :]
-        dh_blk = tl.load(DH + bh * S * d_hv + rows[:, None] * d_hv + offs_v[None, :],
-                         mask=row_ok[:, None] & mask_v[None, :], other=0.0)
+        dh_blk = load_tile(DH, DH, bh, r0, v0, S, d_hv, B_LQ, B_DHV, False)
         acc = tl.dot(st.to(dh_blk.dtype), dh_blk, acc, input_precision=DOT_PREC)
-    tl.store(DV + bh * S * d_hv + cols[:, None] * d_hv + offs_v[None, :],
-             acc.to(DV.dtype.element_ty), mask=col_ok[:, None] & mask_v[None, :])
+    store_tile(DV, DV, acc.to(DV.dtype.element_ty), bh, s0, v0, S, d_hv, B_LKV, B_DHV, False)
 
 
 def _p2(x: int) -> int:

@@ -68,9 +68,8 @@ def _parallel_fw_kernel(
     n_base = N_st + c_row * d_qk
     if NUM_DQK == 1:
         mask_k = offs_dk < d_qk
-        q_tile = load_tile(QD, Q, bh, r0, 0, S * d_qk, d_qk, S, d_qk, B_LQ, B_DQK, USE_TMA)
-        c_blk = load_tile(CD, C_st, c_row, 0, v0, d_qk * d_hv, d_hv, d_qk, d_hv, B_DQK, B_DHV,
-                          USE_TMA)
+        q_tile = load_tile(QD, Q, bh, r0, 0, S, d_qk, B_LQ, B_DQK, USE_TMA)
+        c_blk = load_tile(CD, C_st, c_row, 0, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
         acc = tl.dot(q_tile, c_blk.to(q_tile.dtype), acc, input_precision=DOT_PREC)
         if NORMALIZE:
             n_blk = tl.load(n_base + offs_dk, mask=mask_k, other=0.0)
@@ -79,10 +78,8 @@ def _parallel_fw_kernel(
         for kb in range(NUM_DQK):
             offs_k = kb * B_DQK + offs_dk
             mask_k = offs_k < d_qk
-            q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S * d_qk, d_qk, S, d_qk, B_LQ, B_DQK,
-                              USE_TMA)
-            c_blk = load_tile(CD, C_st, c_row, kb * B_DQK, v0, d_qk * d_hv, d_hv, d_qk, d_hv,
-                              B_DQK, B_DHV, USE_TMA)
+            q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S, d_qk, B_LQ, B_DQK, USE_TMA)
+            c_blk = load_tile(CD, C_st, c_row, kb * B_DQK, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
             acc = tl.dot(q_blk, c_blk.to(q_blk.dtype), acc, input_precision=DOT_PREC)
             if NORMALIZE:
                 n_blk = tl.load(n_base + offs_k, mask=mask_k, other=0.0)
@@ -98,15 +95,13 @@ def _parallel_fw_kernel(
         s0 = c * L + j * B_LKV
         cols = c * L + s_loc
         if NUM_DQK == 1:
-            k_tile = load_tile(KD, K, bh, s0, 0, S * d_qk, d_qk, S, d_qk, B_LKV, B_DQK, USE_TMA)
+            k_tile = load_tile(KD, K, bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
             s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PREC)
         else:
             s = tl.zeros((B_LQ, B_LKV), dtype=tl.float32)
             for kb in range(NUM_DQK):
-                q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S * d_qk, d_qk, S, d_qk, B_LQ,
-                                  B_DQK, USE_TMA)
-                k_blk = load_tile(KD, K, bh, s0, kb * B_DQK, S * d_qk, d_qk, S, d_qk, B_LKV,
-                                  B_DQK, USE_TMA)
+                q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S, d_qk, B_LQ, B_DQK, USE_TMA)
+                k_blk = load_tile(KD, K, bh, s0, kb * B_DQK, S, d_qk, B_LKV, B_DQK, USE_TMA)
                 s = tl.dot(q_blk, tl.trans(k_blk), s, input_precision=DOT_PREC)
         i_kv = tl.load(I_vec + bh * S_pad + cols)                  # ī, -inf beyond S
         b_kv = tl.load(B_vec + bh * S_pad + cols)
@@ -115,7 +110,7 @@ def _parallel_fw_kernel(
         s_bar = s * scale * tl.exp(d_log)
         if NORMALIZE:
             den += tl.sum(s_bar, 1)
-        v_tile = load_tile(VD, V, bh, s0, v0, S * d_hv, d_hv, S, d_hv, B_LKV, B_DHV, USE_TMA)
+        v_tile = load_tile(VD, V, bh, s0, v0, S, d_hv, B_LKV, B_DHV, USE_TMA)
         acc = tl.dot(s_bar.to(v_tile.dtype), v_tile, acc, input_precision=DOT_PREC)
 
     if NORMALIZE:
@@ -126,8 +121,7 @@ def _parallel_fw_kernel(
         n_out = tl.maximum(tl.abs(den), floor)
         acc = acc / (n_out + eps)[:, None]
         tl.store(NOUT + bh * S_pad + rows, n_out, mask=(rows * 0 + pid_v) == 0)
-    store_tile(HD, H, acc.to(H.dtype.element_ty), bh, r0, v0, S * d_hv, d_hv, S, d_hv, B_LQ,
-               B_DHV, USE_TMA)
+    store_tile(HD, H, acc.to(H.dtype.element_ty), bh, r0, v0, S, d_hv, B_LQ, B_DHV, USE_TMA)
 
 
 def _p2(x: int) -> int:

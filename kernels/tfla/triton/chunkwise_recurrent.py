@@ -95,8 +95,8 @@ def _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, t0, S, S_pad, m_new, k0, v0, 
     to the rounding of the scaled operand to the dot dtype."""
     t = t0 + tl.arange(0, PIECE)
     a_bar = tl.exp(tl.load(A_vec + bh * S_pad + t) - m_new)      # 0 past S (a = -inf there)
-    k_t = load_tile(KD, K, bh, t0, k0, S * d_qk, d_qk, S, d_qk, PIECE, B_DQK, USE_TMA)
-    v_t = load_tile(VD, V, bh, t0, v0, S * d_hv, d_hv, S, d_hv, PIECE, B_DHV, USE_TMA)
+    k_t = load_tile(KD, K, bh, t0, k0, S, d_qk, PIECE, B_DQK, USE_TMA)
+    v_t = load_tile(VD, V, bh, t0, v0, S, d_hv, PIECE, B_DHV, USE_TMA)
     if SCALE_V:
         v_bar = (v_t.to(tl.float32) * a_bar[:, None]).to(v_t.dtype)
         acc = tl.dot(tl.trans(k_t), v_bar, acc, input_precision=DOT_PREC)
@@ -156,8 +156,8 @@ def _recurrent_fw_kernel(
     if IS_EXP:
         if HAS_M0:
             m = tl.load(M0 + bh + tl.zeros((1,), dtype=tl.int32)).to(tl.float32)
-    store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row, k0, v0, d_qk * d_hv, d_hv,
-               d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
+    store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row, k0, v0, d_qk, d_hv, B_DQK, B_DHV,
+               USE_TMA)
     if WITH_N:
         tl.store(N_st + n_base + offs_k, n, mask=mask_k & writer_n)
     tl.store(M_st + bh * (NC + 1) + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
@@ -190,8 +190,8 @@ def _recurrent_fw_kernel(
         if WITH_N:
             n = g_bar * n + n_acc
         m = m_new
-        store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + c + 1, k0, v0, d_qk * d_hv,
-                   d_hv, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
+        store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + c + 1, k0, v0, d_qk, d_hv,
+                   B_DQK, B_DHV, USE_TMA)
         if WITH_N:
             tl.store(N_st + n_base + (c + 1) * d_qk + offs_k, n, mask=mask_k & writer_n)
         tl.store(M_st + bh * (NC + 1) + c + 1 + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)

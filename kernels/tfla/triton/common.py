@@ -85,33 +85,35 @@ def chunk_tile_pid(pid, n_blk, n_tile, NC):
 # ---------------------------------------------------------------- tile access (TMA or pointers)
 
 @triton.jit
-def load_tile(desc, ptr, bh, t0, d0, s_bh, s_s, S, D, BL: tl.constexpr, BD: tl.constexpr,
+def load_tile(desc, ptr, bh, t0, d0, S, D, BL: tl.constexpr, BD: tl.constexpr,
               USE_TMA: tl.constexpr):
-    """Rows t0..t0+BL, columns d0..d0+BD of a (BH, S, D) tensor at head bh; zeros outside.
+    """Rows t0..t0+BL, columns d0..d0+BD of a contiguous (BH, S, D) tensor at "head" bh;
+    zeros outside. (Also serves the chunk states: (B·NH·(N_c+1), d_qk, d_hv) views.)
 
     With USE_TMA the tile comes through a host TensorDescriptor (block [1, BL, BD]), whose
-    bounds checks give the zeros; otherwise through masked pointer loads.
+    bounds checks give the zeros; otherwise through masked pointer loads, offsets in int64.
     """
     if USE_TMA:
         x = desc.load([bh.to(tl.int32), t0, d0]).reshape(BL, BD)
     else:
         t = t0 + tl.arange(0, BL)
         d = d0 + tl.arange(0, BD)
-        x = tl.load(ptr + bh.to(tl.int64) * s_bh + t[:, None] * s_s + d[None, :],
+        x = tl.load(ptr + bh.to(tl.int64) * S * D + t[:, None] * D + d[None, :],
                     mask=(t < S)[:, None] & (d < D)[None, :], other=0.0)
     return x
 
 
 @triton.jit
-def store_tile(desc, ptr, x, bh, t0, d0, s_bh, s_s, S, D, BL: tl.constexpr, BD: tl.constexpr,
+def store_tile(desc, ptr, x, bh, t0, d0, S, D, BL: tl.constexpr, BD: tl.constexpr,
                USE_TMA: tl.constexpr):
-    """Store an (BL, BD) tile at rows t0.., columns d0.. of head bh; parts outside are dropped."""
+    """Store an (BL, BD) tile at rows t0.., columns d0.. of head bh of a contiguous (BH, S, D)
+    tensor; parts outside are dropped."""
     if USE_TMA:
         desc.store([bh.to(tl.int32), t0, d0], x.reshape(1, BL, BD))
     else:
         t = t0 + tl.arange(0, BL)
         d = d0 + tl.arange(0, BD)
-        tl.store(ptr + bh.to(tl.int64) * s_bh + t[:, None] * s_s + d[None, :], x,
+        tl.store(ptr + bh.to(tl.int64) * S * D + t[:, None] * D + d[None, :], x,
                  mask=(t < S)[:, None] & (d < D)[None, :])
 
 
