@@ -292,8 +292,8 @@ class Bench:
 
 def check_fused(b, shape_name, L):
     """Max |fused - two_kernel| / max|two_kernel| of h and of every gradient, bf16, one row
-    per tensor (impl "check:<tensor>", the ratio in ms_median), also on a sequence that ends
-    in a partial chunk (S - L/2 - 3)."""
+    per tensor (impl "check:<tensor>", the ratio in ms_median, the fraction of elements that
+    differ in ms_min), also on a sequence that ends in a partial chunk (S - L/2 - 3)."""
     torch = b.torch
     import tfla
     from tfla.triton import chunkwise
@@ -313,9 +313,10 @@ def check_fused(b, shape_name, L):
         chunkwise.TUNING["sig_forward"] = "auto"
         for name, x, y in zip(("h", "dq", "dk", "dv", "di", "df"), outs["fused"], outs["two_kernel"]):
             err = float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30))
+            differ = float((x != y).float().mean())
             finite = bool(torch.isfinite(x).all())
             b.emit(dict(shape=shape_name, impl="check:" + name, variant=f"S{S}", chunk=L,
-                        mode="fwdbw", ms_median=round(err, 6),
+                        mode="fwdbw", ms_median=float(f"{err:.3e}"), ms_min=float(f"{differ:.3e}"),
                         error="" if finite else "non-finite"))
 
 
