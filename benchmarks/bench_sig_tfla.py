@@ -66,6 +66,10 @@ VARIANTS = {
     "rec_ptr": ({}, {}, {"USE_TMA": False}),
     "fw_ptr": ({"USE_TMA": False}, {}, {}),
     "ptr_scale_k": ({"USE_TMA": False}, {}, {"USE_TMA": False, "SCALE_V": False}),   # version 4
+    # version 6: the H kernel's inter-chunk product after the key/value loop
+    "fw_inter_last": ({"INTER_LAST": True}, {}, {}),
+    "fw_inter_last_st1": ({"INTER_LAST": True, "num_stages": 1}, {}, {}),
+    "fw_inter_last_kv128": ({"INTER_LAST": True, "B_LKV": 128, "num_stages": 1}, {}, {}),
 }
 
 #: version 6: which mLSTMsig forward runs (chunkwise.TUNING["sig_forward"]) and the fused
