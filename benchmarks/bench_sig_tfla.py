@@ -70,6 +70,13 @@ VARIANTS = {
     "fw_inter_last": ({"INTER_LAST": True}, {}, {}),
     "fw_inter_last_st1": ({"INTER_LAST": True, "num_stages": 1}, {}, {}),
     "fw_inter_last_kv128": ({"INTER_LAST": True, "B_LKV": 128, "num_stages": 1}, {}, {}),
+    "fw_rev_bh": ({"REV_BH": True}, {}, {}),
+    "rec_ws": ({}, {}, {"WS": True}),
+    "rec_ws_w4": ({}, {}, {"WS": True, "num_warps": 4}),
+    "fw_ws_64_64_128": ({"WS": True, "B_LQ": 64, "B_LKV": 64, "B_DHV": 128, "num_warps": 4}, {}, {}),
+    "fw_ws_64_32_256": ({"WS": True, "B_LQ": 64, "B_LKV": 32, "B_DHV": 256, "num_warps": 4,
+                         "num_stages": 3}, {}, {}),
+    "fw_ws_default_w4": ({"WS": True, "num_warps": 4}, {}, {}),
 }
 
 #: version 6: which mLSTMsig forward runs (chunkwise.TUNING["sig_forward"]) and the fused
@@ -184,6 +191,10 @@ class Bench:
             return
         from tfla.triton import chunkwise_parallel_bw, chunkwise_parallel_fw, chunkwise_recurrent
         fw, bw, st = VARIANTS[name] if name else ({}, {}, {})
+        if name:   # the two-kernel forward's tuning: measure that forward
+            from tfla.triton import chunkwise
+            old_mode = chunkwise.TUNING["sig_forward"]
+            chunkwise.TUNING["sig_forward"] = "two_kernel"
         old = (dict(chunkwise_parallel_fw.FW_OVERRIDE["xl"]), dict(chunkwise_parallel_bw.BW_OVERRIDE),
                dict(chunkwise_recurrent.STATE_OVERRIDE))
         chunkwise_parallel_fw.FW_OVERRIDE["xl"].update(fw)
@@ -197,6 +208,8 @@ class Bench:
             chunkwise_parallel_bw.BW_OVERRIDE.update(old[1])
             chunkwise_recurrent.STATE_OVERRIDE.clear()
             chunkwise_recurrent.STATE_OVERRIDE.update(old[2])
+            if name:
+                chunkwise.TUNING["sig_forward"] = old_mode
 
     # ------------------------------------------------------------ one measurement
     def measure(self, shape_name, impl, L, mode, variant=""):
