@@ -66,30 +66,6 @@ VARIANTS = {
     "rec_ptr": ({}, {}, {"USE_TMA": False}),
     "fw_ptr": ({"USE_TMA": False}, {}, {}),
     "ptr_scale_k": ({"USE_TMA": False}, {}, {"USE_TMA": False, "SCALE_V": False}),   # version 4
-    # version 6: the H kernel's inter-chunk product after the key/value loop
-    "fw_inter_last": ({"INTER_LAST": True}, {}, {}),
-    "fw_inter_last_st1": ({"INTER_LAST": True, "num_stages": 1}, {}, {}),
-    "fw_inter_last_kv128": ({"INTER_LAST": True, "B_LKV": 128, "num_stages": 1}, {}, {}),
-    "fw_rev_bh": ({"REV_BH": True}, {}, {}),
-    "rec_ws": ({}, {}, {"WS": True}),
-    "rec_ws_w4": ({}, {}, {"WS": True, "num_warps": 4}),
-    "fw_ws_64_64_128": ({"WS": True, "B_LQ": 64, "B_LKV": 64, "B_DHV": 128, "num_warps": 4}, {}, {}),
-    "fw_ws_64_32_256": ({"WS": True, "B_LQ": 64, "B_LKV": 32, "B_DHV": 256, "num_warps": 4,
-                         "num_stages": 3}, {}, {}),
-    "fw_ws_default_w4": ({"WS": True, "num_warps": 4}, {}, {}),
-}
-
-#: version 6: which mLSTMsig forward runs (chunkwise.TUNING["sig_forward"]) and the fused
-#: kernel's tile (chunkwise_fused_fw.FUSED_OVERRIDE): name -> (sig_forward, fused override)
-FORWARD_VARIANTS = {
-    "two_kernel": ("two_kernel", {}),
-    "fused": ("fused", {}),
-    "fused_dhv64": ("fused", {"B_DHV": 64}),
-    "fused_dhv32": ("fused", {"B_DHV": 32}),
-    "fused_w4": ("fused", {"num_warps": 4}),
-    "fused_w8": ("fused", {"num_warps": 8}),
-    "fused_dhv64_w4": ("fused", {"B_DHV": 64, "num_warps": 4}),
-    "fused_ptr": ("fused", {"USE_TMA": False}),
 }
 
 FIELDS = ["shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
@@ -114,8 +90,6 @@ def parse_args(argv=None):
     ap.add_argument("--budget-s", type=float, default=500.0)
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
-    ap.add_argument("--check", action="store_true", help="before timing: the fused and the "
-                    "two-kernel mLSTMsig forward (and their gradients) against each other")
     ap.add_argument("--smoke", action="store_true")
     return ap.parse_args(argv)
 
@@ -177,24 +151,8 @@ class Bench:
 
     @contextlib.contextmanager
     def variant(self, name):
-        if name in FORWARD_VARIANTS:
-            from tfla.triton import chunkwise, chunkwise_fused_fw
-            mode, over = FORWARD_VARIANTS[name]
-            old_mode = chunkwise.TUNING["sig_forward"]
-            chunkwise.TUNING["sig_forward"] = mode
-            chunkwise_fused_fw.FUSED_OVERRIDE.update(over)
-            try:
-                yield
-            finally:
-                chunkwise.TUNING["sig_forward"] = old_mode
-                chunkwise_fused_fw.FUSED_OVERRIDE.clear()
-            return
         from tfla.triton import chunkwise_parallel_bw, chunkwise_parallel_fw, chunkwise_recurrent
         fw, bw, st = VARIANTS[name] if name else ({}, {}, {})
-        if name:   # the two-kernel forward's tuning: measure that forward
-            from tfla.triton import chunkwise
-            old_mode = chunkwise.TUNING["sig_forward"]
-            chunkwise.TUNING["sig_forward"] = "two_kernel"
         old = (dict(chunkwise_parallel_fw.FW_OVERRIDE["xl"]), dict(chunkwise_parallel_bw.BW_OVERRIDE),
                dict(chunkwise_recurrent.STATE_OVERRIDE))
         chunkwise_parallel_fw.FW_OVERRIDE["xl"].update(fw)
@@ -208,8 +166,6 @@ class Bench:
             chunkwise_parallel_bw.BW_OVERRIDE.update(old[1])
             chunkwise_recurrent.STATE_OVERRIDE.clear()
             chunkwise_recurrent.STATE_OVERRIDE.update(old[2])
-            if name:
-                chunkwise.TUNING["sig_forward"] = old_mode
 
     # ------------------------------------------------------------ one measurement
     def measure(self, shape_name, impl, L, mode, variant=""):
@@ -275,7 +231,7 @@ class Bench:
         the inputs the tiled forward's kernels take, for timing them one by one."""
         from tfla.triton.chunkwise import kernels
         shp = (SMOKE_SHAPES if self.smoke else SHAPES)[shape_name]
-        rec, pfw, _, _, _ = kernels()
+        rec, pfw, _, _ = kernels()
         xs, _ = self.inputs(shp, "mlstm", grad=False)
         BH = shp["B"] * shp["NH"]
         q, k, v = (x.reshape(BH, shp["S"], -1) for x in xs[:3])
@@ -305,36 +261,6 @@ class Bench:
                 self.emit(dict(shape=shape_name, impl="sig_tiled:" + name, chunk=L, mode="fwd",
                                ms_median=round(statistics.median(ms), 4), ms_min=round(min(ms), 4),
                                ms_max=round(max(ms), 4)))
-
-
-def check_fused(b, shape_name, L):
-    """Max |fused - two_kernel| / max|two_kernel| of h and of every gradient, bf16, one row
-    per tensor (impl "check:<tensor>", the ratio in ms_median, the fraction of elements that
-    differ in ms_min), also on a sequence that ends in a partial chunk (S - L/2 - 3)."""
-    torch = b.torch
-    import tfla
-    from tfla.triton import chunkwise
-    shp = dict((SMOKE_SHAPES if b.smoke else SHAPES)[shape_name])
-    for S in (shp["S"], shp["S"] - L // 2 - 3):
-        shp["S"] = S
-        outs = {}
-        for mode in ("fused", "two_kernel"):
-            chunkwise.TUNING["sig_forward"] = mode
-            xs, hshape = b.inputs(shp, "mlstm", grad=True)
-            h = tfla.mlstm_sig(*xs, chunk_size=L)
-            g = torch.Generator(device=b.dev).manual_seed(3)
-            h.backward(torch.randn(hshape, generator=g, device=b.dev, dtype=torch.float32)
-                       .to(h.dtype))
-            outs[mode] = [h.detach()] + [x.grad for x in xs]
-            b.sync()
-        chunkwise.TUNING["sig_forward"] = "auto"
-        for name, x, y in zip(("h", "dq", "dk", "dv", "di", "df"), outs["fused"], outs["two_kernel"]):
-            err = float((x.float() - y.float()).abs().max() / y.float().abs().max().clamp_min(1e-30))
-            differ = float((x != y).float().mean())
-            finite = bool(torch.isfinite(x).all())
-            b.emit(dict(shape=shape_name, impl="check:" + name, variant=f"S{S}", chunk=L,
-                        mode="fwdbw", ms_median=float(f"{err:.3e}"), ms_min=float(f"{differ:.3e}"),
-                        error="" if finite else "non-finite"))
 
 
 def _rec_grid(shp, L):
@@ -461,10 +387,6 @@ def main(argv=None):
                 for which in args.sweep.split(","):
                     sweep(b, shape, L, which)
         return
-    if args.check:
-        for shape in shapes:
-            for L in [c for c in chunks if c <= 128]:
-                check_fused(b, shape, L)
     for shape in shapes:
         if args.breakdown:
             for L in chunks:
@@ -474,8 +396,7 @@ def main(argv=None):
                 for L in ([64] if impl == "fla" else chunks):
                     b.measure(shape, impl, L, mode)
     if args.variants:
-        names = (list(VARIANTS) + list(FORWARD_VARIANTS) if args.variants == "all"
-                 else args.variants.split(","))
+        names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
         for shape in shapes:
             for mode in args.variant_modes.split(","):
                 for L in [int(c) for c in args.variant_chunks.split(",")]:

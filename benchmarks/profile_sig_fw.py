@@ -1,8 +1,8 @@
 """One mLSTMsig forward (bf16, no grad) at a bench_sig_tfla shape, for a profiler (ncu) to
 capture: a warm-up call (compilation), then one profiled call.
 
-    ncu --clock-control none -k regex:_fused_sig_fw_kernel --section SpeedOfLight \\
-        python3 benchmarks/profile_sig_fw.py --shape fig4 --chunk 128 --forward fused
+    ncu --clock-control none -k regex:_parallel_fw_kernel -c 1 --section SpeedOfLight \\
+        python3 benchmarks/profile_sig_fw.py --shape fig4 --chunk 128
 """
 
 from __future__ import annotations
@@ -16,17 +16,14 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--shape", default="fig4")
     ap.add_argument("--chunk", type=int, default=128)
-    ap.add_argument("--forward", default="auto", choices=("auto", "fused", "two_kernel"))
     args = ap.parse_args(argv)
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path[:0] = [os.path.join(here, "..", "kernels"), os.path.join(here, "..")]
     import torch
     import tfla
-    from tfla.triton import chunkwise
     from bench_sig_tfla import SHAPES
 
     shp = SHAPES[args.shape]
-    chunkwise.TUNING["sig_forward"] = args.forward
     g = torch.Generator(device="cuda").manual_seed(0)
     B, NH, S, dqk, dhv = shp["B"], shp["NH"], shp["S"], shp["d_qk"], shp["d_hv"]
     rn = lambda *s: torch.randn(*s, generator=g, device="cuda").to(torch.bfloat16)  # noqa: E731

@@ -27,7 +27,6 @@ _MODULES = (
     "tfla.triton.chunkwise_parallel_fw",
     "tfla.triton.chunkwise_parallel_bw",
     "tfla.triton.limit_parallel_bw",
-    "tfla.triton.chunkwise_fused_fw",
 )
 
 
@@ -36,8 +35,7 @@ def kernels():
 
     ``@triton.jit`` decides between compiled and interpreted kernels when a module is
     imported; a test that sets TRITON_INTERPRET=1 after an import would otherwise get
-    compiled kernels for CPU tensors. Returns (recurrent, parallel_fw, parallel_bw, limit_bw,
-    fused_fw).
+    compiled kernels for CPU tensors. Returns (recurrent, parallel_fw, parallel_bw, limit_bw).
     """
     want = bool(triton.knobs.runtime.interpret)
     if want:
@@ -53,9 +51,7 @@ def kernels():
 # kernels in the backward (as the peer does) instead of keeping the chunk states (in the
 # input dtype) and gate vectors from the forward; keeping them is ~1.7 ms faster at the
 # Figure-4 setting with the same peak (docs/kernels-exp-notes.md, run 1).
-# sig_forward: mLSTMsig xl_chunk forward, "auto" (see use_fused_sig), "fused" (one kernel,
-# chunkwise_fused_fw, where it applies) or "two_kernel" (state kernel, then H kernel).
-TUNING: dict = {"recompute_states": False, "sig_forward": "auto"}
+TUNING: dict = {"recompute_states": False}
 
 
 @dataclass(frozen=True)
@@ -94,48 +90,15 @@ def _flat(x, *tail):
     return x.reshape(-1, *tail).contiguous() if x is not None else None
 
 
-def use_fused_sig(cfg: Config, BNH: int, d_qk: int, d_hv: int, with_n: bool,
-                  device: torch.device) -> bool:
-    """Whether the mLSTMsig xl_chunk forward runs as one kernel (chunkwise_fused_fw).
-
-    Rule ("auto"): where the fused kernel applies (no normaliser, no normaliser state, L and
-    d_qk at most 128) and each chunk has at least as many programs (B·NH · d_hv blocks) as
-    the GPU has SMs, so that the grid is wide enough to hide the serial state hand-over
-    between chunks (docs/kernels-sig-notes.md, version 6). TUNING["sig_forward"] overrides.
-    """
-    if cfg.is_exp or cfg.limit:
-        return False
-    _, _, _, _, ffw = kernels()
-    if not ffw.supports(cfg.L, d_qk, d_hv, cfg.normalize, with_n):
-        return False
-    mode = TUNING.get("sig_forward", "auto")
-    if mode != "auto":
-        return mode == "fused"
-    n_v = triton.cdiv(d_hv, ffw.fused_config(cfg.L, d_qk, d_hv, torch.bfloat16)["B_DHV"])
-    from tfla.triton.common import num_sms
-    return BNH * n_v >= num_sms(device)
-
-
-def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, with_n: bool = True,
-                    save_states: bool = True):
+def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, with_n: bool = True):
     """Run the forward kernels on flattened (B*NH, ...) contiguous tensors.
 
     Returns h (BNH, S, d_hv), n_out (BNH, N_c*L) fp32, the states (C_st in the input
     dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, ī, m^intra, g, max a).
-    with_n False (only without normalisation): the normaliser state is not computed.
-    save_states False: the fused mLSTMsig forward does not write C_st (returned as None;
-    n_st is None on that path too)."""
-    rec, pfw, _, _, ffw = kernels()
+    with_n False (only without normalisation): the normaliser state is not computed."""
+    rec, pfw, _, _ = kernels()
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=cfg.is_exp)
     b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch = gates
-    BNH, S, d_qk = q.shape
-    if use_fused_sig(cfg, BNH, d_qk, v.shape[-1], with_n, q.device):
-        h, C_st, C_last = ffw.fused_sig_fw(q, k, v, b_vec, i_vec, a_vec, g_ch, C0, L=cfg.L,
-                                           save_states=save_states)
-        m_st = torch.zeros((BNH, triton.cdiv(S, cfg.L) + 1), device=q.device,
-                           dtype=torch.float32)
-        n_out = torch.empty((1,), device=q.device, dtype=torch.float32)
-        return h, n_out, (C_st, None, m_st, C_last), gates
     states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp,
                               with_n=with_n or cfg.normalize)
     C_st, n_st, m_st, _ = states
@@ -156,9 +119,8 @@ class ChunkwiseFunction(torch.autograd.Function):
         i_f, f_f = _flat(i, S), _flat(f, S)
         C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
         m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
-        h, n_out, states, gates = forward_kernels(
-            qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg, with_n=return_last,
-            save_states=any(ctx.needs_input_grad[:8]) and not cfg.recompute_states)
+        h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg,
+                                                  with_n=return_last)
         C_st, n_st, m_st, C_last_f = states
         C_last = n_last = m_last = None
         if return_last:
@@ -186,7 +148,7 @@ class ChunkwiseFunction(torch.autograd.Function):
         B, NH, S, d_qk, d_hv = ctx.shapes
         saved = ctx.saved_tensors
         qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out, C_last_f = saved[:10]
-        rec, _, pbw, lbw, _ = kernels()
+        rec, _, pbw, lbw = kernels()
         if cfg.recompute_states:
             gates = rec.chunk_gates(i_f, f_f, L=cfg.L, is_exp=cfg.is_exp)
             C_st, _, m_st, _ = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], C0f, n0f,

@@ -37,17 +37,13 @@ def _parallel_fw_kernel(
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
-    USE_TMA: tl.constexpr, INTER_LAST: tl.constexpr, WS: tl.constexpr, REV_BH: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     # 1-D grid, (d_hv block) fastest, then query tile, then chunk*b*head: programs that
     # share a chunk's K, V and C_{k-1} run next to each other (L2 reuse). USE_TMA: tiles
     # through the tensor descriptors QD, KD, VD, HD (BNH, S, d) and CD (BNH·(N_c+1), d_qk,
     # d_hv), whose bounds give the zeros past S; else masked pointers.
     pid_v, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), L // B_LQ, NC)
-    if REV_BH:
-        # the last heads first: their chunk states and K, V were the state kernel's last writes
-        # and reads, so part of them is still in L2
-        bh = tl.num_programs(0) // (tl.cdiv(d_hv, B_DHV) * (L // B_LQ) * NC) - 1 - bh
     S_pad = NC * L
 
     r_loc = pid_q * B_LQ + tl.arange(0, B_LQ)          # position inside the chunk
@@ -70,39 +66,31 @@ def _parallel_fw_kernel(
     c_row = bh * (NC + 1) + c
     v0 = pid_v * B_DHV
     n_base = N_st + c_row * d_qk
-    if INTER_LAST:
-        # Q and C_{k-1} loads issued now, their product after the key/value loop, so the
-        # C_{k-1} load overlaps the intra-chunk work; b̄·scale then scales the Q rows (in
-        # the dot dtype) instead of the product's rows
+    if NUM_DQK == 1:
+        mask_k = offs_dk < d_qk
         q_tile = load_tile(QD, Q, bh, r0, 0, S, d_qk, B_LQ, B_DQK, USE_TMA)
         c_blk = load_tile(CD, C_st, c_row, 0, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
+        acc = tl.dot(q_tile, c_blk.to(q_tile.dtype), acc, input_precision=DOT_PREC)
+        if NORMALIZE:
+            n_blk = tl.load(n_base + offs_dk, mask=mask_k, other=0.0)
+            den += tl.sum(q_tile.to(tl.float32) * n_blk[None, :], 1)
     else:
-        if NUM_DQK == 1:
-            mask_k = offs_dk < d_qk
-            q_tile = load_tile(QD, Q, bh, r0, 0, S, d_qk, B_LQ, B_DQK, USE_TMA)
-            c_blk = load_tile(CD, C_st, c_row, 0, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
-            acc = tl.dot(q_tile, c_blk.to(q_tile.dtype), acc, input_precision=DOT_PREC)
+        for kb in range(NUM_DQK):
+            offs_k = kb * B_DQK + offs_dk
+            mask_k = offs_k < d_qk
+            q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S, d_qk, B_LQ, B_DQK, USE_TMA)
+            c_blk = load_tile(CD, C_st, c_row, kb * B_DQK, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
+            acc = tl.dot(q_blk, c_blk.to(q_blk.dtype), acc, input_precision=DOT_PREC)
             if NORMALIZE:
-                n_blk = tl.load(n_base + offs_dk, mask=mask_k, other=0.0)
-                den += tl.sum(q_tile.to(tl.float32) * n_blk[None, :], 1)
-        else:
-            for kb in range(NUM_DQK):
-                offs_k = kb * B_DQK + offs_dk
-                mask_k = offs_k < d_qk
-                q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S, d_qk, B_LQ, B_DQK, USE_TMA)
-                c_blk = load_tile(CD, C_st, c_row, kb * B_DQK, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
-                acc = tl.dot(q_blk, c_blk.to(q_blk.dtype), acc, input_precision=DOT_PREC)
-                if NORMALIZE:
-                    n_blk = tl.load(n_base + offs_k, mask=mask_k, other=0.0)
-                    den += tl.sum(q_blk.to(tl.float32) * n_blk[None, :], 1)
+                n_blk = tl.load(n_base + offs_k, mask=mask_k, other=0.0)
+                den += tl.sum(q_blk.to(tl.float32) * n_blk[None, :], 1)
     row_scale = b_bar * scale
-    if not INTER_LAST:
-        acc = acc * row_scale[:, None]
-        den = den * row_scale
+    acc = acc * row_scale[:, None]
+    den = den * row_scale
 
     # intra-chunk part over key/value tiles on or below the diagonal
     n_kv = ((pid_q + 1) * B_LQ) // B_LKV
-    for j in tl.range(n_kv, warp_specialize=WS):
+    for j in range(n_kv):
         s_loc = j * B_LKV + tl.arange(0, B_LKV)
         s0 = c * L + j * B_LKV
         cols = c * L + s_loc
@@ -125,9 +113,6 @@ def _parallel_fw_kernel(
         v_tile = load_tile(VD, V, bh, s0, v0, S, d_hv, B_LKV, B_DHV, USE_TMA)
         acc = tl.dot(s_bar.to(v_tile.dtype), v_tile, acc, input_precision=DOT_PREC)
 
-    if INTER_LAST:
-        q_bar = (q_tile.to(tl.float32) * row_scale[:, None]).to(q_tile.dtype)
-        acc = tl.dot(q_bar, c_blk.to(q_tile.dtype), acc, input_precision=DOT_PREC)
     if NORMALIZE:
         if IS_EXP:
             floor = tl.exp(-mc_q)
@@ -181,8 +166,7 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
                        _p2(d_hv)))
     warps = 8 if b_l * b_hv >= 128 * 128 or b_l >= 128 else 4
     cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2,
-               USE_TMA=(not limit) and dtype in (torch.bfloat16, torch.float16), INTER_LAST=False,
-               WS=False, REV_BH=False)
+               USE_TMA=(not limit) and dtype in (torch.bfloat16, torch.float16))
     if not (is_exp or limit or fp32) and L >= 64:
         if d_qk <= 64:
             cfg.update(B_LQ=64, B_LKV=32, B_DHV=max(16, min(128, _p2(d_hv))), num_warps=4,
@@ -216,10 +200,9 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
         q, k, v, C_st, h, blocks=(b_lq, b_lkv, b_qk, b_hv))
     C_view = C_st.view(-1, d_qk, d_hv)
     num_dqk = triton.cdiv(d_qk, b_qk)
-    inter_last = bool(cfg["INTER_LAST"]) and num_dqk == 1 and not (normalize or is_exp)
     # keyed by everything that shapes the compiled kernel (see chunkwise_recurrent._FIT)
     fit = _FIT.setdefault((L, b_lq, b_lkv, b_qk, b_hv, num_dqk, cfg["num_warps"], cfg["num_stages"],
-                           use_tma, is_exp, normalize, inter_last, cfg["WS"], q.dtype), {})
+                           use_tma, is_exp, normalize, q.dtype), {})
     launch(
         _parallel_fw_kernel, grid, fit,
         q, k, v, descriptor(q, (1, b_lq, b_qk), use_tma), descriptor(k, (1, b_lkv, b_qk), use_tma),
@@ -228,9 +211,7 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
         NUM_DQK=num_dqk, IS_EXP=is_exp, NORMALIZE=normalize,
-        DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma, INTER_LAST=inter_last,
-        WS=bool(cfg["WS"]) and not INTERPRET, REV_BH=bool(cfg["REV_BH"]),
-        num_warps=cfg["num_warps"],
+        DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma, num_warps=cfg["num_warps"],
         num_stages=cfg["num_stages"],
     )
     return h, n_out

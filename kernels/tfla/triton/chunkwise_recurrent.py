@@ -118,7 +118,7 @@ def _recurrent_fw_kernel(
     L: tl.constexpr, PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, HAS_C0: tl.constexpr, HAS_N0: tl.constexpr, HAS_M0: tl.constexpr,
     DOT_PREC: tl.constexpr, WITH_N: tl.constexpr, ACC_IN_C: tl.constexpr,
-    USE_TMA: tl.constexpr, SCALE_V: tl.constexpr, WS: tl.constexpr,
+    USE_TMA: tl.constexpr, SCALE_V: tl.constexpr,
 ):
     # 1-D grid, (d_hv block) fastest, then d_qk block, then b*head. WITH_N: carry and store
     # the normaliser state n (skipped when nothing reads it: its column sum is a cross-thread
@@ -162,7 +162,7 @@ def _recurrent_fw_kernel(
         tl.store(N_st + n_base + offs_k, n, mask=mask_k & writer_n)
     tl.store(M_st + bh * (NC + 1) + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
 
-    for c in tl.range(NC, warp_specialize=WS):
+    for c in range(NC):
         g = tl.load(G_ch + bh * NC + c)
         if IS_EXP:
             m_new = tl.maximum(g + m, tl.load(AMAX_ch + bh * NC + c))
@@ -412,7 +412,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     # keyed by everything that shapes the compiled kernel, so that one shape's retry never
     # lowers another's pipeline depth
     fit = _FIT.setdefault((L, P, b_qk, b_hv, warps, stages, use_tma, scale_v, is_exp, with_n,
-                           acc_in_c, STATE_OVERRIDE.get("WS", False), C0 is not None, n0 is not None, m0 is not None, k.dtype), {})
+                           acc_in_c, C0 is not None, n0 is not None, m0 is not None, k.dtype), {})
     launch(
         _recurrent_fw_kernel, grid, fit,
         k, v, descriptor(k, (1, P, b_qk), use_tma), descriptor(v, (1, P, b_hv), use_tma),
@@ -425,7 +425,6 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
         HAS_C0=C0 is not None, HAS_N0=n0 is not None, HAS_M0=m0 is not None,
         DOT_PREC=dot_precision(k.dtype), WITH_N=with_n,
         ACC_IN_C=acc_in_c, USE_TMA=use_tma, SCALE_V=scale_v,
-        WS=bool(STATE_OVERRIDE.get("WS", False)) and not INTERPRET,
         num_warps=warps, num_stages=stages,
     )
     return C_st, n_st, m_st, C_last
