@@ -66,12 +66,6 @@ VARIANTS = {
     "rec_ptr": ({}, {}, {"USE_TMA": False}),
     "fw_ptr": ({"USE_TMA": False}, {}, {}),
     "ptr_scale_k": ({"USE_TMA": False}, {}, {"USE_TMA": False, "SCALE_V": False}),   # version 4
-    # version 7: the persistent H kernel (PERSIST programs per SM; the whole chunk per tile)
-    **{f"persist{p}_v{v}_w{w}_s{st}": ({"PERSIST": p, "B_DHV": v, "num_warps": w, "num_stages": st},
-                                       {}, {})
-       for p, v, w, st in [(1, 128, 8, 2), (1, 64, 8, 2), (1, 128, 4, 2), (1, 64, 4, 2),
-                           (1, 128, 4, 3), (1, 64, 4, 3), (1, 32, 4, 3), (2, 64, 4, 2),
-                           (2, 32, 4, 2), (3, 64, 4, 1)]},
 }
 
 FIELDS = ["shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",

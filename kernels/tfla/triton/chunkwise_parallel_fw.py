@@ -25,7 +25,7 @@ import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
 from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, launch, load_tile,
-                                num_sms, store_tile)
+                                store_tile)
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -124,40 +124,6 @@ def _parallel_fw_kernel(
     store_tile(HD, H, acc.to(H.dtype.element_ty), bh, r0, v0, S, d_hv, B_LQ, B_DHV, USE_TMA)
 
 
-@triton.jit
-def _parallel_fw_persistent_kernel(
-    QD, KD, VD, CD, HD, B_vec, I_vec, S, NC, d_hv, scale, n_tiles,
-    L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr, DOT_PREC: tl.constexpr,
-    NUM_STAGES: tl.constexpr,
-):
-    # mLSTMsig H kernel as a persistent loop over tiles (chunk, d_hv block), one tile = the
-    # whole chunk (L query rows, L key rows) and the whole d_qk: every load of a tile (Q, K, V,
-    # C_{k-1} through tensor descriptors; b, ī) is inside the loop, so Triton's software
-    # pipeliner fetches the next tile's tiles while this one computes and stores.
-    n_v = tl.cdiv(d_hv, B_DHV)
-    S_pad = NC * L
-    for t in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), num_stages=NUM_STAGES):
-        pid_v = t % n_v
-        c = (t // n_v) % NC
-        bh = t // (n_v * NC)
-        r0 = c * L
-        v0 = pid_v * B_DHV
-        rows = r0 + tl.arange(0, L)
-        q_t = QD.load([bh, r0, 0]).reshape(L, B_DQK)
-        k_t = KD.load([bh, r0, 0]).reshape(L, B_DQK)
-        v_t = VD.load([bh, r0, v0]).reshape(L, B_DHV)
-        c_blk = CD.load([bh * (NC + 1) + c, 0, v0]).reshape(B_DQK, B_DHV)
-        b_r = tl.load(B_vec + bh.to(tl.int64) * S_pad + rows)
-        i_r = tl.load(I_vec + bh.to(tl.int64) * S_pad + rows)
-        acc = tl.dot(q_t, c_blk, input_precision=DOT_PREC) * (tl.exp(b_r) * scale)[:, None]
-        s = tl.dot(q_t, tl.trans(k_t), input_precision=DOT_PREC)
-        d_log = (b_r[:, None] - b_r[None, :]) + i_r[None, :]
-        d_log = tl.where(rows[:, None] >= rows[None, :], d_log, float("-inf"))
-        s_bar = s * scale * tl.exp(d_log)
-        acc = tl.dot(s_bar.to(v_t.dtype), v_t, acc, input_precision=DOT_PREC)
-        HD.store([bh, r0, v0], acc.to(HD.dtype).reshape(1, L, B_DHV))
-
-
 def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
@@ -200,7 +166,7 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
                        _p2(d_hv)))
     warps = 8 if b_l * b_hv >= 128 * 128 or b_l >= 128 else 4
     cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2,
-               USE_TMA=(not limit) and dtype in (torch.bfloat16, torch.float16), PERSIST=0)
+               USE_TMA=(not limit) and dtype in (torch.bfloat16, torch.float16))
     if not (is_exp or limit or fp32) and L >= 64:
         if d_qk <= 64:
             cfg.update(B_LQ=64, B_LKV=32, B_DHV=max(16, min(128, _p2(d_hv))), num_warps=4,
@@ -228,20 +194,6 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     cfg = fw_config(L, d_qk, d_hv, q.dtype, limit, is_exp)
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
-    if cfg["PERSIST"] and not (is_exp or normalize or limit) and L <= 128 and d_qk <= cfg["B_DQK"]:
-        b_qk, b_hv = cfg["B_DQK"], cfg["B_DHV"]
-        if bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, C_st, h, blocks=(L, b_qk, b_hv)):
-            n_tiles = triton.cdiv(d_hv, b_hv) * NC * BNH
-            sms = num_sms(q.device) or 4
-            C_view = C_st.view(-1, d_qk, d_hv)
-            _parallel_fw_persistent_kernel[(min(n_tiles, sms * int(cfg["PERSIST"])),)](
-                descriptor(q, (1, L, b_qk), True), descriptor(k, (1, L, b_qk), True),
-                descriptor(v, (1, L, b_hv), True), descriptor(C_view, (1, b_qk, b_hv), True),
-                descriptor(h, (1, L, b_hv), True), b_vec, i_vec, S, NC, d_hv, d_qk ** -0.5,
-                n_tiles, L=L, B_DQK=b_qk, B_DHV=b_hv, DOT_PREC=dot_precision(q.dtype),
-                NUM_STAGES=cfg["num_stages"], num_warps=cfg["num_warps"],
-                num_stages=cfg["num_stages"])
-            return h, n_out
     grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
     b_lq, b_lkv, b_qk, b_hv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
     use_tma = bool(cfg["USE_TMA"]) and can_use_tma(
