@@ -4,7 +4,7 @@ Used by :func:`tfla.mlstm_exp` (mLSTMexp ``xl_chunk``), :func:`tfla.mlstm_sig` (
 ``xl_chunk``, the "tiled" algorithm) and :func:`tfla.limit_chunk.mlstm_limit_chunk`
 (``limit_chunk``, both variants). Forward (docs/tfla-kernels.md 4.1): the recurrent
 kernel (chunk states, b, m^comb), then the parallel H kernel. Backward: the recurrent dC
-kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three kernels as in the paper's
+kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three launches as in the paper's
 Table 1; limit_chunk: one fused kernel per chunk), then the gate gradients (docs 3.4)
 from the fp32 row sums q·dq and k·dk.
 

@@ -4,7 +4,8 @@ docs/tfla-kernels.md 3.3 (per-chunk gradients) and 4.5 (tiled loops). One progra
 
 - dQ: (d_qk block, query tile, chunk·b·head), loops over kv tiles up to the diagonal;
 - dK: (d_qk block, kv tile, chunk·b·head), loops over query tiles from the diagonal on;
-- dV: (d_hv block, kv tile, chunk·b·head), same loop as dK.
+- dV: (d_hv block, kv tile, chunk·b·head), same loop as dK: one kernel, ``_dkv_kernel``,
+  serves both (the constexpr OUT_K swaps the roles of d_qk and d_hv).
 
 No kernel has an online max: D is rebuilt from b, ī and the saved m^comb. The normaliser
 1/(n_out + eps) is applied as a row (query) scale in fp32 after each dot. dQ and dK also
@@ -107,80 +108,47 @@ def _dq_kernel(
 
 
 @triton.jit
-def _dk_kernel(
-    Q, K, V, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DH, DK, KDK,
+def _dkv_kernel(
+    X, Y, Z, K, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DX, KDK,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
-    B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DHV: tl.constexpr,
+    B_OUT: tl.constexpr, B_RED: tl.constexpr, NUM_RED: tl.constexpr, OUT_K: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
     DOT_PREC: tl.constexpr,
 ):
-    pid_k, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_qk, B_DQK), L // B_LKV, NC)
-    S_pad = NC * L
-    s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
-    s0 = c * L + pid_kv * B_LKV
-    cols = c * L + s_loc
-    k0 = pid_k * B_DQK
-    b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
-    # inter: ā ⊙ (V dC_kᵀ)
-    acc = tl.zeros((B_LKV, B_DQK), dtype=tl.float32)
-    dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
-    for vb in range(NUM_DHV):
-        v_blk = load_tile(V, V, bh, s0, vb * B_DHV, S, d_hv, B_LKV, B_DHV, False)
-        dc_blk = load_tile(DC_st, DC_st, dc_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV, False)
-        acc = tl.dot(v_blk, tl.trans(dc_blk.to(v_blk.dtype)), acc, input_precision=DOT_PREC)
-    acc = acc * a_bar[:, None]
-    # intra: (V dH̃ᵀ ⊙ Dᵀ) Q · scale over query tiles on or after the diagonal
-    j0 = (pid_kv * B_LKV) // B_LQ
-    for j in range(j0, L // B_LQ):
-        r_loc = j * B_LQ + tl.arange(0, B_LQ)
-        r0 = c * L + j * B_LQ
-        rows = c * L + r_loc
-        b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
-                                       scale, eps, IS_EXP, NORMALIZE)
-        dst = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
-        for vb in range(NUM_DHV):
-            v_blk = load_tile(V, V, bh, s0, vb * B_DHV, S, d_hv, B_LKV, B_DHV, False)
-            dh_blk = load_tile(DH, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, False)
-            dst = tl.dot(v_blk, tl.trans(dh_blk), dst, input_precision=DOT_PREC)
-        d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
-        d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
-        dst = dst * tl.exp(d_log) * rs[None, :]
-        q_blk = load_tile(Q, Q, bh, r0, k0, S, d_qk, B_LQ, B_DQK, False)
-        acc = tl.dot(dst.to(q_blk.dtype), q_blk, acc, input_precision=DOT_PREC)
-    k_blk = load_tile(K, K, bh, s0, k0, S, d_qk, B_LKV, B_DQK, False)
-    store_tile(DK, DK, acc.to(DK.dtype.element_ty), bh, s0, k0, S, d_qk, B_LKV, B_DQK, False)
-    rowsum = tl.sum(k_blk.to(tl.float32) * acc, 1)
-    if ATOMIC_ROWSUM:
-        tl.atomic_add(KDK + bh * S_pad + cols, rowsum)
+    # dK (OUT_K) and dV: the same loops with the roles of the head dimensions swapped.
+    #   dK = ā ⊙ (V dC_kᵀ) + (V dH̃ᵀ ⊙ Dᵀ) Q · scale   (out: d_qk; contracted: d_hv)
+    #   dV = (ā ⊙ K) dC_k + (K Qᵀ ⊙ Dᵀ) dH̃ · scale   (out: d_hv; contracted: d_qk)
+    # X is the key-side operand of the contraction (V | K), Y its query-side partner
+    # (dH | Q), Z the query-side operand of the output (Q | dH); B_OUT, B_RED the blocks of
+    # the output and contracted head dimensions. dK also writes the row sums k·dk to KDK.
+    if OUT_K:
+        D_OUT = d_qk
+        D_RED = d_hv
     else:
-        tl.store(KDK + bh * S_pad + cols, rowsum)
-
-
-@triton.jit
-def _dv_kernel(
-    Q, K, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DH, DV,
-    S, NC, d_qk, d_hv, scale, eps,
-    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
-    B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
-    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
-):
-    pid_v, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), L // B_LKV, NC)
+        D_OUT = d_hv
+        D_RED = d_qk
+    pid_o, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(D_OUT, B_OUT), L // B_LKV, NC)
     S_pad = NC * L
     s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
     s0 = c * L + pid_kv * B_LKV
     cols = c * L + s_loc
-    v0 = pid_v * B_DHV
+    o0 = pid_o * B_OUT
     b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
-    # inter: (ā ⊙ K) dC_k
-    acc = tl.zeros((B_LKV, B_DHV), dtype=tl.float32)
+    # inter: ā ⊙ (X dC_k (dK: transposed))
+    acc = tl.zeros((B_LKV, B_OUT), dtype=tl.float32)
     dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
-    for kb in range(NUM_DQK):
-        k_blk = load_tile(K, K, bh, s0, kb * B_DQK, S, d_qk, B_LKV, B_DQK, False)
-        dc_blk = load_tile(DC_st, DC_st, dc_row, kb * B_DQK, v0, d_qk, d_hv, B_DQK, B_DHV, False)
-        acc = tl.dot(k_blk, dc_blk.to(k_blk.dtype), acc, input_precision=DOT_PREC)
+    for rb in range(NUM_RED):
+        x_blk = load_tile(X, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, False)
+        if OUT_K:
+            dc_blk = tl.trans(load_tile(DC_st, DC_st, dc_row, o0, rb * B_RED, d_qk, d_hv,
+                                        B_OUT, B_RED, False))
+        else:
+            dc_blk = load_tile(DC_st, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED, B_OUT,
+                               False)
+        acc = tl.dot(x_blk, dc_blk.to(x_blk.dtype), acc, input_precision=DOT_PREC)
     acc = acc * a_bar[:, None]
-    # intra: (K Qᵀ · scale ⊙ Dᵀ) dH̃
+    # intra: (X Yᵀ ⊙ Dᵀ) Z · scale over query tiles on or after the diagonal
     j0 = (pid_kv * B_LKV) // B_LQ
     for j in range(j0, L // B_LQ):
         r_loc = j * B_LQ + tl.arange(0, B_LQ)
@@ -189,16 +157,24 @@ def _dv_kernel(
         b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
                                        scale, eps, IS_EXP, NORMALIZE)
         st = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
-        for kb in range(NUM_DQK):
-            k_blk = load_tile(K, K, bh, s0, kb * B_DQK, S, d_qk, B_LKV, B_DQK, False)
-            q_blk = load_tile(Q, Q, bh, r0, kb * B_DQK, S, d_qk, B_LQ, B_DQK, False)
-            st = tl.dot(k_blk, tl.trans(q_blk), st, input_precision=DOT_PREC)
+        for rb in range(NUM_RED):
+            x_blk = load_tile(X, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, False)
+            y_blk = load_tile(Y, Y, bh, r0, rb * B_RED, S, D_RED, B_LQ, B_RED, False)
+            st = tl.dot(x_blk, tl.trans(y_blk), st, input_precision=DOT_PREC)
         d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
         d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
         st = st * tl.exp(d_log) * rs[None, :]
-        dh_blk = load_tile(DH, DH, bh, r0, v0, S, d_hv, B_LQ, B_DHV, False)
-        acc = tl.dot(st.to(dh_blk.dtype), dh_blk, acc, input_precision=DOT_PREC)
-    store_tile(DV, DV, acc.to(DV.dtype.element_ty), bh, s0, v0, S, d_hv, B_LKV, B_DHV, False)
+        z_blk = load_tile(Z, Z, bh, r0, o0, S, D_OUT, B_LQ, B_OUT, False)
+        acc = tl.dot(st.to(z_blk.dtype), z_blk, acc, input_precision=DOT_PREC)
+    if OUT_K:
+        k_blk = load_tile(K, K, bh, s0, o0, S, d_qk, B_LKV, B_OUT, False)
+    store_tile(DX, DX, acc.to(DX.dtype.element_ty), bh, s0, o0, S, D_OUT, B_LKV, B_OUT, False)
+    if OUT_K:
+        rowsum = tl.sum(k_blk.to(tl.float32) * acc, 1)
+        if ATOMIC_ROWSUM:
+            tl.atomic_add(KDK + bh * S_pad + cols, rowsum)
+        else:
+            tl.store(KDK + bh * S_pad + cols, rowsum)
 
 
 def _p2(x: int) -> int:
@@ -251,10 +227,13 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
     _dq_kernel[(n_dqk * (L // cfg["B_LQ"]) * NC * BNH,)](
         q, k, v, b_vec, i_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
         S, NC, d_qk, d_hv, scale, eps, NUM_DHV=n_dhv, ATOMIC_ROWSUM=atomic, **common)
-    _dk_kernel[(n_dqk * (L // cfg["B_LKV"]) * NC * BNH,)](
-        q, k, v, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dh, dk, kdk,
-        S, NC, d_qk, d_hv, scale, eps, NUM_DHV=n_dhv, ATOMIC_ROWSUM=atomic, **common)
-    _dv_kernel[(n_dhv * (L // cfg["B_LKV"]) * NC * BNH,)](
-        q, k, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dh, dv,
-        S, NC, d_qk, d_hv, scale, eps, NUM_DQK=n_dqk, **common)
+    kv = {k_: common[k_] for k_ in common if k_ not in ("B_DQK", "B_DHV")}
+    _dkv_kernel[(n_dqk * (L // cfg["B_LKV"]) * NC * BNH,)](
+        v, dh, q, k, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, kdk,
+        S, NC, d_qk, d_hv, scale, eps, B_OUT=cfg["B_DQK"], B_RED=cfg["B_DHV"],
+        NUM_RED=n_dhv, OUT_K=True, ATOMIC_ROWSUM=atomic, **kv)
+    _dkv_kernel[(n_dhv * (L // cfg["B_LKV"]) * NC * BNH,)](
+        k, q, dh, k, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dv, kdk,
+        S, NC, d_qk, d_hv, scale, eps, B_OUT=cfg["B_DHV"], B_RED=cfg["B_DQK"],
+        NUM_RED=n_dqk, OUT_K=False, ATOMIC_ROWSUM=False, **kv)
     return dq, dk, dv, qdq, kdk
