@@ -94,9 +94,42 @@ def test_pack_keeps_only_autotune_results_and_unpack_restores_them(tmp_path):
 def test_configure_sets_the_environment_the_workers_inherit(tmp_path):
     env = {}
     path = triton_cache.configure(tmp_path / "tc", environ=env)
-    assert env == {"TRITON_CACHE_DIR": str(path), "TRITON_CACHE_AUTOTUNING": "1"} and path.is_dir()
+    assert env == {"TRITON_CACHE_DIR": str(path), "TRITON_CACHE_AUTOTUNING": "1",
+                   triton_cache.SCOPE_ENV: "run"} and path.is_dir()
     assert triton_cache.default_cache_dir(env) == path
     assert "every autotuner cached: yes" in triton_cache.status(env)
+    assert triton_cache.prepare_worker(env) == "run" and "FLA_CACHE_RESULTS" not in env
+
+
+def test_workers_tune_per_case_unless_the_run_keeps_a_cache():
+    env = {}
+    assert triton_cache.prepare_worker(env) == "case" and env["FLA_CACHE_RESULTS"] == "0"
+    env = {"FLA_CACHE_RESULTS": "1"}                   # the user's own setting stays
+    assert triton_cache.prepare_worker(env) == "case" and env["FLA_CACHE_RESULTS"] == "1"
+    assert "autotuning scope in `run`: case" in triton_cache.status({})
+
+
+def test_forget_autotuning_resets_autotuners_also_behind_heuristics():
+    import types
+
+    import triton
+
+    @triton.jit
+    def _k(X, N):
+        pass
+
+    mod = types.ModuleType("fake_peer")
+    mod.plain = triton.autotune(configs=[triton.Config({})], key=["N"], cache_results=True)(_k)
+    mod.wrapped = triton.heuristics({"B": lambda a: 1})(
+        triton.autotune(configs=[triton.Config({})], key=["N"], cache_results=True)(_k))
+    mod.not_a_kernel = types.SimpleNamespace(fn=types.SimpleNamespace(cache={"x": 1}))
+    inner = mod.wrapped.fn
+    for tuner in (mod.plain, inner):
+        tuner.cache[(512,)] = "config tuned at another shape"
+    assert triton_cache.forget_autotuning([mod]) == 2
+    for tuner in (mod.plain, inner):
+        assert tuner.cache == {} and tuner.cache_results is False
+    assert mod.not_a_kernel.fn.cache == {"x": 1}
 
 
 def test_triton_reads_the_autotuning_knob_from_the_environment(monkeypatch, tmp_path):

@@ -32,6 +32,26 @@ KERNELS = textwrap.dedent('''
 
     def runs_out_of_memory(q, k, v):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
+
+    def tunes_per_case(q, k, v):
+        # a stand-in for a peer's autotuner whose key leaves out the sequence length: a
+        # result left from another shape must be gone when a case starts
+        import sys, types, triton
+        mod = sys.modules.get("probe_autotuned")
+        if mod is None:
+            mod = types.ModuleType("probe_autotuned")
+            mod.kernel = triton.autotune(configs=[triton.Config({})], key=[])(_probe)
+            sys.modules["probe_autotuned"] = mod
+        if any(key != tuple(q.shape) for key in mod.kernel.cache):
+            raise RuntimeError("autotuning results of another shape survived into this case")
+        mod.kernel.cache[tuple(q.shape)] = "config"
+        return good(q, k, v)
+
+    import triton
+
+    @triton.jit
+    def _probe(X):
+        pass
 ''')
 
 
@@ -168,6 +188,14 @@ def test_shard_runs_its_share_and_records_it(tmp_path):
     assert {r["case_id"] for r in result.rows} == expected and 0 < len(expected) < 4
     meta = json.loads((result.directory / "metadata.json").read_text())
     assert meta["shard"] == "2/2"
+
+
+def test_each_case_tunes_at_its_own_shape(tmp_path):
+    """The worker forgets autotuning results between cases (triton_cache: autotuning scope):
+    the probe kernel raises when it finds a result of another shape."""
+    loaded = _suite(tmp_path, [("tunes", "tunes_per_case", {})], seq_len=(16, 32))
+    result = run_suite(loaded, out_root=tmp_path / "results", progress=False, plots=False)
+    assert [r["status"] for r in result.rows] == ["ok", "ok"], [r["reason"] for r in result.rows]
 
 
 def test_gpus_option_is_parsed_or_refused():

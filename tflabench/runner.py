@@ -14,7 +14,9 @@ case's timeout:
 Workers are reused for consecutive cases of the same backend while they stay healthy; a
 worker is replaced after a crash or timeout (on a GPU also after an exception or OOM, which
 can leave the CUDA context unusable), and when the backend changes (peers' global state
-stays with their own worker). With ``gpus=[0, 1]`` one worker per GPU
+stays with their own worker). Before each case a worker forgets every Triton autotuner's
+results, so that each case tunes at its own shape (``triton_cache``: autotuning scope;
+``run --triton-cache`` keeps them). With ``gpus=[0, 1]`` one worker per GPU
 runs, pinned with ``CUDA_VISIBLE_DEVICES``; the rows are the same in form.
 
 Each worker's stdout and stderr go to ``<result dir>/logs/worker-<slot>.log``.
@@ -72,6 +74,9 @@ def _worker_main(conn, log_path: str, gpu: str | None, parent_pid: int, device: 
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
+    from tflabench import triton_cache
+
+    scope = triton_cache.prepare_worker(os.environ)
     fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(fd, 1)
     os.dup2(fd, 2)
@@ -99,6 +104,8 @@ def _worker_main(conn, log_path: str, gpu: str | None, parent_pid: int, device: 
             return
         case = Case(**msg)
         print(f"--- case {case.describe()} pid={os.getpid()} params={case.params}", flush=True)
+        if scope == "case":     # tune at this case's shape (triton_cache: autotuning scope)
+            triton_cache.forget_autotuning()
         try:
             outcome = measure.measure_case(case)
         except BaseException as exc:  # noqa: BLE001 - every failure becomes a row

@@ -17,6 +17,17 @@ time a run still pays stays in each row's ``first_call_s``.
 Only the small ``*.autotune.json`` files are needed to skip the tuning; :func:`pack` copies
 those (a few kB each) so that they can travel with a checkout, where the compiled kernels
 (MBs) would not.
+
+**Autotuning scope.** An autotuner's results are keyed by its ``key`` arguments, and those
+of fla-core 0.6.0 name the head dimensions and the chunk size but not the batch or the
+sequence length. Kept across the cases of a fixed-token sweep, the config tuned at the first
+shape (S 512, B 128) ran FLA ``chunk_simple_gla`` at S 32768 / 65536 in 2.04 / 1.92 ms on the
+H200, against 1.52 / 1.63 ms tuned at those shapes (``benchmarks/fla_autotune_scope.py``).
+So by default (scope "case") every case tunes at its own shape, as a process that runs only
+that shape would: the worker forgets every autotuner's results before each case
+(:func:`forget_autotuning`) and does not read or write the disk cache for them
+(``FLA_CACHE_RESULTS=0``). ``--triton-cache DIR`` (scope "run") keeps them, trading that for
+the minutes FLA ``chunk_gla`` tunes per shape.
 """
 
 from __future__ import annotations
@@ -29,6 +40,9 @@ from pathlib import Path
 from tflabench.errors import UserError
 
 AUTOTUNE_SUFFIX = ".autotune.json"
+
+#: Environment variable the workers read: "case" (default) or "run" (set by :func:`configure`).
+SCOPE_ENV = "TFLABENCH_AUTOTUNE_SCOPE"
 
 
 def configure(cache_dir: str | Path, *, autotune_all: bool = True, environ=os.environ) -> Path:
@@ -47,7 +61,55 @@ def configure(cache_dir: str | Path, *, autotune_all: bool = True, environ=os.en
     environ["TRITON_CACHE_DIR"] = str(path)
     if autotune_all:
         environ["TRITON_CACHE_AUTOTUNING"] = "1"
+    environ[SCOPE_ENV] = "run"
     return path
+
+
+def autotune_scope(environ=os.environ) -> str:
+    """How long a worker keeps autotuning results: "case" (the default: each case tunes at
+    its own shape) or "run" (kept across cases and, on disk, across runs; ``--triton-cache``)."""
+    return "run" if environ.get(SCOPE_ENV, "case") == "run" else "case"
+
+
+def prepare_worker(environ=os.environ) -> str:
+    """Called by a worker before anything imports a peer: in scope "case", fla's autotuners
+    are created without their disk cache (``FLA_CACHE_RESULTS=0`` unless set). Returns the
+    scope."""
+    scope = autotune_scope(environ)
+    if scope == "case":
+        environ.setdefault("FLA_CACHE_RESULTS", "0")
+    return scope
+
+
+def forget_autotuning(modules=None) -> int:
+    """Make every Triton autotuner of the loaded modules tune again at its next call: clear
+    its in-memory results and switch off its disk cache. Autotuners are found as module
+    attributes, also behind wrappers that hold them as ``.fn`` (``triton.heuristics``).
+    ``modules``: the module objects to search (default: ``sys.modules``). Returns how many
+    autotuners were reset; 0 when Triton was never imported."""
+    if "triton" not in sys.modules and modules is None:
+        return 0
+    from triton.runtime.autotuner import Autotuner
+    from triton.runtime.jit import KernelInterface
+
+    seen: set[int] = set()
+    reset = 0
+    mods = list(sys.modules.values()) if modules is None else list(modules)
+    for mod in mods:
+        try:
+            attrs = list(vars(mod).values())
+        except TypeError:
+            continue
+        for obj in attrs:
+            # Heuristics -> Autotuner -> JITFunction, each holding the next as .fn
+            while isinstance(obj, KernelInterface) and id(obj) not in seen:
+                seen.add(id(obj))
+                if isinstance(obj, Autotuner):
+                    obj.cache.clear()
+                    obj.cache_results = False
+                    reset += 1
+                obj = getattr(obj, "fn", None)
+    return reset
 
 
 def default_cache_dir(environ=os.environ) -> Path:
@@ -100,7 +162,8 @@ def status(environ=os.environ) -> str:
     fla = environ.get("FLA_CACHE_RESULTS", "1") == "1"
     return (f"{d} ({len(autotune_entries(d))} autotune results); every autotuner cached: "
             f"{'yes' if every else 'no (TRITON_CACHE_AUTOTUNING unset)'}; fla's own: "
-            f"{'yes' if fla else 'no (FLA_CACHE_RESULTS=0)'}")
+            f"{'yes' if fla else 'no (FLA_CACHE_RESULTS=0)'}; autotuning scope in `run`: "
+            f"{autotune_scope(environ)}")
 
 
 def main(argv: list[str] | None = None) -> int:

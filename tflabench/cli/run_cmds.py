@@ -58,8 +58,10 @@ def run(
     plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the figures after the run."),
     triton_cache: Optional[Path] = typer.Option(
         None, "--triton-cache", help="Keep Triton's compiled kernels and every autotuner's results in DIR "
-        "(TRITON_CACHE_DIR, TRITON_CACHE_AUTOTUNING=1): a later run with the same DIR skips the autotuning "
-        "(e.g. FLA chunk_gla's minutes per shape); first_call_s still shows what a run paid."),
+        "(TRITON_CACHE_DIR, TRITON_CACHE_AUTOTUNING=1), also across cases: a later run with the same DIR "
+        "skips the autotuning (e.g. FLA chunk_gla's minutes per shape), but a case then runs with the "
+        "config tuned for an earlier case of the same tuning key (fla's keys leave out B and S). "
+        "Without it every case tunes at its own shape. first_call_s shows what a run paid."),
 ) -> None:
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
     from tflabench import runner
