@@ -1,0 +1,53 @@
+"""Redraw the README's Figure-4 figures (docs/img/h100_7b_runtime_h200.png and
+docs/img/h100_7b_roofline_measured_h200.png) from the H200 reference runs of
+suites/h100_7b.yaml: each kernel's rows from the newest set that has it (SETS, newest
+first), ceilings as `tflabench report` takes them (measured where recorded).
+
+    python3 benchmarks/readme_figure4.py [--out docs/img]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+#: result sets under results/reference/h200/, newest first (their README says what each holds)
+SETS = ["h100_7b_fla_simple", "h100_7b_sig", "h100_7b_fla_gla", "h100_7b_tfla", "h100_7b"]
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default="docs/img")
+    args = ap.parse_args(argv)
+    root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..")
+    sys.path.insert(0, root)
+    import pandas as pd
+
+    from tflabench import model_vs_measured as mm
+    from tflabench.plots.benchmark import plot_runtime
+    from tflabench.plots.model_measured import roofline_measured_figure
+    from tflabench.results import load_results
+
+    taken, parts, newest = set(), [], None
+    for name in SETS:
+        rs = load_results(os.path.join(root, "results", "reference", "h200", name))
+        newest = newest or rs
+        rows = rs.rows[~rs.rows["kernel"].isin(taken)]
+        taken |= set(rows["kernel"])
+        parts.append(rows)
+        print(f"{name} ({rs.metadata.get('git_revision')}): {sorted(set(rows['kernel']))}")
+    frame = pd.concat(parts, ignore_index=True)
+    gpu = mm.ceilings_for(newest.metadata)
+    title = "h100_7b on NVIDIA H200 (newest run of each kernel)"
+    plot_runtime(frame, os.path.join(args.out, "h100_7b_runtime_h200.png"), title=title)
+    placement = mm.roofline_placement(frame, alpha=gpu.flops_per_s, beta=gpu.bytes_per_s)
+    roofline_measured_figure(placement, gpu, path=os.path.join(args.out, "h100_7b_roofline_measured_h200.png"),
+                             title=f"{title}: every case against the roofline at its own shape "
+                                   f"({gpu.ceilings} ceilings)")
+    for (kernel, mode), part in frame[frame["status"] == "ok"].groupby(["kernel", "mode"]):
+        print(f"  {kernel} {mode}: {part['ms_median'].min():.2f}-{part['ms_median'].max():.2f} ms")
+
+
+if __name__ == "__main__":
+    main()
