@@ -94,6 +94,31 @@ def parse_args(argv=None):
     return ap.parse_args(argv)
 
 
+def make_inputs(shp, layout, *, device, dtype, grad=False):
+    """The inputs of one shape (a SHAPES entry), seeded: (list of tensors, shape of h).
+
+    layout "mlstm": q, k (B, NH, S, d_qk), v (B, NH, S, d_hv) in ``dtype``; i ~ N(0, 1) and
+    f ~ N(3, 1) pre-activations (B, NH, S) in fp32. layout "fla": q, k, v (B, S, NH, d) and
+    log forget gates logsigmoid(N(3, 1)) (B, S, NH), all in ``dtype``."""
+    import torch
+
+    g = torch.Generator(device=device).manual_seed(0)
+    B, NH, S, dqk, dhv = shp["B"], shp["NH"], shp["S"], shp["d_qk"], shp["d_hv"]
+
+    def rn(*s, mean=0.0, dt=None):
+        x = torch.randn(*s, generator=g, device=device, dtype=torch.float32) + mean
+        return x.to(dt or dtype).requires_grad_(grad)
+    if layout == "fla":
+        import torch.nn.functional as F
+        xs = [rn(B, S, NH, dqk), rn(B, S, NH, dqk), rn(B, S, NH, dhv)]
+        gl = F.logsigmoid(torch.randn(B, S, NH, generator=g, device=device) + 3.0)
+        xs.append(gl.to(dtype).requires_grad_(grad))
+        return xs, (B, S, NH, dhv)
+    xs = [rn(B, NH, S, dqk), rn(B, NH, S, dqk), rn(B, NH, S, dhv),
+          rn(B, NH, S, dt=torch.float32), rn(B, NH, S, mean=3.0, dt=torch.float32)]
+    return xs, (B, NH, S, dhv)
+
+
 class Bench:
     def __init__(self, args):
         import torch
@@ -115,22 +140,7 @@ class Bench:
 
     # ------------------------------------------------------------ inputs and callables
     def inputs(self, shp, layout, grad):
-        torch = self.torch
-        g = torch.Generator(device=self.dev).manual_seed(0)
-        B, NH, S, dqk, dhv = shp["B"], shp["NH"], shp["S"], shp["d_qk"], shp["d_hv"]
-
-        def rn(*s, mean=0.0, dtype=None):
-            x = torch.randn(*s, generator=g, device=self.dev, dtype=torch.float32) + mean
-            return x.to(dtype or self.dtype).requires_grad_(grad)
-        if layout == "fla":
-            import torch.nn.functional as F
-            xs = [rn(B, S, NH, dqk), rn(B, S, NH, dqk), rn(B, S, NH, dhv)]
-            gl = F.logsigmoid(torch.randn(B, S, NH, generator=g, device=self.dev) + 3.0)
-            xs.append(gl.to(self.dtype).requires_grad_(grad))
-            return xs, (B, S, NH, dhv)
-        xs = [rn(B, NH, S, dqk), rn(B, NH, S, dqk), rn(B, NH, S, dhv),
-              rn(B, NH, S, dtype=torch.float32), rn(B, NH, S, mean=3.0, dtype=torch.float32)]
-        return xs, (B, NH, S, dhv)
+        return make_inputs(shp, layout, device=self.dev, dtype=self.dtype, grad=grad)
 
     def kernel(self, impl, L):
         """(callable on the input list, input layout)."""

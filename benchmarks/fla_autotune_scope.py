@@ -30,15 +30,14 @@ def main(argv=None):
     here = os.path.dirname(os.path.abspath(__file__))
     sys.path.insert(0, os.path.join(here, ".."))
     import torch
-    import torch.nn.functional as F
     from fla.ops.simple_gla import chunk_simple_gla
     from tflabench.measure import time_callable
 
-    def inputs(B, S, NH=16, dqk=128, dhv=256):
-        g = torch.Generator(device="cuda").manual_seed(0)
-        rn = lambda *s: torch.randn(*s, generator=g, device="cuda").to(torch.bfloat16)  # noqa: E731
-        gl = F.logsigmoid(torch.randn(B, S, NH, generator=g, device="cuda") + 3.0).to(torch.bfloat16)
-        return rn(B, S, NH, dqk), rn(B, S, NH, dqk), rn(B, S, NH, dhv), gl
+    from bench_sig_tfla import make_inputs
+
+    def inputs(B, S):
+        shp = dict(B=B, NH=16, d_qk=128, d_hv=256, S=S)
+        return make_inputs(shp, "fla", device="cuda", dtype=torch.bfloat16)[0]
 
     if args.first:
         B0, S0 = (int(x) for x in args.first.split(","))

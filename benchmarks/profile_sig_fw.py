@@ -21,18 +21,12 @@ def main(argv=None):
     sys.path[:0] = [os.path.join(here, "..", "kernels"), os.path.join(here, "..")]
     import torch
     import tfla
-    from bench_sig_tfla import SHAPES
+    from bench_sig_tfla import SHAPES, make_inputs
 
-    shp = SHAPES[args.shape]
-    g = torch.Generator(device="cuda").manual_seed(0)
-    B, NH, S, dqk, dhv = shp["B"], shp["NH"], shp["S"], shp["d_qk"], shp["d_hv"]
-    rn = lambda *s: torch.randn(*s, generator=g, device="cuda").to(torch.bfloat16)  # noqa: E731
-    q, k, v = rn(B, NH, S, dqk), rn(B, NH, S, dqk), rn(B, NH, S, dhv)
-    i = torch.randn(B, NH, S, generator=g, device="cuda")
-    f = torch.randn(B, NH, S, generator=g, device="cuda") + 3.0
+    xs, _ = make_inputs(SHAPES[args.shape], "mlstm", device="cuda", dtype=torch.bfloat16)
     with torch.no_grad():
         for _ in range(2):
-            tfla.mlstm_sig(q, k, v, i, f, chunk_size=args.chunk)
+            tfla.mlstm_sig(*xs, chunk_size=args.chunk)
             torch.cuda.synchronize()
 
 

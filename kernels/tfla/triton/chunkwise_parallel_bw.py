@@ -220,20 +220,19 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    common = dict(L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"],
-                  B_DHV=cfg["B_DHV"], IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec,
-                  num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    common = dict(L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], IS_EXP=is_exp, NORMALIZE=normalize,
+                  DOT_PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
     b_vec, a_vec, i_vec, mi_vec = gates
     _dq_kernel[(n_dqk * (L // cfg["B_LQ"]) * NC * BNH,)](
         q, k, v, b_vec, i_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
-        S, NC, d_qk, d_hv, scale, eps, NUM_DHV=n_dhv, ATOMIC_ROWSUM=atomic, **common)
-    kv = {k_: common[k_] for k_ in common if k_ not in ("B_DQK", "B_DHV")}
+        S, NC, d_qk, d_hv, scale, eps, B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"], NUM_DHV=n_dhv,
+        ATOMIC_ROWSUM=atomic, **common)
     _dkv_kernel[(n_dqk * (L // cfg["B_LKV"]) * NC * BNH,)](
         v, dh, q, k, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, kdk,
         S, NC, d_qk, d_hv, scale, eps, B_OUT=cfg["B_DQK"], B_RED=cfg["B_DHV"],
-        NUM_RED=n_dhv, OUT_K=True, ATOMIC_ROWSUM=atomic, **kv)
+        NUM_RED=n_dhv, OUT_K=True, ATOMIC_ROWSUM=atomic, **common)
     _dkv_kernel[(n_dhv * (L // cfg["B_LKV"]) * NC * BNH,)](
         k, q, dh, k, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dv, kdk,
         S, NC, d_qk, d_hv, scale, eps, B_OUT=cfg["B_DHV"], B_RED=cfg["B_DQK"],
-        NUM_RED=n_dqk, OUT_K=False, ATOMIC_ROWSUM=False, **kv)
+        NUM_RED=n_dqk, OUT_K=False, ATOMIC_ROWSUM=False, **common)
     return dq, dk, dv, qdq, kdk
