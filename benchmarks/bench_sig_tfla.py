@@ -66,10 +66,17 @@ VARIANTS = {
     "rec_ptr": ({}, {}, {"USE_TMA": False}),
     "fw_ptr": ({"USE_TMA": False}, {}, {}),
     "ptr_scale_k": ({"USE_TMA": False}, {}, {"USE_TMA": False, "SCALE_V": False}),   # version 4
+    # version 8: the inter-chunk product Q̄ C_{k-1} inside the key/value loop, one d_qk slice
+    # of C_{k-1} per iteration, so that its loads are pipelined with K and V instead of
+    # waited for before the loop (chunkwise_parallel_fw.inter_slice)
+    "fw_iil": ({"INTER_IN_LOOP": True}, {}, {}),
+    "fw_iil_st3": ({"INTER_IN_LOOP": True, "num_stages": 3}, {}, {}),
+    "fw_iil_kv32_st3": ({"INTER_IN_LOOP": True, "B_LKV": 32, "num_stages": 3}, {}, {}),
+    "fw_kv32_st3": ({"B_LKV": 32, "num_stages": 3}, {}, {}),
 }
 
 FIELDS = ["shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
-          "peak_mem_gib", "first_call_s", "error"]
+          "peak_mem_gib", "first_call_s", "diff_vs_default", "error"]
 
 
 def parse_args(argv=None):
@@ -205,6 +212,9 @@ class Bench:
                 call()
                 self.sync()
                 row["first_call_s"] = round(time.time() - t0, 2)
+                if variant and mode == "fwd" and impl in ("sig_tiled", "exp"):
+                    with torch.no_grad():
+                        h_var = fn(*xs)
                 ms = time_callable(call, device=self.dev, warmup=self.args.warmup,
                                    iterations=self.args.iters)
                 row.update(ms_median=round(statistics.median(ms), 4), ms_min=round(min(ms), 4),
@@ -216,6 +226,13 @@ class Bench:
                     call()
                     self.sync()
                     row["peak_mem_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
+            if variant and mode == "fwd" and impl in ("sig_tiled", "exp"):
+                # a variant is only worth its time if it computes the same h: max |Δ| against
+                # the default configuration on the same inputs, relative to max |h|
+                with torch.no_grad():
+                    h_def = fn(*xs).float()
+                diff = (h_var.float() - h_def).abs().max() / h_def.abs().max()
+                row["diff_vs_default"] = f"{diff.item():.2e}"
         except Exception as e:  # noqa: BLE001 - a failing kernel is a row, the run goes on
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             traceback.print_exc(limit=3)

@@ -192,6 +192,12 @@ FORWARD_OPTIONS = {
     # the same in pieces, with several d_qk blocks and query/key tiles in the H kernel
     "tma_scale_v_tiled": ({"USE_TMA": True, "SCALE_V": True, "PIECE": 16, "B_DQK": 16},
                           {"USE_TMA": True, "B_LQ": 32, "B_LKV": 16, "B_DQK": 16}),
+    # the inter-chunk product inside the key/value loop: the whole C_{k-1} in the first
+    # iteration (B_LQ = B_LKV), or one d_qk slice per iteration with Q slices (B_LQ 32 over
+    # B_LKV 16: two slices of 16 rows; the second query tile's later iterations load zeros)
+    "inter_in_loop": ({"USE_TMA": True, "SCALE_V": True}, {"USE_TMA": True, "INTER_IN_LOOP": True}),
+    "inter_in_loop_sliced": ({}, {"USE_TMA": True, "INTER_IN_LOOP": True, "B_LQ": 32,
+                                  "B_LKV": 16, "B_DQK": 32}),
 }
 
 

@@ -32,12 +32,12 @@ INTERPRET = bool(triton.knobs.runtime.interpret)
 
 @triton.jit
 def _parallel_fw_kernel(
-    Q, K, V, QD, KD, VD, CD, HD, B_vec, I_vec, MI_vec, C_st, N_st, M_st, H, NOUT,
+    Q, K, V, QD, KD, VD, CD, HD, QSD, CSD, B_vec, I_vec, MI_vec, C_st, N_st, M_st, H, NOUT,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, INTER_IN_LOOP: tl.constexpr, B_CS: tl.constexpr,
 ):
     # 1-D grid, (d_hv block) fastest, then query tile, then chunk*b*head: programs that
     # share a chunk's K, V and C_{k-1} run next to each other (L2 reuse). USE_TMA: tiles
@@ -60,33 +60,40 @@ def _parallel_fw_kernel(
         mc_q = tl.zeros((B_LQ,), dtype=tl.float32)
         b_bar = tl.exp(b_q)
 
-    # inter-chunk part: Q C_{k-1} (and Q n_{k-1}); rows scaled by b̄ * scale afterwards
     acc = tl.zeros((B_LQ, B_DHV), dtype=tl.float32)
     den = tl.zeros((B_LQ,), dtype=tl.float32)
     c_row = bh * (NC + 1) + c
     v0 = pid_v * B_DHV
     n_base = N_st + c_row * d_qk
-    if NUM_DQK == 1:
-        mask_k = offs_dk < d_qk
-        q_tile = load_tile(QD, Q, bh, r0, 0, S, d_qk, B_LQ, B_DQK, USE_TMA)
-        c_blk = load_tile(CD, C_st, c_row, 0, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
-        acc = tl.dot(q_tile, c_blk.to(q_tile.dtype), acc, input_precision=DOT_PREC)
-        if NORMALIZE:
-            n_blk = tl.load(n_base + offs_dk, mask=mask_k, other=0.0)
-            den += tl.sum(q_tile.to(tl.float32) * n_blk[None, :], 1)
-    else:
-        for kb in range(NUM_DQK):
-            offs_k = kb * B_DQK + offs_dk
-            mask_k = offs_k < d_qk
-            q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S, d_qk, B_LQ, B_DQK, USE_TMA)
-            c_blk = load_tile(CD, C_st, c_row, kb * B_DQK, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
-            acc = tl.dot(q_blk, c_blk.to(q_blk.dtype), acc, input_precision=DOT_PREC)
-            if NORMALIZE:
-                n_blk = tl.load(n_base + offs_k, mask=mask_k, other=0.0)
-                den += tl.sum(q_blk.to(tl.float32) * n_blk[None, :], 1)
     row_scale = b_bar * scale
-    acc = acc * row_scale[:, None]
-    den = den * row_scale
+    if INTER_IN_LOOP:
+        # the inter-chunk part is summed inside the key/value loop below, one d_qk slice of
+        # C_{k-1} per iteration, so that its loads are pipelined with the K and V tiles
+        # (NUM_DQK == 1); only the Q tile is loaded (and waited for) before the loop
+        q_tile = load_tile(QD, Q, bh, r0, 0, S, d_qk, B_LQ, B_DQK, USE_TMA)
+    else:
+        # inter-chunk part: Q C_{k-1} (and Q n_{k-1}); rows scaled by b̄ * scale afterwards
+        if NUM_DQK == 1:
+            mask_k = offs_dk < d_qk
+            q_tile = load_tile(QD, Q, bh, r0, 0, S, d_qk, B_LQ, B_DQK, USE_TMA)
+            c_blk = load_tile(CD, C_st, c_row, 0, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
+            acc = tl.dot(q_tile, c_blk.to(q_tile.dtype), acc, input_precision=DOT_PREC)
+            if NORMALIZE:
+                n_blk = tl.load(n_base + offs_dk, mask=mask_k, other=0.0)
+                den += tl.sum(q_tile.to(tl.float32) * n_blk[None, :], 1)
+        else:
+            for kb in range(NUM_DQK):
+                offs_k = kb * B_DQK + offs_dk
+                mask_k = offs_k < d_qk
+                q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S, d_qk, B_LQ, B_DQK, USE_TMA)
+                c_blk = load_tile(CD, C_st, c_row, kb * B_DQK, v0, d_qk, d_hv, B_DQK, B_DHV,
+                                  USE_TMA)
+                acc = tl.dot(q_blk, c_blk.to(q_blk.dtype), acc, input_precision=DOT_PREC)
+                if NORMALIZE:
+                    n_blk = tl.load(n_base + offs_k, mask=mask_k, other=0.0)
+                    den += tl.sum(q_blk.to(tl.float32) * n_blk[None, :], 1)
+        acc = acc * row_scale[:, None]
+        den = den * row_scale
 
     # intra-chunk part over key/value tiles on or below the diagonal
     n_kv = ((pid_q + 1) * B_LQ) // B_LKV
@@ -94,6 +101,21 @@ def _parallel_fw_kernel(
         s_loc = j * B_LKV + tl.arange(0, B_LKV)
         s0 = c * L + j * B_LKV
         cols = c * L + s_loc
+        if INTER_IN_LOOP:
+            # slice j of Q̄ C_{k-1} (Q̄ = b̄·scale ⊙ Q in the dot dtype): rows j·B_CS.. of C_{k-1};
+            # B_DQK / B_CS <= n_kv slices cover d_qk, later ones lie past d_qk and load zeros
+            cs0 = j * B_CS
+            if B_CS == B_DQK:
+                q_s = q_tile
+            else:
+                q_s = load_tile(QSD, Q, bh, r0, cs0, S, d_qk, B_LQ, B_CS, USE_TMA)
+            c_s = load_tile(CSD, C_st, c_row, cs0, v0, d_qk, d_hv, B_CS, B_DHV, USE_TMA)
+            q_bar = (q_s.to(tl.float32) * row_scale[:, None]).to(q_s.dtype)
+            acc = tl.dot(q_bar, c_s.to(q_s.dtype), acc, input_precision=DOT_PREC)
+            if NORMALIZE:
+                offs_c = cs0 + tl.arange(0, B_CS)
+                n_s = tl.load(n_base + offs_c, mask=offs_c < d_qk, other=0.0)
+                den += tl.sum(q_s.to(tl.float32) * n_s[None, :], 1) * row_scale
         if NUM_DQK == 1:
             k_tile = load_tile(KD, K, bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
             s = tl.dot(q_tile, tl.trans(k_tile), input_precision=DOT_PREC)
@@ -166,7 +188,8 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
                        _p2(d_hv)))
     warps = 8 if b_l * b_hv >= 128 * 128 or b_l >= 128 else 4
     cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2,
-               USE_TMA=(not limit) and dtype in (torch.bfloat16, torch.float16))
+               USE_TMA=(not limit) and dtype in (torch.bfloat16, torch.float16),
+               INTER_IN_LOOP=False)
     if not (is_exp or limit or fp32) and L >= 64:
         if d_qk <= 64:
             cfg.update(B_LQ=64, B_LKV=32, B_DHV=max(16, min(128, _p2(d_hv))), num_warps=4,
@@ -185,6 +208,17 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     return cfg
 
 
+def inter_slice(cfg: dict, d_qk: int) -> int:
+    """B_CS, the d_qk rows of C_{k-1} that each key/value iteration multiplies when the
+    inter-chunk product runs inside the loop (``INTER_IN_LOOP``), or 0 where it cannot: the
+    B_LQ / B_LKV iterations of the first query tile must cover d_qk in one d_qk block, in
+    slices of at least 16 rows (the smallest tl.dot depth)."""
+    if not cfg.get("INTER_IN_LOOP") or triton.cdiv(d_qk, cfg["B_DQK"]) != 1:
+        return 0
+    b_cs = cfg["B_DQK"] // (cfg["B_LQ"] // cfg["B_LKV"])
+    return b_cs if b_cs >= 16 else 0
+
+
 def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_exp: bool,
                 normalize: bool, eps: float, limit: bool):
     """h (BNH, S, d_hv) in the input dtype and n_out (BNH, N_c*L) fp32 (unset if not normalised)."""
@@ -196,22 +230,26 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
     b_lq, b_lkv, b_qk, b_hv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
+    b_cs = inter_slice(cfg, d_qk)
     use_tma = bool(cfg["USE_TMA"]) and can_use_tma(
         q, k, v, C_st, h, blocks=(b_lq, b_lkv, b_qk, b_hv))
     C_view = C_st.view(-1, d_qk, d_hv)
     num_dqk = triton.cdiv(d_qk, b_qk)
     # keyed by everything that shapes the compiled kernel (see chunkwise_recurrent._FIT)
     fit = _FIT.setdefault((L, b_lq, b_lkv, b_qk, b_hv, num_dqk, cfg["num_warps"], cfg["num_stages"],
-                           use_tma, is_exp, normalize, q.dtype), {})
+                           use_tma, is_exp, normalize, b_cs, q.dtype), {})
+    b_s = b_cs or b_qk     # the slice descriptors are unused without INTER_IN_LOOP
     launch(
         _parallel_fw_kernel, grid, fit,
         q, k, v, descriptor(q, (1, b_lq, b_qk), use_tma), descriptor(k, (1, b_lkv, b_qk), use_tma),
         descriptor(v, (1, b_lkv, b_hv), use_tma), descriptor(C_view, (1, b_qk, b_hv), use_tma),
-        descriptor(h, (1, b_lq, b_hv), use_tma), b_vec, i_vec, mi_vec, C_st, n_st, m_st, h, n_out,
+        descriptor(h, (1, b_lq, b_hv), use_tma), descriptor(q, (1, b_lq, b_s), use_tma),
+        descriptor(C_view, (1, b_s, b_hv), use_tma),
+        b_vec, i_vec, mi_vec, C_st, n_st, m_st, h, n_out,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
         NUM_DQK=num_dqk, IS_EXP=is_exp, NORMALIZE=normalize,
-        DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"],
+        DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma, INTER_IN_LOOP=b_cs > 0,
+        B_CS=max(b_cs, 16), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return h, n_out
