@@ -70,6 +70,7 @@ VARIANTS = {
     # of C_{k-1} per iteration, so that its loads are pipelined with K and V instead of
     # waited for before the loop (chunkwise_parallel_fw.inter_slice)
     "fw_iil": ({"INTER_IN_LOOP": True}, {}, {}),
+    "fw_no_iil": ({"INTER_IN_LOOP": False}, {}, {}),   # the default before version 8
     "fw_iil_st3": ({"INTER_IN_LOOP": True, "num_stages": 3}, {}, {}),
     "fw_iil_kv32_st3": ({"INTER_IN_LOOP": True, "B_LKV": 32, "num_stages": 3}, {}, {}),
     "fw_kv32_st3": ({"B_LKV": 32, "num_stages": 3}, {}, {}),

@@ -234,6 +234,13 @@ def test_forward_kernel_defaults_by_dtype(monkeypatch):
     assert fw(128, 128, 256, torch.bfloat16, limit=False, is_exp=False)["USE_TMA"] is True
     assert fw(128, 128, 256, torch.float32, limit=False)["USE_TMA"] is False
     assert fw(64, 128, 256, torch.bfloat16, limit=True)["USE_TMA"] is False
+    # the inter-chunk product in the key/value loop: sig at Figure 4's heads and L 128 only
+    assert fw(128, 128, 256, torch.bfloat16, limit=False, is_exp=False)["INTER_IN_LOOP"] is True
+    assert chunkwise_parallel_fw.inter_slice(
+        fw(128, 128, 256, torch.bfloat16, limit=False, is_exp=False), 128) == 64
+    assert fw(256, 128, 256, torch.bfloat16, limit=False, is_exp=False)["INTER_IN_LOOP"] is False
+    assert fw(128, 128, 256, torch.bfloat16, limit=False, is_exp=True)["INTER_IN_LOOP"] is False
+    assert fw(128, 64, 128, torch.bfloat16, limit=False, is_exp=False)["INTER_IN_LOOP"] is False
     chunkwise_recurrent.STATE_OVERRIDE["USE_TMA"] = False
     assert state_opts(torch.bfloat16) == (False, True)
 

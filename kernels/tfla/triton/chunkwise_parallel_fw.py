@@ -176,6 +176,16 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     default 64 x 64 tiles).
     mLSTMexp was not swept.
 
+    ``INTER_IN_LOOP`` (version 8): the inter-chunk product runs inside the key/value loop, one
+    d_qk slice of C_{k-1} per iteration (:func:`inter_slice`), so that the loads of C_{k-1}
+    are pipelined with those of K and V instead of waited for before the loop. On for the
+    sig tiles at Figure 4's heads and L 128 (one query tile per chunk); measured on the H200
+    (docs/kernels-sig-notes.md, version 8): 1.058 vs 1.083 ms there, slower where a query
+    tile has more key/value iterations than slices (L 256: 1.154 vs 1.124), at the small
+    heads (0.940 vs 0.831) and for mLSTMexp (Figure 4's heads, L 128: 2.23 vs 1.43; the
+    option takes it from two programs per SM to one); h equal to the default within bf16
+    rounding of the output (max-normalised errors against float64 4.3e-3 / 4.3e-3).
+
     ``USE_TMA``: xl_chunk in 16-bit dtypes loads its tiles and stores H through tensor
     descriptors (H200, forward with the state kernel's TMA, docs/kernels-sig-notes.md
     version 5: mLSTMsig Figure-4 heads L 128 1.08 vs 1.22 ms, mLSTMexp 1.40 vs 1.53;
@@ -195,7 +205,9 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
             cfg.update(B_LQ=64, B_LKV=32, B_DHV=max(16, min(128, _p2(d_hv))), num_warps=4,
                        num_stages=2)
         elif d_qk <= 128 and d_hv >= 256 and L >= 128:
-            cfg.update(B_LQ=128, B_LKV=64, B_DHV=256, num_warps=8, num_stages=2)
+            # one query tile per chunk at L 128: the inter-chunk product runs in the loop
+            cfg.update(B_LQ=128, B_LKV=64, B_DHV=256, num_warps=8, num_stages=2,
+                       INTER_IN_LOOP=(L == 128))
         elif 128 < d_qk <= 256 and d_hv >= 256 and L == 128:
             # one key tile per chunk: a longer chunk would pipeline two 128 x 256 K and V
             # tiles and need 450 KB of shared memory (measured failure at L 256-1024)
