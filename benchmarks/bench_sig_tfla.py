@@ -1,7 +1,8 @@
-"""Device benchmark for issue 11: mLSTMsig xl_chunk ("sig_tiled": the paper's two-level TFLA,
-kernels shared with mLSTMexp) beside our mLSTMexp xl_chunk, the authors' mlstm_kernels
-mLSTMsig xl_chunk and FLA chunk_simple_gla, over chunk sizes. (The forward-only "walk" that
-earlier runs list as sig_walk was removed in version 5, docs/kernels-sig-notes.md.)
+"""Device benchmark for issue 11: mLSTMsig xl_chunk (impl "sig": ``tfla.mlstm_sig``, which runs
+the forward walk where its rule takes the call, else the paper's two-level TFLA kernels shared
+with mLSTMexp; the variant "no_walk" forces the latter) beside our mLSTMexp xl_chunk, the
+authors' mlstm_kernels mLSTMsig xl_chunk and FLA chunk_simple_gla, over chunk sizes. (Rows of
+runs 1-9 name the impl "sig_tiled", and runs 1-4 "sig_walk" for the walk of versions 0-4.)
 
 Shapes (issue 11's tables; bf16):
   fig4   B 8, 16 heads, d_qk 128, d_hv 256, S 8192   (Figure 4's head shape)
@@ -13,12 +14,14 @@ warm-ups (tflabench.measure.time_callable: CUDA events, calls back to back), pea
 torch.cuda.max_memory_allocated during one call minus what was allocated before it; all in
 one process, peers in the same process. Compile/autotune is the untimed first call.
 
-Tuning variants of the tiled path (``--variants``) set chunkwise_parallel_fw.FW_OVERRIDE["xl"],
-chunkwise_parallel_bw.BW_OVERRIDE and chunkwise_recurrent.STATE_OVERRIDE for one measurement.
+Tuning variants (``--variants``) set chunkwise_parallel_fw.FW_OVERRIDE["xl"],
+chunkwise_parallel_bw.BW_OVERRIDE, chunkwise_recurrent.STATE_OVERRIDE and
+sig_walk_fw.WALK_OVERRIDE for one measurement; a forward variant's row also gives max |Δh|
+against the default configuration (diff_vs_default).
 ``--breakdown`` times the tiled forward's three launches (gates, recurrent, H) apart.
 
     python3 benchmarks/bench_sig_tfla.py --out $OUT [--shapes fig4,b7,small] [--chunks 64,128,256,512]
-        [--impls sig_tiled,exp,peer,fla] [--modes fwd,fwdbw] [--variants] [--breakdown]
+        [--impls sig,exp,peer,fla] [--modes fwd,fwdbw] [--variants] [--breakdown]
         [--sweep rec,fw --sweep-chunks 128,256] [--budget-s 500] [--smoke]
 
 Writes rows.csv (one row per measurement, appended as it goes) under --out and prints a
@@ -47,7 +50,7 @@ SHAPES = {
 }
 SMOKE_SHAPES = {"tiny": dict(B=1, NH=2, d_qk=16, d_hv=32, S=100)}
 
-#: tuning variants of the tiled path: name -> (fw override, bw override, state override)
+#: tuning variants: name -> (fw override, bw override, state override[, walk override])
 VARIANTS = {
     "fw_q128": ({"B_LQ": 128, "B_LKV": 64, "num_warps": 8}, {}, {}),
     "fw_dhv64": ({"B_DHV": 64}, {}, {}),
@@ -74,6 +77,13 @@ VARIANTS = {
     "fw_iil_st3": ({"INTER_IN_LOOP": True, "num_stages": 3}, {}, {}),
     "fw_iil_kv32_st3": ({"INTER_IN_LOOP": True, "B_LKV": 32, "num_stages": 3}, {}, {}),
     "fw_kv32_st3": ({"B_LKV": 32, "num_stages": 3}, {}, {}),
+    # version 9: the forward walk (sig_walk_fw.WALK_OVERRIDE, a fourth element) at L 64
+    "no_walk": ({}, {}, {}, {"enabled": False}),
+    "walk_dhv64": ({}, {}, {}, {"B_DHV": 64}),
+    "walk_dhv128": ({}, {}, {}, {"B_DHV": 128}),
+    "walk_st3": ({}, {}, {}, {"num_stages": 3}),
+    "walk_w8": ({}, {}, {}, {"num_warps": 8}),
+    "walk_any_grid": ({}, {}, {}, {"MIN_PROGRAMS_PER_SM": 0}),
 }
 
 FIELDS = ["shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
@@ -85,12 +95,12 @@ def parse_args(argv=None):
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
     ap.add_argument("--shapes", default="fig4,b7,small")
     ap.add_argument("--chunks", default="64,128,256,512")
-    ap.add_argument("--impls", default="sig_tiled,exp,peer,fla")
+    ap.add_argument("--impls", default="sig,exp,peer,fla")
     ap.add_argument("--modes", default="fwd,fwdbw")
     ap.add_argument("--variants", default="", help="comma list of VARIANTS names, or 'all'")
     ap.add_argument("--variant-chunks", default="128,256", help="chunk sizes for --variants")
     ap.add_argument("--variant-modes", default="fwd", help="modes for --variants")
-    ap.add_argument("--variant-impls", default="sig_tiled", help="impls for --variants")
+    ap.add_argument("--variant-impls", default="sig", help="impls for --variants")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--sweep", default="", help="'rec', 'fw' or 'rec,fw': time one kernel of the "
                     "tiled forward alone over a grid of tile configs (see sweep())")
@@ -153,7 +163,7 @@ class Bench:
     def kernel(self, impl, L):
         """(callable on the input list, input layout)."""
         import tfla
-        if impl == "sig_tiled":
+        if impl == "sig":
             return (lambda q, k, v, i, f: tfla.mlstm_sig(q, k, v, i, f, chunk_size=L)), "mlstm"
         if impl == "exp":
             return (lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=L)), "mlstm"
@@ -169,16 +179,20 @@ class Bench:
 
     @contextlib.contextmanager
     def variant(self, name):
-        from tfla.triton import chunkwise_parallel_bw, chunkwise_parallel_fw, chunkwise_recurrent
-        fw, bw, st = VARIANTS[name] if name else ({}, {}, {})
+        from tfla.triton import (chunkwise_parallel_bw, chunkwise_parallel_fw, chunkwise_recurrent,
+                                 sig_walk_fw)
+        fw, bw, st, wk = (tuple(VARIANTS[name]) + ({},))[:4] if name else ({}, {}, {}, {})
         old = (dict(chunkwise_parallel_fw.FW_OVERRIDE["xl"]), dict(chunkwise_parallel_bw.BW_OVERRIDE),
-               dict(chunkwise_recurrent.STATE_OVERRIDE))
+               dict(chunkwise_recurrent.STATE_OVERRIDE), dict(sig_walk_fw.WALK_OVERRIDE))
         chunkwise_parallel_fw.FW_OVERRIDE["xl"].update(fw)
         chunkwise_parallel_bw.BW_OVERRIDE.update(bw)
         chunkwise_recurrent.STATE_OVERRIDE.update(st)
+        sig_walk_fw.WALK_OVERRIDE.update(wk)
         try:
             yield
         finally:
+            sig_walk_fw.WALK_OVERRIDE.clear()
+            sig_walk_fw.WALK_OVERRIDE.update(old[3])
             chunkwise_parallel_fw.FW_OVERRIDE["xl"] = old[0]
             chunkwise_parallel_bw.BW_OVERRIDE.clear()
             chunkwise_parallel_bw.BW_OVERRIDE.update(old[1])
@@ -213,7 +227,7 @@ class Bench:
                 call()
                 self.sync()
                 row["first_call_s"] = round(time.time() - t0, 2)
-                if variant and mode == "fwd" and impl in ("sig_tiled", "exp"):
+                if variant and mode == "fwd" and impl in ("sig", "exp"):
                     with torch.no_grad():
                         h_var = fn(*xs)
                 ms = time_callable(call, device=self.dev, warmup=self.args.warmup,
@@ -227,7 +241,7 @@ class Bench:
                     call()
                     self.sync()
                     row["peak_mem_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
-            if variant and mode == "fwd" and impl in ("sig_tiled", "exp"):
+            if variant and mode == "fwd" and impl in ("sig", "exp"):
                 # a variant is only worth its time if it computes the same h: max |Δ| against
                 # the default configuration on the same inputs, relative to max |h|
                 with torch.no_grad():
@@ -286,7 +300,7 @@ class Bench:
                 fn()
                 self.sync()
                 ms = time_callable(fn, device=self.dev, warmup=3, iterations=10)
-                self.emit(dict(shape=shape_name, impl="sig_tiled:" + name, chunk=L, mode="fwd",
+                self.emit(dict(shape=shape_name, impl="sig:" + name, chunk=L, mode="fwd",
                                ms_median=round(statistics.median(ms), 4), ms_min=round(min(ms), 4),
                                ms_max=round(max(ms), 4)))
 

@@ -274,3 +274,40 @@ def test_launch_retries_with_fewer_stages_and_remembers_the_depth():
     assert common.launch(FakeKernel(1), (1,), memo, num_stages=3) == 1 and calls == [1]
     with pytest.raises(OutOfResources):
         common.launch(FakeKernel(0), (1,), {}, num_stages=2)
+
+
+def walk_h(inputs, C0, L):
+    """h of the forward walk (tfla/triton/sig_walk_fw.py), float32 in the interpreter."""
+    from tfla.triton import chunkwise
+    from tfla.triton.sig_walk_fw import sig_walk_fw
+
+    chunkwise.kernels()   # kernel modules compiled for the interpreter
+    q, k, v, i, f = inputs
+    B, NH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    flat = lambda x, *t: x.reshape(B * NH, *t).contiguous()  # noqa: E731
+    h = sig_walk_fw(flat(q, S, d_qk), flat(k, S, d_qk), flat(v, S, d_hv), flat(i, S), flat(f, S),
+                    flat(C0, d_qk, d_hv), L=L, B_DHV=16, num_warps=4, num_stages=2)
+    return h.reshape(B, NH, S, d_hv)
+
+
+@pytest.mark.parametrize("L,S", LENGTHS + [(64, 150)])
+@pytest.mark.parametrize("regime", list(REGIMES))
+def test_sig_walk_forward_is_finite_and_accurate_in_every_gate_regime(regime, L, S):
+    """The forward walk (no gradients: it serves calls without them) in every gate regime, on
+    a ragged last chunk and S < L, from an initial state, with two d_hv blocks: h against
+    float64 within the budget of the other kernels (docs 5.2, or 4x the float32 chunkwise
+    reference)."""
+    inputs, (C0, n0), _, _ = make_inputs(regime, S, d_hv=32)
+    h = walk_h(inputs, C0, L)
+    assert torch.isfinite(h).all(), f"walk {regime} L={L} S={S}: non-finite h"
+    ref = mlstm_recurrent(*(x.double() for x in inputs), variant="sig", normalize=False,
+                          initial_state=(C0.double(), n0.double()))
+    ref32 = mlstm_chunkwise(*inputs, variant="sig", chunk_size=L, normalize=False,
+                            initial_state=(C0, n0))
+    scale = ref.abs().max().item()
+    err = (h.double() - ref).abs().max().item() / scale
+    err32 = (ref32.double() - ref).abs().max().item() / scale
+    rel_f = ((h.double() - ref).norm() / ref.norm()).item()
+    rel_f32 = ((ref32.double() - ref).norm() / ref.norm()).item()
+    assert err <= max(5e-5, 4 * err32) and rel_f <= max(1e-5, 4 * rel_f32), (err, err32, rel_f)

@@ -194,6 +194,57 @@ def test_forward_only_and_training_calls_agree():
     assert torch.equal(h_fwd, h_train.detach())
 
 
+def test_forward_walk_takes_exactly_the_calls_of_its_rule(monkeypatch):
+    """The forward walk (tfla/triton/sig_walk_fw.py) runs for calls without gradients, without
+    the normaliser and the last state, at L 64 in 16-bit dtypes (walk_config); every other
+    call runs the parallel kernels. Where it runs, h matches float64 as the other kernels do."""
+    from tfla.triton import sig_walk_fw
+
+    calls = []
+    real = sig_walk_fw.sig_walk_fw
+    monkeypatch.setattr(sig_walk_fw, "sig_walk_fw",
+                        lambda *a, **kw: calls.append(kw) or real(*a, **kw))
+    g = torch.Generator().manual_seed(3)
+    q, k = (torch.randn(2, 1, 2, 150, 16, generator=g)).half()
+    v = torch.randn(1, 2, 150, 32, generator=g).half()
+    i, f = torch.randn(2, 1, 2, 150, generator=g)
+    ref = mlstm_recurrent(*(x.double() for x in (q, k, v, i, f + 2)), variant="sig")
+
+    def n_walks(**kw):
+        calls.clear()
+        x = dict(q=q, k=k, v=v, chunk_size=64) | kw
+        grad = x.pop("grad", False)
+        qq = x.pop("q").clone().requires_grad_(grad)
+        with torch.set_grad_enabled(True):
+            out = tfla.mlstm_sig(qq, x.pop("k"), x.pop("v"), i, f + 2, **x)
+        return len(calls), out
+
+    n, h = n_walks()
+    assert n == 1 and calls[0]["L"] == 64 and maxnorm(h, ref) < 5e-3
+    assert n_walks(grad=True)[0] == 0
+    assert n_walks(return_last_state=True)[0] == 0
+    assert n_walks(normalize=True)[0] == 0
+    assert n_walks(chunk_size=128)[0] == 0
+    assert n_walks(q=q.float(), k=k.float(), v=v.float())[0] == 0
+    monkeypatch.setitem(sig_walk_fw.WALK_OVERRIDE, "enabled", False)
+    assert n_walks()[0] == 0
+
+
+def test_walk_config_rule():
+    """walk_config: L 64, 16-bit, d_qk <= 128, d_hv <= 256, at least two programs per SM."""
+    from tfla.triton.sig_walk_fw import walk_config
+
+    bf16 = torch.bfloat16
+    small = walk_config(64, 64, 128, 512, bf16, n_sms=132)
+    assert small["B_DHV"] == 128 and small["num_warps"] == 4 and small["num_stages"] == 2
+    assert walk_config(64, 128, 256, 128, bf16, n_sms=132)["B_DHV"] == 64
+    assert walk_config(64, 64, 128, 200, bf16, n_sms=132) is None       # 200 programs < 264
+    assert walk_config(64, 64, 128, 200, bf16, n_sms=0) is not None     # interpreter: no bound
+    assert walk_config(128, 64, 128, 512, bf16, n_sms=132) is None
+    assert walk_config(64, 256, 512, 512, bf16, n_sms=132) is None
+    assert walk_config(64, 64, 128, 512, torch.float32, n_sms=132) is None
+
+
 @pytest.mark.parametrize("L,S,d_qk,d_hv", [
     (64, 150, 16, 32),      # fw_config: d_qk <= 64 -> 64-row query tiles, 32-row key tiles
     (128, 200, 32, 128),    # + state_blocks(sig_forward): 32 x 128 state blocks, 4 warps

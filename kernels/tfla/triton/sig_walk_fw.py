@@ -1,0 +1,147 @@
+"""mLSTMsig forward "walk": the chunk recurrence kept on chip, for calls without gradients.
+
+One program = (d_hv block, b·head). It holds its block of the running state C (d_qk x B_DHV,
+fp32) in registers and walks the chunks of its sequence in order, one chunk = one tile of L
+rows (docs/tfla-kernels.md 2.4, mLSTMsig: no max state, no normaliser):
+
+    H_k = diag(e^b · scale) (Q_k C_{k-1}) + (Q_k K_kᵀ · scale ⊙ e^D̃) V_k
+    C_k = e^g C_{k-1} + K_kᵀ (ā ⊙ V_k)
+
+so no chunk state travels through HBM: Q, K, V are read once and H written once. The loop
+body is one straight chunk (no branches), so Triton's software pipeliner prefetches the next
+chunk's Q, K, V tiles (TMA) while this one computes, and the tiles are small enough that
+several programs share an SM and hide each other's latencies (the walk of versions 0-4 held
+one program per SM; docs/kernels-sig-notes.md, version 9).
+
+Gate vectors come from :func:`tfla.triton.chunkwise_recurrent.chunk_gates` (b, ā's exponent
+a, ī per position, g per chunk), so D̃_rs = (b_r - b_s) + ī_s is formed as in the parallel
+H kernel. The calls it serves: mLSTMsig xl_chunk without gradients, without normalisation and
+without the last state (``tfla.mlstm_sig`` decides, see :func:`use_walk`).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from tfla.triton.chunkwise_recurrent import dot_precision
+from tfla.triton.common import can_use_tma, descriptor, launch, load_tile, store_tile
+
+INTERPRET = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _sig_walk_fw_kernel(
+    Q, K, V, H, QD, KD, VD, HD, B_vec, A_vec, I_vec, G_ch, C0,
+    S, NC, d_qk, d_hv, scale,
+    L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr, HAS_C0: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    # 1-D grid, d_hv block fastest: the programs of one head share its Q and K tiles (L2)
+    n_v = tl.cdiv(d_hv, B_DHV)
+    pid = tl.program_id(0)
+    pid_v = pid % n_v
+    bh = (pid // n_v).to(tl.int64)
+    S_pad = NC * L
+    v0 = pid_v * B_DHV
+    rows = tl.arange(0, L)
+    if HAS_C0:
+        offs_k = tl.arange(0, B_DQK)
+        offs_v = v0 + tl.arange(0, B_DHV)
+        C = tl.load(C0 + bh * d_qk * d_hv + offs_k[:, None] * d_hv + offs_v[None, :],
+                    mask=(offs_k < d_qk)[:, None] & (offs_v < d_hv)[None, :],
+                    other=0.0).to(tl.float32)
+    else:
+        C = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
+    for c in range(NC):
+        t0 = c * L
+        q = load_tile(QD, Q, bh, t0, 0, S, d_qk, L, B_DQK, USE_TMA)
+        k = load_tile(KD, K, bh, t0, 0, S, d_qk, L, B_DQK, USE_TMA)
+        v = load_tile(VD, V, bh, t0, v0, S, d_hv, L, B_DHV, USE_TMA)
+        b = tl.load(B_vec + bh * S_pad + t0 + rows)
+        ii = tl.load(I_vec + bh * S_pad + t0 + rows)           # ī, -inf past S
+        a = tl.load(A_vec + bh * S_pad + t0 + rows)            # a = g - b + ī, -inf past S
+        g = tl.load(G_ch + bh * NC + c)
+        # inter-chunk part, rows scaled by e^b · scale in fp32
+        acc = tl.dot(q, C.to(q.dtype), input_precision=DOT_PREC) * (tl.exp(b) * scale)[:, None]
+        # intra-chunk part; every exponent is <= 0 on and below the diagonal
+        s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
+        d_log = tl.where(rows[:, None] >= rows[None, :],
+                         (b[:, None] - b[None, :]) + ii[None, :], float("-inf"))
+        s_bar = s * (tl.exp(d_log) * scale)
+        acc = tl.dot(s_bar.to(v.dtype), v, acc, input_precision=DOT_PREC)
+        store_tile(HD, H, acc.to(H.dtype.element_ty), bh, t0, v0, S, d_hv, L, B_DHV, USE_TMA)
+        # state update: C_k = e^g C_{k-1} + Kᵀ (ā ⊙ V)  (ā = 0 past S)
+        v_bar = (v.to(tl.float32) * tl.exp(a)[:, None]).to(v.dtype)
+        C = tl.dot(tl.trans(k), v_bar, C * tl.exp(g), input_precision=DOT_PREC)
+
+
+# Tuning overrides for benchmarks: "enabled" (False: never walk), B_DHV, num_warps,
+# num_stages, maxnreg, MIN_PROGRAMS_PER_SM.
+WALK_OVERRIDE: dict = {}
+
+# pipeline depth that fitted in shared memory, per launch configuration (common.launch)
+_FIT: dict = {}
+
+
+def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
+                n_sms: int = 0) -> dict | None:
+    """The walk's launch configuration for one call, or None where the parallel kernels run.
+
+    The rule (measured on the H200, bf16, forward; docs/kernels-sig-notes.md, version 9):
+    the walk runs at L = 64 in 16-bit dtypes with d_qk <= 128 and d_hv <= 256, with d_hv
+    blocks of 128 for d_qk <= 64 and of 64 above, 4 warps, 2 stages, and only where the
+    grid has at least two programs per SM (each program walks the whole sequence, so a
+    smaller grid leaves SMs idle; ``n_sms`` 0, as in the interpreter, means no bound).
+    There it beat the parallel kernels at their own best L: B 16, 32 heads, 64 / 128,
+    S 4096: 0.559 ms against 0.834 (L 128); B 8, 16 heads, 128 / 256, S 8192: 0.961 against
+    1.066. Not measured faster, so not taken: L 128 (8 warps: 1.09 / 1.24 ms), d_qk 256
+    (B 8, 8 heads, 256 / 512: 1.99 against 1.60), fp32 inputs.
+    """
+    over = WALK_OVERRIDE
+    if not over.get("enabled", True):
+        return None
+    if (L != 64 or d_qk > 128 or d_hv > 256 or dtype not in (torch.bfloat16, torch.float16)):
+        return None
+    b_hv = over.get("B_DHV", min(128 if d_qk <= 64 else 64, max(16, triton.next_power_of_2(d_hv))))
+    programs = triton.cdiv(d_hv, b_hv) * BNH
+    if n_sms and programs < over.get("MIN_PROGRAMS_PER_SM", 2) * n_sms:
+        return None
+    return dict(L=L, B_DHV=b_hv, num_warps=over.get("num_warps", 4),
+                num_stages=over.get("num_stages", 2), maxnreg=over.get("maxnreg"))
+
+
+def sig_walk_fw(q, k, v, i, f, C0, *, L: int, B_DHV: int, num_warps: int, num_stages: int,
+                maxnreg: int | None = None):
+    """h (BNH, S, d_hv) in the input dtype: mLSTMsig without normalisation (paper eqs. 22-23).
+
+    q, k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous in a 16-bit or fp32 dtype; i, f (BNH, S)
+    gate pre-activations; C0 (BNH, d_qk, d_hv) or None. L: the chunk (a power of two, >= 16;
+    one tile of L rows); the other arguments as :func:`walk_config` returns them.
+    """
+    from tfla.triton.chunkwise_recurrent import chunk_gates
+
+    BNH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    NC = triton.cdiv(S, L)
+    b_vec, a_vec, i_vec, _, g_ch, _ = chunk_gates(i, f, L=L, is_exp=False)
+    h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
+    b_qk = max(16, triton.next_power_of_2(d_qk))
+    use_tma = q.dtype in (torch.bfloat16, torch.float16) and can_use_tma(
+        q, k, v, h, blocks=(L, b_qk, B_DHV))
+    grid = (triton.cdiv(d_hv, B_DHV) * BNH,)
+    fit = _FIT.setdefault((L, b_qk, B_DHV, num_warps, num_stages, use_tma, C0 is not None,
+                           maxnreg, q.dtype), {})
+    extra = {"maxnreg": maxnreg} if maxnreg else {}
+    launch(
+        _sig_walk_fw_kernel, grid, fit,
+        q, k, v, h, descriptor(q, (1, L, b_qk), use_tma), descriptor(k, (1, L, b_qk), use_tma),
+        descriptor(v, (1, L, B_DHV), use_tma), descriptor(h, (1, L, B_DHV), use_tma),
+        b_vec, a_vec, i_vec, g_ch, C0 if C0 is not None else h,
+        S, NC, d_qk, d_hv, d_qk ** -0.5,
+        L=L, B_DQK=b_qk, B_DHV=B_DHV, HAS_C0=C0 is not None,
+        DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma,
+        num_warps=num_warps, num_stages=num_stages, **extra,
+    )
+    return h
