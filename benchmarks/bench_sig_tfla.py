@@ -1,6 +1,7 @@
 """Device benchmark for issue 11: mLSTMsig xl_chunk (impl "sig": ``tfla.mlstm_sig``, which runs
 the forward walk where its rule takes the call, else the paper's two-level TFLA kernels shared
-with mLSTMexp; the variant "no_walk" forces the latter) beside our mLSTMexp xl_chunk, the
+with mLSTMexp; the variant "no_walk" forces the latter; "sig_last" also returns the last
+state) beside our mLSTMexp xl_chunk, the
 authors' mlstm_kernels mLSTMsig xl_chunk and FLA chunk_simple_gla, over chunk sizes. (Rows of
 runs 1-9 name the impl "sig_tiled", and runs 1-4 "sig_walk" for the walk of versions 0-4.)
 
@@ -165,6 +166,9 @@ class Bench:
         import tfla
         if impl == "sig":
             return (lambda q, k, v, i, f: tfla.mlstm_sig(q, k, v, i, f, chunk_size=L)), "mlstm"
+        if impl == "sig_last":   # also the last state (C_S, n_S), as a prefill needs it
+            return (lambda q, k, v, i, f: tfla.mlstm_sig(q, k, v, i, f, chunk_size=L,
+                                                         return_last_state=True)[0]), "mlstm"
         if impl == "exp":
             return (lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=L)), "mlstm"
         if impl == "peer":
@@ -227,7 +231,7 @@ class Bench:
                 call()
                 self.sync()
                 row["first_call_s"] = round(time.time() - t0, 2)
-                if variant and mode == "fwd" and impl in ("sig", "exp"):
+                if variant and mode == "fwd" and impl in ("sig", "sig_last", "exp"):
                     with torch.no_grad():
                         h_var = fn(*xs)
                 ms = time_callable(call, device=self.dev, warmup=self.args.warmup,
@@ -241,7 +245,7 @@ class Bench:
                     call()
                     self.sync()
                     row["peak_mem_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
-            if variant and mode == "fwd" and impl in ("sig", "exp"):
+            if variant and mode == "fwd" and impl in ("sig", "sig_last", "exp"):
                 # a variant is only worth its time if it computes the same h: max |Δ| against
                 # the default configuration on the same inputs, relative to max |h|
                 with torch.no_grad():

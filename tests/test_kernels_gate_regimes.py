@@ -276,8 +276,9 @@ def test_launch_retries_with_fewer_stages_and_remembers_the_depth():
         common.launch(FakeKernel(0), (1,), {}, num_stages=2)
 
 
-def walk_h(inputs, C0, L):
-    """h of the forward walk (tfla/triton/sig_walk_fw.py), float32 in the interpreter."""
+def walk_h(inputs, C0, n0, L):
+    """(h, C_S, n_S) of the forward walk (tfla/triton/sig_walk_fw.py), float32 in the
+    interpreter."""
     from tfla.triton import chunkwise
     from tfla.triton.sig_walk_fw import sig_walk_fw
 
@@ -286,28 +287,33 @@ def walk_h(inputs, C0, L):
     B, NH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     flat = lambda x, *t: x.reshape(B * NH, *t).contiguous()  # noqa: E731
-    h = sig_walk_fw(flat(q, S, d_qk), flat(k, S, d_qk), flat(v, S, d_hv), flat(i, S), flat(f, S),
-                    flat(C0, d_qk, d_hv), L=L, B_DHV=16, num_warps=4, num_stages=2)
-    return h.reshape(B, NH, S, d_hv)
+    h, C_S, n_S = sig_walk_fw(flat(q, S, d_qk), flat(k, S, d_qk), flat(v, S, d_hv), flat(i, S),
+                              flat(f, S), flat(C0, d_qk, d_hv), flat(n0, d_qk), L=L, B_DHV=16,
+                              num_warps=4, num_stages=2, with_last=True)
+    return h.reshape(B, NH, S, d_hv), C_S.reshape(B, NH, d_qk, d_hv), n_S.reshape(B, NH, d_qk)
 
 
 @pytest.mark.parametrize("L,S", LENGTHS + [(64, 150)])
 @pytest.mark.parametrize("regime", list(REGIMES))
 def test_sig_walk_forward_is_finite_and_accurate_in_every_gate_regime(regime, L, S):
     """The forward walk (no gradients: it serves calls without them) in every gate regime, on
-    a ragged last chunk and S < L, from an initial state, with two d_hv blocks: h against
-    float64 within the budget of the other kernels (docs 5.2, or 4x the float32 chunkwise
-    reference)."""
+    a ragged last chunk and S < L, from an initial state, with two d_hv blocks: h and the last
+    state (C_S, n_S) against float64 within the budget of the other kernels (docs 5.2, or 4x
+    the float32 chunkwise reference)."""
     inputs, (C0, n0), _, _ = make_inputs(regime, S, d_hv=32)
-    h = walk_h(inputs, C0, L)
-    assert torch.isfinite(h).all(), f"walk {regime} L={L} S={S}: non-finite h"
-    ref = mlstm_recurrent(*(x.double() for x in inputs), variant="sig", normalize=False,
-                          initial_state=(C0.double(), n0.double()))
-    ref32 = mlstm_chunkwise(*inputs, variant="sig", chunk_size=L, normalize=False,
-                            initial_state=(C0, n0))
-    scale = ref.abs().max().item()
-    err = (h.double() - ref).abs().max().item() / scale
-    err32 = (ref32.double() - ref).abs().max().item() / scale
-    rel_f = ((h.double() - ref).norm() / ref.norm()).item()
-    rel_f32 = ((ref32.double() - ref).norm() / ref.norm()).item()
-    assert err <= max(5e-5, 4 * err32) and rel_f <= max(1e-5, 4 * rel_f32), (err, err32, rel_f)
+    out = walk_h(inputs, C0, n0, L)
+    ref_h, ref_last = mlstm_recurrent(*(x.double() for x in inputs), variant="sig",
+                                      normalize=False, initial_state=(C0.double(), n0.double()),
+                                      return_last_state=True)
+    r32_h, r32_last = mlstm_chunkwise(*inputs, variant="sig", chunk_size=L, normalize=False,
+                                      initial_state=(C0, n0), return_last_state=True)
+    for name, x, ref, ref32 in zip(("h", "C_S", "n_S"), out, (ref_h, *ref_last[:2]),
+                                   (r32_h, *r32_last[:2])):
+        assert torch.isfinite(x).all(), f"walk {regime} L={L} S={S}: non-finite {name}"
+        scale = ref.abs().max().item()
+        err = (x.double() - ref).abs().max().item() / scale
+        err32 = (ref32.double() - ref).abs().max().item() / scale
+        rel_f = ((x.double() - ref).norm() / ref.norm()).item()
+        rel_f32 = ((ref32.double() - ref).norm() / ref.norm()).item()
+        assert err <= max(5e-5, 4 * err32) and rel_f <= max(1e-5, 4 * rel_f32), (
+            name, err, err32, rel_f)

@@ -195,9 +195,10 @@ def test_forward_only_and_training_calls_agree():
 
 
 def test_forward_walk_takes_exactly_the_calls_of_its_rule(monkeypatch):
-    """The forward walk (tfla/triton/sig_walk_fw.py) runs for calls without gradients, without
-    the normaliser and the last state, at L 64 in 16-bit dtypes (walk_config); every other
-    call runs the parallel kernels. Where it runs, h matches float64 as the other kernels do."""
+    """The forward walk (tfla/triton/sig_walk_fw.py) runs for calls without gradients and
+    without the normaliser, at L 64 in 16-bit dtypes (walk_config); every other call runs the
+    parallel kernels. Where it runs, h and the last state match float64 as the other kernels
+    do."""
     from tfla.triton import sig_walk_fw
 
     calls = []
@@ -222,7 +223,11 @@ def test_forward_walk_takes_exactly_the_calls_of_its_rule(monkeypatch):
     n, h = n_walks()
     assert n == 1 and calls[0]["L"] == 64 and maxnorm(h, ref) < 5e-3
     assert n_walks(grad=True)[0] == 0
-    assert n_walks(return_last_state=True)[0] == 0
+    n, (h_last, (C_S, n_S)) = n_walks(return_last_state=True)
+    _, (C_ref, n_ref) = mlstm_recurrent(*(x.double() for x in (q, k, v, i, f + 2)),
+                                        variant="sig", return_last_state=True)
+    assert n == 1 and maxnorm(h_last, ref) < 5e-3
+    assert maxnorm(C_S, C_ref) < 5e-3 and maxnorm(n_S, n_ref) < 5e-3
     assert n_walks(normalize=True)[0] == 0
     assert n_walks(chunk_size=128)[0] == 0
     assert n_walks(q=q.float(), k=k.float(), v=v.float())[0] == 0

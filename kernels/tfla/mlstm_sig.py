@@ -82,10 +82,10 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
     from tfla.triton.chunkwise import Config, effective_chunk, run
 
     L = effective_chunk(q.shape[2], chunk_size)
-    if not (normalize or return_last_state or _needs_grad(q, k, v, i, f, C0)):
-        h = _walk(q, k, v, i, f, C0, L)
-        if h is not None:
-            return h
+    if not (normalize or _needs_grad(q, k, v, i, f, C0)):
+        out = _walk(q, k, v, i, f, C0, n0, L, return_last_state)
+        if out is not None:
+            return out
     cfg = Config.make(variant="sig", normalize=normalize, eps=EPS, L=L, limit=False)
     return run(q, k, v, i, f, C0, n0, None, cfg, return_last_state)
 
@@ -96,10 +96,10 @@ def _needs_grad(*tensors) -> bool:
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
 
 
-def _walk(q, k, v, i, f, C0, L):
-    """h from the forward walk (tfla/triton/sig_walk_fw.py) where its rule takes the call
-    (forward only, no normaliser, no last state: docs/kernels-sig-notes.md, version 9),
-    else None."""
+def _walk(q, k, v, i, f, C0, n0, L, return_last_state):
+    """h, or (h, (C_S, n_S)), from the forward walk (tfla/triton/sig_walk_fw.py) where its rule
+    takes the call (forward only, no normaliser: docs/kernels-sig-notes.md, version 9), else
+    None."""
     import torch
 
     from tfla.triton.common import interpret_mode, num_sms
@@ -113,7 +113,12 @@ def _walk(q, k, v, i, f, C0, L):
     out_dtype = q.dtype
     if interpret_mode() and q.dtype == torch.bfloat16:
         q, k, v = q.float(), k.float(), v.float()   # the interpreter's bf16 tl.dot (chunkwise.run)
-    flat = lambda x, *tail: x.reshape(B * NH, *tail).contiguous()  # noqa: E731
-    h = sig_walk_fw(flat(q, S, d_qk), flat(k, S, d_qk), flat(v, S, d_hv), flat(i, S),
-                    flat(f, S), flat(C0, d_qk, d_hv) if C0 is not None else None, **cfg)
-    return h.reshape(B, NH, S, d_hv).to(out_dtype)
+    flat = lambda x, *tail: x.reshape(B * NH, *tail).contiguous() if x is not None else None  # noqa: E731
+    out = sig_walk_fw(flat(q, S, d_qk), flat(k, S, d_qk), flat(v, S, d_hv), flat(i, S),
+                      flat(f, S), flat(C0, d_qk, d_hv), flat(n0, d_qk), **cfg,
+                      with_last=return_last_state)
+    if not return_last_state:
+        return out.reshape(B, NH, S, d_hv).to(out_dtype)
+    h, C_last, n_last = out
+    return h.reshape(B, NH, S, d_hv).to(out_dtype), (C_last.reshape(B, NH, d_qk, d_hv),
+                                                      n_last.reshape(B, NH, d_qk))

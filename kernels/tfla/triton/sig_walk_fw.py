@@ -33,10 +33,11 @@ INTERPRET = bool(triton.knobs.runtime.interpret)
 
 @triton.jit
 def _sig_walk_fw_kernel(
-    Q, K, V, H, QD, KD, VD, HD, B_vec, A_vec, I_vec, G_ch, C0,
+    Q, K, V, H, QD, KD, VD, HD, B_vec, A_vec, I_vec, G_ch, C0, N0, C_last, N_last,
     S, NC, d_qk, d_hv, scale,
     L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr, HAS_C0: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_N0: tl.constexpr, WITH_LAST: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_TMA: tl.constexpr,
 ):
     # 1-D grid, d_hv block fastest: the programs of one head share its Q and K tiles (L2)
     n_v = tl.cdiv(d_hv, B_DHV)
@@ -46,14 +47,19 @@ def _sig_walk_fw_kernel(
     S_pad = NC * L
     v0 = pid_v * B_DHV
     rows = tl.arange(0, L)
+    offs_k = tl.arange(0, B_DQK)
+    offs_v = v0 + tl.arange(0, B_DHV)
+    mask_c = (offs_k < d_qk)[:, None] & (offs_v < d_hv)[None, :]
+    c_offs = bh * d_qk * d_hv + offs_k[:, None] * d_hv + offs_v[None, :]
     if HAS_C0:
-        offs_k = tl.arange(0, B_DQK)
-        offs_v = v0 + tl.arange(0, B_DHV)
-        C = tl.load(C0 + bh * d_qk * d_hv + offs_k[:, None] * d_hv + offs_v[None, :],
-                    mask=(offs_k < d_qk)[:, None] & (offs_v < d_hv)[None, :],
-                    other=0.0).to(tl.float32)
+        C = tl.load(C0 + c_offs, mask=mask_c, other=0.0).to(tl.float32)
     else:
         C = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
+    # the normaliser state n, only for the last state (the walk serves unnormalised calls)
+    if HAS_N0:
+        n = tl.load(N0 + bh * d_qk + offs_k, mask=offs_k < d_qk, other=0.0).to(tl.float32)
+    else:
+        n = tl.zeros((B_DQK,), dtype=tl.float32)
     for c in range(NC):
         t0 = c * L
         q = load_tile(QD, Q, bh, t0, 0, S, d_qk, L, B_DQK, USE_TMA)
@@ -73,8 +79,14 @@ def _sig_walk_fw_kernel(
         acc = tl.dot(s_bar.to(v.dtype), v, acc, input_precision=DOT_PREC)
         store_tile(HD, H, acc.to(H.dtype.element_ty), bh, t0, v0, S, d_hv, L, B_DHV, USE_TMA)
         # state update: C_k = e^g C_{k-1} + Kᵀ (ā ⊙ V)  (ā = 0 past S)
-        v_bar = (v.to(tl.float32) * tl.exp(a)[:, None]).to(v.dtype)
+        a_bar = tl.exp(a)
+        v_bar = (v.to(tl.float32) * a_bar[:, None]).to(v.dtype)
         C = tl.dot(tl.trans(k), v_bar, C * tl.exp(g), input_precision=DOT_PREC)
+        if WITH_LAST:
+            n = n * tl.exp(g) + tl.sum(k.to(tl.float32) * a_bar[:, None], 0)
+    if WITH_LAST:
+        tl.store(C_last + c_offs, C, mask=mask_c)
+        tl.store(N_last + bh * d_qk + offs_k, n, mask=(offs_k < d_qk) & (offs_k * 0 + pid_v == 0))
 
 
 # Tuning overrides for benchmarks: "enabled" (False: never walk), B_DHV, num_warps,
@@ -112,13 +124,14 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
                 num_stages=over.get("num_stages", 2), maxnreg=over.get("maxnreg"))
 
 
-def sig_walk_fw(q, k, v, i, f, C0, *, L: int, B_DHV: int, num_warps: int, num_stages: int,
-                maxnreg: int | None = None):
-    """h (BNH, S, d_hv) in the input dtype: mLSTMsig without normalisation (paper eqs. 22-23).
+def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: int,
+                num_stages: int, maxnreg: int | None = None, with_last: bool = False):
+    """h (BNH, S, d_hv) in the input dtype: mLSTMsig without normalisation (paper eqs. 22-23);
+    with ``with_last`` (h, C_S (BNH, d_qk, d_hv) fp32, n_S (BNH, d_qk) fp32).
 
     q, k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous in a 16-bit or fp32 dtype; i, f (BNH, S)
-    gate pre-activations; C0 (BNH, d_qk, d_hv) or None. L: the chunk (a power of two, >= 16;
-    one tile of L rows); the other arguments as :func:`walk_config` returns them.
+    gate pre-activations; C0 (BNH, d_qk, d_hv), n0 (BNH, d_qk) or None. L: the chunk (a power
+    of two, >= 16; one tile of L rows); the other arguments as :func:`walk_config` returns them.
     """
     from tfla.triton.chunkwise_recurrent import chunk_gates
 
@@ -127,21 +140,26 @@ def sig_walk_fw(q, k, v, i, f, C0, *, L: int, B_DHV: int, num_warps: int, num_st
     NC = triton.cdiv(S, L)
     b_vec, a_vec, i_vec, _, g_ch, _ = chunk_gates(i, f, L=L, is_exp=False)
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
+    C_last = n_last = h
+    if with_last:
+        C_last = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
+        n_last = torch.empty((BNH, d_qk), device=q.device, dtype=torch.float32)
     b_qk = max(16, triton.next_power_of_2(d_qk))
     use_tma = q.dtype in (torch.bfloat16, torch.float16) and can_use_tma(
         q, k, v, h, blocks=(L, b_qk, B_DHV))
     grid = (triton.cdiv(d_hv, B_DHV) * BNH,)
     fit = _FIT.setdefault((L, b_qk, B_DHV, num_warps, num_stages, use_tma, C0 is not None,
-                           maxnreg, q.dtype), {})
+                           n0 is not None, with_last, maxnreg, q.dtype), {})
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     launch(
         _sig_walk_fw_kernel, grid, fit,
         q, k, v, h, descriptor(q, (1, L, b_qk), use_tma), descriptor(k, (1, L, b_qk), use_tma),
         descriptor(v, (1, L, B_DHV), use_tma), descriptor(h, (1, L, B_DHV), use_tma),
-        b_vec, a_vec, i_vec, g_ch, C0 if C0 is not None else h,
+        b_vec, a_vec, i_vec, g_ch, C0 if C0 is not None else h, n0 if n0 is not None else h,
+        C_last, n_last,
         S, NC, d_qk, d_hv, d_qk ** -0.5,
-        L=L, B_DQK=b_qk, B_DHV=B_DHV, HAS_C0=C0 is not None,
-        DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma,
+        L=L, B_DQK=b_qk, B_DHV=B_DHV, HAS_C0=C0 is not None, HAS_N0=n0 is not None,
+        WITH_LAST=with_last, DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma,
         num_warps=num_warps, num_stages=num_stages, **extra,
     )
-    return h
+    return (h, C_last, n_last) if with_last else h
