@@ -83,14 +83,7 @@ def _sig_walk_fw_kernel(
         v_bar = (v.to(tl.float32) * a_bar[:, None]).to(v.dtype)
         C = tl.dot(tl.trans(k), v_bar, C * tl.exp(g), input_precision=DOT_PREC)
         if WITH_LAST:
-            # n_k = e^g n + Kᵀ ā on the tensor cores: ā as two columns (its 16-bit rounding and
-            # the remainder) of an L x 16 operand, so that no L-long sum crosses the warps
-            col = tl.arange(0, 16)[None, :]
-            a_hi = a_bar.to(k.dtype)
-            a_lo = (a_bar - a_hi.to(tl.float32)).to(k.dtype)
-            a_mat = tl.where(col == 0, a_hi[:, None], tl.where(col == 1, a_lo[:, None], 0.0))
-            n_cols = tl.dot(tl.trans(k), a_mat.to(k.dtype), input_precision=DOT_PREC)
-            n = n * tl.exp(g) + tl.sum(n_cols, 1)
+            n = n * tl.exp(g) + tl.sum(k.to(tl.float32) * a_bar[:, None], 0)
     if WITH_LAST:
         tl.store(C_last + c_offs, C, mask=mask_c)
         tl.store(N_last + bh * d_qk + offs_k, n, mask=(offs_k < d_qk) & (offs_k * 0 + pid_v == 0))
