@@ -26,7 +26,11 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
     ``normalize=True`` also n_t = σ(f̃_t) n_{t-1} + σ(ĩ_t) k_t and
     h_t = C_tᵀ q̂_t / (max(|n_tᵀ q̂_t|, 1) + 1e-6). It is evaluated in the chunkwise form
     (Sec. 3) with chunk size L = ``chunk_size``, by the paper's two-level TFLA Triton kernels
-    (shared with mLSTMexp, ``tfla/triton/chunkwise*.py``; docs/kernels-sig-notes.md).
+    (shared with mLSTMexp, ``tfla/triton/chunkwise*.py``; docs/kernels-sig-notes.md), except
+    calls without gradients and without the normaliser that
+    :func:`tfla.triton.sig_walk_fw.walk_config` takes (L 64, 16-bit, d_qk <= 128,
+    d_hv <= 256, two or more programs per SM): those run a forward walk that keeps the chunk
+    state on chip (measured faster there on the H200; same h up to rounding).
 
     Args:
         q, k: (B, NH, S, d_qk); v: (B, NH, S, d_hv); bfloat16, float16 or float32 on CUDA

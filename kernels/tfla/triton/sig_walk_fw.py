@@ -15,8 +15,8 @@ one program per SM; docs/kernels-sig-notes.md, version 9).
 
 Gate vectors come from :func:`tfla.triton.chunkwise_recurrent.chunk_gates` (b, ā's exponent
 a, ī per position, g per chunk), so D̃_rs = (b_r - b_s) + ī_s is formed as in the parallel
-H kernel. The calls it serves: mLSTMsig xl_chunk without gradients, without normalisation and
-without the last state (``tfla.mlstm_sig`` decides, see :func:`use_walk`).
+H kernel. The calls it serves: mLSTMsig xl_chunk without gradients and without normalisation,
+with or without the last state (``tfla.mlstm_sig`` decides by :func:`walk_config`).
 """
 
 from __future__ import annotations
@@ -106,10 +106,12 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     blocks of 128 for d_qk <= 64 and of 64 above, 4 warps, 2 stages, and only where the
     grid has at least two programs per SM (each program walks the whole sequence, so a
     smaller grid leaves SMs idle; ``n_sms`` 0, as in the interpreter, means no bound).
-    There it beat the parallel kernels at their own best L: B 16, 32 heads, 64 / 128,
-    S 4096: 0.559 ms against 0.834 (L 128); B 8, 16 heads, 128 / 256, S 8192: 0.961 against
-    1.066. Not measured faster, so not taken: L 128 (8 warps: 1.09 / 1.24 ms), d_qk 256
-    (B 8, 8 heads, 256 / 512: 1.99 against 1.60), fp32 inputs.
+    There it beat the parallel kernels at their own best L (run 12): B 16, 32 heads, 64 / 128,
+    S 4096: 0.557 ms against 0.849 (L 128), with the last state 0.698 against 0.853; B 8,
+    16 heads, 128 / 256, S 8192: 0.947 against 1.063, with the last state 1.158 against
+    1.193. Not measured faster, so not taken: L 128 (8 warps: 1.09 / 1.24 ms), d_qk 256
+    (B 8, 8 heads, 256 / 512: 1.99 against 1.60), fp32 inputs; a grid of one program per SM
+    (Figure 4's heads at S 32768, B 2: 1.64 against 1.36).
     """
     over = WALK_OVERRIDE
     if not over.get("enabled", True):
