@@ -221,7 +221,7 @@ def breakdown(rows, S=8192, n=10):
     """Per-kernel times (median of n) of our exp kernels at one S (Figure-4 sizes)."""
     from tfla.triton import chunkwise as X
     from tfla.triton.chunkwise import Config, kernels
-    rec, pfw, pbw, lbw = kernels()
+    rec, pfw, pbw, lbw, _ = kernels()
     B = TOKENS // S
     q, k, v, i, f = make_inputs(B, S)
     flat = lambda x, *t: x.reshape(-1, *t).contiguous()  # noqa: E731

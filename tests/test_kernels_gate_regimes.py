@@ -280,9 +280,8 @@ def walk_h(inputs, C0, n0, L):
     """(h, C_S, n_S) of the forward walk (tfla/triton/sig_walk_fw.py), float32 in the
     interpreter."""
     from tfla.triton import chunkwise
-    from tfla.triton.sig_walk_fw import sig_walk_fw
 
-    chunkwise.kernels()   # kernel modules compiled for the interpreter
+    sig_walk_fw = chunkwise.kernels()[4].sig_walk_fw   # compiled for the interpreter
     q, k, v, i, f = inputs
     B, NH, S, d_qk = q.shape
     d_hv = v.shape[-1]

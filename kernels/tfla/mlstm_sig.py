@@ -106,21 +106,23 @@ def _walk(q, k, v, i, f, C0, n0, L, return_last_state):
     None."""
     import torch
 
+    from tfla.triton.chunkwise import kernels
     from tfla.triton.common import interpret_mode, num_sms
-    from tfla.triton.sig_walk_fw import sig_walk_fw, walk_config
+
+    walk = kernels()[4]            # tfla.triton.sig_walk_fw, imported for the current mode
 
     B, NH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    cfg = walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device))
+    cfg = walk.walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device))
     if cfg is None:
         return None
     out_dtype = q.dtype
     if interpret_mode() and q.dtype == torch.bfloat16:
         q, k, v = q.float(), k.float(), v.float()   # the interpreter's bf16 tl.dot (chunkwise.run)
     flat = lambda x, *tail: x.reshape(B * NH, *tail).contiguous() if x is not None else None  # noqa: E731
-    out = sig_walk_fw(flat(q, S, d_qk), flat(k, S, d_qk), flat(v, S, d_hv), flat(i, S),
-                      flat(f, S), flat(C0, d_qk, d_hv), flat(n0, d_qk), **cfg,
-                      with_last=return_last_state)
+    out = walk.sig_walk_fw(flat(q, S, d_qk), flat(k, S, d_qk), flat(v, S, d_hv), flat(i, S),
+                           flat(f, S), flat(C0, d_qk, d_hv), flat(n0, d_qk), **cfg,
+                           with_last=return_last_state)
     if not return_last_state:
         return out.reshape(B, NH, S, d_hv).to(out_dtype)
     h, C_last, n_last = out

@@ -27,6 +27,7 @@ _MODULES = (
     "tfla.triton.chunkwise_parallel_fw",
     "tfla.triton.chunkwise_parallel_bw",
     "tfla.triton.limit_parallel_bw",
+    "tfla.triton.sig_walk_fw",
 )
 
 
@@ -35,7 +36,8 @@ def kernels():
 
     ``@triton.jit`` decides between compiled and interpreted kernels when a module is
     imported; a test that sets TRITON_INTERPRET=1 after an import would otherwise get
-    compiled kernels for CPU tensors. Returns (recurrent, parallel_fw, parallel_bw, limit_bw).
+    compiled kernels for CPU tensors. Returns (recurrent, parallel_fw, parallel_bw, limit_bw,
+    sig_walk_fw).
     """
     want = bool(triton.knobs.runtime.interpret)
     if want:
@@ -96,7 +98,7 @@ def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, with_n: bool = True)
     Returns h (BNH, S, d_hv), n_out (BNH, N_c*L) fp32, the states (C_st in the input
     dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, ī, m^intra, g, max a).
     with_n False (only without normalisation): the normaliser state is not computed."""
-    rec, pfw, _, _ = kernels()
+    rec, pfw, _, _, _ = kernels()
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=cfg.is_exp)
     b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch = gates
     states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp,
@@ -148,7 +150,7 @@ class ChunkwiseFunction(torch.autograd.Function):
         B, NH, S, d_qk, d_hv = ctx.shapes
         saved = ctx.saved_tensors
         qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out, C_last_f = saved[:10]
-        rec, _, pbw, lbw = kernels()
+        rec, _, pbw, lbw, _ = kernels()
         if cfg.recompute_states:
             gates = rec.chunk_gates(i_f, f_f, L=cfg.L, is_exp=cfg.is_exp)
             C_st, _, m_st, _ = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], C0f, n0f,

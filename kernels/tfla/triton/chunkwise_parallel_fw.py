@@ -250,13 +250,15 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     # keyed by everything that shapes the compiled kernel (see chunkwise_recurrent._FIT)
     fit = _FIT.setdefault((L, b_lq, b_lkv, b_qk, b_hv, num_dqk, cfg["num_warps"], cfg["num_stages"],
                            use_tma, is_exp, normalize, b_cs, q.dtype), {})
-    b_s = b_cs or b_qk     # the slice descriptors are unused without INTER_IN_LOOP
+    QD, CD = descriptor(q, (1, b_lq, b_qk), use_tma), descriptor(C_view, (1, b_qk, b_hv), use_tma)
+    # the d_qk-slice views of Q and C_{k-1} (INTER_IN_LOOP; else unused, the full ones passed)
+    QSD = descriptor(q, (1, b_lq, b_cs), use_tma) if 0 < b_cs < b_qk else QD
+    CSD = descriptor(C_view, (1, b_cs, b_hv), use_tma) if b_cs else CD
     launch(
         _parallel_fw_kernel, grid, fit,
-        q, k, v, descriptor(q, (1, b_lq, b_qk), use_tma), descriptor(k, (1, b_lkv, b_qk), use_tma),
-        descriptor(v, (1, b_lkv, b_hv), use_tma), descriptor(C_view, (1, b_qk, b_hv), use_tma),
-        descriptor(h, (1, b_lq, b_hv), use_tma), descriptor(q, (1, b_lq, b_s), use_tma),
-        descriptor(C_view, (1, b_s, b_hv), use_tma),
+        q, k, v, QD, descriptor(k, (1, b_lkv, b_qk), use_tma),
+        descriptor(v, (1, b_lkv, b_hv), use_tma), CD,
+        descriptor(h, (1, b_lq, b_hv), use_tma), QSD, CSD,
         b_vec, i_vec, mi_vec, C_st, n_st, m_st, h, n_out,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
