@@ -84,6 +84,11 @@ VARIANTS = {
     "walk_dhv128": ({}, {}, {}, {"B_DHV": 128}),
     "walk_st3": ({}, {}, {}, {"num_stages": 3}),
     "walk_w8": ({}, {}, {}, {"num_warps": 8}),
+    "walk_st1": ({}, {}, {}, {"num_stages": 1}),
+    "walk_mr168": ({}, {}, {}, {"maxnreg": 168}),
+    "walk_mr168_st1": ({}, {}, {}, {"maxnreg": 168, "num_stages": 1}),
+    "walk_mr200": ({}, {}, {}, {"maxnreg": 200}),
+    "walk_mr128_st1": ({}, {}, {}, {"maxnreg": 128, "num_stages": 1}),
     "walk_any_grid": ({}, {}, {}, {"MIN_PROGRAMS_PER_SM": 0}),
 }
 
