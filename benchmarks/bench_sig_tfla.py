@@ -90,7 +90,10 @@ VARIANTS = {
     "walk_mr184": ({}, {}, {}, {"maxnreg": 184}),
     "walk_mr200": ({}, {}, {}, {"maxnreg": 200}),
     "walk_mr216": ({}, {}, {}, {"maxnreg": 216}),
+    "walk_mr224": ({}, {}, {}, {"maxnreg": 224}),
     "walk_mr232": ({}, {}, {}, {"maxnreg": 232}),
+    "walk_mr240": ({}, {}, {}, {"maxnreg": 240}),
+    "walk_mr248": ({}, {}, {}, {"maxnreg": 248}),
     "walk_mr128_st1": ({}, {}, {}, {"maxnreg": 128, "num_stages": 1}),
     "walk_any_grid": ({}, {}, {}, {"MIN_PROGRAMS_PER_SM": 0}),
 }
