@@ -236,13 +236,17 @@ def test_forward_walk_takes_exactly_the_calls_of_its_rule(monkeypatch):
 
 
 def test_walk_config_rule():
-    """walk_config: L 64, 16-bit, d_qk <= 128, d_hv <= 256, at least two programs per SM."""
+    """walk_config: L 64, 16-bit, d_qk <= 128, d_hv <= 256, at least two programs per SM; a
+    register cap of 240 at d_qk > 64 without the last state."""
     from tfla.triton.sig_walk_fw import walk_config
 
     bf16 = torch.bfloat16
     small = walk_config(64, 64, 128, 512, bf16, n_sms=132)
     assert small["B_DHV"] == 128 and small["num_warps"] == 4 and small["num_stages"] == 2
-    assert walk_config(64, 128, 256, 128, bf16, n_sms=132)["B_DHV"] == 64
+    assert small["maxnreg"] is None
+    fig4 = walk_config(64, 128, 256, 128, bf16, n_sms=132)
+    assert fig4["B_DHV"] == 64 and fig4["maxnreg"] == 240            # the measured register cap
+    assert walk_config(64, 128, 256, 128, bf16, n_sms=132, with_last=True)["maxnreg"] is None
     assert walk_config(64, 64, 128, 200, bf16, n_sms=132) is None       # 200 programs < 264
     assert walk_config(64, 64, 128, 200, bf16, n_sms=0) is not None     # interpreter: no bound
     assert walk_config(128, 64, 128, 512, bf16, n_sms=132) is None
@@ -261,3 +265,29 @@ def test_tiled_sig_tile_configs_in_half_precision(L, S, d_qk, d_hv):
     (chunkwise_parallel_fw.fw_config, chunkwise_recurrent.state_blocks; with TMA tiles, the
     16-bit default) against float64."""
     check(run_case(S=S, L=L, d_qk=d_qk, d_hv=d_hv, dtype=torch.float16, initial=True), 5e-3)
+
+
+def test_forward_walk_at_wide_heads_matches_float64(monkeypatch):
+    """The walk's d_qk > 64 configuration (64-wide d_hv blocks, the register cap; d_qk 96 pads
+    to a 128-wide tile), on a ragged sequence from an initial state, without and with the last
+    state, against the float64 recurrence."""
+    from tfla.triton import sig_walk_fw
+
+    seen = []
+    real = sig_walk_fw.sig_walk_fw
+    monkeypatch.setattr(sig_walk_fw, "sig_walk_fw", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    g = torch.Generator().manual_seed(4)
+    q, k = torch.randn(2, 1, 2, 100, 96, generator=g).half()
+    v = torch.randn(1, 2, 100, 128, generator=g).half()
+    i, f = torch.randn(2, 1, 2, 100, generator=g)
+    C0, n0 = torch.randn(1, 2, 96, 128, generator=g), torch.randn(1, 2, 96, generator=g).abs()
+    ref, (C_ref, n_ref) = mlstm_recurrent(*(x.double() for x in (q, k, v, i, f - 2)), variant="sig",
+                                          initial_state=(C0.double(), n0.double()),
+                                          return_last_state=True)
+    with torch.no_grad():
+        h = tfla.mlstm_sig(q, k, v, i, f - 2, chunk_size=64, initial_state=(C0, n0))
+        h2, (C_S, n_S) = tfla.mlstm_sig(q, k, v, i, f - 2, chunk_size=64, initial_state=(C0, n0),
+                                        return_last_state=True)
+    assert [kw["maxnreg"] for kw in seen] == [240, None] and seen[0]["B_DHV"] == 64
+    assert maxnorm(h, ref) < 5e-3 and maxnorm(h2, ref) < 5e-3
+    assert maxnorm(C_S, C_ref) < 5e-3 and maxnorm(n_S, n_ref) < 5e-3

@@ -113,7 +113,7 @@ def _walk(q, k, v, i, f, C0, n0, L, return_last_state):
 
     B, NH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    cfg = walk.walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device))
+    cfg = walk.walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device), return_last_state)
     if cfg is None:
         return None
     out_dtype = q.dtype

@@ -98,7 +98,7 @@ _FIT: dict = {}
 
 
 def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
-                n_sms: int = 0) -> dict | None:
+                n_sms: int = 0, with_last: bool = False) -> dict | None:
     """The walk's launch configuration for one call, or None where the parallel kernels run.
 
     The rule (measured on the H200, bf16, forward; docs/kernels-sig-notes.md, version 9):
@@ -106,6 +106,11 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     blocks of 128 for d_qk <= 64 and of 64 above, 4 warps, 2 stages, and only where the
     grid has at least two programs per SM (each program walks the whole sequence, so a
     smaller grid leaves SMs idle; ``n_sms`` 0, as in the interpreter, means no bound).
+    For d_qk > 64 without the last state (``with_last``) the registers are capped at 240
+    (``maxnreg``): uncapped, ptxas gives these programs 252 and they ran like one per SM
+    (B 8, 16 heads, 128 / 256, S 8192: 0.959 ms uncapped or capped at 248; 0.772 at 240,
+    0.770 at 232, 0.779 at 224, 0.802 at 216; the same h bit for bit); with the last state
+    or at d_qk <= 64 a cap was slower (1.22 against 1.16 ms; 0.66 against 0.56 ms).
     There it beat the parallel kernels at their own best L (run 12): B 16, 32 heads, 64 / 128,
     S 4096: 0.557 ms against 0.849 (L 128), with the last state 0.698 against 0.853; B 8,
     16 heads, 128 / 256, S 8192: 0.947 against 1.063, with the last state 1.158 against
@@ -122,8 +127,9 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     programs = triton.cdiv(d_hv, b_hv) * BNH
     if n_sms and programs < over.get("MIN_PROGRAMS_PER_SM", 2) * n_sms:
         return None
+    cap = 240 if (d_qk > 64 and not with_last) else None
     return dict(L=L, B_DHV=b_hv, num_warps=over.get("num_warps", 4),
-                num_stages=over.get("num_stages", 2), maxnreg=over.get("maxnreg"))
+                num_stages=over.get("num_stages", 2), maxnreg=over.get("maxnreg", cap))
 
 
 def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: int,
