@@ -111,12 +111,15 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     (B 8, 16 heads, 128 / 256, S 8192: 0.959 ms uncapped or capped at 248; 0.772 at 240,
     0.770 at 232, 0.779 at 224, 0.802 at 216; the same h bit for bit); with the last state
     or at d_qk <= 64 a cap was slower (1.22 against 1.16 ms; 0.66 against 0.56 ms).
-    There it beat the parallel kernels at their own best L (run 12): B 16, 32 heads, 64 / 128,
-    S 4096: 0.557 ms against 0.849 (L 128), with the last state 0.698 against 0.853; B 8,
-    16 heads, 128 / 256, S 8192: 0.947 against 1.063, with the last state 1.158 against
-    1.193. Not measured faster, so not taken: L 128 (8 warps: 1.09 / 1.24 ms), d_qk 256
+    Where the rule takes a call, the walk beat the parallel kernels at their own best L (run 18): B 16, 32 heads, 64 / 128,
+    S 4096: 0.556 ms against 0.829 (L 128), with the last state 0.698 against 0.852; B 8,
+    16 heads, 128 / 256, S 8192: 0.765 against 1.060, with the last state 1.155 against
+    1.192. Not measured faster, so not taken: L 128 (8 warps: 1.09 / 1.24 ms), d_qk 256
     (B 8, 8 heads, 256 / 512: 1.99 against 1.60), fp32 inputs; a grid of one program per SM
-    (Figure 4's heads at S 32768, B 2: 1.64 against 1.36).
+    (Figure 4's heads at S 32768, B 2: 1.29 ms against 1.14 for the parallel kernels at
+    L 128).
+
+    Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg) for :func:`sig_walk_fw`, or None.
     """
     over = WALK_OVERRIDE
     if not over.get("enabled", True):
