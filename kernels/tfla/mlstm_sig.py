@@ -83,11 +83,11 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
                                normalize=normalize, eps=EPS, initial_state=initial_state,
                                return_last_state=return_last_state)
     check_kernel_dtype(q)
-    from tfla.triton.chunkwise import Config, effective_chunk, run
+    from tfla.triton.chunkwise import Config, effective_chunk, run, run_sig_walk
 
     L = effective_chunk(q.shape[2], chunk_size)
     if not (normalize or _needs_grad(q, k, v, i, f, C0)):
-        out = _walk(q, k, v, i, f, C0, n0, L, return_last_state)
+        out = run_sig_walk(q, k, v, i, f, C0, n0, L, return_last_state)
         if out is not None:
             return out
     cfg = Config.make(variant="sig", normalize=normalize, eps=EPS, L=L, limit=False)
@@ -98,33 +98,3 @@ def _needs_grad(*tensors) -> bool:
     import torch
 
     return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
-
-
-def _walk(q, k, v, i, f, C0, n0, L, return_last_state):
-    """h, or (h, (C_S, n_S)), from the forward walk (tfla/triton/sig_walk_fw.py) where its rule
-    takes the call (forward only, no normaliser: docs/kernels-sig-notes.md, version 9), else
-    None."""
-    import torch
-
-    from tfla.triton.chunkwise import kernels
-    from tfla.triton.common import interpret_mode, num_sms
-
-    walk = kernels()[4]            # tfla.triton.sig_walk_fw, imported for the current mode
-
-    B, NH, S, d_qk = q.shape
-    d_hv = v.shape[-1]
-    cfg = walk.walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device), return_last_state)
-    if cfg is None:
-        return None
-    out_dtype = q.dtype
-    if interpret_mode() and q.dtype == torch.bfloat16:
-        q, k, v = q.float(), k.float(), v.float()   # the interpreter's bf16 tl.dot (chunkwise.run)
-    flat = lambda x, *tail: x.reshape(B * NH, *tail).contiguous() if x is not None else None  # noqa: E731
-    out = walk.sig_walk_fw(flat(q, S, d_qk), flat(k, S, d_qk), flat(v, S, d_hv), flat(i, S),
-                           flat(f, S), flat(C0, d_qk, d_hv), flat(n0, d_qk), **cfg,
-                           with_last=return_last_state)
-    if not return_last_state:
-        return out.reshape(B, NH, S, d_hv).to(out_dtype)
-    h, C_last, n_last = out
-    return h.reshape(B, NH, S, d_hv).to(out_dtype), (C_last.reshape(B, NH, d_qk, d_hv),
-                                                      n_last.reshape(B, NH, d_qk))

@@ -6,7 +6,8 @@ Used by :func:`tfla.mlstm_exp` (mLSTMexp ``xl_chunk``), :func:`tfla.mlstm_sig` (
 kernel (chunk states, b, m^comb), then the parallel H kernel. Backward: the recurrent dC
 kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three launches as in the paper's
 Table 1; limit_chunk: one fused kernel per chunk), then the gate gradients (docs 3.4)
-from the fp32 row sums q·dq and k·dk.
+from the fp32 row sums q·dq and k·dk. :func:`run_sig_walk` is the host side of mLSTMsig's
+forward walk (``sig_walk_fw``), for the calls its rule takes.
 
 Conventions (docs 1.3-1.5): states (C, n, m) in stabilised form, m_0 = 0 without an
 initial state; the normaliser n_out and the max states are constants in the backward;
@@ -21,6 +22,8 @@ from dataclasses import dataclass
 
 import torch
 import triton
+
+from tfla.triton.common import num_sms
 
 _MODULES = (
     "tfla.triton.chunkwise_recurrent",
@@ -190,15 +193,21 @@ class ChunkwiseFunction(torch.autograd.Function):
                 df.reshape(B, NH, S).to(f_dtype), dC0, dn0, dm0, None, None)
 
 
+def _dot_operands(q, k, v):
+    """q, k, v as the kernels take them: Triton 3.6's CPU interpreter multiplies bfloat16
+    tl.dot operands wrongly (numpy has no bfloat16), so there the kernels see float32 copies
+    of the (bf16-exact) values and the callers round h back; gradients flow through the casts
+    in bfloat16."""
+    if q.dtype == torch.bfloat16 and triton.knobs.runtime.interpret:
+        return q.float(), k.float(), v.float()
+    return q, k, v
+
+
 def run(q, k, v, i, f, C0, n0, m0, cfg: Config, return_last: bool):
     """Apply :class:`ChunkwiseFunction`; returns h or (h, last state) as the references do
     ((C, n, m (B, NH, 1)) for mLSTMexp, (C, n) for mLSTMsig)."""
     out_dtype = q.dtype
-    if out_dtype == torch.bfloat16 and triton.knobs.runtime.interpret:
-        # Triton 3.6's CPU interpreter multiplies bfloat16 tl.dot operands wrongly (numpy
-        # has no bfloat16): there the kernels see float32 copies of the (bf16-exact) values
-        # and h is rounded back; gradients flow through the casts in bfloat16.
-        q, k, v = q.float(), k.float(), v.float()
+    q, k, v = _dot_operands(q, k, v)
     h, C_last, n_last, m_last = ChunkwiseFunction.apply(q, k, v, i, f, C0, n0, m0, cfg,
                                                         return_last)
     h = h.to(out_dtype)
@@ -207,3 +216,25 @@ def run(q, k, v, i, f, C0, n0, m0, cfg: Config, return_last: bool):
     if cfg.is_exp:
         return h, (C_last, n_last, m_last)
     return h, (C_last, n_last)
+
+
+def run_sig_walk(q, k, v, i, f, C0, n0, L: int, return_last: bool):
+    """mLSTMsig's forward walk (``sig_walk_fw``, no gradients, no normaliser) where
+    ``walk_config``'s rule takes the call: h or (h, (C_S, n_S)) as :func:`run` returns them;
+    None where the rule does not take it (the caller then runs :func:`run`)."""
+    walk = kernels()[4]
+    B, NH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    cfg = walk.walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device), return_last)
+    if cfg is None:
+        return None
+    out_dtype = q.dtype
+    q, k, v = _dot_operands(q, k, v)
+    out = walk.sig_walk_fw(_flat(q, S, d_qk), _flat(k, S, d_qk), _flat(v, S, d_hv), _flat(i, S),
+                           _flat(f, S), _flat(C0, d_qk, d_hv), _flat(n0, d_qk), **cfg,
+                           with_last=return_last)
+    if not return_last:
+        return out.reshape(B, NH, S, d_hv).to(out_dtype)
+    h, C_last, n_last = out
+    return h.reshape(B, NH, S, d_hv).to(out_dtype), (C_last.reshape(B, NH, d_qk, d_hv),
+                                                      n_last.reshape(B, NH, d_qk))

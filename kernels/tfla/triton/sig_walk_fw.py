@@ -111,10 +111,10 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     (B 8, 16 heads, 128 / 256, S 8192: 0.959 ms uncapped or capped at 248; 0.772 at 240,
     0.770 at 232, 0.779 at 224, 0.802 at 216; the same h bit for bit); with the last state
     or at d_qk <= 64 a cap was slower (1.22 against 1.16 ms; 0.66 against 0.56 ms).
-    Where the rule takes a call, the walk beat the parallel kernels at their own best L (run 18): B 16, 32 heads, 64 / 128,
-    S 4096: 0.556 ms against 0.829 (L 128), with the last state 0.698 against 0.852; B 8,
-    16 heads, 128 / 256, S 8192: 0.765 against 1.060, with the last state 1.155 against
-    1.192. Not measured faster, so not taken: L 128 (8 warps: 1.09 / 1.24 ms), d_qk 256
+    Where the rule takes a call, the walk beat the parallel kernels at their own best L
+    (run 18): B 16, 32 heads, 64 / 128, S 4096: 0.556 ms against 0.829 (L 128), with the
+    last state 0.698 against 0.852; B 8, 16 heads, 128 / 256, S 8192: 0.765 against 1.060,
+    with the last state 1.155 against 1.192. Not measured faster, so not taken: L 128 (8 warps: 1.09 / 1.24 ms), d_qk 256
     (B 8, 8 heads, 256 / 512: 1.99 against 1.60), fp32 inputs; a grid of one program per SM
     (Figure 4's heads at S 32768, B 2: 1.29 ms against 1.14 for the parallel kernels at
     L 128).
@@ -126,7 +126,8 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
         return None
     if (L != 64 or d_qk > 128 or d_hv > 256 or dtype not in (torch.bfloat16, torch.float16)):
         return None
-    b_hv = over.get("B_DHV", min(128 if d_qk <= 64 else 64, max(16, triton.next_power_of_2(d_hv))))
+    b_hv = over.get("B_DHV",
+                    min(128 if d_qk <= 64 else 64, max(16, triton.next_power_of_2(d_hv))))
     programs = triton.cdiv(d_hv, b_hv) * BNH
     if n_sms and programs < over.get("MIN_PROGRAMS_PER_SM", 2) * n_sms:
         return None
