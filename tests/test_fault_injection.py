@@ -30,8 +30,9 @@ from typer.testing import CliRunner
 from tflabench import results as R
 from tflabench.cli import app
 from tflabench.errors import UserError
-from tflabench.runner import run_suite
+from tflabench.plots.benchmark import write_plots
 from tflabench.suite import load_suite
+from tflabench.suite_run import run_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 cli = CliRunner()
@@ -217,7 +218,7 @@ def measured(tmp_path_factory):
     """A finished run of a two-case suite: (suite path, result-set directory)."""
     tmp_path = tmp_path_factory.mktemp("measured")
     suite = _suite(tmp_path)
-    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False, plots=False,
+    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False,
                        console=Console(file=StringIO()))
     return suite, result.directory
 
@@ -457,8 +458,9 @@ def test_result_directory_cannot_leave_its_root_even_without_a_suite_file(tmp_pa
 def test_kernel_label_that_looks_like_a_path_stays_data(tmp_path):
     suite = _suite(tmp_path, label="../../../label/escape", seq_len=(16,))
     before = _files(tmp_path)
-    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False, plots=True,
+    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False,
                        console=Console(file=StringIO()))
+    write_plots(result.directory)   # the figures too stay inside the result set
     assert R.load_results(result.directory).rows["kernel"].tolist() == ["../../../label/escape"]
     assert _new_files(before, tmp_path, result.directory) == set()
 
@@ -491,7 +493,7 @@ def test_resume_refuses_other_software(measured, tmp_path, monkeypatch):
     real = environment.collect
     monkeypatch.setattr(environment, "collect", lambda: {**real(), "torch": "9.9.9"})
     with pytest.raises(UserError, match=r'torch is "9.9.9" in this run but .* resume where it began'):
-        run_suite(load_suite(suite), resume=directory, progress=False, plots=False)
+        run_suite(load_suite(suite), resume=directory, progress=False)
 
 
 def test_resume_accepts_an_edited_sweep_and_lists_new_and_removed_cases(measured, tmp_path):
@@ -501,7 +503,7 @@ def test_resume_accepts_an_edited_sweep_and_lists_new_and_removed_cases(measured
     data["timing"]["timeout_s"] = 90  # a limit, not a condition
     suite.write_text(yaml.safe_dump(data, sort_keys=False))
     out = StringIO()
-    result = run_suite(load_suite(suite), resume=directory, progress=False, plots=False,
+    result = run_suite(load_suite(suite), resume=directory, progress=False,
                        console=Console(file=out, width=200))
     text = out.getvalue()
     assert "resume: 1 case new in the suite since the result set began (they run now):\n  sdpa fwd B=1 S=48 float32" in text

@@ -310,7 +310,7 @@ def test_measured_sweep_runs_through_the_run_machinery_on_the_cpu(tmp_path):
 
     spec = SweepSpec(kernels=["ours"], batch=1, seq_len=64, heads=1, d_qk=8, d_hv=16, chunk_sizes=(16, 32),
                      modes=("fwd",), dtype="float32", warmup=0, iterations=2)
-    result, rs = measure_chunk_sweep(spec, out_root=tmp_path, device="cpu", progress=False, plots=False)
+    result, rs = measure_chunk_sweep(spec, out_root=tmp_path, device="cpu", progress=False)
     assert list(rs.rows["status"]) == ["ok", "ok"]
     assert (tmp_path / "suites" / f"{spec.name}.yaml").exists()
     assert rs.metadata["suite"] == spec.name

@@ -24,11 +24,12 @@ import torch
 from typer.testing import CliRunner
 
 from tflabench import numerics as N
-from tflabench import verify as V
+from tflabench import verify_run as V
 from tflabench.backends.base import mlstm_reference
 from tflabench.cli import app
 from tflabench.results import load_results
 from tflabench.suite import load_suite
+from tflabench.verify_case import verify_case
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -141,7 +142,7 @@ def _verify_noisy(tmp_path, amplitude):
     path = tmp_path / f"df_noise_{amplitude}.yaml"
     path.write_text(NOISE_SUITE.replace("AMPLITUDE", repr(float(amplitude))))
     (case,) = V.verify_cases(load_suite(path), device="cpu")
-    return V.verify_case(case)
+    return verify_case(case)
 
 
 def test_verify_a_kernel_with_df_noise_at_closed_forget_gates(tmp_path, monkeypatch):

@@ -11,7 +11,8 @@ import yaml
 
 from tflabench import results as R
 from tflabench.errors import UserError
-from tflabench.runner import parse_gpus, run_suite
+from tflabench.suite_run import run_suite
+from tflabench.worker_pool import parse_gpus
 from tflabench.suite import expand_cases, load_suite
 
 KERNELS = textwrap.dedent('''
@@ -85,7 +86,7 @@ def failing_run(tmp_path_factory):
         ("oom", "runs_out_of_memory", {}),
         ("good last", "good", {}),
     ])
-    result = run_suite(loaded, out_root=tmp_path / "results", progress=False, plots=False)
+    result = run_suite(loaded, out_root=tmp_path / "results", progress=False)
     return result, {row["kernel"]: row for row in result.rows}
 
 
@@ -151,7 +152,7 @@ def test_workers_are_reused_until_a_crash_or_timeout(failing_run):
 
 def test_one_worker_per_gpu_slot_gives_the_same_rows(tmp_path):
     loaded = _suite(tmp_path, [("good", "good", {})], seq_len=(8, 16, 32, 64), name="slots_test")
-    result = run_suite(loaded, out_root=tmp_path / "results", gpus=["0", "1"], progress=False, plots=False)
+    result = run_suite(loaded, out_root=tmp_path / "results", gpus=["0", "1"], progress=False)
     assert sorted(r["case_id"] for r in result.rows) == sorted(c.case_id for c in expand_cases(loaded))
     assert {r["status"] for r in result.rows} == {"ok"}
     for slot in (0, 1):
@@ -160,12 +161,12 @@ def test_one_worker_per_gpu_slot_gives_the_same_rows(tmp_path):
 
 def test_resume_skips_cases_already_measured(tmp_path):
     loaded = _suite(tmp_path, [("good", "good", {})], seq_len=(16, 32), name="resume_test")
-    first = run_suite(loaded, out_root=tmp_path / "results", progress=False, plots=False)
+    first = run_suite(loaded, out_root=tmp_path / "results", progress=False)
     assert len(first.rows) == 2
     rows_file = first.directory / "rows.jsonl"
     kept = rows_file.read_text().splitlines()[:1]  # as if the run had been killed after one case
     rows_file.write_text("\n".join(kept) + "\n")
-    second = run_suite(loaded, resume=first.directory, progress=False, plots=False)
+    second = run_suite(loaded, resume=first.directory, progress=False)
     assert second.directory == first.directory and second.skipped == 1
     assert [r["seq_len"] for r in second.rows] == [32]
     assert sorted(R.load_results(first.directory).rows["seq_len"]) == [16, 32]
@@ -175,16 +176,16 @@ def test_resume_refuses_a_result_set_of_another_suite(tmp_path):
     loaded = _suite(tmp_path, [("good", "good", {})], name="one")
     R.write_results(tmp_path / "other", [], {"suite": "another"})
     with pytest.raises(UserError, match="holds suite 'another'"):
-        run_suite(loaded, resume=tmp_path / "other", progress=False, plots=False)
+        run_suite(loaded, resume=tmp_path / "other", progress=False)
 
 
 def test_shard_runs_its_share_and_records_it(tmp_path):
     loaded = _suite(tmp_path, [("good", "good", {})], seq_len=(8, 16, 32, 64), name="shard_test")
-    from tflabench.runner import case_cost
+    from tflabench.suite_run import case_cost
     from tflabench.shard import select_shard
 
     expected = {c.case_id for c in select_shard(expand_cases(loaded), 2, 2, case_cost)}
-    result = run_suite(loaded, out_root=tmp_path / "results", shard="2/2", progress=False, plots=False)
+    result = run_suite(loaded, out_root=tmp_path / "results", shard="2/2", progress=False)
     assert {r["case_id"] for r in result.rows} == expected and 0 < len(expected) < 4
     meta = json.loads((result.directory / "metadata.json").read_text())
     assert meta["shard"] == "2/2"
@@ -194,7 +195,7 @@ def test_each_case_tunes_at_its_own_shape(tmp_path):
     """The worker forgets autotuning results between cases (triton_cache: autotuning scope):
     the probe kernel raises when it finds a result of another shape."""
     loaded = _suite(tmp_path, [("tunes", "tunes_per_case", {})], seq_len=(16, 32))
-    result = run_suite(loaded, out_root=tmp_path / "results", progress=False, plots=False)
+    result = run_suite(loaded, out_root=tmp_path / "results", progress=False)
     assert [r["status"] for r in result.rows] == ["ok", "ok"], [r["reason"] for r in result.rows]
 
 
@@ -210,7 +211,7 @@ def test_gpus_option_is_parsed_or_refused():
 def test_kernel_refusing_its_environment_becomes_unavailable_not_error(tmp_path):
     """A backend's classify_error (here fla's #640 backward refusal) turns the raised
     RuntimeError into an `unavailable` reason; any other exception stays an error."""
-    from tflabench.runner import _refusal_reason
+    from tflabench.worker_pool import _refusal_reason
 
     data = {"name": "refusal", "device": "cpu", "dtype": "bfloat16", "modes": ["fwdbw"],
             "sweep": {"batch": 1, "seq_len": [64]},
@@ -229,13 +230,13 @@ def test_suite_compare_thresholds_reach_the_result_metadata(tmp_path):
     data = yaml.safe_load(loaded.path.read_text())
     data["compare"] = {"time_threshold": 0.07, "alpha": 0.05}
     loaded.path.write_text(yaml.safe_dump(data))
-    result = run_suite(load_suite(loaded.path), out_root=tmp_path / "out", progress=False, plots=False)
+    result = run_suite(load_suite(loaded.path), out_root=tmp_path / "out", progress=False)
     meta = R.load_results(result.directory).metadata
     assert meta["compare"] == {"time_threshold": 0.07, "alpha": 0.05}
 
 
 def test_only_keeps_the_matching_kernels_and_refuses_a_pattern_matching_none(tmp_path):
-    from tflabench.runner import select_kernels
+    from tflabench.suite_run import select_kernels
 
     loaded = _suite(tmp_path, [("good one", "good", {}), ("raiser", "raises", {})], seq_len=(16, 32))
     cases = expand_cases(loaded)
@@ -248,7 +249,7 @@ def test_only_keeps_the_matching_kernels_and_refuses_a_pattern_matching_none(tmp
 
 def test_kernel_that_keeps_crashing_has_its_remaining_cases_recorded_not_run(tmp_path):
     loaded = _suite(tmp_path, [("aborts", "aborts", {}), ("good", "good", {})], seq_len=(16, 32, 48))
-    result = run_suite(loaded, out_root=tmp_path / "results", progress=False, plots=False,
+    result = run_suite(loaded, out_root=tmp_path / "results", progress=False,
                        max_kernel_failures=1)
     aborts = sorted((r for r in result.rows if r["kernel"] == "aborts"), key=lambda r: r["seq_len"])
     assert [r["status"] for r in aborts] == ["crash", "crash", "crash"]

@@ -15,7 +15,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tflabench import verify as V
+from tflabench import verify_run as V
+from tflabench.verify_case import regimes_for, verify_case
+from tflabench.verify_summary import cell_summary
 from tflabench.cli import app
 from tflabench.errors import UserError
 from tflabench.numerics import VerifySettings
@@ -82,7 +84,7 @@ def test_default_lengths_straddle_the_chunk():
     assert V.default_seq_lens(16) == [9, 32, 41]
     assert V.default_seq_lens(128) == [65, 256, 321]
     assert V.default_seq_lens(None) == [33, 128, 161]
-    assert V.regimes_for("mamba2", VerifySettings()) == ["standard", "f_open", "f_closed"]
+    assert regimes_for("mamba2", VerifySettings()) == ["standard", "f_open", "f_closed"]
 
 
 def test_bad_verify_settings_are_refused_before_anything_runs(tmp_path):
@@ -100,7 +102,7 @@ def test_bad_verify_settings_are_refused_before_anything_runs(tmp_path):
 def test_verify_case_in_process_reports_each_tensor(suite_file):
     cases = [c for c in V.verify_cases(load_suite(suite_file), device="cpu") if c.kernel == "mLSTMsig reference"]
     closed = next(c for c in cases if c.numerics_case == "f_closed")
-    out = V.verify_case(closed)
+    out = verify_case(closed)
     assert out["status"] == "ok", out["reason"]
     detail = json.loads(out["numerics_detail"])
     assert set(detail) == {"out", "last_C", "dq", "dk", "dv", "di", "df"}   # no n: mLSTMsig without normaliser
@@ -131,7 +133,7 @@ def test_unstable_kernel_fails_only_where_forget_gates_are_strongly_closed(suite
     assert set(reference["status"]) == {"ok"}   # the same regimes are fine for a stable kernel
     assert (directory / "plots" / "verify_heatmap.png").stat().st_size > 10_000
     assert load_results(directory).metadata["kind"] == "verify"
-    table = V.cell_summary(rows)
+    table = cell_summary(rows)
     cell = table[(table["kernel"] == "unstable") & (table["regime"] == "f_closed")].iloc[0]
     assert cell["failed"] == 1 and cell["status"] == "wrong"
     assert "unstable" in result.output and "FAIL" in result.output
@@ -164,7 +166,6 @@ def test_one_kernel_without_a_suite(tmp_path, monkeypatch):
 
 def test_verify_locks_its_result_set_and_a_second_writer_is_refused(suite_file, tmp_path, monkeypatch):
     from tflabench import results as R
-    from tflabench import runner
 
     loaded = load_suite(suite_file)
     cases = [c for c in V.verify_cases(loaded, device="cpu") if c.kernel == "mLSTMsig reference"][:1]
@@ -173,7 +174,7 @@ def test_verify_locks_its_result_set_and_a_second_writer_is_refused(suite_file, 
     monkeypatch.setattr(R, "new_result_directory", lambda root, name: directory)
     with R.ResultSetLock(directory):   # another writer holds the set
         with pytest.raises(UserError, match="is being written by another run"):
-            V.run_verify(loaded, cases, out_root=tmp_path, progress=False, plots=False)
+            V.run_verify(loaded, cases, out_root=tmp_path, progress=False)
     assert not (directory / R.METADATA_FILE).exists() and not (directory / R.ROWS_FILE).exists()
 
     seen = []
@@ -184,6 +185,6 @@ def test_verify_locks_its_result_set_and_a_second_writer_is_refused(suite_file, 
             R.ResultSetLock(directory).acquire()
         return []
 
-    monkeypatch.setattr(runner, "run_cases", fake_run_cases)
-    V.run_verify(loaded, cases, out_root=tmp_path, progress=False, plots=False)
+    monkeypatch.setattr(V, "run_cases", fake_run_cases)
+    V.run_verify(loaded, cases, out_root=tmp_path, progress=False)
     assert seen == [True] and not (directory / R.LOCK_FILE).exists()   # released afterwards

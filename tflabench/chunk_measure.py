@@ -3,8 +3,8 @@
 
 :func:`sweep_suite` writes an ordinary suite (one kernel entry per ``--kernel``, its
 ``chunk_size`` a list, one shape, the chosen modes); :func:`measure_chunk_sweep` runs it
-with :func:`tflabench.runner.run_suite` (isolated workers, warm-up, numerics gate, peak
-memory, one row per case and mode, figures) and analyses the rows with
+with :func:`tflabench.suite_run.run_suite` (isolated workers, warm-up, numerics gate, peak
+memory, one row per case and mode) and analyses the rows with
 :func:`tflabench.model_vs_measured.chunk_sweeps`. Nothing here times anything itself:
 "one timing function" stays :mod:`tflabench.measure`.
 
@@ -21,6 +21,9 @@ import re
 from pathlib import Path
 
 from tflabench.errors import UserError
+from tflabench.results import load_results
+from tflabench.suite import load_suite
+from tflabench.suite_run import run_suite
 
 #: Chunk sizes swept by default (paper Figure 5: 64 ... 1024).
 DEFAULT_CHUNK_SIZES = (64, 128, 256, 512, 1024)
@@ -151,19 +154,15 @@ def require_gpu() -> None:
 
 
 def measure_chunk_sweep(spec: SweepSpec, *, out_root: str | Path = "results", device: str = "cuda",
-                        progress: bool = True, plots: bool = True):
-    """Run the sweep through :func:`tflabench.runner.run_suite` and return
+                        progress: bool = True):
+    """Run the sweep through :func:`tflabench.suite_run.run_suite` and return
     ``(RunResult, ResultSet)``. ``device``: ``cuda`` (what the CLI uses) or ``cpu`` (tests:
     the tfla backend then runs its PyTorch reference). The suite file goes to
     ``<out_root>/suites/<name>.yaml``, the result set to ``<out_root>/<name>/<timestamp>/``."""
-    from tflabench import runner
-    from tflabench.results import load_results
-    from tflabench.suite import load_suite
-
     suite = sweep_suite(spec, device=device)
     path = write_suite(suite, Path(out_root) / "suites")
     loaded = load_suite(path)
-    result = runner.run_suite(loaded, out_root=out_root, device=device, progress=progress, plots=plots)
+    result = run_suite(loaded, out_root=out_root, device=device, progress=progress)
     return result, load_results(result.directory)
 
 

@@ -31,7 +31,10 @@ import json
 import time
 from typing import Any, Callable
 
+from tflabench.backends import get_backend
 from tflabench.backends.base import Backend, BackendParams, Shape
+from tflabench.numerics import budget as budget_of
+from tflabench.numerics import judge, reference_scales, tensor_error, tf32_text
 
 #: Bytes overwritten before each timed call when flushing L2 (larger than any current L2).
 L2_FLUSH_BYTES = 256 * 1024 * 1024
@@ -207,8 +210,6 @@ class GateResult:
         """The row's numerics columns (``numerics_err``, ``numerics_ref``, ``numerics_worst``,
         ``numerics_budget``, ``numerics_relf``, ``numerics_nonfinite``, ``numerics_detail``,
         ``tf32``)."""
-        from tflabench.numerics import tf32_text
-
         out = {"numerics_err": self.err, "numerics_ref": self.ref, "tf32": tf32_text(dtype, self.tf32)}
         if self.verdict is not None:
             out.update(self.verdict.columns())
@@ -218,8 +219,6 @@ class GateResult:
 def max_normalised_error(x, ref) -> float:
     """``max|x - ref| / max|ref|`` in float64 (``max|x|`` when ref is all zero); inf when
     x holds NaN or inf where ref does not (:func:`tflabench.numerics.tensor_error`)."""
-    from tflabench.numerics import tensor_error
-
     return tensor_error("x", x, ref, 1.0).max_norm
 
 
@@ -268,9 +267,6 @@ def numerics_gate(
     them as ``error`` / ``oom``); a backend without reference passes with ``err=None``.
     """
     import torch
-
-    from tflabench.numerics import budget as budget_of
-    from tflabench.numerics import judge, reference_scales
 
     gshape = backend.gate_shape(params, shape, max_seq_len)
     tf32 = backend.uses_tf32(params, dtype, device)
@@ -332,7 +328,8 @@ def is_oom(exc: BaseException) -> bool:
 
 
 def measure_case(case) -> dict:
-    """Run one :class:`tflabench.suite.Case` in this process; returns the outcome columns
+    """Run one timing :class:`tflabench.suite.Case` in this process (a case with ``verify``
+    set is :func:`tflabench.verify_case.verify_case`'s); returns the outcome columns
     (``status``, ``reason``, timings, ``first_call_s``, ``peak_mem_bytes``,
     ``numerics_err``, ``numerics_ref``, ``flops``, ``bytes``).
 
@@ -341,14 +338,8 @@ def measure_case(case) -> dict:
     """
     import torch
 
-    from tflabench.backends import get_backend
-
-    if case.verify:  # a `tflabench verify` case: no timing, the numerics grid
-        from tflabench.verify import verify_case
-
-        return verify_case(case)
     backend = get_backend(case.backend)
-    params = backend.parse_params(json.loads(case.params))
+    params = backend.parse_params(case.params_dict)
     shape = Shape(case.batch, case.seq_len, case.heads, case.d_qk, case.d_hv, case.dtype)
     out: dict[str, Any] = {}
     counts = None

@@ -450,7 +450,7 @@ def roofline(
         if measured:
             con.print(f"{len(measured)} measured points from {results}, each placed at its own shape "
                       f"on the {gpus[0].name} roofline ({gpus[0].ceilings} ceilings):")
-            from tflabench.cli.run_cmds import distance_table
+            from tflabench.tables import distance_table
 
             con.print(distance_table(distance))
         if path:
@@ -721,13 +721,16 @@ def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_f
             raise typer.Exit(130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
-        _show_measured_sweep(rs, result, gpu=gpu[0] if gpu else None, ceilings=ceilings, hardware=hardware,
+        from tflabench.cli.run_cmds import _write_run_plots
+
+        _show_measured_sweep(rs, _write_run_plots(result.directory), gpu=gpu[0] if gpu else None, ceilings=ceilings, hardware=hardware,
                              F_causal=causal_factor, counts=counts, bytes_Cmn=state_bytes, out=out,
                              as_json=as_json)
 
 
-def _show_measured_sweep(rs, result, *, gpu, ceilings, hardware, F_causal, counts, bytes_Cmn, out, as_json):
-    """Render a measured chunk-size sweep: per-L table, optima, figure (CLI helper)."""
+def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, counts, bytes_Cmn, out, as_json):
+    """Render a measured chunk-size sweep: per-L table, optima, figure (CLI helper);
+    ``run_plots``: the run's own figures (None: none drawn)."""
     from tflabench import model_vs_measured as mm
 
     g = mm.ceilings_for(rs.metadata, ceilings, gpu, hardware_file=hardware)
@@ -740,7 +743,7 @@ def _show_measured_sweep(rs, result, *, gpu, ceilings, hardware, F_causal, count
 
         path = chunk_sweep_figure(sweeps, path=plot_path(out, "optimal_chunk_measured.png"),
                                   title=f"{rs.metadata.get('suite')} on {rs.metadata.get('gpu_name')}")
-    figures = [str(p) for p in (result.plots if result is not None else [])] + ([str(path)] if path else [])
+    figures = [str(p) for p in (run_plots or [])] + ([str(path)] if path else [])
     if as_json:
         _echo_json({"results": str(rs.path), "gpu": g.as_dict(), "sweeps": [s.as_dict() for s in sweeps],
                     "plots": figures})

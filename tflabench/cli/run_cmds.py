@@ -1,8 +1,9 @@
 """Commands: run, report, backends, doctor, calibrate (the main job and its helpers).
 
-Thin: parse, call :mod:`tflabench.runner` / :mod:`tflabench.results` /
-:mod:`tflabench.environment`, render with rich. torch, pandas and matplotlib are imported
-inside the command functions.
+Thin: parse, call :mod:`tflabench.suite_run` / :mod:`tflabench.results` /
+:mod:`tflabench.environment`, render with :mod:`tflabench.tables` and :mod:`tflabench.plots`.
+torch, pandas and matplotlib are imported inside the command functions (the analytic
+commands start without them).
 """
 
 from __future__ import annotations
@@ -64,8 +65,9 @@ def run(
         "Without it every case tunes at its own shape. first_call_s shows what a run paid."),
 ) -> None:
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
-    from tflabench import runner
     from tflabench.suite import default_suite_path, load_suite
+    from tflabench.suite_run import run_suite
+    from tflabench.worker_pool import parse_gpus
 
     def _term(signum, frame):  # a device job's time limit sends SIGTERM: stop like Ctrl-C
         raise KeyboardInterrupt
@@ -77,7 +79,7 @@ def run(
             raise UserError(f"--ceilings={ceilings!r}; allowed: datasheet, measured")
         path = suite if suite is not None else default_suite_path()
         loaded = load_suite(path)
-        gpu_list = runner.parse_gpus(gpus)
+        gpu_list = parse_gpus(gpus)
         if shard is not None:
             from tflabench.shard import parse_shard
 
@@ -89,9 +91,9 @@ def run(
             typer.echo(f"triton cache: {cache_dir} ({len(tc.autotune_entries(cache_dir))} autotune results)", err=True)
         previous = signal.signal(signal.SIGTERM, _term)
         try:
-            result = runner.run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
-                                      only=only, max_kernel_failures=max_kernel_failures, ceilings=ceilings,
-                                      device=device, progress=progress, plots=plots)
+            result = run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
+                               only=only, max_kernel_failures=max_kernel_failures, ceilings=ceilings,
+                               device=device, progress=progress)
         except KeyboardInterrupt:
             typer.echo("interrupted: the rows measured so far are kept in the result set named "
                        f"above ('writing to DIR'); finish with `tflabench run {path} --resume DIR`",
@@ -100,20 +102,38 @@ def run(
         finally:
             signal.signal(signal.SIGTERM, previous)
     from tflabench.results import load_results
+    from tflabench.tables import summary_table
 
+    written_plots = _write_run_plots(result.directory) if plots else []
     con = _console()
     with user_errors():
         loaded_set = load_results(result.directory)
     echo_warnings(loaded_set)
     frame = loaded_set.rows
-    con.print(runner.summary_table(frame, title=f"{loaded.suite.name}: {len(frame)} rows"))
+    con.print(summary_table(frame, title=f"{loaded.suite.name}: {len(frame)} rows"))
     skipped = f", {result.skipped} already measured (skipped)" if result.skipped else ""
     first_call_s = sum(r["first_call_s"] or 0.0 for r in result.rows)
     con.print(f"{len(result.rows)} cases run in {result.wall_s:.1f} s ({_status_line(result.rows) or 'none'}){skipped}; "
               f"first calls (compilation, autotuning) took {first_call_s:.1f} s of it")
     con.print(f"results: {result.directory}")
-    for p in result.plots:
+    for p in written_plots:
         con.print(f"plot: {p}")
+
+
+def _write_run_plots(directory: Path) -> list[Path]:
+    """The figures of a run's result set (:func:`tflabench.plots.benchmark.write_plots`); a
+    problem drawing them is a warning on stderr (the measurements are on disk already)."""
+    from tflabench.results import ROWS_FILE
+
+    if not (directory / ROWS_FILE).exists():
+        return []
+    try:
+        from tflabench.plots.benchmark import write_plots
+
+        return write_plots(directory)
+    except Exception as exc:  # a plot problem must not lose the measurements
+        _console(stderr=True).print(f"[yellow]warning:[/] plots not written ({type(exc).__name__}: {exc})")
+        return []
 
 
 @app.command()
@@ -137,7 +157,7 @@ def report(
     with user_errors():
         from tflabench import model_vs_measured as mm
         from tflabench.results import load_results
-        from tflabench.runner import summary_table
+        from tflabench.tables import distance_table, summary_table, sweep_table, verify_table
 
         if not 0.5 <= causal_factor <= 1.0:
             raise UserError(f"--causal-factor={causal_factor!r} is not valid; F_causal must lie in [0.5, 1]")
@@ -151,8 +171,6 @@ def report(
                   f"({meta.get('date')}, torch {meta.get('torch')}, triton {meta.get('triton')}, "
                   f"git {meta.get('git_revision')})")
         if rs.rows["numerics_case"].notna().any():  # a `tflabench verify` result set
-            from tflabench.verify import verify_table
-
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
             con.print(_status_line(rs.rows.to_dict("records")))
             if plots:
@@ -193,37 +211,6 @@ def report(
             text = html_report(rs, figures=written, distance=distance, sweeps=sweeps,
                                ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
             con.print(f"html: {write_html_report(html, text)}")
-
-
-def distance_table(distance: list[dict]):
-    """A rich Table of :func:`tflabench.model_vs_measured.distance_to_bound` rows."""
-    from rich.table import Table
-
-    t = Table(title="distance to the bound: achieved / roofline bound at each case's own shape (eq. 119)")
-    for col in ("kernel", "mode", "cases", "median", "worst", "worst case", "best", "best case", "bound"):
-        t.add_column(col, justify="right" if col in ("cases", "median", "worst", "best") else "left")
-    for d in distance:
-        t.add_row(d["kernel"], d["mode"], str(d["n"]), f"{d['median_fraction']:.2f}", f"{d['worst_fraction']:.2f}",
-                  d["worst_case"], f"{d['best_fraction']:.2f}", d["best_case"], d["bound"])
-    return t
-
-
-def sweep_table(sweeps):
-    """A rich Table: predicted vs measured optimal chunk size per chunk-size sweep."""
-    from rich.table import Table
-
-    t = Table(title="optimal chunk size: measured (lowest median) vs model (eq. 121 runtime, eq. 111 FLOPs)")
-    for col in ("kernel", "mode", "shape", "measured L", "ms", "model L (eq. 121)", "model best swept L",
-                "FLOP-opt L (eq. 111)", "measured / model (eq. 116) per L"):
-        t.add_column(col, justify="left" if col in ("kernel", "mode", "shape") or col.startswith("measured /")
-                     else "right", overflow="fold")
-    for s in sweeps:
-        sh = s.shape
-        t.add_row(s.kernel, s.mode, f"B={sh['batch']} S={sh['seq_len']} NH={sh['heads']} {sh['d_qk']}/{sh['d_hv']}",
-                  str(s.measured_L_opt), f"{s.measured_ms_opt:.3f}", f"{s.optima['L_opt_runtime']:.0f}",
-                  str(s.model_L_pow2), f"{s.optima['L_opt_flop']:.1f}",
-                  ", ".join(f"{p['L']}: {p['ratio_sum']:.2f}" for p in s.points))
-    return t
 
 
 def backend_table():

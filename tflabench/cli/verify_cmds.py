@@ -1,7 +1,8 @@
-"""Command: verify (the numerics grid of :mod:`tflabench.verify`).
+"""Command: verify (the numerics grid of :mod:`tflabench.verify_run`).
 
-Thin: parse, build the grid (:func:`tflabench.verify.verify_cases`), run it
-(:func:`tflabench.verify.run_verify`), render :func:`tflabench.verify.verify_table`.
+Thin: parse, build the grid (:func:`tflabench.verify_run.verify_cases`), run it
+(:func:`tflabench.verify_run.run_verify`), render :func:`tflabench.tables.verify_table` and
+the heat map (:func:`tflabench.plots.numerics.write_heatmap`).
 Exit status as ``compare``: 1 when any case fails its budget (or crashes / errors), 0 when
 all pass, 2 for bad input.
 """
@@ -96,9 +97,9 @@ def verify(
 
     Exit status: 1 when any case fails its budget, 0 when all pass, 2 for bad input.
     """
-    from tflabench import runner
-    from tflabench import verify as V
+    from tflabench import verify_run as V
     from tflabench.suite import load_suite
+    from tflabench.worker_pool import parse_gpus
 
     def _term(signum, frame):
         raise KeyboardInterrupt
@@ -129,12 +130,12 @@ def verify(
             except ValidationError as exc:
                 err = exc.errors()[0]
                 raise UserError(f"verify options: {err['msg'].removeprefix('Value error, ')}") from None
-        gpu_list = runner.parse_gpus(gpus)
+        gpu_list = parse_gpus(gpus)
         cases = V.verify_cases(loaded, device=device, only=only, settings=settings)
         previous = signal.signal(signal.SIGTERM, _term)
         try:
             result = V.run_verify(loaded, cases, out_root=out, gpus=gpu_list, device=device,
-                                  progress=progress, plots=plots, max_kernel_failures=max_kernel_failures)
+                                  progress=progress, max_kernel_failures=max_kernel_failures)
         except KeyboardInterrupt:
             typer.echo("interrupted: the verdicts so far are in the result set named above", err=True)
             raise typer.Exit(130) from None
@@ -144,17 +145,35 @@ def verify(
 
     from tflabench.cli.run_cmds import _console
     from tflabench.results import load_results
+    from tflabench.tables import verify_table
 
-    con = _console()
+    name = V.verify_suite_name(loaded.suite.name)
     frame = load_results(result.directory).rows
-    con.print(V.verify_table(frame, title=f"{V.verify_suite_name(loaded.suite.name)}: {len(frame)} cases"))
+    heatmap = _write_heatmap(frame, result.directory, name) if plots and result.rows else None
+    con = _console()
+    con.print(verify_table(frame, title=f"{name}: {len(frame)} cases"))
     counts = Counter(r["status"] for r in result.rows)
     con.print(f"{len(result.rows)} cases in {result.wall_s:.1f} s: "
               + ", ".join(f"{n} {s}" for s, n in counts.most_common()))
     con.print(f"results: {result.directory}")
-    if result.heatmap is not None:
-        con.print(f"plot: {result.heatmap}")
+    if heatmap is not None:
+        con.print(f"plot: {heatmap}")
     status = result.exit_status()
     con.print("FAIL: some cases exceed their budgets or did not run (exit 1)" if status
               else "pass: every case within its budgets")
     raise typer.Exit(status)
+
+
+def _write_heatmap(frame, directory: Path, name: str) -> Path | None:
+    """The verify heat map of a result set (``plots/verify_heatmap.png``); a problem drawing
+    it is a warning on stderr (the verdicts are on disk already)."""
+    from tflabench.cli.run_cmds import _console
+
+    try:
+        from tflabench.plots.numerics import write_heatmap
+
+        return write_heatmap(frame, directory / "plots" / "verify_heatmap.png",
+                             title=f"{name}: worst max-normalised error per kernel and regime")
+    except Exception as exc:  # a plot problem must not lose the verdicts
+        _console(stderr=True).print(f"[yellow]warning:[/] heat map not written ({type(exc).__name__}: {exc})")
+        return None

@@ -1,6 +1,6 @@
 """The verify heat map: kernels x regimes, colour = log10 of the worst max-normalised error.
 
-One cell per (kernel, dtype) row and regime column (:func:`tflabench.verify.cell_summary`:
+One cell per (kernel, dtype) row and regime column (:func:`tflabench.verify_summary.cell_summary`:
 the deciding case over lengths, initial state and modes). Colour: log10 of that case's
 max-normalised error (the tensor with the largest error / budget); the cell's text gives
 the error and, for a failing cell, ``x`` and the tensor; non-finite values (NaN/inf where
@@ -14,6 +14,7 @@ import math
 from pathlib import Path
 
 from tflabench.plots import save_figure
+from tflabench.verify_summary import FAILING, cell_summary
 
 
 def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
@@ -23,8 +24,6 @@ def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
     import matplotlib
     import numpy as np
     from matplotlib.figure import Figure
-
-    from tflabench.verify import FAILING, cell_summary
 
     summary = cell_summary(frame)
     if summary.empty:

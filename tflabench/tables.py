@@ -1,0 +1,104 @@
+"""The rich tables of result sets: a run's rows, a verify set's verdicts, the distance to
+the roofline bound and the chunk-size sweeps. They read rows (pandas DataFrames) and
+analysis results only; the CLI prints them.
+"""
+
+from __future__ import annotations
+
+import math
+
+from rich.table import Table
+
+from tflabench.verify_summary import cell_summary
+
+
+def summary_table(frame, title: str | None = None):
+    """A rich Table of result rows (kernel, mode, shape, status, ms_median, peak GiB,
+    first-call s, numerics error and its tensor, TFLOP/s, reason), in row order."""
+    table = Table(title=title, show_lines=False)
+    for col, kw in (("kernel", {}), ("mode", {}), ("B", {"justify": "right"}), ("S", {"justify": "right"}),
+                    ("NH x d_qk/d_hv", {}), ("L", {"justify": "right"}), ("status", {}),
+                    ("ms median", {"justify": "right"}), ("peak GiB", {"justify": "right"}),
+                    ("1st call s", {"justify": "right"}), ("err", {"justify": "right"}),
+                    ("TFLOP/s", {"justify": "right"}), ("reason", {"overflow": "fold", "max_width": 60})):
+        table.add_column(col, **kw)
+    colour = {"ok": "green", "wrong": "red", "crash": "red", "timeout": "yellow", "oom": "yellow",
+              "error": "red", "unavailable": "dim"}
+
+    def fmt(x, spec):
+        if x is None or (isinstance(x, float) and math.isnan(x)):
+            return ""
+        return format(x, spec)
+
+    for r in frame.to_dict("records"):
+        status = r.get("status") or ""
+        peak = r.get("peak_mem_bytes")
+        table.add_row(
+            str(r.get("kernel")), str(r.get("mode")), fmt(r.get("batch"), ".0f"), fmt(r.get("seq_len"), ".0f"),
+            f"{fmt(r.get('heads'), '.0f')} x {fmt(r.get('d_qk'), '.0f')}/{fmt(r.get('d_hv'), '.0f')}",
+            fmt(r.get("chunk_size"), ".0f"), f"[{colour.get(status, 'white')}]{status}[/]",
+            fmt(r.get("ms_median"), ".3f"), fmt(peak / 2**30 if peak is not None and peak == peak else None, ".2f"),
+            fmt(r.get("first_call_s"), ".2f"),
+            " ".join(x for x in (fmt(r.get("numerics_err"), ".1e"), str(r.get("numerics_worst") or "")) if x),
+            fmt(r.get("tflops_per_s"), ".3g"), str(r.get("reason") or "")[:160],
+        )
+    return table
+
+
+def verify_table(frame, title: str | None = None):
+    """A rich Table of :func:`cell_summary`: kernel, dtype, regime, status, failed / cases,
+    the deciding tensor, its error and budget, where, reason."""
+    summary = cell_summary(frame)
+    table = Table(title=title)
+    for col, kw in (("kernel", {}), ("dtype", {}), ("regime", {}), ("status", {}),
+                    ("failed", {"justify": "right"}), ("tensor", {}), ("err", {"justify": "right"}),
+                    ("budget", {"justify": "right"}), ("where", {}),
+                    ("reason", {"overflow": "fold", "max_width": 70})):
+        table.add_column(col, **kw)
+    colour = {"ok": "green", "wrong": "red", "crash": "red", "error": "red", "timeout": "yellow",
+              "oom": "yellow", "unavailable": "dim"}
+
+    def fmt(x):
+        if x is None or (isinstance(x, float) and math.isnan(x)):
+            return ""
+        return f"{x:.1e}"
+
+    for r in summary.to_dict("records"):
+        nonfinite = r.get("numerics_nonfinite")
+        err = "NaN/inf" if nonfinite and not (isinstance(nonfinite, float) and math.isnan(nonfinite)) else fmt(r["numerics_err"])
+        table.add_row(r["kernel"], r["dtype"], r["regime"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
+                      f"{r['failed']}/{r['cases']}", r["numerics_worst"] if isinstance(r.get("numerics_worst"), str) else "", err,
+                      fmt(r["numerics_budget"]), r["where"],
+                      "" if r["status"] == "ok" else str(r.get("reason") or "")[:200])
+    return table
+
+
+def distance_table(distance: list[dict]):
+    """A rich Table of :func:`tflabench.model_vs_measured.distance_to_bound` rows."""
+    t = Table(title="distance to the bound: achieved / roofline bound at each case's own shape (eq. 119)")
+    for col in ("kernel", "mode", "cases", "median", "worst", "worst case", "best", "best case", "bound"):
+        t.add_column(col, justify="right" if col in ("cases", "median", "worst", "best") else "left")
+    for d in distance:
+        t.add_row(d["kernel"], d["mode"], str(d["n"]), f"{d['median_fraction']:.2f}", f"{d['worst_fraction']:.2f}",
+                  d["worst_case"], f"{d['best_fraction']:.2f}", d["best_case"], d["bound"])
+    return t
+
+
+def sweep_table(sweeps):
+    """A rich Table: predicted vs measured optimal chunk size per chunk-size sweep
+    (:func:`tflabench.model_vs_measured.chunk_sweeps`)."""
+    t = Table(title="optimal chunk size: measured (lowest median) vs model (eq. 121 runtime, eq. 111 FLOPs)")
+    for col in ("kernel", "mode", "shape", "measured L", "ms", "model L (eq. 121)", "model best swept L",
+                "FLOP-opt L (eq. 111)", "measured / model (eq. 116) per L"):
+        t.add_column(col, justify="left" if col in ("kernel", "mode", "shape") or col.startswith("measured /")
+                     else "right", overflow="fold")
+    for s in sweeps:
+        sh = s.shape
+        t.add_row(s.kernel, s.mode, f"B={sh['batch']} S={sh['seq_len']} NH={sh['heads']} {sh['d_qk']}/{sh['d_hv']}",
+                  str(s.measured_L_opt), f"{s.measured_ms_opt:.3f}", f"{s.optima['L_opt_runtime']:.0f}",
+                  str(s.model_L_pow2), f"{s.optima['L_opt_flop']:.1f}",
+                  ", ".join(f"{p['L']}: {p['ratio_sum']:.2f}" for p in s.points))
+    return t
+
+
+__all__ = ["summary_table", "verify_table", "distance_table", "sweep_table"]
