@@ -142,15 +142,58 @@ def test_speedup_is_an_improvement_not_a_failure(tmp_path):
     assert 1.03 < fa2["geomean_speedup"] < 1.07
 
 
-def test_median_shift_inside_a_wide_spread_stays_quiet():
+def test_median_shift_inside_a_wide_spread_is_undecided_not_same():
     # medians differ by 5 % (past the 3 % threshold) but 8 samples spread over +-50 %:
-    # the rank test cannot tell them apart, so it is not a regression.
+    # the rank test cannot tell them apart, and the samples cannot show the change is
+    # inside the threshold either: undecided, with a resolution far above 3 %.
     base = np.linspace(0.5, 1.5, 8)
     new = base * 1.05
     decision = cmp.decide_time(float(np.median(base)), float(np.median(new)), base, new, cmp.Thresholds())
     assert decision.ratio == pytest.approx(1.05)
     assert decision.p_value > 0.01
+    assert decision.verdict == "undecided"
+    assert decision.low < 1.05 < decision.high
+    assert decision.resolution > 0.2
+
+
+def test_fifty_fold_slowdown_with_overlapping_samples_is_undecided():
+    # a newcomer's noisy CPU run: 5 samples a side, the new median 49.5x the base's,
+    # but the samples overlap (p about 0.15): the test cannot decide, so neither may we.
+    base = np.array([1.0, 1.2, 2.0, 60.0, 80.0])
+    new = np.array([1.1, 150.0, 99.0, 120.0, 1.3])
+    decision = cmp.decide_time(float(np.median(base)), float(np.median(new)), base, new, cmp.Thresholds())
+    assert decision.ratio == pytest.approx(49.5)
+    assert decision.p_value > 0.01
+    assert decision.verdict == "undecided"
+
+
+def test_ratio_interval_covers_a_pure_shift_and_narrows_with_samples():
+    rng = np.random.default_rng(0)
+    few, many = 1.0 + 0.02 * rng.standard_normal(8), 1.0 + 0.02 * rng.standard_normal(200)
+    for base in (few, many):
+        low, estimate, high = cmp.ratio_interval(base, base * 1.2, 0.01)
+        assert estimate == pytest.approx(1.2)
+        assert low < 1.2 < high
+    width_few = cmp.ratio_interval(few, few * 1.2, 0.01)
+    width_many = cmp.ratio_interval(many, many * 1.2, 0.01)
+    assert (width_many[2] - width_many[0]) < (width_few[2] - width_few[0]) / 2
+    # 4 against 4 samples cannot reach one-sided 0.01 (1/70 = 0.014): no bound at all
+    low, _, high = cmp.ratio_interval(few[:4], few[:4], 0.01)
+    assert low == 0.0 and high == float("inf")
+
+
+def test_tight_samples_of_the_same_speed_are_unchanged_with_a_small_resolution():
+    rng = np.random.default_rng(1)
+    base, new = 1.0 + 0.005 * rng.standard_normal(30), 1.0 + 0.005 * rng.standard_normal(30)
+    decision = cmp.decide_time(float(np.median(base)), float(np.median(new)), base, new, cmp.Thresholds())
     assert decision.verdict == "same"
+    assert 0 < decision.resolution < 0.01
+
+
+def test_too_few_samples_for_the_level_are_undecided():
+    base, new = np.array([1.0, 1.01, 0.99, 1.0]), np.array([1.0, 1.02, 0.98, 1.01])
+    decision = cmp.decide_time(1.0, 1.005, base, new, cmp.Thresholds(min_samples=4))
+    assert decision.verdict == "undecided" and decision.resolution == float("inf")
 
 
 def test_iqr_rule_decides_when_samples_are_missing(tmp_path):
@@ -165,7 +208,9 @@ def test_iqr_rule_decides_when_samples_are_missing(tmp_path):
     comparison = cmp.compare_results(base, new)
     apart, overlap = outcome_of(comparison, "tfla_sig", 512), outcome_of(comparison, "tfla_sig", 1024)
     assert (apart["outcome"], apart["test"]) == ("regression", "iqr")
-    assert (overlap["outcome"], overlap["test"]) == ("unchanged", "iqr")
+    # quartile ratios 0.95-1.16 reach past the 3 % band: neither a change nor shown equal
+    assert (overlap["outcome"], overlap["test"]) == ("undecided", "iqr")
+    assert "could not decide" in overlap["detail"]
 
 
 def test_memory_is_compared_with_its_own_threshold(tmp_path):
@@ -225,6 +270,28 @@ def test_added_case_that_fails_is_a_new_failure(tmp_path):
     new = write(tmp_path, "b", rows + [make_row("tfla_exp", 16384, status="oom", reason="CUDA out of memory")])
     comparison = cmp.compare_results(base, new)
     assert outcome_of(comparison, "tfla_exp", 16384)["outcome"] == "new_failure"
+
+
+def test_undecided_is_counted_listed_and_fails_only_on_its_own_choice(tmp_path):
+    rows = suite_rows(1)
+    new_rows = suite_rows(2)
+    # one case's new samples spread +-50 %: its median moved 8 %, the test cannot tell
+    noisy = noisy_samples(base_median_ms(*BACKENDS[:1], 512), 5) * np.linspace(0.58, 1.58, N_ITER)
+    new_rows[0] = make_row(BACKENDS[0], 512, samples=noisy)
+    comparison = cmp.compare_results(write(tmp_path, "a", rows), write(tmp_path, "b", new_rows))
+    row = outcome_of(comparison, BACKENDS[0], 512)
+    assert row["outcome"] == "undecided" and row["resolution"] > 0.03
+    assert comparison.counts["undecided"] >= 1
+    assert "undecided" in cmp.verdict_line(comparison, "any")
+    assert comparison.exit_status("any") == 0 and comparison.exit_status("regression") == 0
+    assert comparison.exit_status("undecided") == 1 and comparison.exit_status("regression,undecided") == 1
+    changed = _markdown_tables(cmp.to_markdown(comparison))[1]
+    assert any("undecided" in line and "S512" in line for line in changed)
+    assert "resolution" in changed[0]
+    report = cmp.to_json(comparison, "undecided")
+    assert report["exit_status"] == 1 and report["resolution"]["cases"] == len(comparison.cases)
+    with pytest.raises(UserError, match="'sometimes' is not one of"):
+        comparison.exit_status("regression,sometimes")
 
 
 def test_environment_mismatch_warns_and_still_compares(tmp_path):
@@ -303,7 +370,9 @@ def test_markdown_has_a_header_and_one_row_per_reported_case(tmp_path):
         width = table[0].count(" | ")
         assert all(row.replace("\\|", "").count(" | ") == width for row in table[2:])
     n_changed = int((comparison.cases["outcome"] != "unchanged").sum())
-    assert n_changed == 3  # the regression, the crash, the lost case
+    # the regression, the crash, the lost case, and any case the noise left undecided
+    assert comparison.counts["regression"] == comparison.counts["new_failure"] == comparison.counts["lost"] == 1
+    assert n_changed == 3 + comparison.counts["undecided"]
     assert len(changed) - 2 == n_changed
     assert len(unchanged) - 2 == len(comparison.cases) - n_changed
     assert "new failure" in changed[2] and "regression" in changed[3]  # worst first
@@ -334,6 +403,8 @@ def test_cli_exit_status_follows_fail_on(tmp_path):
     assert _run(tmp_path / "a", tmp_path / "b", "--fail-on", "failure").exit_code == 0
     assert _run(tmp_path / "a", tmp_path / "b", "--fail-on", "none").exit_code == 0
     assert _run(tmp_path / "a", tmp_path / "b", "--time-threshold", "0.2").exit_code == 0
+    assert _run(tmp_path / "a", tmp_path / "a", "--fail-on", "failure,undecided").exit_code == 0
+    _one_line_error(_run(tmp_path / "a", tmp_path / "b", "--fail-on", "regresion"), "--fail-on")
 
 
 def test_cli_writes_markdown_json_and_step_summary(tmp_path):

@@ -229,7 +229,8 @@ def test_cpu_default_suite_in_three_shards_merges_to_one_run(tmp_path, monkeypat
     from tflabench.compare import compare_results
 
     comparison = compare_results(merged, merged)
-    assert set(comparison.cases["outcome"]) <= {"unchanged", "still_failing"}
+    # (five CPU samples a case may not resolve the 3 % threshold: undecided, never changed)
+    assert set(comparison.cases["outcome"]) <= {"unchanged", "undecided", "still_failing"}
     assert len(comparison.cases) == len(one_run)
 
     # a missing shard and a foreign shard are reported by the command (exit 2, one line)

@@ -10,9 +10,15 @@ The decision rule (docs/ci.md, "How compare decides", gives the reasons):
   ``r >= 1 + time_threshold`` **and** the per-iteration samples (``ms_samples``) of the
   two runs differ by a two-sided Mann-Whitney U test at level ``alpha``
   (:func:`scipy.stats.mannwhitneyu`); *faster* when ``r <= 1 / (1 + time_threshold)`` and
-  the test agrees. When either side has fewer than ``min_samples`` samples, the test is
-  replaced by non-overlapping inter-quartile ranges (new ``ms_q25`` above base
-  ``ms_q75``, or new ``ms_q75`` below base ``ms_q25``).
+  the test agrees. It is *the same* only when the samples show it: the ``1 - 2 alpha``
+  confidence interval of the ratio (Hodges-Lehmann, the shifts of the log samples that
+  one-sided Mann-Whitney tests at ``alpha`` do not reject) lies inside
+  ``(1 / (1 + time_threshold), 1 + time_threshold)``. Anything else is *undecided*: the
+  samples are too few or too noisy to tell a change of the threshold's size from none.
+  Half that interval's width is the case's *resolution*, the smallest change its samples
+  could detect. When either side has fewer than ``min_samples`` samples, the
+  inter-quartile ranges ``(ms_q25, ms_q75)`` stand in for the samples (separated: slower
+  or faster; every quartile ratio inside the band: the same).
 * **memory**: ``peak_mem_bytes`` is deterministic for a given configuration and
   allocator, so no test: *larger* when it grew by more than ``mem_threshold``
   (relative) **and** by more than ``mem_floor_bytes`` (absolute); *smaller* likewise.
@@ -63,14 +69,34 @@ OUTCOMES = (
     "regression",   # slower, or more peak memory
     "lost",         # ok in base, missing or unavailable in new
     "still_failing",
+    "undecided",    # both ok, but the samples cannot tell a change of the threshold's size from none
     "added",
     "removed",      # only in base, and not ok there (an ok one is "lost")
     "fixed",        # failing in base, ok in new
     "improvement",  # faster or less memory (and not slower)
     "unchanged",
 )
-FAIL_ON_CHOICES = ("regression", "failure", "any", "none")
+FAIL_ON_CHOICES = ("regression", "failure", "undecided", "any", "none")
 _FAILURE_OUTCOMES = ("new_failure", "lost")
+
+
+def parse_fail_on(text: str) -> frozenset[str]:
+    """The outcome groups a ``--fail-on`` value fails on: a comma list of
+    :data:`FAIL_ON_CHOICES` (``any`` = ``regression,failure``; ``none``: nothing).
+
+    Raises:
+        UserError: an empty list or an unknown choice.
+    """
+    items = [item.strip().lower() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise UserError(f"--fail-on: empty; give one or more of {', '.join(FAIL_ON_CHOICES)}")
+    groups: set[str] = set()
+    for item in items:
+        if item not in FAIL_ON_CHOICES:
+            raise UserError(f"--fail-on: {item!r} is not one of {', '.join(FAIL_ON_CHOICES)} "
+                            "(a comma list, e.g. regression,undecided)")
+        groups |= {"any": {"regression", "failure"}, "none": set()}.get(item, {item})
+    return frozenset(groups)
 
 
 @dataclass(frozen=True)
@@ -218,13 +244,87 @@ def parse_samples(value: Any) -> np.ndarray:
 
 @dataclass(frozen=True)
 class TimeDecision:
-    """Outcome of :func:`decide_time`: ``verdict`` is ``slower``, ``faster``, ``same`` or
-    ``n/a``; ``test`` names the evidence used (``mannwhitneyu``, ``iqr`` or None)."""
+    """Outcome of :func:`decide_time`.
+
+    Attributes:
+        verdict: ``slower``, ``faster``, ``same`` (the samples show any change is inside
+            the threshold), ``undecided`` (too few or too noisy samples to tell) or ``n/a``
+            (no positive medians).
+        ratio: new median / base median.
+        p_value: two-sided Mann-Whitney U p of the samples (None without samples).
+        test: the evidence used: ``mannwhitneyu``, ``iqr`` or None.
+        low, high: bounds of the ratio's confidence interval (``1 - 2 alpha``; from the
+            quartiles under the ``iqr`` rule); NaN when none could be formed.
+        resolution: the smallest relative change these samples could detect: half the
+            interval's width on the log scale, as a fraction (0.05 = 5 %); inf when the
+            samples bound nothing.
+    """
 
     verdict: str
     ratio: float
     p_value: float | None
     test: str | None
+    low: float = float("nan")
+    high: float = float("nan")
+    resolution: float = float("inf")
+
+
+def ratio_interval(base_samples: np.ndarray, new_samples: np.ndarray, alpha: float) -> tuple[float, float, float]:
+    """Confidence interval of the time ratio new / base from per-iteration samples (ms).
+
+    The ratio is a shift of the log samples; its estimate is the Hodges-Lehmann shift
+    (median of the pairwise differences ``log new_j - log base_i``) and its interval the
+    shifts that neither one-sided Mann-Whitney U test at ``alpha``
+    (:func:`scipy.stats.mannwhitneyu`) rejects, a ``1 - 2 alpha`` interval (Hollander and
+    Wolfe, *Nonparametric Statistical Methods*, sec. 4.3). The test statistic only
+    changes at the pairwise differences, so each bound is found by bisection over them.
+
+    Returns:
+        ``(low, estimate, high)`` as ratios; ``low`` is 0 and ``high`` inf where the
+        samples are too few to reject any shift (for example 4 against 4 at alpha 0.01).
+    """
+    from scipy.stats import mannwhitneyu
+
+    base_log = np.log(base_samples[base_samples > 0])
+    new_log = np.log(new_samples[new_samples > 0])
+    if len(base_log) == 0 or len(new_log) == 0:
+        return 0.0, float("nan"), float("inf")
+    diffs = np.unique(np.subtract.outer(new_log, base_log).ravel())
+    estimate = float(np.median(np.subtract.outer(new_log, base_log)))
+    # probe points between the differences: g[k] lies between diffs[k-1] and diffs[k]
+    probes = np.concatenate([[diffs[0] - 1.0], (diffs[:-1] + diffs[1:]) / 2, [diffs[-1] + 1.0]])
+
+    def p_greater(k: int) -> float:  # nondecreasing in k
+        return float(mannwhitneyu(new_log - probes[k], base_log, alternative="greater").pvalue)
+
+    def p_less(k: int) -> float:  # nonincreasing in k
+        return float(mannwhitneyu(new_log - probes[k], base_log, alternative="less").pvalue)
+
+    lo_k, hi_k = 0, len(probes) - 1  # smallest k with p_greater(k) >= alpha
+    while lo_k < hi_k:
+        mid = (lo_k + hi_k) // 2
+        if p_greater(mid) >= alpha:
+            hi_k = mid
+        else:
+            lo_k = mid + 1
+    low = -math.inf if lo_k == 0 else float(diffs[lo_k - 1])
+    lo_k, hi_k = 0, len(probes) - 1  # largest k with p_less(k) >= alpha
+    while lo_k < hi_k:
+        mid = (lo_k + hi_k + 1) // 2
+        if p_less(mid) >= alpha:
+            lo_k = mid
+        else:
+            hi_k = mid - 1
+    high = math.inf if lo_k == len(diffs) else float(diffs[lo_k])
+    return math.exp(low), math.exp(estimate), math.exp(high)
+
+
+def _resolution(low: float, centre: float, high: float) -> float:
+    """Half the width of ``[low, high]`` around ``centre`` on the log scale, as a
+    relative change (the larger side); inf when unbounded."""
+    if not (low > 0 and math.isfinite(high) and centre > 0):
+        return float("inf")
+    return float(max(high / centre, centre / low) - 1.0)
 
 
 def decide_time(
@@ -236,12 +336,16 @@ def decide_time(
     base_iqr: tuple[float, float] | None = None,
     new_iqr: tuple[float, float] | None = None,
 ) -> TimeDecision:
-    """Decide whether one case got slower, faster or stayed the same (times in ms).
+    """Decide whether one case got slower, faster, stayed the same, or cannot be decided
+    (times in ms).
 
-    Rule (module docstring; docs/ci.md): the ratio of medians must pass
+    Rule (module docstring; docs/ci.md): slower / faster when the ratio of medians passes
     ``time_threshold`` and a two-sided Mann-Whitney U test on the per-iteration samples
-    must reject equal distributions at ``alpha``; with fewer than ``min_samples`` samples
-    on a side, the inter-quartile ranges ``(ms_q25, ms_q75)`` must not overlap instead.
+    rejects equal distributions at ``alpha``; the same when the ratio's confidence
+    interval (:func:`ratio_interval`) lies inside the threshold band; else undecided.
+    With fewer than ``min_samples`` samples on a side, the inter-quartile ranges
+    ``(ms_q25, ms_q75)`` stand in: separated decides a change, every ratio of quartiles
+    inside the band decides the same.
     """
     from scipy.stats import mannwhitneyu
 
@@ -251,22 +355,32 @@ def decide_time(
     bound = 1.0 + thresholds.time_threshold
     direction = "slower" if ratio >= bound else "faster" if ratio <= 1.0 / bound else None
 
+    def inside(low: float, high: float) -> bool:
+        return direction is None and 1.0 / bound < low and high < bound
+
     if len(base_samples) >= thresholds.min_samples and len(new_samples) >= thresholds.min_samples:
         if np.ptp(np.concatenate([base_samples, new_samples])) == 0:
             p_value = 1.0  # every sample equal: nothing to tell apart
         else:
             p_value = float(mannwhitneyu(new_samples, base_samples, alternative="two-sided").pvalue)
-        significant = p_value < thresholds.alpha
-        return TimeDecision(direction if (direction and significant) else "same", ratio, p_value, "mannwhitneyu")
+        low, centre, high = ratio_interval(base_samples, new_samples, thresholds.alpha)
+        if direction and p_value < thresholds.alpha:
+            verdict = direction
+        else:
+            verdict = "same" if inside(low, high) else "undecided"
+        return TimeDecision(verdict, ratio, p_value, "mannwhitneyu", low, high, _resolution(low, centre, high))
 
-    if base_iqr is not None and new_iqr is not None and all(np.isfinite(base_iqr)) and all(np.isfinite(new_iqr)):
+    if base_iqr is not None and new_iqr is not None and all(np.isfinite(base_iqr)) and all(np.isfinite(new_iqr)) \
+            and min(base_iqr) > 0 and min(new_iqr) > 0:
         separated = (direction == "slower" and new_iqr[0] > base_iqr[1]) or (
             direction == "faster" and new_iqr[1] < base_iqr[0]
         )
-        return TimeDecision(direction if separated else "same", ratio, None, "iqr")
+        low, high = new_iqr[0] / base_iqr[1], new_iqr[1] / base_iqr[0]
+        verdict = direction if separated else "same" if inside(low, high) else "undecided"
+        return TimeDecision(verdict, ratio, None, "iqr", low, high, _resolution(low, ratio, high))
 
     # Neither samples nor quartiles: the ratio alone cannot tell noise from change.
-    return TimeDecision("same", ratio, None, None)
+    return TimeDecision("undecided", ratio, None, None)
 
 
 def decide_memory(base_bytes: float, new_bytes: float, thresholds: Thresholds) -> tuple[str, float]:
@@ -400,10 +514,12 @@ class Comparison:
             ``backend``, ``mode``, ``outcome`` (one of :data:`OUTCOMES`), ``detail``,
             ``base_status``, ``new_status``, ``base_ms``, ``new_ms`` (medians, ms),
             ``time_ratio`` (new / base), ``time_verdict``, ``p_value``, ``test``,
+            ``ratio_low``, ``ratio_high`` (the ratio's confidence interval),
+            ``resolution`` (smallest detectable relative change),
             ``base_peak_mem_bytes``, ``new_peak_mem_bytes``, ``mem_ratio``,
             ``mem_verdict``, ``new_reason``; sorted worst first.
         backends: per backend: ``cases`` compared (both ok), ``geomean_speedup``
-            (base / new, > 1 faster), ``slower``, ``faster``.
+            (base / new, > 1 faster), ``slower``, ``faster``, ``undecided``, ``failures``.
         warnings: environment differences and other things a reader must know.
         thresholds, threshold_source: what decided, and where each value came from.
         base_path, new_path: the two result sets.
@@ -422,19 +538,33 @@ class Comparison:
     def exit_status(self, fail_on: str = "any") -> int:
         """1 when the comparison fails the ``fail_on`` policy, else 0.
 
-        ``regression``: a slower case or more peak memory; ``failure``: a new failure
-        or a lost case; ``any``: either; ``none``: never.
+        ``fail_on`` is a comma list (:func:`parse_fail_on`): ``regression``: a slower case
+        or more peak memory; ``failure``: a new failure or a lost case; ``undecided``: a
+        case whose samples could not decide; ``any``: regression or failure; ``none``:
+        never.
 
         Raises:
             UserError: an unknown ``fail_on``.
         """
-        if fail_on not in FAIL_ON_CHOICES:
-            raise UserError(f"--fail-on: {fail_on!r} is not one of {', '.join(FAIL_ON_CHOICES)}")
-        regression = self.counts.get("regression", 0) > 0
-        failure = any(self.counts.get(o, 0) > 0 for o in _FAILURE_OUTCOMES)
-        return int(
-            (fail_on in ("regression", "any") and regression) or (fail_on in ("failure", "any") and failure)
-        )
+        groups = parse_fail_on(fail_on)
+        found = {
+            "regression": self.counts.get("regression", 0) > 0,
+            "failure": any(self.counts.get(o, 0) > 0 for o in _FAILURE_OUTCOMES),
+            "undecided": self.counts.get("undecided", 0) > 0,
+        }
+        return int(any(found[g] for g in groups))
+
+    def resolution_summary(self) -> dict[str, Any]:
+        """The smallest change the samples could detect, over the cases ok on both sides:
+        ``cases`` (count), ``median`` and ``worst`` resolution (fractions; inf where the
+        samples bound nothing), ``worst_case`` (its label). Empty dict without such cases."""
+        both = self.cases[self.cases["base_status"].eq(OK) & self.cases["new_status"].eq(OK)]
+        values = both["resolution"].astype(float).fillna(float("inf"))
+        if values.empty:
+            return {}
+        worst = int(np.argmax(values.to_numpy()))
+        return {"cases": int(len(values)), "median": float(np.median(values)),
+                "worst": float(values.iloc[worst]), "worst_case": str(both["case"].iloc[worst])}
 
 
 def _suite_name(metadata: Mapping[str, Any], rows: pd.DataFrame) -> str | None:
@@ -576,7 +706,8 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
 
 _CASE_COLUMNS = (
     "key", "case_id", "case", "backend", "mode", "outcome", "detail", "base_status", "new_status",
-    "base_ms", "new_ms", "time_ratio", "time_verdict", "p_value", "test", "base_peak_mem_bytes",
+    "base_ms", "new_ms", "time_ratio", "time_verdict", "p_value", "test", "ratio_low", "ratio_high",
+    "resolution", "base_peak_mem_bytes",
     "new_peak_mem_bytes", "mem_ratio", "mem_verdict", "new_reason",
 )
 
@@ -619,7 +750,8 @@ def _compare_one(key: str, b: Mapping[str, Any] | None, n: Mapping[str, Any] | N
         )
         out.update(
             base_ms=_number(b, "ms_median"), new_ms=_number(n, "ms_median"), time_ratio=td.ratio,
-            time_verdict=td.verdict, p_value=td.p_value, test=td.test,
+            time_verdict=td.verdict, p_value=td.p_value, test=td.test, ratio_low=td.low, ratio_high=td.high,
+            resolution=td.resolution,
             base_peak_mem_bytes=_number(b, "peak_mem_bytes"), new_peak_mem_bytes=_number(n, "peak_mem_bytes"),
             mem_ratio=mem_ratio, mem_verdict=mem_verdict,
         )
@@ -630,12 +762,13 @@ def _compare_one(key: str, b: Mapping[str, Any] | None, n: Mapping[str, Any] | N
             details.append(f"memory {mem_ratio - 1:+.1%}")
         if td.verdict == "slower" or mem_verdict == "larger":
             outcome = "regression"
+        elif td.verdict in ("undecided", "n/a"):
+            outcome = "undecided"
+            details.append(_undecided_reason(td, thresholds))
         elif td.verdict == "faster" or mem_verdict == "smaller":
             outcome = "improvement"
         else:
             outcome = "unchanged"
-            if td.verdict == "n/a":
-                details.append("no timing to compare")
         out.update(outcome=outcome, detail="; ".join(details))
         return out
 
@@ -663,6 +796,20 @@ def _compare_one(key: str, b: Mapping[str, Any] | None, n: Mapping[str, Any] | N
     return out
 
 
+def _undecided_reason(td: TimeDecision, thresholds: Thresholds) -> str:
+    """Why a time decision is undecided, and what would decide it (one phrase)."""
+    if td.verdict == "n/a":
+        return "no timing to compare"
+    if td.test is None:
+        return "no samples or quartiles to decide on"
+    change = f"time {td.ratio - 1:+.1%}"
+    if not math.isfinite(td.resolution):
+        return (f"{change}, could not decide: too few samples to bound the change "
+                f"(at least {thresholds.min_samples} per side)")
+    return (f"{change}, could not decide: the samples resolve ±{td.resolution:.1%}, the threshold is "
+            f"{thresholds.time_threshold:.0%}; more iterations or a quieter machine")
+
+
 def _per_backend(cases: pd.DataFrame) -> pd.DataFrame:
     rows = []
     both = cases[cases["base_status"].eq(OK) & cases["new_status"].eq(OK)]
@@ -675,11 +822,13 @@ def _per_backend(cases: pd.DataFrame) -> pd.DataFrame:
                 geomean_speedup=geometric_mean_speedup(sub["base_ms"], sub["new_ms"]),
                 slower=int((sub["time_verdict"] == "slower").sum()),
                 faster=int((sub["time_verdict"] == "faster").sum()),
+                undecided=int((cases[cases["backend"].astype(str) == backend]["outcome"] == "undecided").sum()),
                 failures=int(cases[(cases["backend"].astype(str) == backend)
                                    & cases["outcome"].isin(_FAILURE_OUTCOMES)].shape[0]),
             )
         )
-    frame = pd.DataFrame(rows, columns=["backend", "cases", "geomean_speedup", "slower", "faster", "failures"])
+    frame = pd.DataFrame(rows, columns=["backend", "cases", "geomean_speedup", "slower", "faster", "undecided",
+                                        "failures"])
     # worst backend first (lowest speed-up)
     return frame.sort_values("geomean_speedup", na_position="last", kind="mergesort").reset_index(drop=True)
 
@@ -691,6 +840,7 @@ _OUTCOME_LABEL = {
     "regression": "regression",
     "lost": "lost",
     "still_failing": "still failing",
+    "undecided": "undecided",
     "added": "added",
     "removed": "removed",
     "fixed": "fixed",
@@ -702,6 +852,7 @@ _OUTCOME_MARK = {
     "regression": "\N{LARGE RED CIRCLE}",
     "lost": "\N{LARGE ORANGE CIRCLE}",
     "still_failing": "\N{LARGE ORANGE CIRCLE}",
+    "undecided": "\N{LARGE YELLOW CIRCLE}",
     "added": "\N{LARGE BLUE CIRCLE}",
     "removed": "\N{MEDIUM WHITE CIRCLE}",
     "fixed": "\N{LARGE GREEN CIRCLE}",
@@ -713,6 +864,7 @@ _OUTCOME_STYLE = {
     "regression": "bold red",
     "lost": "yellow",
     "still_failing": "yellow",
+    "undecided": "magenta",
     "added": "cyan",
     "removed": "dim",
     "fixed": "green",
@@ -749,6 +901,28 @@ def _fmt_speedup(value: Any) -> str:
     return f"{value:.3f}x"
 
 
+def _fmt_resolution(value: Any) -> str:
+    value = _plain(value)
+    if value is None:
+        return "-"
+    return "unbounded" if not math.isfinite(value) else f"±{value:.1%}"
+
+
+def resolution_line(comparison: Comparison) -> str:
+    """One line: the smallest change the samples of this comparison could detect (median
+    and worst case), beside the time threshold."""
+    summary = comparison.resolution_summary()
+    threshold = comparison.thresholds.time_threshold
+    if not summary:
+        return f"resolution: no case ran ok on both sides (time threshold {threshold:.0%})"
+    text = (f"resolution: the samples could detect a change of {_fmt_resolution(summary['median'])} "
+            f"(median of {summary['cases']} case(s); worst {_fmt_resolution(summary['worst'])}, "
+            f"{summary['worst_case']}); time threshold {threshold:.0%}")
+    if summary["median"] > threshold:
+        text += "; most cases cannot resolve the threshold: raise timing.iterations or measure on a quieter machine"
+    return text
+
+
 def _status_text(record: Mapping[str, Any]) -> str:
     bs, ns = _plain(record.get("base_status")), _plain(record.get("new_status"))
     text = f"{bs or 'absent'} -> {ns or 'absent'}" if bs != ns else str(ns)
@@ -780,17 +954,19 @@ def render_table(comparison: Comparison, console: Any = None, show_unchanged: bo
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
 
     per_backend = Table(title=f"{comparison.suite}: geometric-mean speed-up per backend (base / new)")
-    for column in ("backend", "cases", "speed-up", "slower", "faster", "failures"):
+    for column in ("backend", "cases", "speed-up", "slower", "faster", "undecided", "failures"):
         per_backend.add_column(column, justify="left" if column == "backend" else "right")
     for r in comparison.backends.to_dict("records"):
         per_backend.add_row(r["backend"], str(r["cases"]), _fmt_speedup(r["geomean_speedup"]),
-                            str(r["slower"]), str(r["faster"]), str(r["failures"]))
+                            str(r["slower"]), str(r["faster"]), str(r["undecided"]), str(r["failures"]))
     console.print(per_backend)
 
     table = Table(title="cases, worst first")
     for column, justify in (("outcome", "left"), ("case", "left"), ("status", "left"), ("base ms", "right"),
-                            ("new ms", "right"), ("time", "right"), ("p", "right"), ("memory", "right")):
-        table.add_column(column, justify=justify, no_wrap=column in ("outcome", "time", "p", "memory"),
+                            ("new ms", "right"), ("time", "right"), ("p", "right"), ("resolution", "right"),
+                            ("memory", "right")):
+        table.add_column(column, justify=justify,
+                         no_wrap=column in ("outcome", "time", "p", "resolution", "memory"),
                          min_width=24 if column == "case" else None, max_width=28 if column == "status" else None)
     hidden = 0
     for r in comparison.cases.to_dict("records"):
@@ -801,12 +977,13 @@ def render_table(comparison: Comparison, console: Any = None, show_unchanged: bo
         table.add_row(
             f"[{style}]{_OUTCOME_LABEL[r['outcome']]}[/{style}]", r["case"], _status_text(r),
             _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]),
-            _fmt_change(r["mem_ratio"]),
+            _fmt_resolution(r["resolution"]), _fmt_change(r["mem_ratio"]),
         )
     if table.row_count:
         console.print(table)
     if hidden:
         console.print(f"{hidden} unchanged case(s) not listed (--all lists them)")
+    console.print(resolution_line(comparison), highlight=False)
     console.print(verdict_line(comparison, fail_on), highlight=False)
 
 
@@ -814,17 +991,18 @@ def _md_cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-_MD_HEADER = ("", "case", "backend", "base ms", "new ms", "time", "p", "peak memory", "status")
+_MD_HEADER = ("", "case", "backend", "base ms", "new ms", "time", "p", "resolution", "peak memory", "status")
 
 
 def _md_table(records: list[Mapping[str, Any]]) -> list[str]:
     lines = ["| " + " | ".join(_MD_HEADER) + " |", "|" + "|".join(
-        [":-:", "---", "---", "--:", "--:", "--:", "--:", "--:", "---"]) + "|"]
+        [":-:", "---", "---", "--:", "--:", "--:", "--:", "--:", "--:", "---"]) + "|"]
     for r in records:
         cells = (
             f"{_OUTCOME_MARK[r['outcome']]} {_OUTCOME_LABEL[r['outcome']]}",
             r["case"], r["backend"] or "-", _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]),
-            _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]), _fmt_change(r["mem_ratio"]), _status_text(r),
+            _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]), _fmt_resolution(r["resolution"]),
+            _fmt_change(r["mem_ratio"]), _status_text(r),
         )
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return lines
@@ -846,17 +1024,22 @@ def to_markdown(comparison: Comparison, fail_on: str = "any", max_rows: int = 20
         f"Base `{comparison.base_path}` vs new `{comparison.new_path}`. Rule: time change "
         f"beyond ±{t.time_threshold:.0%} of the median and Mann-Whitney U p < {t.alpha:g} on the "
         f"per-iteration samples (non-overlapping IQRs when fewer than {t.min_samples} samples); "
+        f"unchanged only when the {1 - 2 * t.alpha:.0%} confidence interval of the time ratio lies "
+        f"within ±{t.time_threshold:.0%}, else undecided; "
         f"peak memory beyond ±{t.mem_threshold:.0%} and {t.mem_floor_bytes / 2**20:g} MiB."
     )
+    lines.append("")
+    lines.append(resolution_line(comparison) + ".")
     lines.append("")
     for warning in comparison.warnings:
         lines.append(f"> [!WARNING]\n> {_md_cell(warning)}\n")
     lines += ["### Geometric-mean speed-up per backend (base / new; > 1 is faster)", ""]
-    lines += ["| backend | cases | speed-up | slower | faster | failures |", "|---|--:|--:|--:|--:|--:|"]
+    lines += ["| backend | cases | speed-up | slower | faster | undecided | failures |",
+              "|---|--:|--:|--:|--:|--:|--:|"]
     for r in comparison.backends.to_dict("records"):
         lines.append(
             f"| {_md_cell(r['backend'])} | {r['cases']} | {_fmt_speedup(r['geomean_speedup'])} | "
-            f"{r['slower']} | {r['faster']} | {r['failures']} |"
+            f"{r['slower']} | {r['faster']} | {r['undecided']} | {r['failures']} |"
         )
     lines.append("")
     records = comparison.cases.to_dict("records")
@@ -905,6 +1088,7 @@ def to_json(comparison: Comparison, fail_on: str = "any") -> dict[str, Any]:
         "warnings": list(comparison.warnings),
         "thresholds": {f.name: getattr(comparison.thresholds, f.name) for f in fields(Thresholds)},
         "threshold_source": comparison.threshold_source,
+        "resolution": clean([comparison.resolution_summary()])[0],
         "backends": clean(comparison.backends.to_dict("records")),
         "cases": clean(comparison.cases.to_dict("records")),
     }

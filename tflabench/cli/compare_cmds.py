@@ -38,8 +38,8 @@ def compare(
         "overrides the suite's, overridden by options."
     ),
     fail_on: str = typer.Option(
-        "any", "--fail-on", help="Exit 1 on: regression (time/memory), failure (new failure or lost case), "
-        "any (either), none."
+        "any", "--fail-on", help="Exit 1 on, a comma list of: regression (time/memory), failure (new failure "
+        "or lost case), undecided (samples too few or too noisy to decide), any (regression,failure), none."
     ),
     output_format: str = typer.Option(
         "table", "--format", help="What to print on stdout: table, markdown or json."
@@ -51,7 +51,7 @@ def compare(
     ),
     show_all: bool = typer.Option(False, "--all", help="List unchanged cases in the terminal table too."),
 ) -> None:
-    """Compare two result sets of one suite: slower, faster, broken, added, removed.
+    """Compare two result sets of one suite: slower, faster, unchanged, undecided, broken, added, removed.
 
     Exit status: 1 when --fail-on finds something, 0 otherwise, 2 for unusable input.
     """
@@ -63,8 +63,7 @@ def compare(
     with user_errors():
         from tflabench.errors import UserError
 
-        if fail_on not in cmp.FAIL_ON_CHOICES:
-            raise UserError(f"--fail-on: {fail_on!r} is not one of {', '.join(cmp.FAIL_ON_CHOICES)}")
+        cmp.parse_fail_on(fail_on)
         if output_format not in ("table", "markdown", "json"):
             raise UserError(f"--format: {output_format!r} is not one of table, markdown, json")
         base_set, new_set = load_results(base), load_results(new)
