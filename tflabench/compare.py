@@ -946,10 +946,11 @@ def render_table(comparison: Comparison, console: Any = None, show_unchanged: bo
 
     Unchanged cases are counted but only listed with ``show_unchanged``.
     """
-    from rich.console import Console
     from rich.table import Table
 
-    console = console or Console()
+    from tflabench.console import make_console
+
+    console = console or make_console()
     for warning in comparison.warnings:
         console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
 

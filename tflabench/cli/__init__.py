@@ -11,15 +11,113 @@ Commands live in one module per area, each registering on :data:`app`:
 from __future__ import annotations
 
 import contextlib
+import inspect
 import sys
 
 import typer
+from typer.core import TyperArgument, TyperCommand, TyperGroup
 
 from tflabench import __version__
+from tflabench.console import output_width
 from tflabench.errors import UserError
 
-app = typer.Typer(
+#: Width of ``--help`` where there is no terminal and no COLUMNS (a file, a CI log).
+HELP_WIDTH = 120
+
+
+class _PlainArgument(TyperArgument):
+    """An argument shown as click shows one: ``SUITE`` in the usage line, ``[SUITE]`` when
+    optional, no Python type beside it."""
+
+    def display_type_rich(self, ctx):
+        return None
+
+    def _usage_display_name(self) -> str:
+        name = self.metavar or self.name.upper()
+        name = name if self.required else f"[{name}]"
+        return name + ("..." if self.nargs != 1 else "")
+
+
+def _plain_metavar(param) -> str:
+    """The metavar a user reads: nothing for a switch, the choices, PATH, N, NUMBER, TEXT
+    (from the annotation typer recorded for the option)."""
+    from typing import get_args
+
+    if getattr(param, "is_flag", False):
+        return ""
+    desc = getattr(param, "type_descriptor", None)
+    if desc is None:
+        return "TEXT"
+    if desc.is_choice and getattr(desc, "choices", None):
+        return "|".join(map(str, desc.choices))
+    if desc.is_path:
+        return "PATH"
+    annotation = get_args(desc.annotation)[0] if desc.is_list and get_args(desc.annotation) else desc.annotation
+    if annotation is bool:
+        return ""
+    return {int: "N", float: "NUMBER"}.get(annotation, "TEXT")
+
+
+def _unwrap(text: str | None) -> str | None:
+    """Help text with each paragraph on one line (the renderer wraps it to the width)."""
+    if not text:
+        return text
+    paragraphs = inspect.cleandoc(text).split("\n\n")
+    return "\n\n".join(" ".join(line.strip() for line in p.splitlines()) for p in paragraphs)
+
+
+def _plain_params(params) -> None:
+    """Give each parameter its plain metavar (:func:`_plain_metavar`); arguments become
+    :class:`_PlainArgument` named in capitals."""
+    for param in params:
+        if isinstance(param, TyperArgument):
+            param.__class__ = _PlainArgument
+            param.metavar = param.metavar or param.name.upper()
+        elif param.metavar is None:
+            param.metavar = _plain_metavar(param)
+
+
+class _PlainHelp:
+    """Mixin of :class:`_Command` and :class:`_Group`: help that reads as a user's (plain
+    metavars, no ``<bool>``, ``<list[Path]>``, ``{results_dir}``; paragraphs without hard
+    line breaks) and keeps every column where there is no terminal."""
+
+    def format_help(self, ctx, formatter):
+        from typer import rich_utils
+
+        self.help = _unwrap(self.help)
+        _plain_params(self.get_params(ctx))  # --help itself is added here
+        previous = rich_utils.MAX_WIDTH
+        if previous is None and output_width() is not None:
+            rich_utils.MAX_WIDTH = HELP_WIDTH
+        try:
+            return super().format_help(ctx, formatter)
+        finally:
+            rich_utils.MAX_WIDTH = previous
+
+
+class _Command(_PlainHelp, TyperCommand):
+    """Every tflabench command (usage lines and errors name arguments plainly too)."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _plain_params(self.params)
+
+
+class _Group(_PlainHelp, TyperGroup):
+    """The ``tflabench`` group: its help like its commands'."""
+
+
+class _App(typer.Typer):
+    """typer.Typer whose commands are :class:`_Command` unless told otherwise."""
+
+    def command(self, *args, cls=None, **kwargs):
+        return super().command(*args, cls=cls or _Command, **kwargs)
+
+
+app = _App(
     name="tflabench",
+    cls=_Group,
     help="Benchmark and roofline-analyse TFLA mLSTM kernels and their peers "
     "(FlashAttention, SDPA, Mamba 2, FLA, mlstm_kernels).",
     no_args_is_help=True,

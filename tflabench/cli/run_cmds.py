@@ -15,19 +15,8 @@ from typing import Optional
 import typer
 
 from tflabench.cli import app, echo_warnings, user_errors
+from tflabench.console import make_console
 from tflabench.errors import UserError
-
-
-def _console(stderr: bool = False):
-    """A rich Console; 200 columns wide when the output is not a terminal (files, CI logs),
-    so that result tables do not wrap."""
-    import sys
-
-    from rich.console import Console
-
-    stream = sys.stderr if stderr else sys.stdout
-    width = None if stream.isatty() else 200
-    return Console(stderr=stderr, highlight=False, width=width)
 
 
 def _status_line(rows) -> str:
@@ -105,7 +94,7 @@ def run(
     from tflabench.tables import summary_table
 
     written_plots = _write_run_plots(result.directory) if plots else []
-    con = _console()
+    con = make_console()
     with user_errors():
         loaded_set = load_results(result.directory)
     echo_warnings(loaded_set)
@@ -132,7 +121,7 @@ def _write_run_plots(directory: Path) -> list[Path]:
 
         return write_plots(directory)
     except Exception as exc:  # a plot problem must not lose the measurements
-        _console(stderr=True).print(f"[yellow]warning:[/] plots not written ({type(exc).__name__}: {exc})")
+        make_console(stderr=True).print(f"[yellow]warning:[/] plots not written ({type(exc).__name__}: {exc})")
         return []
 
 
@@ -165,7 +154,7 @@ def report(
             raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|measured|datasheet")
         rs = load_results(results_dir)
         echo_warnings(rs)
-        con = _console()
+        con = make_console()
         meta = rs.metadata
         con.print(f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} "
                   f"({meta.get('date')}, torch {meta.get('torch')}, triton {meta.get('triton')}, "
@@ -242,7 +231,7 @@ def backend_table():
 def backends() -> None:
     """List every backend, whether it can run here, and why not."""
     with user_errors():
-        _console().print(backend_table())
+        make_console().print(backend_table())
 
 
 @app.command()
@@ -253,7 +242,7 @@ def doctor() -> None:
     from tflabench import environment
 
     with user_errors():
-        con = _console()
+        con = make_console()
         env = environment.collect()
         con.print(f"python      {env['python']} ({environment.python_executable()})")
         con.print(f"tflabench   {env['tflabench']} (git {env['git_revision']})")
@@ -338,7 +327,7 @@ def calibrate(
         if key is None and save:
             raise UserError(f"GPU {name!r} is not in the catalogue; add it to a hardware YAML "
                             "(--hardware) first, or use --no-save")
-        con = _console()
+        con = make_console()
         n = matmul_n
         gen = torch.Generator(device="cuda").manual_seed(0)
         a = torch.randn(n, n, device="cuda", dtype=torch.bfloat16, generator=gen)

@@ -143,14 +143,14 @@ def verify(
             signal.signal(signal.SIGTERM, previous)
     from collections import Counter
 
-    from tflabench.cli.run_cmds import _console
+    from tflabench.console import make_console
     from tflabench.results import load_results
     from tflabench.tables import verify_table
 
     name = V.verify_suite_name(loaded.suite.name)
     frame = load_results(result.directory).rows
     heatmap = _write_heatmap(frame, result.directory, name) if plots and result.rows else None
-    con = _console()
+    con = make_console()
     con.print(verify_table(frame, title=f"{name}: {len(frame)} cases"))
     counts = Counter(r["status"] for r in result.rows)
     con.print(f"{len(result.rows)} cases in {result.wall_s:.1f} s: "
@@ -167,7 +167,7 @@ def verify(
 def _write_heatmap(frame, directory: Path, name: str) -> Path | None:
     """The verify heat map of a result set (``plots/verify_heatmap.png``); a problem drawing
     it is a warning on stderr (the verdicts are on disk already)."""
-    from tflabench.cli.run_cmds import _console
+    from tflabench.console import make_console
 
     try:
         from tflabench.plots.numerics import write_heatmap
@@ -175,5 +175,5 @@ def _write_heatmap(frame, directory: Path, name: str) -> Path | None:
         return write_heatmap(frame, directory / "plots" / "verify_heatmap.png",
                              title=f"{name}: worst max-normalised error per kernel and regime")
     except Exception as exc:  # a plot problem must not lose the verdicts
-        _console(stderr=True).print(f"[yellow]warning:[/] heat map not written ({type(exc).__name__}: {exc})")
+        make_console(stderr=True).print(f"[yellow]warning:[/] heat map not written ({type(exc).__name__}: {exc})")
         return None

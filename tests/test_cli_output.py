@@ -1,0 +1,76 @@
+"""What the command line prints where there is no terminal (a file, a CI log), and how its
+help reads: every table column kept, plain metavars, nothing cut."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+from typer.main import get_command
+from typer.testing import CliRunner
+
+from tflabench.cli import app
+from tflabench.results import write_results
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _rows(seed: int, factor: float = 1.0) -> list[dict]:
+    rng = np.random.default_rng(seed)
+    rows = []
+    for seq_len in (512, 1024):
+        samples = 0.1 * factor * seq_len / 512 * (1 + 0.01 * rng.standard_normal(20))
+        rows.append(dict(
+            suite="out_demo", kernel="a kernel with a long label, as suites have them", backend="tfla",
+            family="mlstm", params={}, mode="fwd", dtype="bfloat16", device="cuda", batch=1, seq_len=seq_len,
+            heads=8, d_qk=256, d_hv=512, chunk_size=64, embedding_dim=4096, status="ok",
+            ms_median=float(np.median(samples)), ms_q25=float(np.quantile(samples, 0.25)),
+            ms_q75=float(np.quantile(samples, 0.75)), ms_samples=[float(x) for x in samples], n_iter=20,
+            peak_mem_bytes=64 * 2**20))
+    return rows
+
+
+def test_compare_redirected_to_a_file_keeps_every_column(tmp_path):
+    meta = dict(suite="out_demo", gpu_name="NVIDIA H200", torch="2.13.0", triton="3.6.0")
+    write_results(tmp_path / "a", _rows(1), meta)
+    write_results(tmp_path / "b", _rows(2, factor=1.3), meta)
+    env = {k: v for k, v in os.environ.items() if k not in ("COLUMNS", "LINES", "TERMINAL_WIDTH")}
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), env.get("PYTHONPATH", "")])
+    log = tmp_path / "log.txt"
+    with open(log, "w") as handle:  # a real file: no terminal, no COLUMNS
+        done = subprocess.run([sys.executable, "-m", "tflabench", "compare", str(tmp_path / "a"),
+                               str(tmp_path / "b")], stdout=handle, stderr=subprocess.PIPE, env=env, timeout=120)
+    assert done.returncode == 1, done.stderr
+    text = log.read_text()
+    header = next(line for line in text.splitlines() if "outcome" in line and "case" in line)
+    for column in ("outcome", "case", "status", "base ms", "new ms", "time", "p", "resolution", "memory"):
+        assert f" {column} " in header, (column, header)
+    for column in ("backend", "cases", "speed-up", "slower", "faster", "undecided", "failures"):
+        assert column in text
+    assert "…" not in text  # no cell cut short
+    rows = [line for line in text.splitlines() if line.startswith("│ regression")]
+    assert len(rows) == 2 and all("a kernel with a long label, as suites have them" in r for r in rows)
+
+
+def _commands():
+    group = get_command(app)
+    return sorted(group.commands)
+
+
+def test_help_of_every_command_reads_plainly_and_is_not_cut():
+    runner = CliRunner()
+    group = get_command(app)
+    for name in _commands():
+        result = runner.invoke(app, [name, "--help"])
+        assert result.exit_code == 0, name
+        text = result.output
+        for python_type in ("<bool>", "<list", "<path>", "<int", "<str>", "<float>", "{"):
+            assert python_type not in text, (name, python_type)
+        assert "…" not in text, name
+        for param in group.commands[name].params:
+            for opt in param.opts + param.secondary_opts:
+                if opt.startswith("--"):
+                    assert opt in text, (name, opt)

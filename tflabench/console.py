@@ -1,0 +1,37 @@
+"""The one rich Console every command prints through (tables, lines, progress).
+
+On a terminal a Console takes the terminal's width. Elsewhere (output redirected to a
+file, a pipe, a CI log) rich assumes 80 columns unless ``COLUMNS`` says otherwise, and a
+table wider than that loses columns; so there the Console is :data:`WIDE` columns wide,
+enough for every table tflabench prints. ``COLUMNS`` set by the user always wins.
+Markdown and JSON are written as plain text and never pass through here.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+#: Width (characters) of a Console that does not write to a terminal and has no COLUMNS.
+WIDE = 250
+
+
+def output_width(stderr: bool = False) -> int | None:
+    """The width a Console should use: None (rich decides: the terminal's, or ``COLUMNS``)
+    on a terminal or with ``COLUMNS`` set; :data:`WIDE` otherwise."""
+    stream = sys.stderr if stderr else sys.stdout
+    try:
+        interactive = stream.isatty()
+    except (AttributeError, ValueError):  # a closed or replaced stream
+        interactive = False
+    if interactive or os.environ.get("COLUMNS"):
+        return None
+    return WIDE
+
+
+def make_console(stderr: bool = False):
+    """A rich Console on stdout (or stderr) that keeps every table column where there is
+    no terminal (:func:`output_width`); no automatic highlighting of numbers."""
+    from rich.console import Console
+
+    return Console(stderr=stderr, highlight=False, width=output_width(stderr))
