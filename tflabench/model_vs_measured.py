@@ -300,7 +300,8 @@ def roofline_placement(rows, *, alpha, beta) -> list[dict]:
     ``roofline_fraction`` under the same ceilings). Rows without counts (e.g. a custom
     kernel) or without a time are left out.
 
-    Returns dicts: ``kernel``, ``mode``, ``case`` (:func:`case_text`), ``seq_len``, ``batch``,
+    Returns dicts: ``kernel``, ``mode``, ``backend``, ``params`` (the row's, for the figure's
+    kernel styles), ``case`` (:func:`case_text`), ``seq_len``, ``batch``,
     ``chunk_size``, ``intensity_flop_per_byte``, ``achieved_flops_per_s``,
     ``bound_flops_per_s``, ``fraction``, ``bound`` (``memory``/``compute``),
     ``roofline_ms``, ``ms_median``, ``outlier`` (see :func:`mark_outliers`).
@@ -316,7 +317,7 @@ def roofline_placement(rows, *, alpha, beta) -> list[dict]:
         achieved = flops / (ms * 1e-3)
         out.append({
             "kernel": str(r.get("kernel") or r.get("backend") or "?"), "mode": str(r.get("mode") or ""),
-            "case": case_text(r), "batch": _num(r.get("batch")), "seq_len": _num(r.get("seq_len")),
+            "backend": r.get("backend"), "params": r.get("params"), "case": case_text(r), "batch": _num(r.get("batch")), "seq_len": _num(r.get("seq_len")),
             "chunk_size": _num(r.get("chunk_size")), "intensity_flop_per_byte": inten,
             "achieved_flops_per_s": achieved, "bound_flops_per_s": bound, "fraction": achieved / bound,
             "bound": "compute" if inten >= I_acc else "memory", "roofline_ms": flops / bound * 1e3,

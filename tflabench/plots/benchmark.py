@@ -74,34 +74,26 @@ def _series_labels(frame, exclude: tuple[str, ...] = ()) -> list[str]:
     return labels
 
 
-MARKERS = "osD^vPX*<>hp"
+def _series_styles(frame) -> dict:
+    """One :class:`tflabench.plots.style.KernelStyle` per series, the same in every panel:
+    a colour and marker per kernel family; ours solid and filled, the authors' and other
+    peers dashed and hollow (:mod:`tflabench.plots.style`)."""
+    from tflabench.plots.style import kernel_styles
 
-
-def _series_styles(frame) -> dict[str, dict]:
-    """One matplotlib style per series, the same in every panel: a colour (tab20, then
-    tab20b) and a marker each; our ``tfla`` kernels drawn solid and thicker, peers dashed."""
-    import matplotlib
-
-    colours = list(matplotlib.colormaps["tab20"].colors[::2]) + list(matplotlib.colormaps["tab20"].colors[1::2]) \
-        + list(matplotlib.colormaps["tab20b"].colors)
-    styles = {}
-    for n, (series, group) in enumerate(frame.groupby("series", sort=False)):
-        ours = (group["backend"] == "tfla").any()
-        styles[series] = {"color": colours[n % len(colours)], "marker": MARKERS[n % len(MARKERS)],
-                          "linestyle": "-" if ours else "--", "linewidth": 2.0 if ours else 1.2,
-                          "markersize": 5}
-    return styles
+    return kernel_styles((r["series"], r.get("backend"), r.get("params")) for r in frame.to_dict("records"))
 
 
 def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | None:
     """Median runtime (ms, log scale) over the swept axis (log2 scale; :func:`runtime_axis`:
     sequence length as in the paper's Fig. 4, else head dimension as in Fig. 14, chunk size
-    or batch), one panel per mode, one line per kernel series. Returns the path, or None when
-    no row is ``ok``.
+    or batch), one panel per mode, one line per kernel series, one legend below the panels.
+    Returns the path, or None when no row is ``ok``.
 
     Args:
         frame: result rows (:attr:`tflabench.results.ResultSet.rows`).
     """
+    from tflabench.plots.style import legend_below, log_axis
+
     ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()].copy()
     if ok.empty:
         return None
@@ -110,18 +102,24 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     styles = _series_styles(ok)
     modes = [m for m in ("fwd", "fwdbw") if (ok["mode"] == m).any()]
     fig, axes = _figure(len(modes))
+    handles: dict = {}
     for ax, mode in zip(axes, modes):
         part = ok[ok["mode"] == mode]
         for series, group in part.groupby("series", sort=False):
             group = group.sort_values(x_col)
-            ax.plot(group[x_col], group["ms_median"], label=series, **styles[series])
+            (line,) = ax.plot(group[x_col], group["ms_median"], label=series, **styles[series].line())
+            handles.setdefault(series, line)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        log_axis(ax, "x", base=2, values=part[x_col].unique())
+        log_axis(ax, "y")
         ax.set_xlabel(x_label)
         ax.set_ylabel("runtime, median (ms)")
         ax.set_title(MODE_TITLES.get(mode, mode))
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize="small")
+    order = [s for s in styles if s in handles]  # ours first, in the styles' order
+    order.sort(key=lambda s: not styles[s].ours)
+    legend_below(fig, [handles[s] for s in order], order, ncol=3 if len(order) > 4 else len(order))
     if title:
         fig.suptitle(title)
     return save_figure(fig, path)
@@ -141,28 +139,42 @@ def chunk_sweeps(frame):
 
 def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Path | None:
     """Peak memory above the inputs (GiB) against median runtime (ms) over chunk size, one
-    panel per mode, one line per kernel and shape, points labelled with L (paper Fig. 5).
-    Returns the path, or None when no kernel sweeps chunk sizes (or no memory was measured,
-    as on the CPU)."""
+    panel per mode, one line per kernel and shape, points labelled with L where the labels
+    do not collide (paper Fig. 5), one legend below the panels. Returns the path, or None
+    when no kernel sweeps chunk sizes (or no memory was measured, as on the CPU)."""
+    from tflabench.plots.style import kernel_styles, legend_below
+
     sweep = chunk_sweeps(frame)
     if sweep.empty:
         return None
+    sweep = sweep.copy()
+    sweep["series"] = [f"{r['kernel']} (B={int(r['batch'])}, S={int(r['seq_len'])})"
+                       for r in sweep.to_dict("records")]
+    styles = kernel_styles((r["series"], r.get("backend"), r.get("params")) for r in sweep.to_dict("records"))
     modes = [m for m in ("fwd", "fwdbw") if (sweep["mode"] == m).any()]
     fig, axes = _figure(len(modes))
+    handles: dict = {}
     for ax, mode in zip(axes, modes):
         part = sweep[sweep["mode"] == mode]
-        for (kernel, b, s), group in part.groupby(["kernel", "batch", "seq_len"], sort=False):
+        taken: list[tuple[float, float]] = []
+        for series, group in part.groupby("series", sort=False):
             group = group.sort_values("chunk_size")
-            ax.plot(group["ms_median"], group["peak_mem_bytes"] / GIB, marker="o",
-                    label=f"{kernel} (B={int(b)}, S={int(s)})")
+            (line,) = ax.plot(group["ms_median"], group["peak_mem_bytes"] / GIB, **styles[series].line())
+            handles.setdefault(series, line)
             for _, r in group.iterrows():
-                ax.annotate(f"L={int(r['chunk_size'])}", (r["ms_median"], r["peak_mem_bytes"] / GIB),
-                            textcoords="offset points", xytext=(4, 4), fontsize="small")
+                x, y = float(r["ms_median"]), float(r["peak_mem_bytes"] / GIB)
+                # one label per spot: skip a label that would sit on one already drawn
+                if any(abs(x - tx) <= 0.04 * max(x, tx) and abs(y - ty) <= 0.04 * max(abs(y), abs(ty), 1e-9)
+                       for tx, ty in taken):
+                    continue
+                taken.append((x, y))
+                ax.annotate(f"L={int(r['chunk_size'])}", (x, y), textcoords="offset points", xytext=(5, 3),
+                            fontsize="small", color=styles[series].color)
         ax.set_xlabel("runtime, median (ms)")
         ax.set_ylabel("peak memory above inputs (GiB)")
         ax.set_title(MODE_TITLES.get(mode, mode))
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize="small")
+    legend_below(fig, list(handles.values()), list(handles), ncol=2)
     if title:
         fig.suptitle(title)
     return save_figure(fig, path)

@@ -17,18 +17,8 @@ import math
 from pathlib import Path
 
 from tflabench.plots import save_figure
-from tflabench.plots.analytic import MODE_MARKERS, measured_styles
 
 GIB = 2**30
-
-
-def _plain_log_ticks(axis) -> None:
-    """Tick labels as plain numbers (30, 100, 300) instead of 3x10^1 on a log axis."""
-    from matplotlib.ticker import FuncFormatter
-
-    fmt = FuncFormatter(lambda v, _: f"{v:g}")
-    axis.set_major_formatter(fmt)
-    axis.set_minor_formatter(FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "235" else ""))
 
 
 def _figure(nrows, ncols, size, **kw):
@@ -39,80 +29,125 @@ def _figure(nrows, ncols, size, **kw):
     return fig, axes
 
 
+#: Most outlier labels per kernel and mode in the distance panel; the rest are counted.
+MAX_OUTLIER_LABELS = 2
+
+
+def _label_outliers(ax, pts: list[dict], y: float, colour: str, above: bool) -> None:
+    """Label the outliers of one kernel row of a distance panel with their case, spread so
+    that no two labels overlap; those that find no room are counted at the row's end."""
+    outliers = sorted((p for p in pts if p.get("outlier")), key=lambda p: p["fraction"])
+    if not outliers:
+        return
+    x_lo, x_hi = ax.get_xlim()
+    width_pt = ax.get_window_extent().width * 72.0 / ax.get_figure().dpi
+    per_char = 6.0 * 0.6 * (x_hi - x_lo) / max(width_pt, 1.0)  # data units per character at 6 pt
+    taken: list[tuple[float, float]] = []
+    dropped = 0
+    for p in outliers:
+        start = p["fraction"] + 0.004 * (x_hi - x_lo)
+        end = start + per_char * len(p["case"])
+        if len(taken) >= MAX_OUTLIER_LABELS or end > x_hi or any(start < b and a < end for a, b in taken):
+            dropped += 1
+            continue
+        taken.append((start, end))
+        ax.annotate(p["case"], (p["fraction"], y), textcoords="offset points", xytext=(2, 5 if above else -5),
+                    va="bottom" if above else "top", fontsize=6, color=colour)
+    if dropped:
+        ax.annotate(f"+{dropped} more outlier{'s' if dropped > 1 else ''}", (1.0, y), xycoords=("axes fraction", "data"),
+                    xytext=(-2, 0), textcoords="offset points", ha="right", va="center", fontsize=6, color=colour)
+
+
 def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | None = None) -> Path:
     """Per-shape roofline of measured cases (paper eq. 119, each case at its own intensity).
 
     Args:
         placement: :func:`tflabench.model_vs_measured.roofline_placement` (dicts with
             ``kernel``, ``mode``, ``case``, ``intensity_flop_per_byte``,
-            ``achieved_flops_per_s``, ``bound_flops_per_s``, ``fraction``, ``outlier``).
+            ``achieved_flops_per_s``, ``bound_flops_per_s``, ``fraction``, ``outlier``;
+            ``backend`` and ``params`` pick the kernel styles).
         gpu: :class:`tflabench.hardware.GPU` whose ceilings ``placement`` used.
         path: output file. title: figure title.
 
-    Left panel: the roof ``min(beta·I, alpha)``; a hollow marker at each case's own bound,
-    a thin line down to the filled marker of what it achieved (the vertical distance is the
-    time left on the table; kernels by colour, named in the right panel). Right panel:
-    achieved / bound per case, one row per kernel, the kernel's median as a bar; outliers (:data:`tflabench.model_vs_measured.OUTLIER_FACTOR`
-    from the median) labelled with their case.
+    One row of panels per mode. Left: the roof ``min(beta·I, alpha)``; a small open circle
+    at each case's own bound, a thin line down to the marker of what it achieved (the
+    vertical distance is the time left on the table). Right: achieved / bound per case,
+    one row per kernel, the kernel's median as a bar; outliers
+    (:data:`tflabench.model_vs_measured.OUTLIER_FACTOR` from the median) labelled with
+    their case where there is room, else counted. Kernels keep one colour and marker
+    throughout (:mod:`tflabench.plots.style`: ours filled, peers hollow), named in one
+    legend below the panels.
     """
     from tflabench.errors import UserError
+    from tflabench.plots.style import kernel_styles, legend_below, log_axis, order_kernels
 
     if not placement:
         raise UserError("no measured case with model FLOPs/bytes and a time to place on the roofline")
-    fig, axes = _figure(1, 2, (13.0, max(5.0, 0.32 * len({p["kernel"] for p in placement}) + 3.0)),
-                        gridspec_kw={"width_ratios": [1.1, 1.0]})
-    ax, ax2 = axes[0]
-    colours, markers = measured_styles(placement, n_reserved=1)
+    styles = kernel_styles((p["kernel"], p.get("backend"), p.get("params")) for p in placement)
+    kernels = order_kernels(list(dict.fromkeys(p["kernel"] for p in placement)), styles)
+    modes = [m for m in ("fwd", "fwdbw") if any(p["mode"] == m for p in placement)]
+    modes += sorted({p["mode"] for p in placement} - set(modes))
+    row_height = max(3.2, 0.27 * len(kernels) + 1.4)
+    fig, axes = _figure(len(modes), 2, (13.0, row_height * len(modes) + 0.35 * math.ceil(len(kernels) / 3) + 0.6),
+                        gridspec_kw={"width_ratios": [1.0, 1.0]})
     xs = [p["intensity_flop_per_byte"] for p in placement] + [gpu.intensity_flop_per_byte]
-    lo, hi = max(min(xs) / 3, 0.1), max(xs) * 3
+    lo, hi = max(min(xs) / 2, 0.1), max(xs) * 2
     grid = [10 ** (math.log10(lo) + (math.log10(hi) - math.log10(lo)) * i / 199) for i in range(200)]
-    ax.plot(grid, [min(gpu.bytes_per_s * x, gpu.flops_per_s) / 1e12 for x in grid], color="k", lw=1.8,
-            label=f"{gpu.name}: {gpu.flops_per_s / 1e12:.0f} TFLOP/s, {gpu.bytes_per_s / 1e12:.3g} TB/s ({gpu.ceilings})")
-    ax.axvline(gpu.intensity_flop_per_byte, color="k", ls=":", lw=0.8)
-    for p in placement:
-        col = colours[p["kernel"]]
-        x = p["intensity_flop_per_byte"]
-        y_bound, y = p["bound_flops_per_s"] / 1e12, p["achieved_flops_per_s"] / 1e12
-        ax.plot([x, x], [y, y_bound], color=col, lw=0.7, alpha=0.6)
-        ax.plot([x], [y_bound], marker="o", mfc="white", mec=col, ms=4, ls="none")
-        ax.plot([x], [y], marker=markers[p["mode"]], color=col, ms=7, mew=1.5, ls="none")
-    ax.plot([], [], "o", mfc="white", mec="k", ls="none", label="model bound at the case's own shape")
-    for mode, marker in markers.items():
-        ax.plot([], [], marker, color="k", ls="none", ms=7, label=f"measured, {mode or 'any mode'}")
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    _plain_log_ticks(ax.yaxis)
-    ax.set_xlabel("arithmetic intensity of the case, I (FLOP/byte; model counts at its shape)")
-    ax.set_ylabel("performance (TFLOP/s; model FLOPs / measured time)")
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.set_title("each case against its own bound", fontsize=9)
+    x_max = max(1.05, max(p["fraction"] for p in placement) * 1.08)
+    handles = {}
+    mode_names = {"fwd": "forward", "fwdbw": "forward + backward"}
+    for row, mode in enumerate(modes):
+        ax, ax2 = axes[row]
+        pts_mode = [p for p in placement if p["mode"] == mode]
+        roof = ax.plot(grid, [min(gpu.bytes_per_s * x, gpu.flops_per_s) / 1e12 for x in grid], color="k", lw=1.6)[0]
+        ax.axvline(gpu.intensity_flop_per_byte, color="k", ls=":", lw=0.8)
+        for p in pts_mode:
+            st = styles[p["kernel"]]
+            x = p["intensity_flop_per_byte"]
+            y_bound, y = p["bound_flops_per_s"] / 1e12, p["achieved_flops_per_s"] / 1e12
+            ax.plot([x, x], [y, y_bound], color=st.color, lw=0.7, alpha=0.5)
+            ax.plot([x], [y_bound], marker="o", mfc="white", mec="0.4", ms=3, ls="none")
+            handles.setdefault(p["kernel"], ax.plot([x], [y], **st.point(6.5))[0])
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        log_axis(ax, "x")
+        log_axis(ax, "y")
+        ax.set_xlabel("arithmetic intensity of the case, I (FLOP/byte; model counts at its shape)")
+        ax.set_ylabel("performance (TFLOP/s; model FLOPs / measured time)")
+        ax.grid(True, which="both", alpha=0.3)
+        ax.set_title(f"{mode_names.get(mode, mode)}: each case against its own bound", fontsize=9)
+        if row == 0:
+            bound_handle = ax.plot([], [], "o", mfc="white", mec="0.4", ms=3, ls="none")[0]
+            roof_handle = roof
 
-    kernels = list(dict.fromkeys(p["kernel"] for p in placement))
-    modes = list(markers)
-    for k, kernel in enumerate(kernels):
-        for j, mode in enumerate(modes):
-            pts = [p for p in placement if p["kernel"] == kernel and p["mode"] == mode]
+        ax2.set_xlim(0, x_max)
+        present = [k for k in kernels if any(p["kernel"] == k for p in pts_mode)]
+        for k, kernel in enumerate(kernels):
+            pts = [p for p in pts_mode if p["kernel"] == kernel]
             if not pts:
                 continue
-            yk = k + (j - (len(modes) - 1) / 2) * 0.25
+            st = styles[kernel]
             fr = [p["fraction"] for p in pts]
-            ax2.plot(fr, [yk] * len(fr), marker=markers[mode], ls="none", color=colours[kernel], ms=6, mew=1.3)
+            ax2.plot(fr, [k] * len(fr), **st.point(6.0))
             med = sorted(fr)[len(fr) // 2]
-            ax2.plot([med, med], [yk - 0.11, yk + 0.11], color=colours[kernel], lw=2.2)
-            for p in pts:
-                if p.get("outlier"):
-                    ax2.annotate(p["case"], (p["fraction"], yk), textcoords="offset points", xytext=(3, 3),
-                                 fontsize=6, color=colours[kernel])
-    ax2.set_yticks(range(len(kernels)), kernels, fontsize=7)
-    for tick, kernel in zip(ax2.get_yticklabels(), kernels):
-        tick.set_color(colours[kernel])
-    ax2.invert_yaxis()
-    ax2.axvline(1.0, color="k", lw=1.0)
-    ax2.set_xlim(0, max(1.05, max(p["fraction"] for p in placement) * 1.08))
-    ax2.set_xlabel("achieved / bound at the case's own intensity")
-    ax2.grid(True, axis="x", alpha=0.3)
-    ax2.set_title("distance to the bound (bar: median; labelled: outliers)", fontsize=9)
+            ax2.plot([med, med], [k - 0.32, k + 0.32], color=st.color, lw=2.4)
+        ax2.set_yticks(range(len(kernels)), kernels, fontsize=7)
+        ax2.set_ylim(len(kernels) - 0.5, -0.5)
+        for tick, kernel in zip(ax2.get_yticklabels(), kernels):
+            tick.set_alpha(1.0 if kernel in present else 0.35)
+        ax2.axvline(1.0, color="k", lw=1.0)
+        ax2.set_xlabel("achieved / bound at the case's own intensity")
+        ax2.grid(True, axis="x", alpha=0.3)
+        ax2.set_title(f"{mode_names.get(mode, mode)}: distance to the bound (bar: median; labelled: outliers)",
+                      fontsize=9)
+        fig.canvas.draw()  # sizes for the label placement
+        for k, kernel in enumerate(kernels):
+            pts = [p for p in pts_mode if p["kernel"] == kernel]
+            if pts:
+                _label_outliers(ax2, pts, k, styles[kernel].color, above=True)
+    labels = list(kernels) + [f"{gpu.name} roof: {gpu.flops_per_s / 1e12:.0f} TFLOP/s, "
+                              f"{gpu.bytes_per_s / 1e12:.3g} TB/s ({gpu.ceilings})", "model bound at the case's own shape"]
+    legend_below(fig, [handles[k] for k in kernels] + [roof_handle, bound_handle], labels, ncol=3, fontsize=7.5)
     if title:
         fig.suptitle(title, fontsize=10)
     return save_figure(fig, path)
@@ -126,11 +161,13 @@ def _logspace(lo, hi, n=120):
 def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
     """Measured runtime over chunk size L beside the model (the optimal-chunk figure).
 
-    One column per (shape, mode); top row: measured median ms per kernel (solid, markers),
-    the model's runtime curve (eq. 116 sum form, dashed; the max form = roofline bound,
-    dotted), vertical lines at the model's optima (eq. 111 FLOP-optimal, eq. 121
+    One column per (shape, mode); top row: measured median ms per kernel (ours solid and
+    filled, the authors' dashed and hollow: :mod:`tflabench.plots.style`), the model's
+    runtime curve (eq. 116 sum form, dashed black; the max form = roofline bound, dotted
+    grey), vertical lines at the model's optima (eq. 111 FLOP-optimal, eq. 121
     runtime-optimal) and a star at each kernel's measured optimum; bottom row: measured /
-    model (sum form) per L, and the peak memory (GiB, right axis) where measured.
+    model (sum form) per L, and the peak memory (GiB, right axis, thin dotted) where
+    measured. Each column's key sits below it, outside the data.
 
     Args:
         sweeps: :class:`tflabench.model_vs_measured.ChunkSweep` list (one per kernel,
@@ -141,6 +178,7 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
         UserError: no sweep given.
     """
     from tflabench.errors import UserError
+    from tflabench.plots.style import kernel_styles, log_axis
 
     if not sweeps:
         raise UserError("no chunk-size sweep of an mLSTM kernel (two or more chunk sizes at one shape) to draw")
@@ -148,51 +186,58 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
     for s in sweeps:
         panels.setdefault((tuple(sorted(s.shape.items())), s.mode), []).append(s)
     keys = list(panels)
-    fig, axes = _figure(2, len(keys), (6.2 * len(keys), 7.6), sharex="col",
+    styles = kernel_styles((s.kernel, None, None) for s in sweeps)
+    fig, axes = _figure(2, len(keys), (6.4 * len(keys), 8.6), sharex="col",
                         gridspec_kw={"height_ratios": [2.2, 1.0]})
-    palette = ["tab:blue", "tab:orange", "tab:green", "tab:red", "tab:purple", "tab:brown"]
+    mode_names = {"fwd": "forward", "fwdbw": "forward + backward"}
     for col, key in enumerate(keys):
         ax, axr = axes[0][col], axes[1][col]
-        group = panels[key]
+        group = sorted(panels[key], key=lambda s: not styles[s.kernel].ours)
         first = group[0]
         Ls = sorted({p["L"] for s in group for p in s.points})
         grid = _logspace(max(1.0, Ls[0] / 2), min(float(first.shape["seq_len"]), Ls[-1] * 2))
-        ax.plot(grid, first.model_curve(grid, "sum"), color="k", ls="--", lw=1.4,
-                label=f"model, sum form (eq. 116; F_causal={first.F_causal:g})")
-        ax.plot(grid, first.model_curve(grid, "max"), color="0.5", ls=":", lw=1.4,
-                label="model, max form = roofline bound (eq. 114)")
+        handles, labels = [], []
+        for s in group:
+            st = styles[s.kernel]
+            x = [p["L"] for p in s.points]
+            handles.append(ax.plot(x, [p["ms_median"] for p in s.points], **st.line())[0])
+            labels.append(f"{s.kernel}: measured (star: its optimum, L={s.measured_L_opt})")
+            ax.plot([s.measured_L_opt], [s.measured_ms_opt], marker="*", color=st.color, ms=16, mec="k",
+                    mew=0.8, ls="none", zorder=5)
+            axr.plot(x, [p["ratio_sum"] for p in s.points], **st.line())
+        handles.append(ax.plot(grid, first.model_curve(grid, "sum"), color="k", ls="--", lw=1.4)[0])
+        labels.append(f"model, sum form (eq. 116; F_causal={first.F_causal:g})")
+        handles.append(ax.plot(grid, first.model_curve(grid, "max"), color="0.5", ls=":", lw=1.4)[0])
+        labels.append("model, max form = roofline bound (eq. 114)")
         o = first.optima
         for name, ls, lab in (("L_opt_flop", "-.", "FLOP-optimal (eq. 111)"),
-                              ("L_opt_runtime", "--", "runtime-optimal (eq. 121)")):
+                              ("L_opt_runtime", (0, (5, 2)), "runtime-optimal (eq. 121)")):
             if grid[0] <= o[name] <= grid[-1]:
-                ax.axvline(o[name], color="0.3", ls=ls, lw=0.9, label=f"model {lab}: L={o[name]:.0f}")
+                handles.append(ax.axvline(o[name], color="0.3", ls=ls, lw=0.9))
+                labels.append(f"model {lab}: L={o[name]:.0f}")
             else:
-                ax.plot([], [], " ", label=f"model {lab}: L={o[name]:.0f} (off the axis)")
+                handles.append(ax.plot([], [], " ")[0])
+                labels.append(f"model {lab}: L={o[name]:.0f} (off the axis)")
         mem_ax = None
-        for j, s in enumerate(group):
-            c = palette[j % len(palette)]
-            x = [p["L"] for p in s.points]
-            ax.plot(x, [p["ms_median"] for p in s.points], marker="o", color=c, lw=1.8, label=f"{s.kernel}")
-            ax.plot([s.measured_L_opt], [s.measured_ms_opt], marker="*", color=c, ms=15, mec="k", ls="none",
-                    label=f"measured optimum L={s.measured_L_opt}")
-            axr.plot(x, [p["ratio_sum"] for p in s.points], marker="o", color=c, lw=1.4)
+        for s in group:
             mem = [(p["L"], p["peak_mem_bytes"] / GIB) for p in s.points if p.get("peak_mem_bytes")]
             if mem:
                 mem_ax = mem_ax or axr.twinx()
-                mem_ax.plot([m[0] for m in mem], [m[1] for m in mem], marker="s", ms=3, color=c, ls=":", lw=1.0)
+                mem_ax.plot([m[0] for m in mem], [m[1] for m in mem], marker=styles[s.kernel].marker, ms=3,
+                            color=styles[s.kernel].color, ls=":", lw=0.9,
+                            mfc=styles[s.kernel].color if styles[s.kernel].ours else "white")
         if mem_ax is not None:
-            mem_ax.set_ylabel("peak memory, dotted (GiB)", fontsize=8)
+            mem_ax.set_ylabel("peak memory, thin dotted (GiB)", fontsize=8)
             mem_ax.set_ylim(bottom=0)
         s0 = first.shape
-        ax.set_title(f"{first.mode}: B={s0['batch']} S={s0['seq_len']} NH={s0['heads']} d_qk={s0['d_qk']} "
-                     f"d_hv={s0['d_hv']} ({first.ceilings} ceilings: {first.alpha / 1e12:.0f} TFLOP/s, "
-                     f"{first.beta / 1e12:.3g} TB/s)", fontsize=8)
+        ax.set_title(f"{mode_names.get(first.mode, first.mode)}: B={s0['batch']} S={s0['seq_len']} "
+                     f"NH={s0['heads']} d_qk={s0['d_qk']} d_hv={s0['d_hv']}\n({first.ceilings} ceilings: "
+                     f"{first.alpha / 1e12:.0f} TFLOP/s, {first.beta / 1e12:.3g} TB/s)", fontsize=8.5)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
-        _plain_log_ticks(ax.yaxis)
+        log_axis(ax, "y")
         ax.set_ylabel("runtime (ms): measured median, model")
         ax.grid(True, which="both", alpha=0.3)
-        ax.legend(fontsize=6.5, loc="upper center")
         axr.set_xscale("log", base=2)
         axr.axhline(1.0, color="k", lw=0.8)
         axr.set_ylim(bottom=0)
@@ -200,6 +245,8 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
         axr.set_ylabel("measured / model (sum form)", fontsize=8)
         axr.grid(True, which="both", alpha=0.3)
         axr.set_xticks(Ls, [str(L) for L in Ls])
+        axr.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.32), fontsize=7, ncol=1,
+                   frameon=False)
     if title:
         fig.suptitle(title, fontsize=10)
     return save_figure(fig, path)
@@ -221,20 +268,20 @@ def model_figures(rs, out_dir: str | Path, *, gpu=None, F_causal: float = 0.66, 
             return []
     out = Path(out_dir)
     suite = rs.metadata.get("suite") or ""
-    where = f"{suite} on {rs.metadata.get('gpu_name') or gpu.name}"
+    where = f"suite {suite} on {rs.metadata.get('gpu_name') or gpu.name}"
     written = []
     placement = mm.roofline_placement(rs.rows, alpha=gpu.flops_per_s, beta=gpu.bytes_per_s)
     if placement:
         written.append(roofline_measured_figure(
             placement, gpu, path=out / "roofline_measured.png",
-            title=f"{where}: every case against the roofline at its own shape ({gpu.ceilings} ceilings)"))
+            title=f"Every measured case against the roofline at its own shape ({gpu.ceilings} ceilings), {where}"))
     sweeps = mm.chunk_sweeps(rs.rows, alpha=gpu.flops_per_s, beta=gpu.bytes_per_s, ceilings=gpu.ceilings,
                              F_causal=F_causal, counts=counts)
     if sweeps:
         written.append(chunk_sweep_figure(
             sweeps, path=out / "optimal_chunk.png",
-            title=f"{where}: runtime over chunk size, measured and modelled (counts={counts})"))
+            title=f"Runtime over chunk size L, measured and modelled (counts={counts}), {where}"))
     return written
 
 
-__all__ = ["chunk_sweep_figure", "model_figures", "roofline_measured_figure", "MODE_MARKERS"]
+__all__ = ["chunk_sweep_figure", "model_figures", "roofline_measured_figure"]
