@@ -121,27 +121,6 @@ def test_roofline_json_points_plot_and_measured_points(tmp_path):
     assert d["plot"] == str(plot) and plot.stat().st_size > 10_000
 
 
-def test_measured_roofline_points_get_a_colour_per_kernel_and_a_marker_per_mode():
-    """Eleven kernels in two modes (the Figure-4 suite): eleven distinct colours, none the
-    roof's colour pair, and fwd / fwdbw told apart by marker."""
-    from matplotlib.colors import to_rgb
-
-    from tflabench.plots.analytic import measured_styles
-
-    pts = [{"label": f"k{j} {m}", "kernel": f"k{j}", "mode": m, "intensity_flop_per_byte": 10.0,
-            "flops_per_s": 1e13} for j in range(11) for m in ("fwd", "fwdbw")]
-    colours, markers = measured_styles(pts, n_reserved=1)
-    rgb = {k: to_rgb(c) for k, c in colours.items()}
-    assert len(rgb) == 11 and len(set(rgb.values())) == 11
-    from matplotlib import colormaps
-
-    roof_pair = {to_rgb(colormaps["tab20"](i)) for i in (0, 1)}   # tab:blue, dark and light
-    assert not roof_pair & set(rgb.values())
-    assert markers == {"fwd": "x", "fwdbw": "+"}
-    few, _ = measured_styles(pts[:6], n_reserved=2)          # 3 kernels: tab10 after the roofs
-    assert list(few.values()) == ["tab:green", "tab:red", "tab:purple"]
-
-
 def test_roofline_default_writes_png_under_results_plots_and_prints_the_path(tmp_path):
     r = run("roofline", "--gpu", "b200", "--peers", "--ceilings", "datasheet")
     assert r.exit_code == 0, r.stderr

@@ -163,9 +163,11 @@ def report(
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
             con.print(_status_line(rs.rows.to_dict("records")))
             if plots:
-                from tflabench.plots.numerics import write_heatmap
+                from tflabench.plots.numerics import heatmap_title, write_heatmap
 
-                con.print(f"plot: {write_heatmap(rs.rows, (out or rs.path / 'plots') / 'verify_heatmap.png')}")
+                heatmap = write_heatmap(rs.rows, (out or rs.path / "plots") / "verify_heatmap.png",
+                                        title=heatmap_title(meta))
+                con.print(f"plot: {heatmap}")
             return
         con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
         con.print(_status_line(rs.rows.to_dict("records")))

@@ -149,7 +149,7 @@ def verify(
 
     name = V.verify_suite_name(loaded.suite.name)
     frame = load_results(result.directory).rows
-    heatmap = _write_heatmap(frame, result.directory, name) if plots and result.rows else None
+    heatmap = _write_heatmap(frame, result.directory) if plots and result.rows else None
     con = make_console()
     con.print(verify_table(frame, title=f"{name}: {len(frame)} cases"))
     counts = Counter(r["status"] for r in result.rows)
@@ -164,16 +164,17 @@ def verify(
     raise typer.Exit(status)
 
 
-def _write_heatmap(frame, directory: Path, name: str) -> Path | None:
+def _write_heatmap(frame, directory: Path) -> Path | None:
     """The verify heat map of a result set (``plots/verify_heatmap.png``); a problem drawing
     it is a warning on stderr (the verdicts are on disk already)."""
     from tflabench.console import make_console
 
     try:
-        from tflabench.plots.numerics import write_heatmap
+        from tflabench.plots.numerics import heatmap_title, write_heatmap
+        from tflabench.results import load_results
 
         return write_heatmap(frame, directory / "plots" / "verify_heatmap.png",
-                             title=f"{name}: worst max-normalised error per kernel and regime")
+                             title=heatmap_title(load_results(directory).metadata))
     except Exception as exc:  # a plot problem must not lose the verdicts
         make_console(stderr=True).print(f"[yellow]warning:[/] heat map not written ({type(exc).__name__}: {exc})")
         return None

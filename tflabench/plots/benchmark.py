@@ -92,7 +92,7 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     Args:
         frame: result rows (:attr:`tflabench.results.ResultSet.rows`).
     """
-    from tflabench.plots.style import legend_below, log_axis
+    from tflabench.plots.style import OURS_KEY, legend_below, log_axis, order_kernels
 
     ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()].copy()
     if ok.empty:
@@ -117,9 +117,9 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
         ax.set_ylabel("runtime, median (ms)")
         ax.set_title(MODE_TITLES.get(mode, mode))
         ax.grid(True, which="both", alpha=0.3)
-    order = [s for s in styles if s in handles]  # ours first, in the styles' order
-    order.sort(key=lambda s: not styles[s].ours)
-    legend_below(fig, [handles[s] for s in order], order, ncol=3 if len(order) > 4 else len(order))
+    order = order_kernels([s for s in styles if s in handles], styles)
+    legend_below(fig, [handles[s] for s in order], order, ncol=3 if len(order) > 4 else len(order),
+                 title=OURS_KEY if any(st.ours for st in styles.values()) else None)
     if title:
         fig.suptitle(title)
     return save_figure(fig, path)

@@ -79,7 +79,7 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
     legend below the panels.
     """
     from tflabench.errors import UserError
-    from tflabench.plots.style import kernel_styles, legend_below, log_axis, order_kernels
+    from tflabench.plots.style import OURS_KEY, kernel_styles, legend_below, log_axis, order_kernels
 
     if not placement:
         raise UserError("no measured case with model FLOPs/bytes and a time to place on the roofline")
@@ -147,7 +147,8 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
                 _label_outliers(ax2, pts, k, styles[kernel].color, above=True)
     labels = list(kernels) + [f"{gpu.name} roof: {gpu.flops_per_s / 1e12:.0f} TFLOP/s, "
                               f"{gpu.bytes_per_s / 1e12:.3g} TB/s ({gpu.ceilings})", "model bound at the case's own shape"]
-    legend_below(fig, [handles[k] for k in kernels] + [roof_handle, bound_handle], labels, ncol=3, fontsize=7.5)
+    legend_below(fig, [handles[k] for k in kernels] + [roof_handle, bound_handle], labels, ncol=3, fontsize=7.5,
+                 title=OURS_KEY if any(styles[k].ours for k in kernels) else None)
     if title:
         fig.suptitle(title, fontsize=10)
     return save_figure(fig, path)

@@ -1,11 +1,15 @@
-"""The verify heat map: kernels x regimes, colour = log10 of the worst max-normalised error.
+"""The verify heat map: kernels x regimes, each cell's colour its worst error as a share of
+its numerics budget.
 
 One cell per (kernel, dtype) row and regime column (:func:`tflabench.verify_summary.cell_summary`:
-the deciding case over lengths, initial state and modes). Colour: log10 of that case's
-max-normalised error (the tensor with the largest error / budget); the cell's text gives
-the error and, for a failing cell, ``x`` and the tensor; non-finite values (NaN/inf where
-the reference is finite) are drawn black with ``NaN``; cells with no case that ran (all
-unavailable) are grey ``n/a``; crashes and errors are marked by their status.
+the deciding case over lengths, initial state and modes). The colour is the deciding
+case's error / budget (the max-normalised error of its worst tensor over that tensor's
+budget, docs/numerics.md) in steps a key below the map names: blues within the budget
+(lighter: further inside), vermillion past it (also marked ``x`` with the tensor). A
+cell's text gives the error and its share of the budget. Non-finite outputs (NaN/inf
+where the reference is finite) are black ``NaN``; cells where no case ran (the regime
+does not apply to that kernel, e.g. gate regimes for attention, or the kernel is
+unavailable) are hatched grey ``n/a``; crashes and errors are marked by their status.
 """
 
 from __future__ import annotations
@@ -14,16 +18,55 @@ import math
 from pathlib import Path
 
 from tflabench.plots import save_figure
-from tflabench.verify_summary import FAILING, cell_summary
+
+#: Steps of error / budget and their colours: within the budget blues (colour-blind safe,
+#: light = far inside), past it vermillion.
+BUDGET_STEPS = (0.0, 1e-3, 1e-2, 0.1, 0.5, 1.0, math.inf)
+BUDGET_COLOURS = ("#eff3ff", "#bdd7e7", "#6baed6", "#3182bd", "#08519c", "#D55E00")
+BUDGET_LABELS = ("< 0.1 %", "0.1-1 %", "1-10 %", "10-50 %", "50-100 %", "> 100 %: fails")
+NA_COLOUR = "#d9d9d9"
+
+
+def _missing(value) -> bool:
+    return value is None or (isinstance(value, float) and math.isnan(value))
+
+
+def _share(share: float) -> str:
+    """``20% of budget``, ``0.3% of budget``; past ten budgets ``27x budget``, ``5e+05x budget``."""
+    if share >= 10:
+        return f"{share:.0f}x budget" if share < 1e4 else f"{share:.0e}x budget"
+    if share >= 0.1:
+        return f"{share:.0%} of budget"
+    return f"{share * 100:.2g}% of budget"
+
+
+def heatmap_title(metadata) -> str:
+    """The heat map's title from a verify set's metadata: which suite, on which device, and
+    what the colours mean."""
+    suite = str(metadata.get("suite") or "?").removesuffix("-verify")
+    where = metadata.get("gpu_name") or ("CPU" if metadata.get("device") in (None, "cpu") else metadata.get("device"))
+    return f"Numerics of suite {suite} on {where}: worst error per kernel and regime, as a share of its budget"
 
 
 def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
     """Draw the heat map of verify rows ``frame`` (a result-set DataFrame) to ``path``
-    (``.png``, ``.svg`` or ``.pdf``); returns the path. Raises ValueError when the frame
-    holds no verify rows (``numerics_case`` all empty)."""
-    import matplotlib
+    (``.png``, ``.svg`` or ``.pdf``); returns the path.
+
+    Args:
+        frame: verify rows (``numerics_case`` set), with ``numerics_err`` and
+            ``numerics_budget``.
+        path: output file.
+        title: figure title (default: what the map shows).
+
+    Raises:
+        ValueError: the frame holds no verify rows (``numerics_case`` all empty).
+    """
     import numpy as np
+    from matplotlib.colors import BoundaryNorm, ListedColormap
     from matplotlib.figure import Figure
+    from matplotlib.patches import Patch, Rectangle
+
+    from tflabench.verify_summary import FAILING, cell_summary
 
     summary = cell_summary(frame)
     if summary.empty:
@@ -31,47 +74,69 @@ def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
     summary["row"] = summary["kernel"] + " [" + summary["dtype"] + "]"
     rows = list(dict.fromkeys(summary["row"]))
     cols = list(dict.fromkeys(summary["regime"]))
-    values = np.full((len(rows), len(cols)), np.nan)
-    fig = Figure(figsize=(1.3 * len(cols) + 4.5, 0.5 * len(rows) + 2.0), layout="constrained")
+    share = np.full((len(rows), len(cols)), np.nan)
+    fig = Figure(figsize=(1.25 * len(cols) + 5.0, 0.55 * len(rows) + 2.6), layout="constrained")
     ax = fig.subplots()
-    texts = []
+    texts, specials = [], []
     for r in summary.to_dict("records"):
         y, x = rows.index(r["row"]), cols.index(r["regime"])
-        err, nonfinite = r.get("numerics_err"), r.get("numerics_nonfinite") or 0
-        if isinstance(nonfinite, float) and math.isnan(nonfinite):
-            nonfinite = 0
-        if r["cases"] == 0:
-            texts.append((x, y, "n/a", "dimgray"))
-        elif nonfinite:
-            texts.append((x, y, f"NaN\n{r.get('numerics_worst') or ''}", "white"))
-        elif r["status"] in FAILING and (err is None or (isinstance(err, float) and math.isnan(err))):
-            texts.append((x, y, r["status"], "black"))
-        elif err is not None and not (isinstance(err, float) and math.isnan(err)):
-            values[y, x] = math.log10(max(err, 1e-16))
-            mark = f"x {r.get('numerics_worst')}\n" if r["status"] in FAILING else ""
-            texts.append((x, y, f"{mark}{err:.0e}", "white" if values[y, x] > -2.5 else "black"))
-    cmap = matplotlib.colormaps["viridis_r"].with_extremes(bad="lightgray")
-    finite = values[np.isfinite(values)]
-    vmin = float(min(finite.min(), -7)) if finite.size else -7.0
-    vmax = float(max(finite.max(), 0)) if finite.size else 0.0
-    image = ax.imshow(np.ma.masked_invalid(values), cmap=cmap, vmin=vmin, vmax=vmax, aspect="auto")
-    for r in summary.to_dict("records"):  # non-finite cells: black
+        err, budget = r.get("numerics_err"), r.get("numerics_budget")
         nonfinite = r.get("numerics_nonfinite") or 0
-        if nonfinite and not (isinstance(nonfinite, float) and math.isnan(nonfinite)):
-            y, x = rows.index(r["row"]), cols.index(r["regime"])
-            ax.add_patch(matplotlib.patches.Rectangle((x - 0.5, y - 0.5), 1, 1, color="black"))
+        nonfinite = 0 if _missing(nonfinite) else nonfinite
+        if r["cases"] == 0:
+            specials.append((x, y, "na"))
+            texts.append((x, y, "n/a", "black"))
+        elif nonfinite:
+            specials.append((x, y, "nan"))
+            texts.append((x, y, f"NaN\n{r.get('numerics_worst') or ''}", "white"))
+        elif _missing(err):
+            specials.append((x, y, "na"))
+            texts.append((x, y, str(r["status"]), "black"))
+        else:
+            fails = r["status"] in FAILING
+            if not _missing(budget) and budget > 0:
+                share[y, x] = err / budget
+                detail = f"{err:.0e}\n{_share(err / budget)}"
+            else:
+                detail = f"{err:.0e}\n(no budget)"
+            mark = f"x {r.get('numerics_worst')}\n" if fails else ""
+            dark = not _missing(share[y, x]) and share[y, x] > 0.1
+            texts.append((x, y, mark + detail, "white" if dark else "black"))
+    seen = {(rows.index(r), cols.index(c)) for r, c in zip(summary["row"], summary["regime"])}
+    for y in range(len(rows)):
+        for x in range(len(cols)):
+            if (y, x) not in seen:  # no row at all: the regime does not apply to this kernel
+                specials.append((x, y, "na"))
+                texts.append((x, y, "n/a", "black"))
+    cmap = ListedColormap(BUDGET_COLOURS).with_extremes(bad=NA_COLOUR)
+    finite_steps = list(BUDGET_STEPS[:-1]) + [1e6]
+    norm = BoundaryNorm(finite_steps, cmap.N)
+    ax.imshow(np.ma.masked_invalid(np.clip(share, 0, 1e5)), cmap=cmap, norm=norm, aspect="auto")
+    for x, y, kind in specials:
+        if kind == "nan":
+            ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, color="black"))
+        else:
+            ax.add_patch(Rectangle((x - 0.5, y - 0.5), 1, 1, facecolor=NA_COLOUR, edgecolor="white", hatch="//",
+                                   linewidth=0))
+    for r in summary.to_dict("records"):
         if r["status"] in FAILING:
             y, x = rows.index(r["row"]), cols.index(r["regime"])
-            ax.add_patch(matplotlib.patches.Rectangle((x - 0.5, y - 0.5), 1, 1, fill=False,
-                                                      edgecolor="red", linewidth=2.5))
+            ax.add_patch(Rectangle((x - 0.47, y - 0.47), 0.94, 0.94, fill=False, edgecolor="black", linewidth=2.0))
     for x, y, text, color in texts:
-        ax.text(x, y, text, ha="center", va="center", fontsize=7, color=color)
+        ax.text(x, y, text, ha="center", va="center", fontsize=6.5, color=color)
     ax.set_xticks(range(len(cols)), cols, rotation=30, ha="right")
     ax.set_yticks(range(len(rows)), rows)
-    fig.colorbar(image, ax=ax, label="log10 max-normalised error (deciding tensor)")
-    ax.set_title(title or "verify: worst error per kernel and regime (red frame: fails its budget)",
-                 fontsize=10)
+    ax.set_xlabel("regime (gate pre-activations and inputs; docs/numerics.md)")
+    handles = [Patch(facecolor=c, edgecolor="0.6", label=f"{lab} of budget" if i < len(BUDGET_LABELS) - 1 else lab)
+               for i, (c, lab) in enumerate(zip(BUDGET_COLOURS, BUDGET_LABELS))]
+    handles.append(Patch(facecolor="black", label="NaN / inf where the reference is finite"))
+    handles.append(Patch(facecolor=NA_COLOUR, hatch="//", edgecolor="white",
+                         label="n/a: no case ran (the regime does not apply to the kernel, or it is unavailable)"))
+    fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=7, frameon=False,
+               title="worst error / its budget (the case that decides the cell: the worst over lengths, "
+                     "initial state and modes; framed: fails)", title_fontsize=7.5)
+    ax.set_title(title or "Numerics: worst error per kernel and regime, as a share of its budget", fontsize=10)
     return save_figure(fig, path)
 
 
-__all__ = ["write_heatmap"]
+__all__ = ["BUDGET_STEPS", "heatmap_title", "write_heatmap"]

@@ -30,6 +30,8 @@ MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">", "h", "p", "*", "d", "8")
 OURS_BACKENDS = frozenset({"tfla"})
 #: Backends of the TFLA authors' kernels (drawn dashed, hollow, in the colour of ours).
 AUTHORS_BACKENDS = frozenset({"mlstm_kernels"})
+#: The key's line that says how ours and the peers are drawn.
+OURS_KEY = "solid, filled: ours; dashed, hollow: the authors' kernels (mlstm_kernels) and other peers"
 #: Colours of other things in a figure (GPU roofs, model curves) than kernels.
 NEUTRALS = ("#000000", "#555555", "#888888")
 
@@ -224,5 +226,5 @@ def legend_below(fig, handles, labels, *, ncol: int | None = None, title: str | 
                       title=title, title_fontsize=fontsize)
 
 
-__all__ = ["AUTHORS_BACKENDS", "KernelStyle", "MARKERS", "NEUTRALS", "OURS_BACKENDS", "PALETTE", "family_key",
+__all__ = ["AUTHORS_BACKENDS", "OURS_KEY", "KernelStyle", "MARKERS", "NEUTRALS", "OURS_BACKENDS", "PALETTE", "family_key",
            "is_ours", "kernel_styles", "order_kernels", "legend_below", "log_axis", "place_labels", "styles_for_rows", "tick_text"]
