@@ -67,25 +67,89 @@ def table_html(columns: list[str], rows: Iterable[list], *, numeric: Iterable[in
     return "".join(out)
 
 
-def _results_table(records: list[dict]) -> str:
-    cols = ["kernel", "mode", "B", "S", "NH x d_qk/d_hv", "L", "status", "ms median", "peak GiB",
-            "1st call s", "TFLOP/s", "of bound", "reason"]
+#: Optional columns of the rows table: (header, row key, why it can be empty). A column
+#: empty in every row is left out and its reason listed under the table.
+_OPTIONAL = (
+    ("peak GiB", "peak_mem_bytes", "peak memory is measured on CUDA devices only (torch's allocator statistics)"),
+    ("1st call s", "first_call_s", "no row recorded a first call"),
+    ("numerics err", "numerics_err", "the numerics gate was off (suite numerics.check: false) or no row reached it"),
+    ("TFLOP/s", "tflops_per_s", "no row has model FLOPs (kernels outside the analytic model, e.g. custom)"),
+    ("of bound", "roofline_fraction", "no roofline comparison: the set was measured on no catalogued GPU "
+                                     "(a CPU run); `tflabench report --gpu KEY` places the rows on a GPU's roofline"),
+)
+
+
+def _present(value) -> bool:
+    if value is None:
+        return False
+    try:
+        return math.isfinite(float(value))
+    except (TypeError, ValueError):
+        return bool(str(value).strip())
+
+
+def _results_table(records: list[dict]) -> tuple[str, list[str]]:
+    """The rows table (every column the terminal's ``report`` shows, plus the roofline
+    fraction) and the notes on the optional columns left out because every row is empty."""
+    if any(_present(r.get("numerics_case")) for r in records):  # a verify set: no timings, its regime
+        shown, notes = [("regime", "numerics_case"), ("numerics err", "numerics_err")], []
+    else:
+        shown = [(h, key) for h, key, _ in _OPTIONAL if any(_present(r.get(key)) for r in records)]
+        notes = [f"No \"{h}\" column: {why}." for h, key, why in _OPTIONAL if (h, key) not in shown]
+    cols = ["kernel", "mode", "B", "S", "NH x d_qk/d_hv", "L", "status", "ms median", *(h for h, _ in shown), "reason"]
+    if shown and shown[0][0] == "regime":
+        cols.remove("ms median")
     rows, classes = [], []
     for r in records:
         status = str(r.get("status") or "")
-        peak = r.get("peak_mem_bytes")
-        try:
-            peak_gib = float(peak) / 2**30
-        except (TypeError, ValueError):
-            peak_gib = None
-        rows.append([r.get("kernel"), r.get("mode"), _num(r.get("batch"), ".0f"), _num(r.get("seq_len"), ".0f"),
-                     f"{_num(r.get('heads'), '.0f')} x {_num(r.get('d_qk'), '.0f')}/{_num(r.get('d_hv'), '.0f')}",
-                     _num(r.get("chunk_size"), ".0f"), status, _num(r.get("ms_median"), ".3f"),
-                     _num(peak_gib, ".2f"), _num(r.get("first_call_s"), ".2f"), _num(r.get("tflops_per_s"), ".3g"),
-                     _num(r.get("roofline_fraction"), ".2f"), str(r.get("reason") or "")])
+        cells = [r.get("kernel"), r.get("mode"), _num(r.get("batch"), ".0f"), _num(r.get("seq_len"), ".0f"),
+                 f"{_num(r.get('heads'), '.0f')} x {_num(r.get('d_qk'), '.0f')}/{_num(r.get('d_hv'), '.0f')}",
+                 _num(r.get("chunk_size"), ".0f"), status, _num(r.get("ms_median"), ".3f")]
+        if "ms median" not in cols:
+            cells.pop()
+        for _, key in shown:
+            value = r.get(key)
+            if key == "peak_mem_bytes":
+                cells.append(_num(float(value) / 2**30 if _present(value) else None, ".2f"))
+            elif key == "numerics_err":
+                worst = r.get("numerics_worst")
+                cells.append(" ".join(x for x in (_num(value, ".1e"), str(worst) if _present(worst) else "") if x))
+            elif key == "first_call_s":
+                cells.append(_num(value, ".2f"))
+            elif key == "tflops_per_s":
+                cells.append(_num(value, ".3g"))
+            elif key == "numerics_case":
+                cells.append(str(value) if _present(value) else "")
+            else:
+                cells.append(_num(value, ".2f"))
+        cells.append(str(r.get("reason") or ""))
+        rows.append(cells)
         classes.append("ok" if status == "ok" else "bad" if status in _BAD else "na")
-    return table_html(cols, rows, numeric=(2, 3, 5, 7, 8, 9, 10, 11), row_class=lambda n: classes[n],
-                      cell_class={6: "status", 12: "reason"})
+    first = cols.index("status") + 1 + ("ms median" in cols)
+    numeric = [2, 3, 5] + ([7] if "ms median" in cols else []) + [
+        first + j for j, (h, _) in enumerate(shown) if h not in ("numerics err", "regime")]
+    return table_html(cols, rows, numeric=numeric, row_class=lambda n: classes[n],
+                      cell_class={6: "status", len(cols) - 1: "reason"}), notes
+
+
+def verify_table_html(frame) -> str:
+    """The verify verdict per kernel, dtype and regime (the deciding case:
+    :func:`tflabench.verify_summary.cell_summary`), as the terminal's ``report`` prints it."""
+    from tflabench.verify_summary import cell_summary
+
+    rows, classes = [], []
+    for r in cell_summary(frame).to_dict("records"):
+        nonfinite = r.get("numerics_nonfinite")
+        err = "NaN/inf" if _present(nonfinite) and float(nonfinite) > 0 else _num(r.get("numerics_err"), ".1e")
+        status = str(r["status"])
+        rows.append([r["kernel"], r["dtype"], r["regime"], status, f"{r['failed']}/{r['cases']}",
+                     r["numerics_worst"] if isinstance(r.get("numerics_worst"), str) else "", err,
+                     _num(r.get("numerics_budget"), ".1e"), r["where"],
+                     "" if status == "ok" else str(r.get("reason") or "")])
+        classes.append("ok" if status == "ok" else "bad" if status in _BAD else "na")
+    return table_html(["kernel", "dtype", "regime", "status", "failed / cases", "tensor", "err", "budget", "where",
+                       "reason"], rows, numeric=(4, 6, 7), row_class=lambda n: classes[n],
+                      cell_class={3: "status", 9: "reason"})
 
 
 def distance_table_html(distance: list[dict]) -> str:
@@ -123,35 +187,78 @@ def embed_png(path: str | Path) -> str:
     return "data:image/png;base64," + base64.b64encode(data).decode("ascii")
 
 
+def _environment(rs, counts) -> list[tuple[str, str]]:
+    """The lines of the report's head: what ran where; a value not recorded is said so,
+    never printed as None."""
+    meta = rs.metadata or {}
+
+    def known(key):
+        value = meta.get(key)
+        return None if value in (None, "", "None") else value
+
+    gpu = known("gpu_name")
+    if gpu:
+        gpu_line = f"{gpu} x {known('gpu_count') or 1}"
+        gpu_line += f" (driver {known('driver')})" if known("driver") else " (driver not recorded)"
+    else:
+        gpu_line = "none (CPU)"
+    software = ", ".join(f"{name} {known(key)}" for name, key in (("torch", "torch"), ("CUDA", "cuda"),
+                                                                  ("triton", "triton"), ("python", "python"))
+                         if known(key))
+    lines = [("suite", f"{known('suite') or 'not recorded'}"
+                       + (f" ({known('suite_path')})" if known("suite_path") else "")),
+             ("date", known("date") or "not recorded"), ("GPU", gpu_line), ("software", software or "not recorded"),
+             ("peers", ", ".join(f"{k} {v}" for k, v in sorted((meta.get("peers") or {}).items())) or "none"),
+             ("git", known("git_revision") or "not recorded")]
+    if meta.get("merged_from"):
+        missing = meta.get("shards_missing") or []
+        lines.append(("merged", f"{len(meta['merged_from'])} shard(s)"
+                                + (f"; missing {', '.join(map(str, missing))}" if missing else "")))
+    elif known("shard"):
+        lines.append(("shard", f"{known('shard')} only (merge the shards for the whole run)"))
+    lines += [("result set", str(rs.path)), ("rows", ", ".join(f"{n} {s}" for s, n in counts.most_common()))]
+    return lines
+
+
 def html_report(rs, *, figures: Iterable[str | Path] = (), distance: list[dict] | None = None,
-                sweeps=None, ceilings_text: str | None = None) -> str:
-    """The report's HTML text (a whole document).
+                sweeps=None, ceilings_text: str | None = None, notes: Iterable[str] = ()) -> str:
+    """The report's HTML text (a whole document): everything ``tflabench report`` prints on
+    the terminal, and the figures.
 
     Args:
-        rs: :class:`tflabench.results.ResultSet`.
+        rs: :class:`tflabench.results.ResultSet` of a run, a verify run or merged shards.
         figures: PNG files to embed, in order (captioned with their file name).
         distance: rows of the "distance to the bound" table, or None to leave it out.
         sweeps: chunk-size sweeps (:class:`tflabench.model_vs_measured.ChunkSweep`) or None.
         ceilings_text: which ceilings the model used (shown above the model tables).
+        notes: lines the terminal report printed beside its tables (e.g. why there is no
+            model comparison), shown under the head.
+
+    Raises:
+        UserError: a figure is missing or not a PNG.
     """
-    meta = rs.metadata or {}
-    records = rs.rows.to_dict("records") if hasattr(rs.rows, "to_dict") else list(rs.rows)
     from collections import Counter
 
+    meta = rs.metadata or {}
+    records = rs.rows.to_dict("records") if hasattr(rs.rows, "to_dict") else list(rs.rows)
+    verify = any(_present(r.get("numerics_case")) for r in records)
     counts = Counter(str(r.get("status")) for r in records)
-    title = f"tflabench: {meta.get('suite') or 'result set'} on {meta.get('gpu_name') or 'CPU'}"
-    env = [("suite", f"{meta.get('suite')} ({meta.get('suite_path')})"), ("date", meta.get("date")),
-           ("GPU", f"{meta.get('gpu_name') or 'none'} x {meta.get('gpu_count')} (driver {meta.get('driver')})"),
-           ("software", f"torch {meta.get('torch')}, CUDA {meta.get('cuda')}, triton {meta.get('triton')}, "
-                        f"python {meta.get('python')}"),
-           ("peers", ", ".join(f"{k} {v}" for k, v in sorted((meta.get("peers") or {}).items())) or "none"),
-           ("git", meta.get("git_revision")), ("result set", str(rs.path)),
-           ("rows", ", ".join(f"{n} {s}" for s, n in counts.most_common()))]
+    what = "numerics verification" if verify else "benchmark"
+    suite = str(meta.get("suite") or "result set").removesuffix("-verify")
+    title = f"tflabench {what}: {suite} on {meta.get('gpu_name') or 'CPU'}"
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
-             f"<h1>{_e(title)}</h1>", table_html(["", ""], [[k, v] for k, v in env])]
+             f"<h1>{_e(title)}</h1>", table_html(["", ""], [[k, v] for k, v in _environment(rs, counts)])]
+    for note in notes:
+        parts.append(f'<p class="note">{_e(note)}</p>')
     if ceilings_text:
         parts.append(f'<p class="note">Model: {_e(ceilings_text)}</p>')
+    if verify:
+        parts.append("<h2>Verdict per kernel and regime</h2>")
+        parts.append('<p class="note">The deciding case of each cell (failing first, then the largest error / '
+                     "budget) over lengths, initial state and modes; err is the max-normalised error of its worst "
+                     "tensor against the float64 reference, budget that tensor's budget.</p>")
+        parts.append(verify_table_html(rs.rows))
     if distance:
         parts.append("<h2>Distance to the bound</h2>")
         parts.append('<p class="note">Achieved FLOP/s (model FLOPs at the case\'s own shape / measured median '
@@ -171,18 +278,30 @@ def html_report(rs, *, figures: Iterable[str | Path] = (), distance: list[dict] 
             parts.append(f'<figure><img alt="{_e(Path(f).name)}" src="{embed_png(f)}">'
                          f"<figcaption>{_e(Path(f).name)}</figcaption></figure>")
     parts.append("<h2>All rows</h2>")
-    parts.append(_results_table(records))
+    table, column_notes = _results_table(records)
+    parts.append(table)
+    for note in column_notes:
+        parts.append(f'<p class="note">{_e(note)}</p>')
     parts.append('<p class="note">Written by tflabench report --html; self-contained (figures embedded, no '
                  "scripts, nothing loaded from the network).</p></body></html>")
     return "\n".join(parts)
 
 
-def write_html_report(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` (parents created). Raises UserError when not writable or
-    when ``path`` does not end in ``.html`` / ``.htm``."""
+def check_html_path(path: str | Path) -> Path:
+    """``path`` as the HTML report's file; UserError unless it ends in ``.html`` / ``.htm``
+    (checked before anything is drawn)."""
     p = Path(path)
     if p.suffix.lower() not in (".html", ".htm"):
         raise UserError(f"--html={str(p)!r}: give a file name ending in .html")
+    if p.is_dir():
+        raise UserError(f"--html={str(p)!r} is a directory; give a file name ending in .html")
+    return p
+
+
+def write_html_report(path: str | Path, text: str) -> Path:
+    """Write ``text`` to ``path`` (parents created). Raises UserError when not writable or
+    when ``path`` does not end in ``.html`` / ``.htm``."""
+    p = check_html_path(path)
     try:
         p.parent.mkdir(parents=True, exist_ok=True)
         p.write_text(text, encoding="utf-8")
@@ -191,5 +310,5 @@ def write_html_report(path: str | Path, text: str) -> Path:
     return p
 
 
-__all__ = ["distance_table_html", "embed_png", "html_report", "sweep_table_html", "table_html",
-           "write_html_report"]
+__all__ = ["check_html_path", "distance_table_html", "embed_png", "html_report", "sweep_table_html", "table_html",
+           "verify_table_html", "write_html_report"]

@@ -154,52 +154,55 @@ def report(
             raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|measured|datasheet")
         rs = load_results(results_dir)
         echo_warnings(rs)
+        if html is not None:
+            from tflabench.report_html import check_html_path
+
+            check_html_path(html)
         con = make_console()
         meta = rs.metadata
-        con.print(f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} "
-                  f"({meta.get('date')}, torch {meta.get('torch')}, triton {meta.get('triton')}, "
-                  f"git {meta.get('git_revision')})")
+        con.print(f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} ("
+                  + ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton") if meta.get(k))
+                  + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})")
+        notes: list[str] = []
+        distance, sweeps, written, model_gpu = [], [], [], None
         if rs.rows["numerics_case"].notna().any():  # a `tflabench verify` result set
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
             con.print(_status_line(rs.rows.to_dict("records")))
-            if plots:
+            if plots or html:
                 from tflabench.plots.numerics import heatmap_title, write_heatmap
 
-                heatmap = write_heatmap(rs.rows, (out or rs.path / "plots") / "verify_heatmap.png",
-                                        title=heatmap_title(meta))
-                con.print(f"plot: {heatmap}")
-            return
-        con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
-        con.print(_status_line(rs.rows.to_dict("records")))
-        try:
-            model_gpu = mm.ceilings_for(meta, ceilings, gpu)
-        except UserError as exc:
-            if gpu is not None or ceilings == "measured":
-                raise
-            model_gpu = None
-            con.print(f"[dim]no model comparison: {exc}[/dim]")
-        distance, sweeps = [], []
-        if model_gpu is not None:
-            con.print(f"model: {mm.model_ceilings_text(model_gpu)}")
-            placement = mm.roofline_placement(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
-            distance = mm.distance_to_bound(placement)
-            sweeps = mm.chunk_sweeps(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
-                                     ceilings=model_gpu.ceilings, F_causal=causal_factor)
-            if distance:
-                con.print(distance_table(distance))
-            if sweeps:
-                con.print(sweep_table(sweeps))
-        written = []
-        if plots or html:
-            from tflabench.plots.benchmark import write_plots
+                written = [write_heatmap(rs.rows, (out or rs.path / "plots") / "verify_heatmap.png",
+                                         title=heatmap_title(meta))]
+        else:
+            con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
+            con.print(_status_line(rs.rows.to_dict("records")))
+            try:
+                model_gpu = mm.ceilings_for(meta, ceilings, gpu)
+            except UserError as exc:
+                if gpu is not None or ceilings == "measured":
+                    raise
+                notes.append(f"no model comparison: {exc}")
+                con.print(f"[dim]{notes[-1]}[/dim]")
+            if model_gpu is not None:
+                con.print(f"model: {mm.model_ceilings_text(model_gpu)}")
+                placement = mm.roofline_placement(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
+                distance = mm.distance_to_bound(placement)
+                sweeps = mm.chunk_sweeps(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
+                                         ceilings=model_gpu.ceilings, F_causal=causal_factor)
+                if distance:
+                    con.print(distance_table(distance))
+                if sweeps:
+                    con.print(sweep_table(sweeps))
+            if plots or html:
+                from tflabench.plots.benchmark import write_plots
 
-            written = write_plots(rs.path, out, model_gpu=model_gpu, F_causal=causal_factor)
-            for p in written:
-                con.print(f"plot: {p}")
+                written = write_plots(rs.path, out, model_gpu=model_gpu, F_causal=causal_factor)
+        for p in written:
+            con.print(f"plot: {p}")
         if html:
             from tflabench.report_html import html_report, write_html_report
 
-            text = html_report(rs, figures=written, distance=distance, sweeps=sweeps,
+            text = html_report(rs, figures=written, distance=distance, sweeps=sweeps, notes=notes,
                                ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
             con.print(f"html: {write_html_report(html, text)}")
 
