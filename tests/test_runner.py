@@ -31,6 +31,9 @@ KERNELS = textwrap.dedent('''
     def raises(q, k, v):
         raise RuntimeError("deliberate failure from the test kernel")
 
+    def tells_threads(q, k, v):
+        raise RuntimeError(f"threads={torch.get_num_threads()} omp={os.environ.get('OMP_NUM_THREADS')}")
+
     def runs_out_of_memory(q, k, v):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB")
 
@@ -223,6 +226,33 @@ def test_kernel_refusing_its_environment_becomes_unavailable_not_error(tmp_path)
     reason = _refusal_reason(case, refusal)
     assert reason is not None and "#640" in reason
     assert _refusal_reason(case, RuntimeError("an ordinary bug")) is None
+
+
+def test_cpu_threads_share_the_cores_and_the_user_setting_wins():
+    from tflabench.worker_pool import cpu_threads, usable_cores
+
+    cores = usable_cores()
+    one = cpu_threads(1, environ={})
+    assert one["per_worker"] == max(1, cores - 1) and one["cores"] == cores
+    assert cpu_threads(4, environ={})["per_worker"] == max(1, (cores - 1) // 4)
+    mine = cpu_threads(1, environ={"OMP_NUM_THREADS": "3"})
+    assert mine["per_worker"] == 3 and mine["set_by"] == "OMP_NUM_THREADS"
+
+
+def test_workers_use_the_thread_count_recorded_in_the_metadata(tmp_path, monkeypatch):
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    result = run_suite(_suite(tmp_path, [("threads", "tells_threads", {})], name="threads"),
+                       out_root=tmp_path / "out", progress=False)
+    rs = R.load_results(result.directory)
+    threads = rs.metadata["cpu_threads"]
+    (row,) = rs.rows.to_dict("records")
+    assert f"threads={threads['per_worker']} omp={threads['per_worker']}" in row["reason"]
+
+
+def test_a_single_threaded_cpu_worker_is_timed_by_its_cpu_time():
+    from tflabench.measure import cpu_timer
+
+    assert cpu_timer(1) == "process_time" and cpu_timer(4) == "perf_counter"
 
 
 def test_suite_compare_thresholds_reach_the_result_metadata(tmp_path):

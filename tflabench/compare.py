@@ -610,13 +610,13 @@ def environment_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping
 NOISY_RELATIVE_IQR = 0.10
 
 
-def noise_warnings(rows: pd.DataFrame, label: str) -> list[str]:
-    """A warning when cases of one run spread more than :data:`NOISY_RELATIVE_IQR`
-    (IQR / median): a busy machine or too-short cases make every decision on them shaky.
+def noisy_cases(rows: pd.DataFrame, threshold: float = NOISY_RELATIVE_IQR) -> list[tuple[str, float]]:
+    """The ``ok`` cases whose timings spread more than ``threshold`` (IQR / median), as
+    ``(label, spread)`` pairs, widest first.
 
-    Uses ``ms_q25``/``ms_q75`` (or the quartiles of ``ms_samples``) of the ``ok`` rows.
+    Uses ``ms_q25``/``ms_q75`` (or the quartiles of ``ms_samples``) and ``ms_median``.
     """
-    noisy, worst, worst_case = 0, 0.0, ""
+    found = []
     for record in rows.to_dict("records"):
         if _status(record) != OK:
             continue
@@ -629,16 +629,27 @@ def noise_warnings(rows: pd.DataFrame, label: str) -> list[str]:
         if not (np.isfinite(median) and median > 0):
             continue
         spread = float((q75 - q25) / median)
-        if spread > NOISY_RELATIVE_IQR:
-            noisy += 1
-            if spread > worst:
-                worst, worst_case = spread, describe_case(record)
+        if spread > threshold:
+            found.append((describe_case(record), spread))
+    return sorted(found, key=lambda item: -item[1])
+
+
+#: What to do about noisy cases (the end of ``run``'s warning and of compare's).
+NOISE_ADVICE = ("measure on a quiet machine (close other programs), raise timing.iterations and "
+                "timing.warmup in the suite, or give each worker fewer threads (OMP_NUM_THREADS)")
+
+
+def noise_warnings(rows: pd.DataFrame, label: str) -> list[str]:
+    """A warning when cases of one run spread more than :data:`NOISY_RELATIVE_IQR`
+    (IQR / median): a busy machine or too-short cases make every decision on them shaky
+    (:func:`noisy_cases`)."""
+    noisy = noisy_cases(rows)
     if not noisy:
         return []
+    worst_case, worst = noisy[0]
     return [
-        f"{label}: {noisy} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} (IQR / median; worst "
-        f"{worst:.0%}, {worst_case}); decisions on them are shaky: measure on a quiet machine, "
-        "or raise timing.warmup / timing.iterations in the suite"
+        f"{label}: {len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} (IQR / median; worst "
+        f"{worst:.0%}, {worst_case}); decisions on them are shaky: {NOISE_ADVICE}"
     ]
 
 

@@ -76,6 +76,18 @@ def summarize(samples_ms: list[float]) -> dict:
     }
 
 
+#: The CPU timers: a worker with one CPU thread is timed by its process CPU time, which a
+#: busy machine does not inflate (time spent waiting for a core is not counted); a worker
+#: with a wider thread pool by wall time (its threads' CPU times would add up).
+CPU_TIMERS = {"process_time": "process CPU time (one thread per worker)",
+              "perf_counter": "wall time (time.perf_counter)"}
+
+
+def cpu_timer(threads: int) -> str:
+    """The name of the CPU timer (:data:`CPU_TIMERS`) for a worker of ``threads`` threads."""
+    return "process_time" if threads == 1 else "perf_counter"
+
+
 def time_callable(
     fn: Callable[[], Any],
     *,
@@ -91,7 +103,8 @@ def time_callable(
     Args:
         fn: the work to time (its result is dropped each iteration).
         device: ``"cuda..."``: CUDA events around each call, one synchronise at the end;
-            otherwise ``time.perf_counter`` around each call.
+            otherwise the CPU timer of :func:`cpu_timer` for torch's thread count around
+            each call (``time.process_time`` with one thread, else ``time.perf_counter``).
         warmup: untimed calls first (then a synchronise).
         iterations: timed calls (>= 1).
         flush_l2: overwrite a :data:`L2_FLUSH_BYTES` buffer before each timed call (CUDA).
@@ -129,13 +142,16 @@ def time_callable(
             ends[n].record()
         torch.cuda.synchronize()
         return [float(s.elapsed_time(e)) for s, e in zip(starts, ends)]
+    import torch
+
+    clock = getattr(time, cpu_timer(torch.get_num_threads()))
     samples = []
     for _ in range(iterations):
         if before_each is not None:
             before_each()
-        t0 = time.perf_counter()
+        t0 = clock()
         fn()
-        samples.append((time.perf_counter() - t0) * 1e3)
+        samples.append((clock() - t0) * 1e3)
     return samples
 
 

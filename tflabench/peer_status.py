@@ -98,8 +98,8 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
                 f"fla {fla} refuses its gated backward (chunk_bwd_dqkwg) on Hopper ({gpu}) with triton {tv}: "
                 f"Triton 3.4-3.7.0 miscompiles that kernel there (fla issue #640); {tilelang}",
                 "triton >= 3.7.1 for the fla worker (torch >= 2.12.1 ships it; with this torch, a separate "
-                "environment for fla's workers: the triton 3.9.0 wheel is 286 MB, over a device call's 64 MiB "
-                "carry); or TFLABENCH_FLA_640_GUARD=narrow: run it where fla's key block width is not 64 "
+                "environment for fla's workers: the triton 3.9.0 wheel is 286 MB, so on a GPU node without "
+                "internet bring it on a data volume); or TFLABENCH_FLA_640_GUARD=narrow: run it where fla's key block width is not 64 "
                 "(d_qk 128 runs BK 128; #640 found BK 64 wrong), every gradient checked by the numerics gate"))
         else:
             out.append(PeerMode("FLA chunk_simple_gla", "fwdbw", True,
@@ -119,8 +119,7 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
             "FlashAttention 3", "fwdbw", False,
             f"only the fa3_fwd wheel ({peers.get('fa3_fwd', '?')}) is installed: built with "
             "FLASHATTENTION_DISABLE_BACKWARD (forward only, bf16 only)",
-            "build flash_attn_interface from flash-attention's hopper/ (hours of nvcc, beyond one device "
-            "call); or FlashAttention 4 (backend fa4: flash-attn-4, CuTe DSL, sm90 backward), whose "
+            "build flash_attn_interface from flash-attention's hopper/ (hours of nvcc); or FlashAttention 4 (backend fa4: flash-attn-4, CuTe DSL, sm90 backward), whose "
             "nvidia-cutlass-dsl needs its dsl_packages dir on PYTHONPATH when installed with --target "
             "(benchmarks/fa4_prepare.sh, device_fa4.sh); meanwhile `sdpa impl=cudnn` is the FA3-class fwdbw"))
     else:
@@ -133,10 +132,10 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
     else:
         out.append(PeerMode(
             "FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", False,
-            "flash-attn-4 is not installed (its nvidia-cutlass-dsl-libs-cu13 wheel is 88 MiB, more than one "
-            "device call carries)",
-            "pip install flash-attn-4; for the GPU machine: benchmarks/fa4_prepare.sh, then "
-            "benchmarks/device_fa4.sh a | b | run (the big wheel in two calls; cutlass's dsl_packages on PYTHONPATH)"))
+            "flash-attn-4 is not installed",
+            "pip install flash-attn-4 (its nvidia-cutlass-dsl-libs-cu13 wheel is 88 MiB); for a GPU node without "
+            "internet: benchmarks/fa4_prepare.sh downloads the wheels, benchmarks/device_fa4.sh installs them "
+            "there (cutlass's dsl_packages on PYTHONPATH)"))
 
     # --- Mamba (v1) and Mamba 2
     if not peers.get("mamba_ssm"):
@@ -150,8 +149,8 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
                 f"mamba_ssm {peers['mamba_ssm']} has no compiled selective_scan_cuda (a wheel built with "
                 "MAMBA_SKIP_CUDA_BUILD=TRUE); selective_scan_fn has no other implementation",
                 "build it against this torch: nvcc of torch's CUDA major version (nvidia-cuda-nvcc wheel + CUDA "
-                "headers), then MAMBA_FORCE_BUILD=TRUE pip install mamba_ssm --no-build-isolation, limited to "
-                "sm_90 to fit a device call"))
+                "headers), then MAMBA_FORCE_BUILD=TRUE pip install mamba_ssm --no-build-isolation (TORCH_CUDA_ARCH_LIST=9.0 "
+                "for an H100/H200 only builds faster)"))
         else:
             out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, "selective_scan_cuda compiled"))
 

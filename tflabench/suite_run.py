@@ -31,7 +31,7 @@ from tflabench.backends.base import Shape
 from tflabench.errors import UserError
 from tflabench.shard import format_shard, parse_shard, select_shard
 from tflabench.suite import Case, LoadedSuite, expand_cases, require_device, resolve_device
-from tflabench.worker_pool import run_cases
+from tflabench.worker_pool import cpu_threads, run_cases
 
 
 @dataclasses.dataclass
@@ -214,10 +214,11 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: 
         date = now
     todo = [c for c in cases if c.case_id not in done]
     skipped = len(cases) - len(todo)
+    threads = cpu_threads(len(gpus or [None]))
     metadata = {
         "suite": suite.name, "suite_path": str(loaded.path), "suite_sha256": loaded.sha256,
         "date": date, **env, "shard": shard_text, "ceilings": ceil,
-        "device": dev, "gpus": gpus,
+        "device": dev, "gpus": gpus, "cpu_threads": threads,
         "compare": suite.compare.model_dump(exclude_none=True),
         "only": list(only) if only else None,
         "measurement": conditions,
@@ -243,7 +244,7 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: 
 
         try:
             rows = run_cases(todo, directory, gpus=gpus, ceilings=ceil, on_start=on_start, on_done=on_done,
-                             max_kernel_failures=max_kernel_failures)
+                             max_kernel_failures=max_kernel_failures, threads=threads["per_worker"])
         finally:
             if (directory / R.ROWS_FILE).exists():
                 try:

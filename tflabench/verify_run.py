@@ -37,7 +37,7 @@ from tflabench.suite import Case, LoadedSuite, expand_cases, require_device, res
 from tflabench.suite_run import select_kernels
 from tflabench.verify_case import regimes_for, takes_state
 from tflabench.verify_summary import FAILING
-from tflabench.worker_pool import run_cases
+from tflabench.worker_pool import cpu_threads, run_cases
 
 #: Suffix of a verify result set's suite name (``<suite>-verify``): ``compare`` refuses to
 #: match a verify set against a timing set of the same suite.
@@ -175,7 +175,7 @@ def _run_verify_locked(loaded: LoadedSuite, cases: list[Case], directory: Path, 
         "suite": name, "suite_path": str(loaded.path), "suite_sha256": loaded.sha256,
         "date": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
         **environment.collect(), "shard": None, "ceilings": None, "device": dev, "gpus": gpus,
-        "kind": "verify",
+        "cpu_threads": cpu_threads(len(gpus or [None])), "kind": "verify",
         "budgets": {k: v.model_dump() for k, v in DEFAULT_BUDGETS.items()},
         "budget_overrides": {k: v.model_dump(exclude_none=True) for k, v in suite.numerics.budgets.items()},
         "budget_reasons": BUDGET_REASONS,

@@ -69,14 +69,53 @@ def _watch_parent(parent_pid: int) -> None:
             os._exit(3)
 
 
-def _worker_main(conn, log_path: str, gpu: str | None, parent_pid: int, device: str) -> None:
+#: Environment variables of the CPU thread pools (OpenMP, MKL, OpenBLAS) a worker sets.
+THREAD_VARIABLES = ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS")
+
+
+def usable_cores() -> int:
+    """CPU cores this process may run on (its affinity mask; else ``os.cpu_count()``)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not Linux
+        return max(1, os.cpu_count() or 1)
+
+
+def cpu_threads(workers: int = 1, environ=None) -> dict:
+    """How many CPU threads each worker's torch (and OpenMP/MKL) may use.
+
+    Workers that share the cores must not fight over them: a thread pool as wide as the
+    machine, beside the parent process and other workers, waits in the scheduler's 4 ms
+    ticks and turns medians into noise. Each worker gets ``(cores - 1) // workers``
+    threads (one core left to the parent and the system), at least 1; ``OMP_NUM_THREADS``
+    set by the user wins.
+
+    Returns:
+        ``{"per_worker", "cores", "workers", "set_by"}`` (recorded in the result set's
+        metadata as ``cpu_threads``).
+    """
+    environ = os.environ if environ is None else environ
+    cores = usable_cores()
+    given = str(environ.get("OMP_NUM_THREADS", "")).strip()
+    if given.isdigit() and int(given) > 0:
+        return {"per_worker": int(given), "cores": cores, "workers": workers, "set_by": "OMP_NUM_THREADS"}
+    return {"per_worker": max(1, (cores - 1) // max(1, workers)), "cores": cores, "workers": workers,
+            "set_by": "tflabench: (cores - 1) // workers"}
+
+
+def _worker_main(conn, log_path: str, gpu: str | None, parent_pid: int, device: str, threads: int = 0) -> None:
     """Worker loop: receive case dicts, send back outcome dicts, until None or EOF.
 
     ``gpu`` pins the worker (``CUDA_VISIBLE_DEVICES``); on the CPU, Triton kernels run in
     Triton's interpreter (``TRITON_INTERPRET=1``, set before anything imports triton).
+    ``threads`` (> 0): the width of the worker's CPU thread pools (:func:`cpu_threads`),
+    set before torch loads and with ``torch.set_num_threads``.
     """
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
+    if threads > 0:
+        for name in THREAD_VARIABLES:
+            os.environ[name] = str(threads)
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     scope = triton_cache.prepare_worker(os.environ)
@@ -92,8 +131,10 @@ def _worker_main(conn, log_path: str, gpu: str | None, parent_pid: int, device: 
         # Imported here, not at the top: the environment above (CUDA_VISIBLE_DEVICES,
         # TRITON_INTERPRET) must be set before torch and triton load; the start-up cost is
         # paid before the first case.
-        import torch  # noqa: F401
+        import torch
 
+        if threads > 0:
+            torch.set_num_threads(threads)
         from tflabench import measure, verify_case
     except BaseException as exc:  # pragma: no cover - broken installs
         conn.send({"ready": False, "error": "".join(traceback.format_exception_only(type(exc), exc))})
@@ -184,13 +225,13 @@ def _exception_reason(exc: BaseException) -> str:
 class _Worker:
     """One worker process and its pipe (parent side)."""
 
-    def __init__(self, ctx, slot: int, gpu: str | None, log_path: Path, device: str = "cuda"):
+    def __init__(self, ctx, slot: int, gpu: str | None, log_path: Path, device: str = "cuda", threads: int = 0):
         self.slot, self.gpu, self.log_path = slot, gpu, log_path
         self.backend: str | None = None
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         self.conn = parent_conn
         self.process = ctx.Process(
-            target=_worker_main, args=(child_conn, str(log_path), gpu, os.getpid(), device),
+            target=_worker_main, args=(child_conn, str(log_path), gpu, os.getpid(), device, threads),
             name=f"tflabench-worker-{slot}", daemon=True)
         self._log_offset = self._log_size()
         self.process.start()
@@ -306,6 +347,7 @@ def run_cases(
     on_start: Callable[[int, Case], None] | None = None,
     on_done: Callable[[dict], None] | None = None,
     max_kernel_failures: int = 2,
+    threads: int | None = None,
 ) -> list[dict]:
     """Run ``cases`` in worker processes, appending each row to ``directory/rows.jsonl`` as
     it completes; returns the rows in completion order.
@@ -318,6 +360,7 @@ def run_cases(
             while compiling, or autotunes past the timeout, would otherwise cost a worker
             start or a whole timeout per case). 0 runs every case.
         ceilings: ``{"flops_per_s", "bytes_per_s"}`` for the roofline columns (or None).
+        threads: CPU threads per worker; None: :func:`cpu_threads` for this many slots.
         on_start(slot, case) / on_done(row): progress callbacks (called from slot threads).
 
     KeyboardInterrupt stops the slots, kills the workers and propagates. A row that cannot
@@ -328,6 +371,7 @@ def run_cases(
     writer = R.RowWriter(directory)
     (directory / "logs").mkdir(parents=True, exist_ok=True)
     slots = gpus if gpus else [None]
+    per_worker = threads if threads is not None else cpu_threads(len(slots))["per_worker"]
     queue = collections.deque(cases)
     lock = threading.Lock()
     stop = threading.Event()
@@ -386,7 +430,7 @@ def run_cases(
                 worker.stop()
                 worker = None
             if worker is None:
-                worker = _Worker(ctx, slot, gpu, log_path, case.device)
+                worker = _Worker(ctx, slot, gpu, log_path, case.device, per_worker)
                 workers[slot] = worker
             if worker.start_error:
                 outcome = {"status": "crash", "reason": worker.start_error}
@@ -438,5 +482,5 @@ def run_cases(
     return done_rows
 
 
-__all__ = ["run_cases", "parse_gpus", "REASON_LINES", "RESTART_AFTER", "RESTART_AFTER_ON_GPU",
+__all__ = ["run_cases", "parse_gpus", "cpu_threads", "usable_cores", "THREAD_VARIABLES", "REASON_LINES", "RESTART_AFTER", "RESTART_AFTER_ON_GPU",
            "WORKER_START_TIMEOUT_S"]

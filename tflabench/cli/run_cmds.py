@@ -107,6 +107,30 @@ def run(
     con.print(f"results: {result.directory}")
     for p in written_plots:
         con.print(f"plot: {p}")
+    threads = loaded_set.metadata.get("cpu_threads") or {}
+    if threads:
+        con.print(f"CPU threads per worker: {threads.get('per_worker')} of {threads.get('cores')} cores "
+                  f"({threads.get('set_by')})")
+    _warn_noisy(loaded_set.rows)
+
+
+#: Most noisy cases a run's closing warning names (the rest are counted).
+NOISY_NAMED = 6
+
+
+def _warn_noisy(rows) -> None:
+    """End a run with a warning naming the cases whose timings spread more than
+    compare's noise level, and what to do (on stderr)."""
+    from tflabench.compare import NOISE_ADVICE, NOISY_RELATIVE_IQR, noisy_cases
+
+    noisy = noisy_cases(rows)
+    if not noisy:
+        return
+    named = "; ".join(f"{label} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
+    more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
+    typer.echo(f"warning: {len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median "
+               f"(IQR / median): {named}{more}. Their medians are not to be trusted and `tflabench compare` "
+               f"cannot decide on them: {NOISE_ADVICE}.", err=True)
 
 
 def _write_run_plots(directory: Path) -> list[Path]:
