@@ -6,7 +6,7 @@ forward+backward (backward of a ones gradient, gradients set to None between cal
 median of 30 timed calls after 10 warm-ups, CUDA events around each call, no L2 flush;
 peak memory = torch.cuda.max_memory_allocated during one call minus what was allocated
 before it (inputs and the output gradient included in that base). Gates f ~ N(3, 1),
-i ~ N(0, 1) as in shared/docs/peer-baselines-h200.md.
+i ~ N(0, 1), the peers' benchmark setting.
 
 Numerics (before timing): bf16 kernels against a float64 reference on the same rounded
 inputs (tfla.reference.mlstm_chunkwise; gradients with normaliser and max states
@@ -16,7 +16,7 @@ torch references (chunkwise--native_autograd, parallel--native_stablef_autograd)
 mlstm_kernels' own mLSTMexp xl_chunk aborts the process while compiling on triton 3.6;
 ``--peer-xl`` tries it in a subprocess only.
 
-Run on the device (see docs/kernels-exp-notes.md):
+Run on a GPU node (docs/kernels.md, "Tuning rules", cites its results):
     python3 benchmarks/bench_exp.py --out $OUT
 Writes speed.csv, numerics.csv and env.json under --out and prints tables.
 """
@@ -141,7 +141,7 @@ class with_overrides:
 
 
 def variants():
-    """Tuning variants of our kernels, timed beside the defaults (docs/kernels-exp-notes.md)."""
+    """Tuning variants of our kernels, timed beside the defaults (docs/kernels.md, "Tuning rules")."""
     import tfla
     xl128 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=128)  # noqa: E731
     xl256 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=256)  # noqa: E731
@@ -400,7 +400,8 @@ def run_numerics(all_rows, S=2048, B=1, nh=4):
                     nat = get_mlstm_kernel("chunkwise--native_autograd")
                     par = get_mlstm_kernel("parallel--native_stablef_autograd")
                     # conventions: float64 peer torch references vs our float64 reference (h only;
-                    # the peer's autograd differentiates through the normaliser, docs 1.5)
+                    # the peer's autograd differentiates through the normaliser,
+                    # docs/tfla-kernels.md 1.5)
                     h_nat = nat(*inp64, chunk_size=64)
                     rows.append(dict(regime=regime, variant=variant,
                                      impl="peer chunkwise--native_autograd fp64 vs our fp64 ref",

@@ -256,7 +256,7 @@ def _fla_env(monkeypatch, hopper, triton):
 
 
 @pytest.mark.parametrize("hopper, triton, refused", [
-    (True, (3, 6, 0), True),    # the H200 here (shared/wheels/README.md)
+    (True, (3, 6, 0), True),    # the H200 of this project's runs
     (True, (3, 4, 0), True),
     (True, (3, 7, 0), True),
     (True, (3, 7, 1), False),   # fla's guard: < 3.7.1 (fla-core 0.6.0, ops/common/chunk_o.py)
@@ -363,7 +363,7 @@ def test_gate_distributions_are_the_benchmark_settings():
     shape = Shape(batch=4, seq_len=512, heads=8, d_qk=16, d_hv=16)
     mk = get_backend("mlstm_kernels")
     m = mk.make_inputs(mk.parse_params({}), shape, torch.bfloat16, "cpu", seed=0)
-    # peer-baselines-h200.md: forget pre-activations ~ N(3, 1), input ~ N(0, 1)
+    # the peers' benchmark setting: forget pre-activations ~ N(3, 1), input ~ N(0, 1)
     assert abs(m["f"].float().mean().item() - 3.0) < 0.05 and abs(m["f"].float().std().item() - 1.0) < 0.05
     assert abs(m["i"].float().mean().item()) < 0.05 and abs(m["i"].float().std().item() - 1.0) < 0.05
     fla = get_backend("fla")

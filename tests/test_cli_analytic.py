@@ -1,6 +1,6 @@
 """The analytic commands through Typer's test runner: exit codes, JSON fields, plot files, bad input.
 
-Expected numbers come from analytic-model.md's oracles (named per test) or from the library
+Expected numbers come from docs/model-counts.md's oracles (named per test) or from the library
 function the command wraps (the CLI must not compute anything of its own).
 """
 

@@ -1,7 +1,8 @@
 """GPU catalogue, measured ceilings, detection and user YAML files (tflabench.hardware).
 
-Sources of the expected values: the paper's Table 18 and analytic-model.md §5 (I10: exact
-alpha/beta), the measured H200 ceilings given in issue 3 (772 TFLOP/s, 4.24 TB/s).
+Sources of the expected values: the paper's Table 18 and docs/model-counts.md §5 (I10: exact
+alpha/beta), the measured H200 ceilings of one calibration (772 TFLOP/s, 4.24 TB/s;
+docs/model.md, "Hardware").
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ def test_catalogue_has_the_extra_gpus_with_sources():
     assert {"v100", "a100", "h100", "b200", "h100_pcie", "h200", "gb200", "mi300x"} <= keys
     for g in list_gpus():
         assert g.flops_per_s > 0 and g.bytes_per_s > 0 and g.source
-    # H200 datasheet (analytic-model.md §5): 989e12 dense bf16, 4.8e12 B/s, I_acc 206.042
+    # H200 datasheet (docs/model-counts.md §5): 989e12 dense bf16, 4.8e12 B/s, I_acc 206.042
     assert abs(get_gpu("h200").intensity_flop_per_byte - 206.042) < 5e-4
 
 

@@ -12,7 +12,7 @@ checked on the GPU by benchmarks/bench_exp.py). Unless a test says otherwise, q 
 share a positive component (q·k > 0) so that the normaliser |q̂·n| never cancels and the
 float32 kernels can be held to ~1e-5 (with random signs some rows are ill-conditioned:
 test_random_sign_inputs_are_as_accurate_as_the_float32_reference covers those).
-Tolerances: docs/tfla-kernels.md 5.2 gives relF <= 1e-5 and max-normalised <= 5e-5 for
+Tolerances: docs/tfla-verification.md 5.2 gives relF <= 1e-5 and max-normalised <= 5e-5 for
 an fp32 kernel with exact dots; df is measured against the scale of its summands (5.1).
 """
 
@@ -26,7 +26,7 @@ import torch
 import tfla
 from tfla.reference import mlstm_chunkwise
 
-REGIMES = {  # (i mean, i std, f mean, f std): docs/tfla-kernels.md 5.1
+REGIMES = {  # (i mean, i std, f mean, f std): docs/tfla-verification.md 5.1
     "std": (0.0, 1.0, 2.0, 1.5),
     "large_positive_input_gate": (30.0, 5.0, 2.0, 1.5),
     "strongly_negative_input_gate": (-30.0, 5.0, 2.0, 1.5),
@@ -82,7 +82,8 @@ def reference(inputs, init, dh, dC, *, variant="exp", normalize=True, dtype=torc
 
 
 def df_scale(inputs, ref, dC):
-    """docs 5.1: max(max|df|, max_t σ(-f̃_t)·[Σ_{u>=t}(|q_u||dq_u| + |k_u||dk_u|) + |T|])."""
+    """docs/tfla-verification.md 5.1: max(max|df|, max_t σ(-f̃_t)·[Σ_{u>=t}(|q_u||dq_u| +
+    |k_u||dk_u|) + |T|])."""
     q, k, _, _, f = (x.double() for x in inputs)
     dq, dk, df = ref[4].double(), ref[5].double(), ref[8].double()
     per_t = q.norm(dim=-1) * dq.norm(dim=-1) + k.norm(dim=-1) * dk.norm(dim=-1)
@@ -186,7 +187,7 @@ def test_limit_chunk_and_xl_chunk_agree(interpret):
 
 
 def test_last_state_continues_the_sequence(interpret):
-    """Two calls with the state passed on equal one call (docs 1.3)."""
+    """Two calls with the state passed on equal one call (docs/tfla-kernels.md 1.3)."""
     (q, k, v, i, f), init, _, _ = make_case(7, S=80)
     h, (C, n, m) = tfla.mlstm_exp(q, k, v, i, f, chunk_size=32, initial_state=init,
                                   return_last_state=True)
@@ -204,8 +205,8 @@ def test_last_state_continues_the_sequence(interpret):
 
 def test_loss_on_the_last_state_alone(interpret):
     """Only C_S enters the loss (dh = 0): dq is zero, and df is dominated by the term
-    σ(-f̃_t)·⟨dC_last, C_S⟩ that the peer omits (docs 3.4, Pitfall 2); all gradients must
-    still match the reference."""
+    σ(-f̃_t)·⟨dC_last, C_S⟩ that the peer omits (docs/tfla-kernels.md 3.4, docs/tfla-verification.md
+    pitfall 2); all gradients must still match the reference."""
     inputs, init, dh, dC = make_case(8, S=40)
     dh = torch.zeros_like(dh)
     ref = reference(inputs, init, dh, dC)
@@ -218,7 +219,8 @@ def test_loss_on_the_last_state_alone(interpret):
 
 def test_gradients_hold_the_normaliser_constant(interpret):
     """The kernels' gradients are those of the reference with n_out and m detached, not full
-    autograd (docs 1.5, Pitfall 1): the two differ, and ours matches the former."""
+    autograd (docs/tfla-kernels.md 1.5, docs/tfla-verification.md pitfall 1): the two differ, and
+    ours matches the former."""
     inputs, _, dh, _ = make_case(9, S=30)
     out = run(xl(16), inputs, None, dh, None)
     full = run(lambda *a, **kw: mlstm_chunkwise(*a, variant="exp", chunk_size=16,
@@ -272,7 +274,7 @@ def test_mismatched_shapes_raise_value_error():
 
 def test_recurrent_state_blocks_grow_with_the_grid():
     """The recurrent kernels take the largest state blocks that still give half the SMs a
-    program (docs/kernels-exp-notes.md, version 3): Figure-4 sizes on 132 SMs."""
+    program (docs/kernels.md, rule S1): Figure-4 sizes on 132 SMs."""
     from tfla.triton.chunkwise_recurrent import state_blocks
 
     assert state_blocks(128, 256, BNH=128, n_sms=132)[:3] == (128, 128, 8)   # 256 programs

@@ -1,18 +1,18 @@
 """Every TFLA kernel where trained models take it: saturated gates, ragged and short sequences.
 
-Issue 11 "Must": no non-finite value in h, the last state or any gradient, for every kernel
+The requirement: no non-finite value in h, the last state or any gradient, for every kernel
 (mLSTMsig and mLSTMexp, ``xl_chunk`` and ``limit_chunk``), at S not a multiple of
 the chunk and S < L, with forget-gate pre-activations anywhere in [-20, 20] and input-gate
-pre-activations in [-30, 30]; errors against float64 within docs/tfla-kernels.md 5.2
+pre-activations in [-30, 30]; errors against float64 within docs/tfla-verification.md 5.2
 (float32 with exact dots in the interpreter: max-normalised <= 5e-5, relative Frobenius
 <= 1e-5, or 4x the error of the same chunkwise algorithm computed in float32 PyTorch where
 that is larger: the problem's own conditioning; df is judged against the scale of its summands,
-docs 5.1, because where the gates saturate (|f̃| near 20) the true df falls below the
-float32 resolution of the other gradients).
+docs/tfla-verification.md 5.1, because where the gates saturate (|f̃| near 20) the true df falls
+below the float32 resolution of the other gradients).
 
 The Triton kernels run in Triton's CPU interpreter (TRITON_INTERPRET=1), float32, small
 heads. The reference is autograd of ``tfla.reference.mlstm_recurrent`` in float64 on the
-same inputs (normaliser constant in the backward, docs 1.5), with a loss on h and on the
+same inputs (normaliser constant in the backward, docs/tfla-kernels.md 1.5), with a loss on h and on the
 last state C_S, and an initial state.
 """
 
@@ -88,7 +88,8 @@ def outputs(fn, inputs, init, dh, dC, dtype=None):
 
 def errors(out, ref, inputs, dC):
     """name -> (relative Frobenius, max-normalised) error; df against its summand scale
-    (docs 5.1: max_t σ(-f̃_t)·[Σ_{u>=t}(|q_u||dq_u| + |k_u||dk_u|) + |⟨dC, C_S⟩|])."""
+    (docs/tfla-verification.md 5.1: max_t σ(-f̃_t)·[Σ_{u>=t}(|q_u||dq_u| + |k_u||dk_u|) + |⟨dC,
+    C_S⟩|])."""
     q, k, f = inputs[0].double(), inputs[1].double(), inputs[4].double()
     per_t = q.norm(dim=-1) * ref[2].norm(dim=-1) + k.norm(dim=-1) * ref[3].norm(dim=-1)
     rev = torch.flip(torch.cumsum(torch.flip(per_t, (-1,)), -1), (-1,))
@@ -156,10 +157,10 @@ def test_large_chunks_on_ragged_sequences(name, L, S):
 @pytest.mark.parametrize("name", ["sig_xl", "sig_limit"])
 @pytest.mark.parametrize("L", [32, 64])
 def test_issue11_nan_gradients_on_a_partial_last_chunk_with_short_memory(name, L):
-    """Regression (issue 11): B 1, 2 heads, S 77, d_qk 32, d_hv 64, chunk 32 / 64,
+    """Regression: B 1, 2 heads, S 77, d_qk 32, d_hv 64, chunk 32 / 64,
     f̃ ~ N(-8, 2), ĩ ~ N(0, 2), q, k, v ~ N(0, 1): the walk's backward returned NaN/inf in
     dk, dv, di, df at the last 1-4 positions of the partial chunk (padded positions load
-    b = 0, and exp(b_pad - b_real) overflowed). The walk is gone (issue 11, version 5); every
+    b = 0, and exp(b_pad - b_real) overflowed). That walk is gone; every
     mLSTMsig backward that remains must pass this case."""
     g = torch.Generator().manual_seed(0)
     q, k = torch.randn(2, 1, 2, 77, 32, generator=g)
@@ -297,8 +298,8 @@ def walk_h(inputs, C0, n0, L):
 def test_sig_walk_forward_is_finite_and_accurate_in_every_gate_regime(regime, L, S):
     """The forward walk (no gradients: it serves calls without them) in every gate regime, on
     a ragged last chunk and S < L, from an initial state, with two d_hv blocks: h and the last
-    state (C_S, n_S) against float64 within the budget of the other kernels (docs 5.2, or 4x
-    the float32 chunkwise reference)."""
+    state (C_S, n_S) against float64 within the budget of the other kernels
+    (docs/tfla-verification.md 5.2, or 4x the float32 chunkwise reference)."""
     inputs, (C0, n0), _, _ = make_inputs(regime, S, d_hv=32)
     out = walk_h(inputs, C0, n0, L)
     ref_h, ref_last = mlstm_recurrent(*(x.double() for x in inputs), variant="sig",

@@ -2,8 +2,8 @@
 
 Same method as tests/test_kernels_exp.py (float64 reference tfla.reference.mlstm_chunkwise,
 convention of docs/tfla-kernels.md 1.5, float32 inputs with a positive q·k component,
-tolerances of docs 5.2): h, the last state and dq, dk, dv, di, df, dC0 for both variants,
-mLSTMsig with and without the normaliser, every chunk size 16..128, ragged sequences.
+tolerances of docs/tfla-verification.md 5.2): h, the last state and dq, dk, dv, di, df, dC0 for both
+variants, mLSTMsig with and without the normaliser, every chunk size 16..128, ragged sequences.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tfla
 from tfla.limit_chunk import mlstm_limit_chunk
 from tfla.reference import mlstm_chunkwise
 
-REGIMES = {  # (i mean, i std, f mean, f std): docs/tfla-kernels.md 5.1
+REGIMES = {  # (i mean, i std, f mean, f std): docs/tfla-verification.md 5.1
     "std": (0.0, 1.0, 2.0, 1.5),
     "large_positive_input_gate": (30.0, 5.0, 2.0, 1.5),
     "strongly_negative_input_gate": (-30.0, 5.0, 2.0, 1.5),
@@ -54,7 +54,8 @@ def run(fn, inputs, init, dh, dC, cast=None):
 
 
 def df_scale(inputs, ref, dC):
-    """docs 5.1: max(max|df|, max_t σ(-f̃_t)·[Σ_{u>=t}(|q_u||dq_u| + |k_u||dk_u|) + |T|])."""
+    """docs/tfla-verification.md 5.1: max(max|df|, max_t σ(-f̃_t)·[Σ_{u>=t}(|q_u||dq_u| +
+    |k_u||dk_u|) + |T|])."""
     q, k, _, _, f = (x.double() for x in inputs)
     per_t = q.norm(dim=-1) * ref[2].norm(dim=-1) + k.norm(dim=-1) * ref[3].norm(dim=-1)
     rev = torch.flip(torch.cumsum(torch.flip(per_t, (-1,)), -1), (-1,))

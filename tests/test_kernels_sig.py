@@ -4,7 +4,7 @@ Every case runs ``tfla.mlstm_sig`` (forward and backward through its autograd.Fu
 with TRITON_INTERPRET=1 and compares h, the last state and all input gradients (dq, dk,
 dv, di, df, dC0) with autograd of ``tfla.reference.mlstm_recurrent`` in float64 on the same
 (rounded) inputs, including a gradient on the last state. Tolerances: the kernels multiply
-fp32 operands exactly in the interpreter, so fp32 errors are round-off (docs/tfla-kernels.md
+fp32 operands exactly in the interpreter, so fp32 errors are round-off (docs/tfla-verification.md
 5.2 expects ~1e-6; we allow 2e-5 max-normalised, df 1e-4 against its summand scale); fp16
 5e-3; bf16 3e-2 (bf16 operands are multiplied in fp32 there, the rounding of q/k/v and of h
 stays).
@@ -63,7 +63,8 @@ def run_case(*, B=1, NH=2, S=45, d_qk=16, d_hv=32, L=16, normalize=False, initia
     for name, a, b in zip(names, grads, grads_r):
         assert torch.isfinite(a).all(), name
         out[name] = maxnorm(a, b)
-    # df against its summand scale (docs 5.1): sigma(-f) * sum_{u>=t}(|q||dq| + |k||dk|) + |T|
+    # df against its summand scale (docs/tfla-verification.md 5.1): sigma(-f) * sum_{u>=t}(|q||dq| +
+    # |k||dk|) + |T|
     qd = xr[0].detach().norm(dim=-1) * grads_r[0].norm(dim=-1)
     kd = xr[1].detach().norm(dim=-1) * grads_r[1].norm(dim=-1)
     scale = torch.sigmoid(-xr[4].detach()) * (torch.flip(torch.cumsum(torch.flip(qd + kd, (-1,)), -1), (-1,))

@@ -1,5 +1,5 @@
 """Runtime, intensity, roofline and optimal chunk sizes (paper App. G, eq. 111) against
-analytic-model.md's oracles O2-O6 (§6.2-6.5, §7) and its closed-form/numeric checks (§6.8).
+docs/model-counts.md's oracles O2-O6 (§6.2-6.5, §7) and its closed-form/numeric checks (§6.8).
 
 O2-O6 are `paper` mode; tolerance: half a unit in the last printed digit + 1e-6 relative (§6).
 """

@@ -1,10 +1,11 @@
-"""The derived forward+backward model of TFLA (tflabench.model.backward; analytic-model.md §9;
-tfla-kernels.md §3), tested against FLOPs counted on a float64 PyTorch chunkwise implementation.
+"""The derived forward+backward model of TFLA (tflabench.model.backward; docs/model-counts.md §9;
+docs/tfla-kernels.md 3), tested against FLOPs counted on a float64 PyTorch chunkwise implementation.
 
 The reference below is written here (not copied from any peer): a chunkwise mLSTMsig forward
-(tfla-kernels.md §2.4, unnormalised) and a hand-written backward that mirrors the kernels K0-K5
-(§3.2-3.4, §4.1). Its gradients are checked against torch autograd before its matmul FLOPs are
-counted with torch.utils.flop_counter.FlopCounterMode (which counts matmuls, not pointwise work).
+(docs/tfla-kernels.md 2.4, unnormalised) and a hand-written backward that mirrors the kernels K0-K5
+(docs/tfla-kernels.md 3.2-3.4, docs/tfla-tiling.md 4.1). Its gradients are checked against torch
+autograd before its matmul FLOPs are counted with torch.utils.flop_counter.FlopCounterMode (which
+counts matmuls, not pointwise work).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ def reference_forward(q, k, v, i, f, L, C0=None):
 
 
 def reference_backward(q, k, v, i, f, L, dH, dC_last, *, convention):
-    """Hand-written backward mirroring K0-K5 (tfla-kernels.md §3); returns dq, dk, dv, di, df.
+    """Hand-written backward mirroring K0-K5 (docs/tfla-kernels.md 3); returns dq, dk, dv, di, df.
 
     convention="unique": S recomputed once (δV), δS̄ computed once (δK) and reused (δQ);
     convention="executed": as xl_chunk's kernels, δS̄ computed again in δQ.
@@ -105,7 +106,7 @@ def reference_backward(q, k, v, i, f, L, dH, dC_last, *, convention):
     dQ = scale * ((dSbar * D) @ K) + scale * torch.exp(b)[..., None] * (dHc @ Cprev.transpose(-1, -2))
     shape = q.shape[:3]
     dq, dk, dv = dQ.reshape(*shape, -1), dK.reshape(*shape, -1), dV.reshape(*shape, -1)
-    # K5: gate gradients (tfla-kernels.md §3.4), T = <dC_last, C_S>
+    # K5: gate gradients (docs/tfla-kernels.md 3.4), T = <dC_last, C_S>
     dibar = (k * dk).sum(-1)
     Tlast = (dC_last * C[-1]).sum((-1, -2))
     r = (q * dq).sum(-1) - dibar
@@ -170,7 +171,7 @@ def test_forward_matmul_flops_and_autograd_backward_match_the_model(B, NH, T, L,
     assert fwd_counter.get_total_flops() == fwd_model
     assert mlstm_counts("sig", T=T, L=L, d_qk=dqk, d_hv=dhv, N_batch=B, N_head=NH, F_causal=1.0).matmul_flops == fwd_model
     # autograd keeps S from the forward: the model's unique count without state recompute, minus
-    # the S recompute 2·L²·d_qk, which is exactly 2x the forward (analytic-model.md §9, evidence)
+    # the S recompute 2·L²·d_qk, which is exactly 2x the forward (docs/model-counts.md §9, evidence)
     autograd_model = B * NH * Nc * (chunkwise_backward_matmul_flops(L, dqk, dhv, 1.0, recompute_states=False)
                                     - 2 * L**2 * dqk)
     assert bwd_counter.get_total_flops() == autograd_model == 2 * fwd_model
@@ -185,8 +186,8 @@ FIG5 = dict(d_qk=256, d_hv=512, F_causal=0.66)
 @pytest.mark.parametrize("L,unique,recompute,executed", [(64, 2.03, 2.48, 2.55), (128, 2.06, 2.47, 2.60),
                                                           (256, 2.11, 2.44, 2.67), (1024, 2.22, 2.39, 2.83)])
 def test_backward_to_forward_ratios_section_9(L, unique, recompute, executed):
-    # §9 [R]: forward counted as 4L·dd + 2F_c·L²(d_qk + d_hv) + 2dd; backward with its elementwise
-    # decays 2dd (of δC, and of C in the recompute); printed to 2 decimals
+    # docs/model-counts.md §9: forward counted as 4L·dd + 2F_c·L²(d_qk + d_hv) + 2dd; backward with
+    # its elementwise decays 2dd (of δC, and of C in the recompute); printed to 2 decimals
     dqk, dhv, fc = FIG5["d_qk"], FIG5["d_hv"], FIG5["F_causal"]
     dd = dqk * dhv
     fwd = chunkwise_matmul_flops(L, dqk, dhv, fc) + 2 * dd
@@ -195,8 +196,8 @@ def test_backward_to_forward_ratios_section_9(L, unique, recompute, executed):
     ex = chunkwise_backward_matmul_flops(L, dqk, dhv, fc, recompute_states=True, convention="executed") + 4 * dd
     assert abs(u / fwd - unique) <= 0.005
     assert abs(ur / fwd - recompute) <= 0.005
-    # §9 prints 2.67 at L = 256 where its own formula gives 2.6647 (a rounding slip of 0.0003 past
-    # the half-unit); every other printed ratio is within half a unit
+    # at L = 256 the formula gives 2.6647 (docs/model-counts.md §9: 2.665), 0.0003 past the half
+    # unit of the two-decimal 2.67; every other two-decimal ratio is within half a unit
     assert abs(ex / fwd - executed) <= (0.0055 if L == 256 else 0.005)
 
 
@@ -214,7 +215,8 @@ def test_fwdbw_is_forward_plus_backward_and_counts_for_case_uses_it():
 
 
 def test_backward_pointwise_terms_are_a_few_percent_section_9():
-    # §9: non-matmul work is O(F_c·L²) + O(L(d_qk + d_hv)) per chunk, "a few percent at most"
+    # docs/model-counts.md §9: non-matmul work is O(F_c·L²) + O(L(d_qk + d_hv)) per chunk, "a few
+    # percent at most"
     for dhv in (128, 256, 512):
         for L in (64, 128, 256, 1024):
             for variant in ("sig", "exp"):
@@ -224,7 +226,8 @@ def test_backward_pointwise_terms_are_a_few_percent_section_9():
 
 
 def test_backward_bytes_equal_the_section_9_estimate():
-    # §9: K1..K5 sum L(11·d_qk + 7·d_hv)·b_qkv + 12L·b_if + 4·d_qk·d_hv·b_Cmn, plus K0 = Table 9 recurrent kernel
+    # docs/model-counts.md §9: K1..K5 sum L(11·d_qk + 7·d_hv)·b_qkv + 12L·b_if + 4·d_qk·d_hv·b_Cmn,
+    # plus K0 = Table 9 recurrent kernel
     L, dqk, dhv, bq, bi, bc = 128, 64, 96, 2, 2, 4
     rows = chunkwise_backward_byte_rows("sig", L, dqk, dhv, bq, bi, bc, recompute_states=False)
     assert sum(rows.values()) == L * (11 * dqk + 7 * dhv) * bq + 12 * L * bi + 4 * dqk * dhv * bc

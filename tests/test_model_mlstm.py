@@ -1,8 +1,8 @@
-"""Forward counts of the mLSTM (paper App. F, Tables 8-17) against analytic-model.md's oracles.
+"""Forward counts of the mLSTM (paper App. F, Tables 8-17) against docs/model-counts.md's oracles.
 
-Every expected number below is quoted from /work/shared/docs/analytic-model.md (section named in
-each test); "paper" mode values are checked to half a unit of the last printed digit plus 1e-6
-relative, as its §6 prescribes.
+Every expected number below is the paper's formula evaluated at the stated settings
+(docs/model-counts.md §6; the oracle named in each test); "paper" mode values are checked to half a
+unit of the last printed digit plus 1e-6 relative, as its §6 prescribes.
 """
 
 from __future__ import annotations

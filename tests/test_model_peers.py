@@ -1,4 +1,4 @@
-"""Peers' analytic counts (tflabench.model.peers) against analytic-model.md §8's worked examples.
+"""Peers' analytic counts (tflabench.model.peers) against docs/model-counts.md §8's worked examples.
 
 The examples there are [R] computations at the paper's Fig. 4 setting (B = 8, T = 8192), printed
 to 3-4 significant digits; tolerances are half a unit of the last printed digit.
@@ -70,7 +70,7 @@ def test_chunkwise_gla_counts_section_8c():
 
 
 def test_peers_and_tfla_on_one_roofline_section_8():
-    # §8 "On one plot" (Fig. 4 setting, forward, F_c = 0.66)
+    # docs/model-counts.md §8, "On one roofline" (Fig. 4 setting, forward, F_c = 0.66)
     tfla = mlstm_counts("sig", "chunkwise", T=8192, L=128, d_qk=128, d_hv=256, N_batch=8, N_head=16,
                         F_causal=0.66, counts="paper")
     assert close_printed(tfla.flops, "2.072e11")

@@ -1,7 +1,7 @@
 """The model meets the measurement: chunk-size sweeps against eqs. 111/116/121, per-shape
 roofline placement, the distance-to-the-bound table, the figures and the HTML report.
 
-Expected values come from analytic-model.md's oracles (O2, O3, O4, §7 measured H100
+Expected values come from docs/model-counts.md's oracles (O2, O3, O4, §7 measured H100
 runtimes; named per test) or are computed by hand in the test from the roofline formula
 P(I) = min(beta·I, alpha) (eq. 119).
 """
@@ -37,7 +37,7 @@ H100_FWD_MS = {64: 7.411136, 128: 6.376000, 256: 6.301056, 512: 7.300192, 1024: 
 
 
 def close(value: float, printed: str, rel: float = 1e-6) -> bool:
-    """Half a unit in the last printed digit plus ``rel`` relative (analytic-model.md §6)."""
+    """Half a unit in the last printed digit plus ``rel`` relative (docs/model-counts.md §6)."""
     digits = printed.split("e")[0]
     decimals = len(digits.split(".")[1]) if "." in digits else 0
     exp = int(printed.split("e")[1]) if "e" in printed else 0

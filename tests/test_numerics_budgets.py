@@ -1,4 +1,4 @@
-"""Per-tensor numerics budgets (issue 15): the gate of `run` catches a kernel that is 1 %
+"""Per-tensor numerics budgets: the gate of `run` catches a kernel that is 1 %
 wrong in float32, 5 % wrong in bfloat16, or 5 % wrong in dk only; correct kernels pass.
 
 Flawed kernels: tests/numerics_kernels.py (the float64 reference computed in float32, with
@@ -109,7 +109,7 @@ def test_budget_rows_by_tensor_class_and_tf32():
     assert N.budget("dq", "float32", tf32=True) == N.DEFAULT_BUDGETS["tf32"].grad
     assert N.budget("dq", "float32", tf32=None) == N.DEFAULT_BUDGETS["tf32"].grad
     assert N.budget("df", "bfloat16") > N.budget("dk", "bfloat16")   # gate gradients looser
-    # the done-when of issue 15 holds with these numbers
+    # a 1 % float32 error and a 5 % bfloat16 error exceed these budgets
     assert N.budget("out", "float32", False) < 1e-2 and N.budget("out", "bfloat16") < 5e-2
     assert N.budget("dk", "bfloat16") < 5e-2 and N.budget("dk", "float32", False) < 5e-2
     # overrides: a suite's partial row, and the single tolerance that wins over all

@@ -1,5 +1,5 @@
 """The mLSTM forget-gate gradient df is judged against the scale of its summands
-(docs/numerics.md; shared docs tfla-kernels.md 5.1, issue 11), not its own max.
+(docs/numerics.md; docs/tfla-verification.md 5.1), not its own max.
 
 Every mLSTM kernel computes df by the difference identity df_t = σ(-f_t) [Σ_{u>=t}
 (q_u·dq_u - k_u·dk_u) + ⟨dC_S, C_S⟩]. At f ~ N(-20, 2) the true df is ~1e-8 while the

@@ -1,4 +1,4 @@
-"""`tflabench verify` (issue 12): the grid, the per-case verdict, the CLI and its exit status.
+"""`tflabench verify`: the grid, the per-case verdict, the CLI and its exit status.
 
 The deliberately unstable kernel (tests/numerics_kernels.py:unstable) is exact except that
 its backward rescales the forget-gate gradient through exp(-4.5 f), which overflows in

@@ -4,7 +4,7 @@
 python, peers' versions, git revision, hostname, tflabench version) without creating a CUDA
 context in the calling process (``nvidia-smi`` first; torch's device query only as a
 fallback), so that the runner's parent process leaves the GPU to its workers.
-:func:`known_problems` lists known-bad combinations (``shared/wheels/README.md``).
+:func:`known_problems` lists known-bad combinations (seen on an H200 with triton 3.6).
 """
 
 from __future__ import annotations
@@ -160,7 +160,7 @@ def is_hopper(gpu_name: str | None) -> bool:
 
 def known_problems(env: dict) -> list[str]:
     """Known-bad combinations in ``env`` (as :func:`collect` returns it), one advice line
-    each (source: ``shared/wheels/README.md``, measured on an H200 with triton 3.6)."""
+    each (measured on an H200 with triton 3.6)."""
     problems = []
     triton = _parse_version(env.get("triton"))
     peers = env.get("peers") or {}

@@ -94,7 +94,7 @@ BUDGET_REASONS: dict[str, str] = {
                "and ~1e-6 on the CPU at standard gates; the fp32 PyTorch reference itself is "
                "3e-4 off float64 in ill-conditioned regimes (i ~ N(30, 5)); 1e-3 = 3x that, and "
                "still 10x below a 1 % error",
-    "tf32": "TF32 dots (10-bit mantissa, unit roundoff 4.9e-4) cost ~1e-3 (docs/tfla-kernels.md "
+    "tf32": "TF32 dots (10-bit mantissa, unit roundoff 4.9e-4) cost ~1e-3 (docs/tfla-tiling.md "
             "4.10); 5e-3 = 5x that, half of a 1 % error",
     "float16": "our fp16 kernels reach <= 1.1e-3 (GPU checks, S 129); 1e-2 = 9x that; gate "
                "gradients as the old fp16 gate tolerance (5e-2)",
@@ -374,11 +374,11 @@ def tf32_text(dtype: str, tf32: bool | None) -> str | None:
 
 
 def mlstm_df_scale(q, k, f, dq_ref, dk_ref, dC=None, C_last=None, df_ref=None) -> float:
-    """The scale the mLSTM forget-gate gradient df is judged against (shared docs
-    ``tfla-kernels.md`` 5.1, issue 11).
+    """The scale the mLSTM forget-gate gradient df is judged against
+    (docs/tfla-verification.md 5.1).
 
     Every kernel (ours and mlstm_kernels) computes df by the difference identity
-    (``tfla-kernels.md`` 3.4) ``df_t = σ(-f_t) [Σ_{u>=t} (q_u·dq_u - k_u·dk_u) + ⟨dC_S, C_S⟩]``.
+    (docs/tfla-kernels.md 3.4) ``df_t = σ(-f_t) [Σ_{u>=t} (q_u·dq_u - k_u·dk_u) + ⟨dC_S, C_S⟩]``.
     Where forget gates are closed (f ~ N(-20, 2)) the true df is ~1e-8 while the summands
     are O(1), so a float kernel's df error is rounding noise of the summands; its size
     is measured against::

@@ -33,7 +33,7 @@ cases that could not run (``unavailable``, from each backend's ``available`` /
   CUDA major version, and compiles many template instantiations (tens of minutes for all
   architectures; restrict to sm_90 for an H200).
 - mlstm_kernels mLSTMexp ``xl_chunk`` is not listed: an abort while compiling was seen once on
-  triton 3.6 (2026-11-22, ``shared/wheels/README.md``), but every H200 result set of this
+  triton 3.6 (2026-11-22, with the same wheels), but every H200 result set of this
   project with the same versions measured it (912a5aa, 6039bb3: all rows ok); a crash would
   be a ``crash`` row with its reason.
 """

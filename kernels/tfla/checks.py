@@ -2,7 +2,7 @@
 
 Every check raises :class:`ValueError` with one line that names the argument, the value
 it got and what is allowed (project rule: library kernel input checks raise ValueError).
-Shapes and conventions: ``docs/tfla-kernels.md`` Section 1 (shared docs):
+Shapes and conventions: ``docs/tfla-kernels.md`` Section 1:
 q, k (B, NH, S, d_qk); v (B, NH, S, d_hv); i, f (B, NH, S); states
 C (B, NH, d_qk, d_hv), n (B, NH, d_qk), m (B, NH) or (B, NH, 1).
 """

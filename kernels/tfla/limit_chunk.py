@@ -1,7 +1,7 @@
 """The one-level ``limit_chunk`` mLSTM kernels (mLSTMexp and mLSTMsig), forward and backward.
 
 Paper Sec. 5 / App. E ("limit_chunk": one level of sequence parallelism over chunks, the
-FLA-style baseline), docs/tfla-kernels.md 4.9. The recurrent kernels materialise the
+FLA-style baseline), docs/tfla-tiling.md 4.9. The recurrent kernels materialise the
 chunk states C_k, n_k, m_k at every chunk boundary; the parallel kernels hold each chunk's
 whole L x L gate and score matrices on chip (forward: one program per chunk and d_hv
 block; backward: one program per chunk computing dQ, dK and dV). Registers bound L to
@@ -35,10 +35,10 @@ def mlstm_limit_chunk(q, k, v, i, f, *, variant="sig", chunk_size=64, normalize=
         variant: "sig" (mLSTMsig, paper eqs. 22-23) or "exp" (mLSTMexp, eqs. 1-4 with the
             max-state stabilisation of App. D.1).
         chunk_size: L, a power of two from 16 to 128. Sequences shorter than L run with the
-            smallest power of two >= max(S, 16) (the result is the same, docs 2.4).
+            smallest power of two >= max(S, 16) (the result is the same, docs/tfla-kernels.md 2.4).
         normalize: mLSTMsig only: divide by max(|q̂·n|, 1) + eps (the peer's default) or not
             (the paper's mLSTMsig). mLSTMexp always normalises; the flag is ignored there.
-        eps: added to the normaliser outside the max (docs 1.2).
+        eps: added to the normaliser outside the max (docs/tfla-kernels.md 1.2).
         initial_state: None, C0 or (C0, n0[, m0]) with C0 (B, NH, d_qk, d_hv), n0 (B, NH, d_qk),
             m0 (B, NH) or (B, NH, 1); m0 is ignored for mLSTMsig.
         return_last_state: also return the state after step S.

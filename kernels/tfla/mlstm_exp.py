@@ -31,7 +31,7 @@ def mlstm_exp(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", eps=1e-6,
             σ(f̃), used as log σ(f̃)); any float dtype, computed in float32.
         chunk_size: L, a power of two >= 16 (xl_chunk: any such L; limit_chunk: 16..128).
         algorithm: "xl_chunk" (TFLA) or "limit_chunk" (one-level baseline).
-        eps: added to the normaliser outside the max (docs 1.2), default 1e-6.
+        eps: added to the normaliser outside the max (docs/tfla-kernels.md 1.2), default 1e-6.
         initial_state: None, C0 or (C0, n0[, m0]): C0 (B, NH, d_qk, d_hv), n0 (B, NH, d_qk),
             m0 (B, NH) or (B, NH, 1), stabilised states as returned by return_last_state.
         return_last_state: also return the state (C, n, m) after step S.

@@ -3,7 +3,7 @@
 Paper: Beck, Poeppel, Lippe, Hochreiter, "Tiled Flash Linear Attention", NeurIPS 2025,
 Sec. 3 (chunkwise form), Sec. 4 (TFLA tiling), Sec. 4.2 / eqs. 22-23 (mLSTMsig).
 Conventions (scale, gates, states, gradients): docs/tfla-kernels.md Section 1.
-Kernel design and measurements: docs/kernels-sig-notes.md.
+Kernel design, dispatch and tuning rules: docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
     ``normalize=True`` also n_t = σ(f̃_t) n_{t-1} + σ(ĩ_t) k_t and
     h_t = C_tᵀ q̂_t / (max(|n_tᵀ q̂_t|, 1) + 1e-6). It is evaluated in the chunkwise form
     (Sec. 3) with chunk size L = ``chunk_size``, by the paper's two-level TFLA Triton kernels
-    (shared with mLSTMexp, ``tfla/triton/chunkwise*.py``; docs/kernels-sig-notes.md), except
+    (shared with mLSTMexp, ``tfla/triton/chunkwise*.py``; docs/kernels.md), except
     calls without gradients and without the normaliser that
     :func:`tfla.triton.sig_walk_fw.walk_config` takes (L 64, 16-bit, d_qk <= 128,
     d_hv <= 256, two or more programs per SM): those run a forward walk that keeps the chunk
@@ -45,7 +45,7 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
     Returns:
         h (B, NH, S, d_hv) in q's dtype, or (h, (C_S, n_S)).
 
-    Gradients (docs 1.5): dq, dk, dv (q's dtype), di, df (their dtypes), dC0; n_out is a
+    Gradients (docs/tfla-kernels.md 1.5): dq, dk, dv (q's dtype), di, df (their dtypes), dC0; n_out is a
     constant of the backward; a gradient on C_S enters all of them (df with ⟨dC_S, C_S⟩).
 
     Device: CUDA tensors run the Triton kernels; CPU tensors run

@@ -478,7 +478,7 @@ def _generator(device: str, seed: int):
 
 def gate_dtype(dtype: "torch.dtype") -> "torch.dtype":
     """Dtype of the mLSTM gate pre-activations for activations of ``dtype``: float32 for
-    bf16/fp16 (docs/tfla-kernels.md, Pitfall 17), else ``dtype``."""
+    bf16/fp16 (docs/tfla-verification.md pitfall 17), else ``dtype``."""
     import torch
 
     return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
@@ -486,7 +486,7 @@ def gate_dtype(dtype: "torch.dtype") -> "torch.dtype":
 
 def mlstm_inputs(shape: Shape, dtype, device: str, seed: int, requires_grad: bool = False,
                  gates_dtype=None) -> dict:
-    """The mLSTM family's inputs (the benchmark setting of ``peer-baselines-h200.md``):
+    """The mLSTM family's inputs (the peers' benchmark setting):
     ``q``, ``k`` (B, NH, S, d_qk), ``v`` (B, NH, S, d_hv) ~ N(0, 1) in ``dtype``; input gate
     ``i`` ~ N(0, 1) and forget gate ``f`` ~ N(3, 1) pre-activations (B, NH, S) in
     ``gates_dtype`` (default :func:`gate_dtype`). Deterministic in ``seed``; with

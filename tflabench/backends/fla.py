@@ -17,7 +17,7 @@ distribution of the peer baselines.
 
 Known refusal: fla's gated ``chunk_bwd_dqkwg`` (the backward of ``chunk_simple_gla`` with a
 data-dependent g) raises a RuntimeError (fla issue #640) on Hopper GPUs with
-3.4.0 <= triton < 3.7.1 (``shared/wheels/README.md``: seen on the H200, triton 3.6).
+3.4.0 <= triton < 3.7.1 (seen on the H200, triton 3.6).
 ``unsupported_mode`` reports ``fwdbw`` unsupported there, per case, with that reason;
 :meth:`FlaBackend.classify_error` recognises the RuntimeError itself. With
 ``TFLABENCH_FLA_640_GUARD=narrow`` the guard is lifted where fla's key block width is not 64

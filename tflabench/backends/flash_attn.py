@@ -5,7 +5,7 @@
   from the flash-attention repository's ``hopper/`` folder; forward and backward) or
   ``fa3_fwd_interface`` (the ``fa3_fwd`` wheel; forward only, bf16 only, built with
   ``FLASHATTENTION_DISABLE_BACKWARD`` and ``FLASHATTENTION_DISABLE_FP16``). With only
-  ``fa3_fwd``, ``fwdbw`` is reported unsupported per case (``shared/wheels/README.md``).
+  ``fa3_fwd``, ``fwdbw`` is reported unsupported per case.
 - ``fa2`` runs ``flash_attn.flash_attn_func`` when the ``flash-attn`` package is installed.
 
 Paper App. E.3: 32 heads of 128 at embedding 4096, causal, bf16. Native layout of

@@ -4,13 +4,13 @@ selective scan, a compiled CUDA extension).
 ``mamba2`` calls ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined``, loaded
 **without executing** ``mamba_ssm/__init__.py``: that file imports the v1 selective scan,
 which needs the compiled ``selective_scan_cuda`` and fails without it (the ``mamba_ssm``
-wheel of ``shared/wheels/`` is built with ``MAMBA_SKIP_CUDA_BUILD=TRUE``). A stand-in
+wheel this project's H200 runs used is built with ``MAMBA_SKIP_CUDA_BUILD=TRUE``). A stand-in
 parent package (the real package directory as ``__path__``, nothing executed) is put in
 ``sys.modules["mamba_ssm"]`` of the worker, and the Triton submodules import normally
 under it (:func:`import_mamba_submodule`).
 
 Paper App. E.3: Mamba 2 with head dimension 64 and 4096 / 64 = 64 heads; state size 128,
-one group, chunk 256 (the Mamba2 module's defaults, as ``shared/docs/peer-baselines-h200.md``).
+one group, chunk 256 (the Mamba2 module's defaults).
 Mamba (v1): the embedding dimension 4096 as the inner dimension, state size 16.
 
 Native layouts: Mamba 2 x (B, S, H, P), dt (B, S, H), B/C (B, S, G, N); Mamba x (B, D, S),

@@ -1,7 +1,7 @@
 """``mlstm_kernels`` backend: the TFLA paper authors' Triton kernels (NX-AI, 2.0.6).
 
 ``variant`` x ``algorithm`` select the peer kernel (``mlstm_kernels.torch.get_mlstm_kernel``
-names, ``shared/docs/tfla-kernels.md`` 1.6):
+names, ``docs/tfla-kernels.md`` 1.6):
 
 ============  ===========  ======================================  ==========================
 variant       algorithm    peer kernel                              default chunk_size
@@ -14,11 +14,11 @@ variant       algorithm    peer kernel                              default chun
 mLSTMsig's normaliser is passed explicitly (the peer's own default is ``normalize=True``;
 the paper's mLSTMsig and the peer baselines use ``normalize=False``, which is ours).
 On triton 3.6 the mLSTMexp ``xl_chunk`` kernel was once seen to abort the process while
-compiling (``shared/wheels/README.md``, 2026-11-22); this project's H200 runs with the same
+compiling (2026-11-22); this project's H200 runs with the same
 versions measured it (results/reference/h200/h100_7b, all rows ok). Were it to abort, the
 runner's isolation turns that into a ``crash`` row.
 
-Native layout (docs 1.1): q, k (B, NH, S, d_qk), v (B, NH, S, d_hv), i, f (B, NH, S),
+Native layout (docs/tfla-kernels.md 1.1): q, k (B, NH, S, d_qk), v (B, NH, S, d_hv), i, f (B, NH, S),
 contiguous. Paper App. E.3 layout at embedding 4096: 16 heads, d_hv 256, d_qk 128.
 
 torch and the peer are imported inside the methods only (``backends/base.py``).
@@ -88,7 +88,7 @@ class MlstmKernelsParams(HeadLayoutParams):
             L a power of two dividing S.
         normalize: mLSTMsig normaliser (None = False, the paper's mLSTMsig eqs. 22-23);
             mLSTMexp always normalises (None or True).
-        eps: added to the normaliser (docs 1.2; peer default 1e-6).
+        eps: added to the normaliser (docs/tfla-kernels.md 1.2; peer default 1e-6).
         heads, d_hv, d_qk, p_qk: head layout; with neither heads nor d_hv set, 16 heads,
             d_qk = 0.5 d_hv (paper App. E.3: 16 heads, d_hv 256, d_qk 128 at 4096).
     """
@@ -210,10 +210,9 @@ class MlstmKernelsBackend(Backend):
         same as the ``tfla`` backend's for the same seed): q, k (B, NH, S, d_qk),
         v (B, NH, S, d_hv) ~ N(0, 1) in ``dtype``; input-gate pre-activations i ~ N(0, 1)
         and forget-gate pre-activations f ~ N(3, 1), (B, NH, S), in float32 for bf16/fp16
-        activations (the peer upcasts them itself; peer baselines' distributions,
-        ``shared/docs/peer-baselines-h200.md``). The peer's native layout, contiguous; with
-        ``requires_grad`` all five are leaves with gradients. Raises ValueError when the
-        peer cannot run S (:func:`check_peer_shape`)."""
+        activations (the peer upcasts them itself; the distributions of the peers' benchmarks). The
+        peer's native layout, contiguous; with ``requires_grad`` all five are leaves with gradients.
+        Raises ValueError when the peer cannot run S (:func:`check_peer_shape`)."""
         check_peer_shape(params, shape.seq_len)
         return mlstm_inputs(shape, dtype, device, seed, requires_grad)
 
@@ -262,7 +261,7 @@ class MlstmKernelsBackend(Backend):
     def reference(self, params: MlstmKernelsParams, inputs: dict[str, Any]):
         """float64 mLSTM of the same variant and normaliser
         (:func:`tflabench.backends.base.mlstm_reference`: ``tfla.reference``, normaliser and
-        max state detached as the kernels' gradients, docs 1.5); h (B, NH, S, d_hv)."""
+        max state detached as the kernels' gradients, docs/tfla-kernels.md 1.5); h (B, NH, S, d_hv)."""
         normalize = bool(params.normalize) if params.variant == "sig" else True
         return mlstm_reference(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"],
                                variant=params.variant, normalize=normalize, eps=params.eps)

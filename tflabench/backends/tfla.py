@@ -109,8 +109,8 @@ class TflaBackend(Backend):
         return out[0] if isinstance(out, tuple) else out
 
     def uses_tf32(self, params: TflaParams, dtype, device) -> bool:
-        """False: float32 runs use ``tf32x3`` dots (mLSTMsig, three TF32 products, ~fp32
-        accuracy) or IEEE fp32 dots (mLSTMexp, limit_chunk); the reference is PyTorch."""
+        """False: float32 runs use exact fp32 dots (``input_precision="ieee"``, every kernel:
+        ``dot_precision``; docs/tfla-tiling.md 4.10); the reference is PyTorch."""
         return False
 
     def initial_state(self, params: TflaParams, inputs, seed, requires_grad=False):

@@ -172,7 +172,7 @@ def n_chunks(T, L, chunks: str) -> float:
 
     ``chunks``: ``"divide"`` (T % L == 0 required, N_c = T/L), ``"pad"`` (N_c = ceil(T/L), the
     padded chunks a kernel executes) or ``"real"`` (N_c = T/L as a real number, App. F/G).
-    Source: analytic-model.md §2.1 (decision on N_c); paper Sec. 2.2 vs App. F (I8).
+    Source: docs/model-counts.md §2.1 (decision on N_c); paper Sec. 2.2 vs App. F (I8).
 
     Raises:
         UserError: L outside [1, T], or L not dividing T with ``chunks="divide"``.

@@ -1,14 +1,14 @@
 """Theoretical runtime, arithmetic intensity, roofline and optimal chunk sizes (paper App. G, F.5).
 
 For the chunkwise mLSTM forward, FLOPs per head and chunk are ``a·L² + b·L + c`` and bytes per
-head and chunk ``m·L + n`` (analytic-model.md §4.1), so per call
+head and chunk ``m·L + n`` (docs/model-counts.md §4.1), so per call
 
     FLOPs(L) = N_batch·N_head·(T/L)·(a·L² + b·L + c),   Bytes(L) = N_batch·N_head·(T/L)·(m·L + n).
 
 The coefficients are read off the table rows of :mod:`tflabench.model.mlstm` (``rows`` mode) or
 the printed Table 17 (``paper`` mode), so they follow every table decision made there. The paper
 derives eqs. 111 and 116-121 for mLSTMsig only; the mLSTMexp versions here are the same algebra
-applied to the mLSTMexp rows (derived, analytic-model.md §4.1, §4.5, §4.6).
+applied to the mLSTMexp rows (derived, docs/model-counts.md §4.1, §4.5, §4.6).
 
 Assumptions behind eqs. 116, 118, 121 (paper App. G): chunkwise forward only; N_c = T/L real;
 one ceiling ``alpha`` for all FLOPs although pointwise ones do not run on tensor cores; no
@@ -110,7 +110,7 @@ def l_opt_flop(coeffs: dict) -> float:
     """FLOP-optimal real chunk size ``sqrt(c/a)`` (paper eq. 111 in paper mode, sig).
 
     Printed eq. 111: ``sqrt((2·d_hv²·p_qk + 5) / (2·F_c·(d_hv(1 + p_qk) + 3) + 1))``; rows mode has
-    1 instead of 5 (analytic-model.md §4.5). Independent of T (for L <= T).
+    1 instead of 5 (docs/model-counts.md §4.5). Independent of T (for L <= T).
     """
     return math.sqrt(coeffs["c"] / coeffs["a"])
 
@@ -127,7 +127,7 @@ def l_opt_runtime(coeffs: dict, I_acc) -> float:
 
 
 def l_ridge(coeffs: dict, I_acc) -> float:
-    """Chunk size where ``I_algo(L) = I_acc`` (the roofline ridge), analytic-model.md §4.7 [derived].
+    """Chunk size where ``I_algo(L) = I_acc`` (the roofline ridge), docs/model-counts.md §4.7 [derived].
 
     Positive root of ``a·L² + (b − I_acc·m)·L + (c − I_acc·n) = 0``. With ``c < I_acc·n`` the
     argmin of the max-form runtime is ``max(l_opt_flop, l_ridge)``.
@@ -185,7 +185,7 @@ def powers_of_two(lo, hi) -> list[int]:
 def best_power_of_two(fn, L_cont, T) -> int:
     """Best power of two for a convex-in-L objective: the better of the two bracketing ``L_cont``.
 
-    Clamped to [1, T] (analytic-model.md §4.8: for the sum form this was the global best power
+    Clamped to [1, T] (docs/model-counts.md §4.8: for the sum form this was the global best power
     of two in 240/240 configurations).
     """
     cands = [p for p in powers_of_two(1, T)]

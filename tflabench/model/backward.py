@@ -1,22 +1,22 @@
 """Backward and forward+backward counts of TFLA mLSTM (derived here; the paper counts the forward only).
 
-Derivation (docs/model.md "Forward + backward"; analytic-model.md §9; tfla-kernels.md §3-4; paper
-App. B.3 eqs. 57-92 and C.3 eqs. 101-103). The chunkwise backward of ``xl_chunk`` runs, per head
-and chunk of length L:
+Derivation (docs/model.md "Forward + backward"; docs/model-counts.md §9; docs/tfla-kernels.md 3,
+docs/tfla-tiling.md 4; paper App. B.3 eqs. 57-92 and C.3 eqs. 101-103). The chunkwise backward of
+``xl_chunk`` runs, per head and chunk of length L:
 
 - K0 (optional, default on, as ``recompute_states_in_bw=True`` of mlstm_kernels): rerun the
   forward recurrent kernel, ``C_k = ḡ·C_{k-1} + K̄ᵀV``: the forward's gates/numerator(/denominator)
   rows of Table 8 and Table 9's recurrent-kernel bytes.
-- K1: reverse state-gradient recurrence ``δC_{k-1} = ḡ·δC_k + Q̄ᵀ·δH̃`` (tfla-kernels.md §3.2):
+- K1: reverse state-gradient recurrence ``δC_{k-1} = ḡ·δC_k + Q̄ᵀ·δH̃`` (docs/tfla-kernels.md 3.2):
   gate vectors as the forward ``gates`` row, ``Q̄ = b̄⊙Q`` (L·d_qk), ``Q̄ᵀδH̃`` (2L·d_qk·d_hv),
   decay and add (2·d_qk·d_hv); mLSTMexp also ``δH̃ = δH/(n_out+eps)`` (L·d_hv + L).
-- K2-K4 (δV, δK, δQ; §3.3): rebuild the gate matrix D (forward cum_fgates + gate_matrix rows),
-  intra matmuls, inter matmuls ``K̄·δC_k``, ``V·δC_kᵀ``, ``δH̃·C_{k-1}ᵀ`` (2L·d_qk·d_hv each) and
-  their row scalings (4L·d_qk), products with D and the scale (4F_c·L² unique), and the
-  intra + inter additions (L(2d_qk + d_hv)).
-- K5: gate gradients (§3.4): two row-wise dot products q·dq, k·dk (4L·d_qk), their difference and
-  the reverse cumulative sum (2L), sigmoid factors (mLSTMsig: both gates, 2L(F_sig + 1);
-  mLSTMexp: forget gate only, L(F_sig + 1)).
+- K2-K4 (δV, δK, δQ; docs/tfla-kernels.md 3.3): rebuild the gate matrix D (forward cum_fgates +
+  gate_matrix rows), intra matmuls, inter matmuls ``K̄·δC_k``, ``V·δC_kᵀ``, ``δH̃·C_{k-1}ᵀ``
+  (2L·d_qk·d_hv each) and their row scalings (4L·d_qk), products with D and the scale (4F_c·L²
+  unique), and the intra + inter additions (L(2d_qk + d_hv)).
+- K5: gate gradients (docs/tfla-kernels.md 3.4): two row-wise dot products q·dq, k·dk (4L·d_qk),
+  their difference and the reverse cumulative sum (2L), sigmoid factors (mLSTMsig: both gates,
+  2L(F_sig + 1); mLSTMexp: forget gate only, L(F_sig + 1)).
 
 Intra-chunk matmuls (``F_c = F_causal``): ``convention="unique"`` counts every distinct product
 once, FlashAttention's convention: recompute ``S = QKᵀ`` (2F_c·L²·d_qk), ``S̄ᵀδH̃`` (2F_c·L²·d_hv),
@@ -51,7 +51,7 @@ KERNEL_SPLITS = ("xl_chunk", "limit_chunk")
 
 def chunkwise_backward_matmul_flops(L, d_qk, d_hv, F_causal, *, recompute_states=True,
                                     convention="unique") -> float:
-    """Tensor-core FLOPs per head and chunk of the chunkwise backward (analytic-model.md §9).
+    """Tensor-core FLOPs per head and chunk of the chunkwise backward (docs/model-counts.md §9).
 
     unique: ``2F_c·L²(3d_qk + 2d_hv) + 8L·d_qk·d_hv``; executed: ``6F_c·L²(d_qk + d_hv) + 8L·d_qk·d_hv``;
     plus ``2L·d_qk·d_hv`` for the state recompute (K0).
@@ -93,7 +93,7 @@ def chunkwise_backward_flop_rows(variant, L, d_qk, d_hv, F_causal, F: FOps = FOp
 
 def chunkwise_backward_byte_rows(variant, L, d_qk, d_hv, bytes_qkv=2, bytes_if=2, bytes_Cmn=4, *,
                                  recompute_states=True, kernel_split="xl_chunk") -> dict:
-    """Backward HBM bytes per head and chunk (estimate, analytic-model.md §9 "Backward bytes").
+    """Backward HBM bytes per head and chunk (estimate, docs/model-counts.md §9 "Backward bytes").
 
     xl_chunk: K1 load ``L(d_qk+d_hv)·b_qkv + 2L·b_if``, store ``d_qk·d_hv·b_Cmn``; K2 (δV) load
     ``L(2d_qk+d_hv)·b_qkv + 2L·b_if + d_qk·d_hv·b_Cmn``, store ``L·d_hv·b_qkv``; K3, K4 (δK, δQ) each
@@ -101,7 +101,7 @@ def chunkwise_backward_byte_rows(variant, L, d_qk, d_hv, bytes_qkv=2, bytes_if=2
     ``4L·d_qk·b_qkv + 2L·b_if``, store ``2L·b_if``; K0 = Table 9's recurrent kernel. mLSTMexp adds
     the saved n_out and m^comb (fp32 → ``bytes_Cmn``) read by K1-K4: ``8L·b_Cmn``.
     limit_chunk: one fused dQ/dK/dV kernel loading Q, K, V, δH, both gates, C_{k-1}, δC_k and
-    storing δQ, δK, δV (tfla-kernels.md §4.9).
+    storing δQ, δK, δV (docs/tfla-tiling.md 4.9).
     """
     rows = {}
     if recompute_states:

@@ -3,16 +3,17 @@
 Variants ``sig`` (mLSTMsig, sigmoid input gate) and ``exp`` (mLSTMexp, exponential input gate);
 formulations ``chunkwise`` (what TFLA runs), ``parallel`` and ``recurrent``.
 
-Two counting modes (analytic-model.md §3, "Design: two counting modes"):
+Two counting modes (docs/model-counts.md §3, "Two counting modes"):
 
 - ``rows`` (default): every FLOP total is the sum of its table rows (Tables 8, 10, 12, with
   general F_OP factors); every byte total is load + store. This is what a kernel does.
 - ``paper``: the chunkwise totals are the printed Table 17 expressions (which differ from the
-  row sums: issues I2 and I3 of analytic-model.md — the printed mLSTMsig total was built with the
-  mLSTMexp gates row, the mLSTMexp total has 4·d_hv where the rows give 2·d_hv). A breakdown
-  then shows one extra row ``paper_table17_adjustment`` = printed − rows. Parallel and recurrent
-  totals and all byte totals are the same as in ``rows`` (Table 13's swapped totals, I5, are not
-  reproduced). Requires all F_OP = 1. The paper's figures and equations 111, 116, 118, 121 use it.
+  row sums: inconsistencies I2 and I3, docs/model-counts.md §3 — the printed mLSTMsig total was
+  built with the mLSTMexp gates row, the mLSTMexp total has 4·d_hv where the rows give 2·d_hv). A
+  breakdown then shows one extra row ``paper_table17_adjustment`` = printed − rows. Parallel and
+  recurrent totals and all byte totals are the same as in ``rows`` (Table 13's swapped totals, I5,
+  are not reproduced). Requires all F_OP = 1. The paper's figures and equations 111, 116, 118, 121
+  use it.
 
 Table 14-16 ("simplified") are Tables 8, 10, 12 evaluated at F_OP = 1 (``FOps()``), never typed
 separately; the Table 14 mLSTMsig cum_fgates misprint (I1) is therefore not reproduced.
@@ -124,7 +125,7 @@ def parallel_flop_rows(variant: str, T, d_qk, d_hv, F_causal, F: FOps = FOps()) 
     """FLOPs per head and full sequence, paper Table 10 (Table 15 at F_OP = 1).
 
     Kept as printed (paper and authors' code agree): the gate matrix is not scaled by F_causal
-    and the mLSTMsig gate matrix repeats the mLSTMexp row (analytic-model.md §2.5).
+    and the mLSTMsig gate matrix repeats the mLSTMexp row (docs/model-counts.md §2.5).
     """
     return {
         "cum_fgates": T * (T + 1) / 2 + (1 if variant == "exp" else 2) * T * (F.log + F.sig),
@@ -175,7 +176,7 @@ def recurrent_byte_rows(variant: str, d_qk, d_hv, bytes_qkv=2, bytes_if=2, bytes
 
 
 def chunkwise_matmul_flops(L, d_qk, d_hv, F_causal) -> float:
-    """Tensor-core FLOPs per head and chunk of the chunkwise forward (analytic-model.md §2.2).
+    """Tensor-core FLOPs per head and chunk of the chunkwise forward (docs/model-counts.md §2.2).
 
     ``2L·d_qk·d_hv`` (K̄ᵀV) + ``2L·d_qk·d_hv`` (Q̄C) + ``2F_causal·L²(d_qk + d_hv)`` (QKᵀ, S̄V).
     """

@@ -1,4 +1,4 @@
-"""Analytic counts of the peers, for the same roofline as TFLA (analytic-model.md §8).
+"""Analytic counts of the peers, for the same roofline as TFLA (docs/model-counts.md §8).
 
 The peers' own benchmark conventions count matmul FLOPs only (2 per multiply-add) and ignore
 pointwise work; these functions follow them. Each docstring states its assumptions and sources;
@@ -19,7 +19,7 @@ def _check(mode, F_causal, **sizes):
 
 
 def attention_counts(mode="fwd", *, B, H, T, d_qk, d_v=None, F_causal=0.5, bytes_qkv=2) -> Counts:
-    """Causal softmax attention, FlashAttention accounting (analytic-model.md §8a).
+    """Causal softmax attention, FlashAttention accounting (docs/model-counts.md §8a).
 
     q, k: (B, H, T, d_qk); v, o: (B, H, T, d_v); one KV head per query head.
 
@@ -50,7 +50,8 @@ def attention_counts(mode="fwd", *, B, H, T, d_qk, d_v=None, F_causal=0.5, bytes
 
 
 def ssd_counts(mode="fwd", *, B, T, H, P, N, G=1, Q=256, F_causal=0.5, bytes_x=2) -> Counts:
-    """Mamba 2 SSD chunked scan (Dao & Gu 2024, Sec. 6; mamba_ssm 2.3.2 kernels; analytic-model.md §8b).
+    """Mamba 2 SSD chunked scan (Dao & Gu 2024, Sec. 6; mamba_ssm 2.3.2 kernels;
+    docs/model-counts.md §8b).
 
     x: (B, T, H, P); B, C: (B, T, G, N); dt: (B, T, H); chunk Q; N_c = ceil(T/Q) (padded chunks).
 
@@ -89,7 +90,8 @@ def ssd_counts(mode="fwd", *, B, T, H, P, N, G=1, Q=256, F_causal=0.5, bytes_x=2
 
 def gla_counts(kind="simple_gla", mode="fwd", *, B, H, T, d_k, d_v, L=64, F_causal=0.5,
                bytes_qkv=2, bytes_h=None, bytes_g=None) -> Counts:
-    """Chunkwise GLA / simple GLA as fla's ``chunk_gla`` / ``chunk_simple_gla`` (analytic-model.md §8c).
+    """Chunkwise GLA / simple GLA as fla's ``chunk_gla`` / ``chunk_simple_gla``
+    (docs/model-counts.md §8c).
 
     q, k: (B, H, T, d_k); v, o: (B, H, T, d_v); gate g: (B, H, T) (simple GLA, scalar decay) or
     (B, H, T, d_k) (GLA, decay per key channel). Chunk L (fla default 64), N_c = ceil(T/L).

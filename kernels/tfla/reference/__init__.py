@@ -7,7 +7,8 @@
 All take ``(q, k, v, i, f, *, variant="sig"|"exp", normalize, eps, initial_state,
 return_last_state, detach_normalizer)`` (chunkwise also ``chunk_size``), any floating
 dtype and device, and are differentiable with torch autograd; with
-``detach_normalizer=True`` (default) their gradients are the kernels' convention (docs 1.5).
+``detach_normalizer=True`` (default) their gradients are the kernels' convention
+(docs/tfla-kernels.md 1.5).
 """
 
 from tfla.reference.chunkwise import mlstm_chunkwise

@@ -18,8 +18,9 @@ def mlstm_chunkwise(q, k, v, i, f, *, variant="sig", chunk_size=64, normalize=No
     Paper Sec. 3 / App. B (eqs. 9-11 chunk gates, 39-43 recurrence, 44-56 intra and
     combination), docs/tfla-kernels.md 2.4. Any chunk_size >= 1; S need not be a multiple
     of it: the last chunk is padded with neutral steps (q = k = v = 0, f̄ = 0, ī = -inf;
-    docs 4.7). Other arguments, returns and errors as :func:`tfla.reference.mlstm_recurrent`;
-    also raises ValueError for a chunk_size that is not an int >= 1.
+    docs/tfla-tiling.md 4.7). Other arguments, returns and errors as
+    :func:`tfla.reference.mlstm_recurrent`; also raises ValueError for a chunk_size that is not an
+    int >= 1.
     """
     dims, out_dtype, cd, normalize, eps, (q, k, v, i, f), (C, n, m), _ = prepare(
         q, k, v, i, f, variant=variant, normalize=normalize, eps=eps, initial_state=initial_state)

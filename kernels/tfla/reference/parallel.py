@@ -13,7 +13,7 @@ def mlstm_parallel(q, k, v, i, f, *, variant="sig", normalize=None, eps=1e-6,
 
     Paper Sec. 2 (parallel form, eqs. 5-8) with the initial state as "column 0": the
     decay matrix D̃_tj = F_tj + ī_j (j <= t), D̃_t0 = F_t0 + m_0, m_t = max over the row
-    (mLSTMexp), F built as a column cumsum of the masked gate matrix (docs 2.3).
+    (mLSTMexp), F built as a column cumsum of the masked gate matrix (docs/tfla-kernels.md 2.3).
     Same arguments, returns and errors as :func:`tfla.reference.mlstm_recurrent`.
     """
     dims, out_dtype, cd, normalize, eps, (q, k, v, i, f), (C0, n0, m0), _ = prepare(

@@ -17,11 +17,12 @@ def mlstm_recurrent(q, k, v, i, f, *, variant="sig", normalize=None, eps=1e-6,
         variant: "sig" (mLSTMsig: sigmoid input gate, no max state) or "exp" (mLSTMexp).
         normalize: sig: divide by max(|n·q̂|, 1) + eps (None means False); exp: None or True.
         eps: added to the normaliser outside the max (docs/tfla-kernels.md 1.2).
-        initial_state: None, C0, or (C0, n0[, m0]) (docs 1.3); absent parts are zeros (m0 = 0).
+        initial_state: None, C0, or (C0, n0[, m0]) (docs/tfla-kernels.md 1.3); absent parts
+            are zeros (m0 = 0).
         return_last_state: also return (C_S, n_S) (sig) or (C_S, n_S, m_S of shape (B, NH, 1))
             (exp), stabilised, in the compute dtype.
         detach_normalizer: treat n_out and the max state as constants under autograd
-            (the kernels' gradient convention, docs 1.5 / 3.1).
+            (the kernels' gradient convention, docs/tfla-kernels.md 1.5 / 3.1).
 
     Returns:
         h (B, NH, S, d_hv) in q's dtype, or (h, last_state).

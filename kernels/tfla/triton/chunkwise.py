@@ -2,14 +2,14 @@
 
 Used by :func:`tfla.mlstm_exp` (mLSTMexp ``xl_chunk``), :func:`tfla.mlstm_sig` (mLSTMsig
 ``xl_chunk``, the "tiled" algorithm) and :func:`tfla.limit_chunk.mlstm_limit_chunk`
-(``limit_chunk``, both variants). Forward (docs/tfla-kernels.md 4.1): the recurrent
+(``limit_chunk``, both variants). Forward (docs/tfla-tiling.md 4.1): the recurrent
 kernel (chunk states, b, m^comb), then the parallel H kernel. Backward: the recurrent dC
 kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three launches as in the paper's
-Table 1; limit_chunk: one fused kernel per chunk), then the gate gradients (docs 3.4)
+Table 1; limit_chunk: one fused kernel per chunk), then the gate gradients (docs/tfla-kernels.md 3.4)
 from the fp32 row sums q·dq and k·dk. :func:`run_sig_walk` is the host side of mLSTMsig's
 forward walk (``sig_walk_fw``), for the calls its rule takes.
 
-Conventions (docs 1.3-1.5): states (C, n, m) in stabilised form, m_0 = 0 without an
+Conventions (docs/tfla-kernels.md 1.3-1.5): states (C, n, m) in stabilised form, m_0 = 0 without an
 initial state; the normaliser n_out and the max states are constants in the backward;
 dC_last is used (with the last-state term T in df), dn_last and dm_last are ignored;
 dn_0 and dm_0 are returned as zeros.
@@ -55,7 +55,7 @@ def kernels():
 # Defaults that benchmarks may change. recompute_states: rerun the gate and recurrent
 # kernels in the backward (as the peer does) instead of keeping the chunk states (in the
 # input dtype) and gate vectors from the forward; keeping them is ~1.7 ms faster at the
-# Figure-4 setting with the same peak (docs/kernels-exp-notes.md, run 1).
+# Figure-4 setting with the same peak (docs/kernels.md, tuning rule B1).
 TUNING: dict = {"recompute_states": False}
 
 
@@ -85,7 +85,7 @@ class Config:
 def effective_chunk(S: int, chunk_size: int) -> int:
     """The chunk size run: chunk_size, but no larger than the sequence needs (min 16).
 
-    Any chunk size gives the same h and gradients up to round-off (docs 2.4), so a chunk
+    Any chunk size gives the same h and gradients up to round-off (docs/tfla-kernels.md 2.4), so a chunk
     longer than the padded sequence only adds padded work.
     """
     return min(chunk_size, max(16, triton.next_power_of_2(S)))
@@ -175,7 +175,7 @@ class ChunkwiseFunction(torch.autograd.Function):
                                    L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
                                    eps=cfg.eps)
         del C_st, dC_st
-        # gate gradients (docs 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
+        # gate gradients (docs/tfla-kernels.md 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
         qdq = qdq[:, :S]
         kdk = kdk[:, :S]
         df_log = torch.flip(torch.cumsum(torch.flip(qdq - kdk, (-1,)), -1), (-1,))

@@ -10,7 +10,8 @@ docs/tfla-kernels.md 3.3 (per-chunk gradients) and 4.5 (tiled loops). One progra
 No kernel has an online max: D is rebuilt from b, ī and the saved m^comb. The normaliser
 1/(n_out + eps) is applied as a row (query) scale in fp32 after each dot. dQ and dK also
 write the fp32 row sums q·dq and k·dk (before dq, dk are rounded to the input dtype) for
-the gate gradients (docs 3.4, 4.5); with several d_qk blocks they are added atomically.
+the gate gradients (docs/tfla-kernels.md 3.4, docs/tfla-tiling.md 4.5); with several d_qk blocks
+they are added atomically.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ def _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
 
 @triton.jit
 def _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP: tl.constexpr):
-    """Per key/value row: b, ī (-inf beyond S) and ā = exp(a - m_k) (docs 2.4)."""
+    """Per key/value row: b, ī (-inf beyond S) and ā = exp(a - m_k) (docs/tfla-kernels.md 2.4)."""
     b_kv = tl.load(B_vec + bh * S_pad + cols)
     i_kv = tl.load(I_vec + bh * S_pad + cols)
     a_kv = tl.load(A_vec + bh * S_pad + cols)
@@ -186,7 +187,8 @@ BW_OVERRIDE: dict = {}
 
 
 def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
-    """Tile sizes of the xl_chunk backward kernels (heuristic, docs/kernels-exp-notes.md)."""
+    """Tile sizes of the xl_chunk backward kernels (heuristic, docs/kernels.md, tuning rule B2: not
+    measured)."""
     fp32 = dtype == torch.float32
     b_l = min(64, L)
     cap = 64 if fp32 else 128

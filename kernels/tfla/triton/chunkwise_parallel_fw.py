@@ -1,19 +1,19 @@
 """Parallel (intra-chunk) forward kernel: H^(k) for all chunks at once (paper Table 1, row H).
 
 One program = (d_hv block, query tile of B_Lhq rows, chunk, b, head); it loops over the
-key/value tiles of its chunk on or below the diagonal (causal skipping, docs 4.6) and over
+key/value tiles of its chunk on or below the diagonal (causal skipping, docs/tfla-tiling.md 4.6) and over
 the d_qk blocks. Implements docs/tfla-kernels.md 2.4 ("intra-chunk part and combination").
 
-Difference from the paper's Algorithm 1 (docs 4.4): the combined max state m^comb is not
+Difference from the paper's Algorithm 1 (docs/tfla-tiling.md 4.4): the combined max state m^comb is not
 found online. Every entry of the intra-chunk log-gate matrix D̃_rs = b_r - b_s + ī_s depends
 on the gates alone, so m^comb_r = max(b_r + m_{k-1}, b_r + max_{s<=r}(ī_s - b_s)), with a
 prefix maximum that the gate kernel stores per position (m^comb is the recurrent max
-state m_t, docs 2.4). With m^comb known before the loop, mLSTMexp needs no
+state m_t, docs/tfla-kernels.md 2.4). With m^comb known before the loop, mLSTMexp needs no
 running max and no rescaling of the accumulators, and the inter-chunk term Q̄ C_{k-1}
 shares the Q loads with the first S tile: the loop fusion the paper (C.2) reserves for
 mLSTMsig applies to mLSTMexp as well.
 
-With B_Lhq = B_Lkv = L the kernel is the one-level ``limit_chunk`` forward (docs 4.9):
+With B_Lhq = B_Lkv = L the kernel is the one-level ``limit_chunk`` forward (docs/tfla-tiling.md 4.9):
 one program holds the whole L x L gate and score matrices of its chunk.
 """
 
@@ -159,14 +159,14 @@ _FIT: dict = {}
 
 def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
               is_exp: bool = True) -> dict:
-    """Tile sizes and warps of the H kernel (a heuristic, docs/kernels-exp-notes.md).
+    """Tile sizes and warps of the H kernel (docs/kernels.md, tuning rules H1-H6).
 
     limit_chunk: B_Lhq = B_Lkv = L (the whole chunk). xl_chunk: 64 x 64 tiles (L >= 64).
     Head dims: B_dqk covers d_qk up to 128 in one block (Q stays in registers across the
     key/value loop); B_dhv at most 128 (64 for limit_chunk's L = 128 to bound registers).
 
     mLSTMsig xl_chunk in 16-bit dtypes (``is_exp`` False; the best of sweeps of 24-30 tile
-    configurations per shape on the H200, docs/kernels-sig-notes.md versions 4 and 5, the
+    configurations per shape on the H200, docs/kernels.md rules H2-H4, the
     latter with TMA tiles): d_qk <= 64 takes 64-row query tiles, 32-row key tiles, 4 warps and
     2 stages (B 16, 32 heads, 64/128, S 4096, L 128: 0.546 ms vs 0.578 with 3 stages);
     d_qk <= 128 with d_hv >= 256 and L >= 128 takes 128-row query tiles, 64-row key tiles,
@@ -180,16 +180,16 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     d_qk slice of C_{k-1} per iteration (:func:`inter_slice`), so that the loads of C_{k-1}
     are pipelined with those of K and V instead of waited for before the loop. On for the
     sig tiles at Figure 4's heads and L 128 (one query tile per chunk); measured on the H200
-    (docs/kernels-sig-notes.md, version 8): 1.058 vs 1.083 ms there, slower where a query
+    (docs/kernels.md, rule H5): 1.058 vs 1.083 ms there, slower where a query
     tile has more key/value iterations than slices (L 256: 1.154 vs 1.124), at the small
     heads (0.940 vs 0.831) and for mLSTMexp (Figure 4's heads, L 128: 2.23 vs 1.43; the
     option takes it from two programs per SM to one); h equal to the default within bf16
     rounding of the output (max-normalised errors against float64 4.3e-3 / 4.3e-3).
 
     ``USE_TMA``: xl_chunk in 16-bit dtypes loads its tiles and stores H through tensor
-    descriptors (H200, forward with the state kernel's TMA, docs/kernels-sig-notes.md
-    version 5: mLSTMsig Figure-4 heads L 128 1.08 vs 1.22 ms, mLSTMexp 1.40 vs 1.53;
-    limit_chunk was not measured and keeps pointers).
+    descriptors (H200, forward with the state kernel's TMA, docs/kernels.md rule H6: mLSTMsig
+    Figure-4 heads L 128 1.08 vs 1.22 ms, mLSTMexp 1.40 vs 1.53; limit_chunk was not measured and
+    keeps pointers).
     """
     fp32 = dtype == torch.float32
     b_l = L if limit else min(64, L)

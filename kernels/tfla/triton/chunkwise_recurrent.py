@@ -2,25 +2,25 @@
 
 * :func:`chunk_gates`: one program per (chunk, b, head), fully parallel. Per position the
   chunk-local gate vectors b (inclusive cumsum of f̄), a (exclusive reverse cumsum of f̄
-  plus ī, computed directly, Pitfall 8), ī itself (-inf beyond S; the parallel kernels form
-  D̃_rs = (b_r - b_s) + ī_s, never b_r + (ī_s - b_s), whose two large terms cancel: with
-  f̃ near -20, b reaches -20 L and ī_s - b_s kept only ~1e-4 of the exponent) and, for
+  plus ī, computed directly, docs/tfla-verification.md pitfall 8), ī itself (-inf beyond S; the
+  parallel kernels form D̃_rs = (b_r - b_s) + ī_s, never b_r + (ī_s - b_s), whose two large terms
+  cancel: with f̃ near -20, b reaches -20 L and ī_s - b_s kept only ~1e-4 of the exponent) and, for
   mLSTMexp, the intra-chunk max m^intra = b + max_{s<=r}(ī_s - b_s) (a stabiliser: its
-  rounding cancels between numerator and normaliser); per chunk g = Σ f̄ and max_r a_r (docs 2.4, paper
-  eqs. 9-11, 36-38).
+  rounding cancels between numerator and normaliser); per chunk g = Σ f̄ and max_r a_r
+  (docs/tfla-kernels.md 2.4, paper eqs. 9-11, 36-38).
 * :func:`recurrent_fw`: the chunk states C_k, n_k, m_k for k = 0..N_c (eqs. 39-43):
   m_k = max(g_k + m_{k-1}, max_r a_r), C_k = ḡ_k C_{k-1} + (ā ⊙ K)ᵀ V.
-* :func:`recurrent_bw`: the state gradients dC_k for k = N_c..0 (eqs. 63-64, docs 3.2).
+* :func:`recurrent_bw`: the state gradients dC_k for k = N_c..0 (eqs. 63-64, docs/tfla-kernels.md 3.2).
 
 The recurrent kernels parallelise over (d_qk / B_dqk, d_hv / B_dhv, B·NH) and loop over the
 chunks; a chunk longer than ``PIECE`` positions is reduced in pieces (a dot-product loop:
 the chunk formula needs no intermediate states), so no L x d tile is ever needed on chip.
 With one piece per chunk the chunk loop is the innermost loop and Triton pipelines its
 loads. The states that the parallel kernels read are stored in the dot dtype (they are
-cast to it before every tl.dot anyway, docs 4.10); the last state C_S and dC_0 are also
+cast to it before every tl.dot anyway, docs/tfla-tiling.md 4.10); the last state C_S and dC_0 are also
 written in fp32.
 
-mLSTMsig runs the same code with every max state fixed at 0 (docs 2.4, "drop every m").
+mLSTMsig runs the same code with every max state fixed at 0 (docs/tfla-kernels.md 2.4, "drop every m").
 """
 
 from __future__ import annotations
@@ -44,7 +44,8 @@ def _log1p_small(y):
 
 @triton.jit
 def logsigmoid(x):
-    """Stable log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)) (docs 2.1, Pitfall 6)."""
+    """Stable log(sigmoid(x)) = min(x, 0) - log1p(exp(-|x|)) (docs/tfla-kernels.md 2.1,
+    docs/tfla-verification.md pitfall 6)."""
     return tl.minimum(x, 0.0) - _log1p_small(tl.exp(-tl.abs(x)))
 
 
@@ -305,8 +306,8 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     side first (d_qk on a tie); shorter steps halve both sides (square blocks). 8 warps for
     128 x 64 and larger, 4 for 64 x 64, else 2; 3 pipeline stages.
 
-    Measured on the H200 at the Figure-4 sizes, forward ms (docs/kernels-exp-notes.md,
-    version 3). L 128: 128 x 128 1.58 at S 8192 (64 x 64: 2.33); at S 32768 (bench_exp,
+    Measured on the H200 at the Figure-4 sizes, forward ms (docs/kernels.md,
+    rule S1). L 128: 128 x 128 1.58 at S 8192 (64 x 64: 2.33); at S 32768 (bench_exp,
     one run) 64 x 128 1.90, 128 x 64 2.28, 64 x 64 2.20, 128 x 32 3.01-3.13; at S 65536
     64 x 64 2.59, 64 x 128 2.67. L 64: 128 x 128 1.84-1.85 at S 8192-16384; at S 16384
     128 x 64 2.43; at S 32768 64 x 64 1.88, 128 x 64 2.41; at S 65536 64 x 64 2.36,
@@ -316,7 +317,7 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     128): 64 x 128 blocks, 4 warps, 3 stages, the best of 17 measured with TMA tiles at B 16,
     32 heads, 64/128, S 4096, L 128 (0.271 ms vs 0.302 for the 32 x 128 / 2 stages that was
     best with pointer loads). Other sig shapes keep these defaults: at d_qk 128 / 256 they
-    were within 1 % of the best measured (docs/kernels-sig-notes.md, versions 4 and 5).
+    were within 1 % of the best measured (docs/kernels.md, rule S4).
     """
     if (sig_forward and d_qk <= 64 and step >= 128 and dtype != torch.float32
             and d_hv >= 128
@@ -351,8 +352,8 @@ def fw_state_options(k, v, C_st, b_qk: int, b_hv: int, P: int) -> tuple[bool, bo
 
     Default: both on for 16-bit inputs (TMA only where the tensors allow it), off for fp32
     (not measured there); STATE_OVERRIDE's keys win. Measured on the H200, bf16, forward ms,
-    state kernel with both vs pointer loads of ā-scaled K (docs/kernels-sig-notes.md,
-    version 5): mLSTMsig Figure-4 heads L 128 1.22 vs 1.41 (the whole forward; 1.08 with the
+    state kernel with both vs pointer loads of ā-scaled K (docs/kernels.md,
+    rule S3): mLSTMsig Figure-4 heads L 128 1.22 vs 1.41 (the whole forward; 1.08 with the
     H kernel's TMA too), 7B heads 1.88 vs 2.33; mLSTMexp 1.53 vs 1.61, 2.77 vs 2.91.
     """
     half = k.dtype in (torch.bfloat16, torch.float16)

@@ -1,10 +1,11 @@
-"""limit_chunk parallel backward: dQ, dK, dV of one chunk in one program (docs/tfla-kernels.md 4.9).
+"""limit_chunk parallel backward: dQ, dK, dV of one chunk in one program (docs/tfla-tiling.md 4.9).
 
 One level of sequence parallelism: the grid is (N_c · B · NH,), and each program holds its
 chunk's whole L x L matrices (S = QKᵀ, dS̄ = dH̃Vᵀ and the gate matrix D) on chip, then
 loops over the d_qk blocks (dQ, dK) and the d_hv blocks (dV), adding the inter-chunk terms
-with C_{k-1} and dC_k (docs 3.3). Also writes the fp32 row sums q·dq and k·dk for the gate
-gradients (docs 3.4, 4.5). L is limited by registers: 16..128.
+with C_{k-1} and dC_k (docs/tfla-kernels.md 3.3). Also writes the fp32 row sums q·dq and k·dk for
+the gate gradients (docs/tfla-kernels.md 3.4, docs/tfla-tiling.md 4.5). L is limited by registers:
+16..128.
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ def _limit_bw_kernel(
     offs_dk = tl.arange(0, B_DQK)
     offs_dv = tl.arange(0, B_DHV)
 
-    # gates of the chunk (docs 2.4)
+    # gates of the chunk (docs/tfla-kernels.md 2.4)
     b = tl.load(B_vec + bh * S_pad + t)
     ig = tl.load(I_vec + bh * S_pad + t)                 # ī, -inf beyond S
     a = tl.load(A_vec + bh * S_pad + t)
@@ -144,7 +145,8 @@ LIMIT_BW_OVERRIDE: dict = {}
 
 
 def limit_bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
-    """Head-dim blocks and warps of the limit_chunk backward (heuristic, docs/kernels-exp-notes.md)."""
+    """Head-dim blocks and warps of the limit_chunk backward (heuristic, docs/kernels.md, tuning
+    rule B2)."""
     cap = 32 if (dtype == torch.float32 or L >= 128) else 64
     cfg = dict(B_DQK=max(16, min(cap, _p2(d_qk))), B_DHV=max(16, min(cap, _p2(d_hv))),
                num_warps=8 if L >= 128 else 4, num_stages=1)

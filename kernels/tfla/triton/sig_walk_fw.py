@@ -11,7 +11,7 @@ so no chunk state travels through HBM: Q, K, V are read once and H written once.
 body is one straight chunk (no branches), so Triton's software pipeliner prefetches the next
 chunk's Q, K, V tiles (TMA) while this one computes, and the tiles are small enough that
 several programs share an SM and hide each other's latencies (the walk of versions 0-4 held
-one program per SM; docs/kernels-sig-notes.md, version 9).
+one program per SM; docs/kernels.md, "The forward walk").
 
 Gate vectors come from :func:`tfla.triton.chunkwise_recurrent.chunk_gates` (b, ā's exponent
 a, ī per position, g per chunk), so D̃_rs = (b_r - b_s) + ī_s is formed as in the parallel
@@ -101,7 +101,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
                 n_sms: int = 0, with_last: bool = False) -> dict | None:
     """The walk's launch configuration for one call, or None where the parallel kernels run.
 
-    The rule (measured on the H200, bf16, forward; docs/kernels-sig-notes.md, version 9):
+    The rule (measured on the H200, bf16, forward; docs/kernels.md, rules W1-W5):
     the walk runs at L = 64 in 16-bit dtypes with d_qk <= 128 and d_hv <= 256, with d_hv
     blocks of 128 for d_qk <= 64 and of 64 above, 4 warps, 2 stages, and only where the
     grid has at least two programs per SM (each program walks the whole sequence, so a

@@ -1,0 +1,124 @@
+"""The documentation stays readable and self-contained (CPU, no GPU, a fraction of a second).
+
+- every ``docs/*.md`` is at most 400 lines (a reference a reader can finish);
+- no file of the repository cites a path outside it: none of the development machine's
+  shared directories (docs, wheels, seeds) or absolute paths of its work tree (``OUTSIDE``);
+- every ``docs/<file>.md`` that code, tests, suites or docs cite exists, and every section
+  number cited right after it (``docs/tfla-kernels.md 2.4``, ``docs/model-counts.md §6.2``,
+  ``... Section 1``, ``docs/tfla-verification.md pitfall 17``) is a heading (or a numbered
+  pitfall) of that file.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+MAX_LINES = 400
+TEXT_SUFFIXES = {".py", ".md", ".sh", ".yaml", ".yml", ".toml", ".cfg", ".txt"}
+# assembled so that this file does not match itself
+OUTSIDE = [b"shared" + b"/" + name for name in (b"docs", b"wheels", b"seeds")] + [b"/" + b"work/"]
+
+CITE = re.compile(r"(?<![\w/.-])docs/([\w.-]+\.md)")
+SEC = r"§?\d+(?:\.\d+)?"
+CITE_SECTIONS = re.compile(
+    rf"(?<![\w/.-])docs/([\w.-]+\.md),?\s+(?:Section\s+)?({SEC}(?:\s*(?:-|,|/|and)\s*{SEC})*)")
+CITE_PITFALL = re.compile(r"(?<![\w/.-])docs/([\w.-]+\.md),?\s+[Pp]itfalls?\s+(\d+)")
+HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)?)[.\s]", re.M)
+PITFALL = re.compile(r"^(\d+)\.\s+\*\*", re.M)
+
+
+def tracked_files() -> list[Path]:
+    """The files of the repository: git's tracked files, or (outside a git checkout) every
+    file but hidden directories, caches and the results of runs."""
+    try:
+        out = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True,
+                             check=True).stdout.decode()
+        return [ROOT / p for p in out.split("\0") if p and (ROOT / p).is_file()]
+    except (OSError, subprocess.CalledProcessError):
+        files = []
+        for p in ROOT.rglob("*"):
+            rel = p.relative_to(ROOT).parts
+            if (p.is_file() and not any(part.startswith(".") or part == "__pycache__"
+                                        or part.endswith(".egg-info") for part in rel)
+                    and not (rel[0] == "results" and rel[1:2] != ("reference",))):
+                files.append(p)
+        return files
+
+
+def citing_files() -> list[Path]:
+    """Code, tests, suites, scripts and docs, and the READMEs of the result sets."""
+    out = []
+    for p in tracked_files():
+        rel = p.relative_to(ROOT).as_posix()
+        if p.suffix not in TEXT_SUFFIXES:
+            continue
+        if rel.startswith("results/") and p.name != "README.md":
+            continue
+        out.append(p)
+    return out
+
+
+def sections_of(doc: Path) -> tuple[set[str], set[str]]:
+    text = doc.read_text(encoding="utf-8")
+    return set(HEADING.findall(text)), set(PITFALL.findall(text))
+
+
+def test_every_doc_is_at_most_400_lines():
+    docs = sorted((ROOT / "docs").glob("*.md"))
+    assert docs, "docs/*.md not found"
+    long = {d.name: n for d in docs if (n := len(d.read_text(encoding="utf-8").splitlines())) > MAX_LINES}
+    assert not long, f"docs longer than {MAX_LINES} lines: {long}"
+
+
+def test_no_file_cites_a_path_outside_the_repository():
+    hits = []
+    for p in tracked_files():
+        data = p.read_bytes()
+        for pattern in OUTSIDE:
+            if pattern in data:
+                line = data[:data.index(pattern)].count(b"\n") + 1
+                hits.append(f"{p.relative_to(ROOT)}:{line}: {pattern.decode()}")
+    assert not hits, "paths outside the repository:\n" + "\n".join(hits)
+
+
+def test_cited_docs_exist_and_their_sections_are_headings():
+    missing_files, missing_sections = [], []
+    cache: dict[str, tuple[set[str], set[str]]] = {}
+    for p in citing_files():
+        text = p.read_text(encoding="utf-8", errors="replace")
+        where = p.relative_to(ROOT)
+        for m in CITE.finditer(text):
+            if not (ROOT / "docs" / m.group(1)).is_file():
+                missing_files.append(f"{where}: docs/{m.group(1)}")
+        for m in CITE_SECTIONS.finditer(text):
+            doc = ROOT / "docs" / m.group(1)
+            if not doc.is_file():
+                continue
+            heads, _ = cache.setdefault(m.group(1), sections_of(doc))
+            for sec in re.findall(r"\d+(?:\.\d+)?", m.group(2)):
+                if sec not in heads:
+                    missing_sections.append(f"{where}: docs/{m.group(1)} {sec}")
+        for m in CITE_PITFALL.finditer(text):
+            doc = ROOT / "docs" / m.group(1)
+            if doc.is_file() and m.group(2) not in cache.setdefault(m.group(1), sections_of(doc))[1]:
+                missing_sections.append(f"{where}: docs/{m.group(1)} pitfall {m.group(2)}")
+    assert not missing_files, "cited docs that do not exist:\n" + "\n".join(missing_files)
+    assert not missing_sections, "cited sections that are not headings:\n" + "\n".join(missing_sections)
+
+
+@pytest.mark.parametrize("doc,sections", [
+    ("tfla-kernels.md", {"1", "1.5", "2.4", "3.4"}),
+    ("tfla-tiling.md", {"4", "4.2", "4.10"}),
+    ("tfla-verification.md", {"5", "5.1", "5.2", "6"}),
+    ("model-counts.md", {"2.1", "3", "4.7", "6.9", "9"}),
+])
+def test_the_section_check_sees_the_reference_headings(doc, sections):
+    """A negative control for the check above: it reads headings where the docs have them."""
+    heads, _ = sections_of(ROOT / "docs" / doc)
+    assert sections <= heads
+    assert "9.9" not in heads
