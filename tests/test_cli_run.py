@@ -107,6 +107,31 @@ def test_run_refuses_bad_options_with_exit_2(tmp_path):
         assert text in result.stderr and "Traceback" not in result.output
 
 
+def test_run_with_gpus_on_a_machine_without_one_is_refused(tmp_path, monkeypatch):
+    from tflabench import worker_pool
+    from tflabench.environment import GpuInfo
+
+    monkeypatch.setattr(worker_pool, "gpu_info", lambda: GpuInfo([], None))
+    result = runner.invoke(app, ["run", "--gpus", "0,1", "--out", str(tmp_path)])
+    assert result.exit_code == 2 and "no GPU is visible here" in result.stderr
+    assert not (tmp_path / "cpu_demo").exists()  # nothing recorded as if it ran on two GPUs
+
+
+def test_interrupted_run_names_the_result_set_to_resume(tmp_path, monkeypatch):
+    from tflabench import suite_run
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(suite_run, "run_cases", interrupted)
+    suite = ROOT / "suites" / "cpu_demo.yaml"
+    result = runner.invoke(app, ["run", str(suite), "--out", str(tmp_path), "--no-progress", "--no-plots"])
+    assert result.exit_code == 130
+    (directory,) = (tmp_path / "cpu_demo").iterdir()
+    assert f"finish with `tflabench run {suite} --resume {directory}`" in result.stderr
+    assert "DIR" not in result.stderr
+
+
 def test_report_of_a_missing_set_exits_2(tmp_path):
     result = runner.invoke(app, ["report", str(tmp_path / "none")])
     assert result.exit_code == 2 and "does not exist" in result.stderr
@@ -154,3 +179,17 @@ def test_git_revision_can_be_named_where_the_tree_has_no_git(monkeypatch):
 
     monkeypatch.setenv("TFLABENCH_GIT_REVISION", "0123abc")
     assert git_revision() == "0123abc"
+
+
+def test_a_cuda_suite_on_a_cpu_gets_one_suggestion_from_run_and_verify(tmp_path, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    suite = ROOT / "suites" / "h100_7b.yaml"
+    messages = []
+    for command in ("run", "verify"):
+        result = runner.invoke(app, [command, str(suite), "--out", str(tmp_path), "--no-progress"])
+        assert result.exit_code == 2, (command, result.output)
+        messages.append(result.stderr.strip())
+    assert messages[0] == messages[1]
+    assert "pass --device cpu" in messages[0] and "device: auto" in messages[0]

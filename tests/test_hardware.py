@@ -128,6 +128,10 @@ def test_environment_variable_and_default_file_are_read(tmp_path, monkeypatch):
     ("gpus:\n  h100: {speed: 3}\n", "speed"),
     ("gpus:\n  h100: {measured: {flops_per_s: -1, bytes_per_s: 1.0e+12}}\n", "measured.flops_per_s"),
     ("gpus:\n  ../../x: {flops_per_s: 1.0e+12, bytes_per_s: 1.0e+12}\n", "key '../../x' contains a path separator"),
+    # the GPUs without their top-level key: refused, not silently ignored
+    ("h200:\n  measured: {flops_per_s: 7.0e+14, bytes_per_s: 4.0e+12}\n",
+     "'h200' is not a known top-level key \\(allowed: gpus\\); its GPUs go under a top-level 'gpus:' key"),
+    ("gpus: {}\nextra: 1\n", "'extra' is not a known top-level key"),
 ])
 def test_invalid_hardware_file_is_a_one_line_user_error(tmp_path, text, match):
     f = tmp_path / "bad.yaml"

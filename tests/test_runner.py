@@ -202,13 +202,25 @@ def test_each_case_tunes_at_its_own_shape(tmp_path):
     assert [r["status"] for r in result.rows] == ["ok", "ok"], [r["reason"] for r in result.rows]
 
 
-def test_gpus_option_is_parsed_or_refused():
+def test_gpus_option_is_parsed_or_refused(monkeypatch):
+    from tflabench import worker_pool
+    from tflabench.environment import GpuInfo
+
+    monkeypatch.setattr(worker_pool, "gpu_info", lambda: GpuInfo(["NVIDIA H200"] * 4, "570.86"))
     assert parse_gpus(None) is None
     assert parse_gpus("0,1") == ["0", "1"]
     assert parse_gpus(" 3 ") == ["3"]
+    assert parse_gpus("all") == ["0", "1", "2", "3"]
     for bad in ("0,0", "a,b", "1;2", "-1"):
         with pytest.raises(UserError, match="--gpus"):
             parse_gpus(bad)
+    with pytest.raises(UserError, match="GPU 4 does not exist here; 4 visible"):
+        parse_gpus("0,4")
+    # a machine without a GPU: asking for GPUs is refused, not recorded as if it ran there
+    monkeypatch.setattr(worker_pool, "gpu_info", lambda: GpuInfo([], None))
+    for text in ("0,1", "all"):
+        with pytest.raises(UserError, match="no GPU is visible here"):
+            parse_gpus(text)
 
 
 def test_kernel_refusing_its_environment_becomes_unavailable_not_error(tmp_path):

@@ -42,9 +42,12 @@ def _modified(change):
 
 BAD_SUITES = {
     "yaml_syntax": (None, "name: t\nkernels: [\n", ":3:1: YAML syntax error"),
-    "unknown_top_field": (lambda d: d.update(iterations=3), None, "iterations: unknown field; allowed: name"),
+    "unknown_top_field": (lambda d: d.update(iterations=3), None, "iterations: unknown field (allowed: name"),
     "unknown_nested_field": (lambda d: d["timing"].update(warmups=3), None,
-                             "timing.warmups: unknown field; allowed: warmup, iterations"),
+                             "timing.warmups: unknown field; did you mean 'warmup'? (allowed: warmup, iterations"),
+    # a misspelled required field: the misspelling is named, not only the field it hides
+    "misspelled_required_field": (lambda d: d.update(kernals=d.pop("kernels")), None,
+                                  "kernals: unknown field; did you mean 'kernels'?"),
     "wrong_type": (lambda d: d["timing"].update(iterations="thirty"), None,
                    "timing.iterations: Input should be a valid integer (got 'thirty')"),
     "wrong_type_in_list": (lambda d: d.update(dtype=["float32", "int8"]), None, "dtype[1]: Input should be"),

@@ -7,7 +7,8 @@ ships with its measured values). The roofline can use either: ``ceilings="datash
 
 Users add or override GPUs in a YAML file, read from (first found): the ``hardware_file`` argument
 (CLI ``--hardware FILE``), the environment variable ``TFLABENCH_HARDWARE``, or
-``~/.config/tflabench/gpus.yaml`` if present. Format (numbers may be written ``989e12``)::
+``~/.config/tflabench/gpus.yaml`` if present. Format (docs/hardware.md; numbers may be
+written ``989e12``)::
 
     gpus:
       h200:                       # a catalogue key overrides the given fields only
@@ -196,7 +197,14 @@ def _read_yaml(path: Path) -> dict:
     if data is None:
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("gpus", {}), dict):
-        raise UserError(f"hardware file {path}: expected a mapping 'gpus: {{<key>: {{...}}}}'")
+        raise UserError(f"hardware file {path}: expected a mapping 'gpus: {{<key>: {{...}}}}' "
+                        "(the format: docs/hardware.md)")
+    unknown = sorted(str(k) for k in data if k != "gpus")
+    if unknown:
+        hint = (f"; its GPUs go under a top-level 'gpus:' key, e.g. 'gpus: {{{unknown[0]}: {{...}}}}'"
+                if "gpus" not in data else "")
+        raise UserError(f"hardware file {path}: {unknown[0]!r} is not a known top-level key (allowed: gpus){hint}; "
+                        "the format: docs/hardware.md")
     return data
 
 

@@ -280,12 +280,18 @@ def _format_validation(error: ValidationError, model: type[BaseModel], prefix: t
     """One line for a pydantic ValidationError: ``path: reason`` of the most specific error
     (union members tried in turn report one error each; the deepest location wins)."""
     errors = [dict(e, loc=_strip_union(tuple(e["loc"]))) for e in error.errors()]
-    first = max(errors, key=lambda e: len(e["loc"]))
+    # a misspelled field (`kernals:`) also makes the real one missing: name the misspelling
+    unknown = [e for e in errors if e["type"] == "extra_forbidden"]
+    first = max(unknown or errors, key=lambda e: len(e["loc"]))
     loc = first["loc"]
     path = _path_str(prefix + loc)
     if first["type"] == "extra_forbidden":
+        import difflib
+
         allowed = _allowed_fields(model, loc)
-        reason = "unknown field" + (f"; allowed: {', '.join(allowed)}" if allowed else "")
+        close = difflib.get_close_matches(str(loc[-1]), allowed, n=1) if loc else []
+        reason = ("unknown field" + (f"; did you mean {close[0]!r}?" if close else "")
+                  + (f" (allowed: {', '.join(allowed)})" if allowed else ""))
     elif first["type"] == "missing":
         reason = "required field is missing"
     elif first["type"] == "value_error":  # our validators' messages name the value already
@@ -392,15 +398,16 @@ def resolve_device(device: str) -> str:
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
-def require_device(suite_name: str, device: str, instead: str) -> None:
-    """Raise UserError when ``device`` is ``cuda`` and torch sees no GPU; ``instead`` is the
-    one-line advice that ends the message (what to run on this machine)."""
+def require_device(suite_name: str, device: str) -> None:
+    """Raise UserError when ``device`` is ``cuda`` and torch sees no GPU, with the one
+    suggestion ``run`` and ``verify`` both give (both take ``--device cpu``)."""
     if device == "cuda":
         import torch
 
         if not torch.cuda.is_available():
-            raise UserError(f"suite {suite_name!r} asks for device cuda, but torch sees no GPU; "
-                            + instead)
+            raise UserError(f"suite {suite_name!r} asks for device cuda, but torch sees no GPU; pass --device cpu "
+                            "to run it on this CPU (our Triton kernels in the interpreter: slow, keep shapes "
+                            "small), or set device: auto in the suite")
 
 
 def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list[Case]:

@@ -31,7 +31,7 @@ from tflabench.backends.base import Shape
 from tflabench.errors import UserError
 from tflabench.shard import format_shard, parse_shard, select_shard
 from tflabench.suite import Case, LoadedSuite, expand_cases, require_device, resolve_device
-from tflabench.worker_pool import cpu_threads, run_cases
+from tflabench.worker_pool import RunInterrupted, cpu_threads, run_cases
 
 
 @dataclasses.dataclass
@@ -142,14 +142,15 @@ def run_suite(
     (:func:`~tflabench.results.repair_rows`) and lists the cases added to or removed from
     the suite since the set began.
 
-    Raises UserError for a CUDA suite without a GPU, a bad shard, a resume directory that
+    Raises :class:`RunInterrupted` (a KeyboardInterrupt naming the result set) on Ctrl-C or
+    SIGTERM, UserError for a CUDA suite without a GPU, a bad shard, a resume directory that
     is not a result set of this suite or was measured under other conditions, a result set
     another run is writing; :class:`~tflabench.results.ResultWriteError` (a UserError) when
     the result set cannot be written.
     """
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
-    require_device(suite.name, dev, "run the CPU default (`tflabench run`) or set device: auto in the suite")
+    require_device(suite.name, dev)
     all_cases = expand_cases(loaded, device=dev)
     cases = select_kernels(all_cases, only)
     shard_text = None
@@ -174,6 +175,8 @@ def run_suite(
                            env=env, ceil=ceil, all_cases=all_cases, cases=cases, dev=dev, gpus=gpus,
                            shard_text=shard_text, only=only, max_kernel_failures=max_kernel_failures,
                            progress=progress)
+    except KeyboardInterrupt:
+        raise RunInterrupted(directory) from None
     finally:
         lock.release()
 

@@ -37,7 +37,7 @@ from tflabench.suite import Case, LoadedSuite, expand_cases, require_device, res
 from tflabench.suite_run import select_kernels
 from tflabench.verify_case import regimes_for, takes_state
 from tflabench.verify_summary import FAILING
-from tflabench.worker_pool import cpu_threads, run_cases
+from tflabench.worker_pool import RunInterrupted, cpu_threads, run_cases
 
 #: Suffix of a verify result set's suite name (``<suite>-verify``): ``compare`` refuses to
 #: match a verify set against a timing set of the same suite.
@@ -154,7 +154,7 @@ def run_verify(
     """
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
-    require_device(suite.name, dev, "verify the CPU default (`tflabench verify`) or pass --device cpu")
+    require_device(suite.name, dev)
     name = verify_suite_name(suite.name)
     directory = R.new_result_directory(out_root, name)
     lock = R.ResultSetLock(directory).acquire()   # as `run`: one writer per result set
@@ -162,6 +162,8 @@ def run_verify(
         return _run_verify_locked(loaded, cases, directory, name, dev=dev, gpus=gpus, console=console,
                                   progress=progress, max_kernel_failures=max_kernel_failures,
                                   note=lock.note)
+    except KeyboardInterrupt:
+        raise RunInterrupted(directory) from None
     finally:
         lock.release()
 

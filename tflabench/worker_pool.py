@@ -319,19 +319,38 @@ class _Worker:
 def parse_gpus(text: str | None) -> list[str] | None:
     """``--gpus``: None (one worker, default device), ``all`` (every visible GPU) or a comma
     list of GPU indices (``0,1``). Returns the list of ``CUDA_VISIBLE_DEVICES`` values.
-    Raises UserError for anything else or ``all`` without GPUs."""
+
+    Raises:
+        UserError: anything else, a repeated index, or GPUs asked for where none (or fewer)
+            are visible (``nvidia-smi``, else torch).
+    """
     if text is None or str(text).strip() == "":
         return None
     text = str(text).strip()
+    if text != "all":
+        parts = [p.strip() for p in text.split(",")]
+        if not parts or not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
+            raise UserError(f"--gpus={text!r}: give 'all' or distinct GPU indices separated by commas (e.g. 0,1)")
+    n = len(gpu_info().names)
+    if n == 0:
+        raise UserError(f"--gpus={text!r}: no GPU is visible here (nvidia-smi and torch see none); "
+                        "leave --gpus out to run on this machine's CPU")
     if text == "all":
-        n = len(gpu_info().names)
-        if n == 0:
-            raise UserError("--gpus=all: no GPU visible (nvidia-smi / torch see none)")
         return [str(i) for i in range(n)]
-    parts = [p.strip() for p in text.split(",")]
-    if not parts or not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
-        raise UserError(f"--gpus={text!r}: give 'all' or distinct GPU indices separated by commas (e.g. 0,1)")
+    missing = [p for p in parts if int(p) >= n]
+    if missing:
+        raise UserError(f"--gpus={text!r}: GPU {missing[0]} does not exist here; {n} visible "
+                        f"(indices 0-{n - 1})")
     return parts
+
+
+class RunInterrupted(KeyboardInterrupt):
+    """Ctrl-C or SIGTERM during a run (``run``, ``verify``); ``directory`` is the result set
+    holding the rows measured so far (for the ``--resume`` a user is told to give)."""
+
+    def __init__(self, directory: Path):
+        super().__init__(str(directory))
+        self.directory = directory
 
 
 def _base_row(case: Case) -> dict:
@@ -482,5 +501,5 @@ def run_cases(
     return done_rows
 
 
-__all__ = ["run_cases", "parse_gpus", "cpu_threads", "usable_cores", "THREAD_VARIABLES", "REASON_LINES", "RESTART_AFTER", "RESTART_AFTER_ON_GPU",
+__all__ = ["RunInterrupted", "run_cases", "parse_gpus", "cpu_threads", "usable_cores", "THREAD_VARIABLES", "REASON_LINES", "RESTART_AFTER", "RESTART_AFTER_ON_GPU",
            "WORKER_START_TIMEOUT_S"]

@@ -83,10 +83,11 @@ def run(
             result = run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
                                only=only, max_kernel_failures=max_kernel_failures, ceilings=ceilings,
                                device=device, progress=progress)
-        except KeyboardInterrupt:
-            typer.echo("interrupted: the rows measured so far are kept in the result set named "
-                       f"above ('writing to DIR'); finish with `tflabench run {path} --resume DIR`",
-                       err=True)
+        except KeyboardInterrupt as exc:
+            directory = getattr(exc, "directory", None) or resume
+            where = f"in {directory}" if directory else "in the result set named above"
+            typer.echo(f"interrupted: the rows measured so far are kept {where}; finish with "
+                       f"`tflabench run {path} --resume {directory or 'DIR'}`", err=True)
             raise typer.Exit(130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)

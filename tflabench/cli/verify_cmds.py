@@ -136,8 +136,10 @@ def verify(
         try:
             result = V.run_verify(loaded, cases, out_root=out, gpus=gpu_list, device=device,
                                   progress=progress, max_kernel_failures=max_kernel_failures)
-        except KeyboardInterrupt:
-            typer.echo("interrupted: the verdicts so far are in the result set named above", err=True)
+        except KeyboardInterrupt as exc:
+            directory = getattr(exc, "directory", None)
+            typer.echo(f"interrupted: the verdicts so far are in {directory or 'the result set named above'}; "
+                       f"`tflabench report {directory or 'DIR'}` shows them", err=True)
             raise typer.Exit(130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
