@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 from tflabench import compare as cmp
 from tflabench.cli import app
 from tflabench.errors import UserError
-from tflabench.results import load_results, write_results
+from tflabench.results import case_label, load_results, write_results
 
 SUITE = "cmp_demo"
 METADATA = dict(
@@ -496,7 +496,7 @@ def test_noisy_cases_are_named_widest_first(tmp_path):
     rows[2] = make_row(rows[2]["backend"], rows[2]["seq_len"], samples=np.linspace(0.5, 1.5, N_ITER))
     rows[7] = make_row(rows[7]["backend"], rows[7]["seq_len"], samples=np.linspace(0.8, 1.2, N_ITER))
     noisy = cmp.noisy_cases(write(tmp_path, "a", rows).rows)
-    assert [label for label, _ in noisy] == [cmp.describe_case(rows[2]), cmp.describe_case(rows[7])]
+    assert [label for label, _ in noisy] == [case_label(rows[2]), case_label(rows[7])]
     assert noisy[0][1] == pytest.approx(0.5, abs=0.02) and noisy[1][1] == pytest.approx(0.2, abs=0.02)
 
 
@@ -507,7 +507,7 @@ def test_run_ends_with_a_warning_naming_the_noisy_cases(tmp_path, capsys):
     rows[2] = make_row(rows[2]["backend"], rows[2]["seq_len"], samples=np.linspace(0.5, 1.5, N_ITER))
     _warn_noisy(write(tmp_path, "a", rows).rows)
     err = capsys.readouterr().err
-    assert err.startswith("warning: 1 case(s) spread more than 10%") and cmp.describe_case(rows[2]) in err
+    assert err.startswith("warning: 1 case(s) spread more than 10%") and case_label(rows[2]) in err
     assert "timing.iterations" in err
     _warn_noisy(write(tmp_path, "b", suite_rows(2)).rows)
     assert capsys.readouterr().err == ""

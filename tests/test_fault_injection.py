@@ -506,8 +506,8 @@ def test_resume_accepts_an_edited_sweep_and_lists_new_and_removed_cases(measured
     result = run_suite(load_suite(suite), resume=directory, progress=False,
                        console=Console(file=out, width=200))
     text = out.getvalue()
-    assert "resume: 1 case new in the suite since the result set began (they run now):\n  sdpa fwd B=1 S=48 float32" in text
-    assert "resume: 1 case no longer in the suite (rows already measured stay in the result set):\n  sdpa fwd B=1 S=16 float32" in text
+    assert "resume: 1 case new in the suite since the result set began (they run now):\n  sdpa fwd float32 B1 S48 NH2 d16/16\n" in text
+    assert "resume: 1 case no longer in the suite (rows already measured stay in the result set):\n  sdpa fwd float32 B1 S16 NH2 d16/16\n" in text
     assert [r["seq_len"] for r in result.rows] == [48] and result.skipped == 1
     rs = R.load_results(directory)
     assert sorted(rs.rows["seq_len"]) == [16, 32, 48]

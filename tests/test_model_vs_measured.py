@@ -132,7 +132,7 @@ def test_each_row_is_placed_against_the_bound_at_its_own_intensity():
         _row(kernel="custom", L=32, ms=2.0),                                # no model counts
     ]
     pl = mm.roofline_placement(rows, alpha=g.flops_per_s, beta=g.bytes_per_s)
-    assert [p["case"] for p in pl] == ["B=8 S=8192 L=64", "B=8 S=8192 L=128"]
+    assert [p["case"] for p in pl] == ["B8 S8192 NH8 d256/512 L64", "B8 S8192 NH8 d256/512 L128"]
     mem, comp = pl
     assert mem["bound"] == "memory" and comp["bound"] == "compute"
     assert mem["bound_flops_per_s"] == pytest.approx(4.8e12 * 100)         # beta·I
@@ -258,7 +258,7 @@ def test_roofline_results_places_points_at_their_own_shapes(tmp_path):
     assert result.exit_code == 0, result.output
     d = json.loads(result.stdout)
     assert len(d["placement"]) == 5 and d["distance_to_bound"][0]["n"] == 5
-    assert {p["case"] for p in d["placement"]} == {f"B=8 S=8192 L={L}" for L in H100_FWD_MS}
+    assert {p["case"] for p in d["placement"]} == {f"B8 S8192 NH8 d256/512 L{L}" for L in H100_FWD_MS}
     for p in d["placement"]:   # each bound at its own intensity (datasheet H200)
         assert p["bound_flops_per_s"] == pytest.approx(min(4.8e12 * p["intensity_flop_per_byte"], 989e12))
     assert d["measured_plot"].endswith("roof_measured.png")

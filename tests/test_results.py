@@ -157,3 +157,39 @@ def test_new_result_directory_is_unique(tmp_path):
     b = R.new_result_directory(tmp_path, "suite", now)
     assert a.name == "20261122-010203" and b.name == "20261122-010203-2"
     assert a.parent == tmp_path / "suite"
+
+
+def test_number_keeps_finite_values_only():
+    """One parser for numeric cells: a missing, non-numeric, NaN or infinite value is no
+    measurement (rows store NaN and inf as null), a numeric string or numpy scalar is."""
+    import numpy as np
+
+    assert R.number("2.5") == 2.5 and R.number(np.float32(0.5)) == 0.5 and R.number(3) == 3.0
+    for bad in (None, "", "n/a", float("nan"), float("inf"), -float("inf"), np.nan, True, [1]):
+        assert R.number(bad) is None, bad
+
+
+def test_case_label_is_one_format_for_cases_and_rows():
+    row = {"kernel": "mLSTMsig", "backend": "tfla", "mode": "fwdbw", "dtype": "bfloat16", "batch": 8.0,
+           "seq_len": 8192, "heads": 8, "d_qk": 256, "d_hv": 512, "chunk_size": float("nan"),
+           "numerics_case": None}
+    assert R.case_label(row) == "mLSTMsig fwdbw bfloat16 B8 S8192 NH8 d256/512"
+    assert R.case_label({**row, "chunk_size": 128, "numerics_case": "f_closed+init"}) == \
+        "mLSTMsig fwdbw bfloat16 B8 S8192 NH8 d256/512 L128 f_closed+init"
+    assert R.case_label({**row, "kernel": None, "d_qk": None}, shape_only=True) == "B8 S8192 NH8 d?/512"
+    assert R.case_label({"backend": "sdpa"}) == "sdpa"
+
+
+def test_model_columns_are_the_roofline_placement_of_the_row():
+    """fill_model_columns and the report's placement give the same numbers for one row
+    (one definition: tflabench.model.place_on_roofline)."""
+    from tflabench.model import place_on_roofline
+
+    row = R.fill_model_columns({"flops": 3e12, "bytes": 2e9, "ms_median": 4.0}, 1e15, 3e12)
+    placed = place_on_roofline(3e12, 2e9, 4.0, alpha=1e15, beta=3e12)
+    assert row["roofline_ms"] == placed["roofline_ms"] == pytest.approx(3.0)          # compute: 3e12 / 1e15
+    assert row["roofline_fraction"] == placed["fraction"] == pytest.approx(0.75)
+    assert row["tflops_per_s"] == pytest.approx(placed["achieved_flops_per_s"] / 1e12) == pytest.approx(750)
+    assert placed["bound"] == "compute" and placed["bound_flops_per_s"] == pytest.approx(1e15)
+    inf = R.fill_model_columns({"flops": float("inf"), "bytes": 2e9, "ms_median": 4.0}, 1e15, 3e12)
+    assert inf.get("roofline_ms") is None and inf.get("intensity_flop_per_byte") is None

@@ -45,6 +45,7 @@ import numpy as np
 import pandas as pd
 
 from tflabench.errors import UserError
+from tflabench.results import case_label
 
 #: Statuses that mean the case ran and produced a timing.
 OK = "ok"
@@ -473,34 +474,6 @@ def _number(record: Mapping[str, Any], column: str) -> float:
         raise UserError(f"corrupt table: column {column!r} holds {value!r}, not a number") from None
 
 
-def describe_case(record: Mapping[str, Any]) -> str:
-    """Short human label of a case: ``kernel`` then shape, e.g. ``tfla_sig fwd bf16 B1 S8192 NH8 d512/512 L128``."""
-    parts = []
-    name = _plain(record.get("kernel")) or _plain(record.get("backend")) or "?"
-    parts.append(str(name))
-    for column in ("mode", "dtype"):
-        if _plain(record.get(column)) is not None:
-            parts.append(str(record[column]))
-    for column, prefix in (("batch", "B"), ("seq_len", "S"), ("heads", "NH")):
-        value = _plain(record.get(column))
-        if value is not None:
-            parts.append(f"{prefix}{int(value)}")
-    d_qk, d_hv = _plain(record.get("d_qk")), _plain(record.get("d_hv"))
-    if d_qk is not None or d_hv is not None:
-        parts.append(f"d{_int_or_q(d_qk)}/{_int_or_q(d_hv)}")
-    chunk = _plain(record.get("chunk_size"))
-    if chunk is not None:
-        parts.append(f"L{int(chunk)}")
-    numerics_case = _plain(record.get("numerics_case"))
-    if numerics_case:  # a `tflabench verify` row: its regime (+init)
-        parts.append(str(numerics_case))
-    return " ".join(parts)
-
-
-def _int_or_q(value: Any) -> str:
-    return "?" if value is None else str(int(value))
-
-
 # ----------------------------------------------------------------------------- comparison
 
 
@@ -630,7 +603,7 @@ def noisy_cases(rows: pd.DataFrame, threshold: float = NOISY_RELATIVE_IQR) -> li
             continue
         spread = float((q75 - q25) / median)
         if spread > threshold:
-            found.append((describe_case(record), spread))
+            found.append((case_label(record), spread))
     return sorted(found, key=lambda item: -item[1])
 
 
@@ -742,7 +715,7 @@ def _compare_one(key: str, b: Mapping[str, Any] | None, n: Mapping[str, Any] | N
     out.update(
         key=key,
         case_id=_plain(either.get("case_id")),
-        case=describe_case(either),
+        case=case_label(either),
         backend=_plain(either.get("backend")),
         mode=_plain(either.get("mode")),
         base_status=_status(b),

@@ -26,7 +26,11 @@ import json
 import math
 from typing import Any, Iterable
 
+from tflabench import hardware
 from tflabench.errors import UserError
+from tflabench.model import mlstm_counts, mlstm_fwdbw_counts, place_on_roofline, runtime
+from tflabench.model.analysis import golden_min, optimal_chunk
+from tflabench.results import case_label, number
 
 #: Families whose chunk-size sweeps the mLSTM model describes (backend family ``mlstm``).
 MODEL_FAMILIES = ("mlstm",)
@@ -47,14 +51,6 @@ def _records(rows) -> list[dict]:
     if hasattr(rows, "to_dict"):
         return rows.to_dict("records")
     return [dict(r) for r in rows]
-
-
-def _num(x) -> float | None:
-    try:
-        v = float(x)
-    except (TypeError, ValueError):
-        return None
-    return v if math.isfinite(v) else None
 
 
 def _params(row: dict) -> dict:
@@ -84,14 +80,6 @@ def row_kernel_split(row: dict) -> str:
     return "limit_chunk" if _params(row).get("algorithm") == "limit_chunk" else "xl_chunk"
 
 
-def case_text(row: dict) -> str:
-    """Short description of a row's case: ``B=8 S=8192 L=128`` (L only when set)."""
-    parts = [f"B={int(row['batch'])}" if _num(row.get("batch")) else None,
-             f"S={int(row['seq_len'])}" if _num(row.get("seq_len")) else None,
-             f"L={int(row['chunk_size'])}" if _num(row.get("chunk_size")) else None]
-    return " ".join(p for p in parts if p)
-
-
 # ------------------------------------------------------------------ the model at one shape
 
 
@@ -108,8 +96,6 @@ def model_counts_at(variant: str, mode: str, L: float, *, batch, seq_len, heads,
     Raises:
         UserError: bad sizes, variant or mode (from :mod:`tflabench.model`).
     """
-    from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
-
     kw = dict(T=seq_len, d_hv=d_hv, L=min(L, seq_len), d_qk=d_qk, N_batch=batch, N_head=heads,
               F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_if=bytes_qkv, bytes_Cmn=bytes_Cmn,
               counts=counts, chunks=chunks)
@@ -123,8 +109,6 @@ def model_counts_at(variant: str, mode: str, L: float, *, batch, seq_len, heads,
 def model_ms(counts, alpha, beta, combine="sum") -> float:
     """Theoretical runtime in ms of ``counts`` (paper eqs. 112-114: ``sum`` no overlap,
     ``max`` perfect overlap = the roofline bound). alpha FLOP/s, beta byte/s."""
-    from tflabench.model import runtime
-
     return runtime(counts.flops, counts.bytes, alpha, beta, combine) * 1e3
 
 
@@ -138,8 +122,6 @@ def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, 
     golden-section search on the forward+backward counts (derived; the paper models the
     forward only). Also ``I_acc`` and ``source`` (which equations).
     """
-    from tflabench.model.analysis import golden_min, optimal_chunk
-
     T = float(seq_len)
     if mode == "fwd":
         r = optimal_chunk(variant, alpha=alpha, beta=beta, d_hv=d_hv, d_qk=d_qk, F_causal=F_causal,
@@ -236,7 +218,7 @@ def chunk_sweeps(rows, *, alpha, beta, ceilings="datasheet", F_causal=0.66, coun
     """
     groups: dict[tuple, list[dict]] = {}
     for r in _records(rows):
-        if r.get("status") != "ok" or _num(r.get("ms_median")) is None or _num(r.get("chunk_size")) is None:
+        if r.get("status") != "ok" or number(r.get("ms_median")) is None or number(r.get("chunk_size")) is None:
             continue
         if row_variant(r) is None:
             continue
@@ -273,7 +255,7 @@ def analyse_chunk_sweep(rows: list[dict], *, variant: str, alpha, beta, shape: d
                             kernel_split=split)
         ms = float(r["ms_median"])
         m_sum, m_max = model_ms(c, alpha, beta, "sum"), model_ms(c, alpha, beta, "max")
-        points.append({"L": L, "ms_median": ms, "peak_mem_bytes": _num(r.get("peak_mem_bytes")),
+        points.append({"L": L, "ms_median": ms, "peak_mem_bytes": number(r.get("peak_mem_bytes")),
                        "model_ms_sum": m_sum, "model_ms_max": m_max,
                        "ratio_sum": ms / m_sum, "ratio_max": ms / m_max})
     best = min(points, key=lambda p: p["ms_median"])
@@ -301,26 +283,24 @@ def roofline_placement(rows, *, alpha, beta) -> list[dict]:
     kernel) or without a time are left out.
 
     Returns dicts: ``kernel``, ``mode``, ``backend``, ``params`` (the row's, for the figure's
-    kernel styles), ``case`` (:func:`case_text`), ``seq_len``, ``batch``,
-    ``chunk_size``, ``intensity_flop_per_byte``, ``achieved_flops_per_s``,
+    kernel styles), ``case`` (the shape, :func:`tflabench.results.case_label`), ``seq_len``,
+    ``batch``, ``chunk_size``, ``intensity_flop_per_byte``, ``achieved_flops_per_s``,
     ``bound_flops_per_s``, ``fraction``, ``bound`` (``memory``/``compute``),
     ``roofline_ms``, ``ms_median``, ``outlier`` (see :func:`mark_outliers`).
     """
     out = []
-    I_acc = alpha / beta
     for r in _records(rows):
-        flops, nbytes, ms = _num(r.get("flops")), _num(r.get("bytes")), _num(r.get("ms_median"))
+        flops, nbytes, ms = number(r.get("flops")), number(r.get("bytes")), number(r.get("ms_median"))
         if r.get("status") != "ok" or not flops or not nbytes or not ms or ms <= 0:
             continue
-        inten = flops / nbytes
-        bound = min(beta * inten, alpha)
-        achieved = flops / (ms * 1e-3)
+        placed = place_on_roofline(flops, nbytes, ms, alpha=alpha, beta=beta)
         out.append({
             "kernel": str(r.get("kernel") or r.get("backend") or "?"), "mode": str(r.get("mode") or ""),
-            "backend": r.get("backend"), "params": r.get("params"), "case": case_text(r), "batch": _num(r.get("batch")), "seq_len": _num(r.get("seq_len")),
-            "chunk_size": _num(r.get("chunk_size")), "intensity_flop_per_byte": inten,
-            "achieved_flops_per_s": achieved, "bound_flops_per_s": bound, "fraction": achieved / bound,
-            "bound": "compute" if inten >= I_acc else "memory", "roofline_ms": flops / bound * 1e3,
+            "backend": r.get("backend"), "params": r.get("params"),
+            "case": case_label(r, shape_only=True), "batch": number(r.get("batch")),
+            "seq_len": number(r.get("seq_len")), "chunk_size": number(r.get("chunk_size")),
+            **{k: placed[k] for k in ("intensity_flop_per_byte", "achieved_flops_per_s", "bound_flops_per_s",
+                                      "fraction", "bound", "roofline_ms")},
             "ms_median": ms,
         })
     mark_outliers(out)
@@ -389,8 +369,6 @@ def ceilings_for(metadata: dict, ceilings: str = "auto", gpu: str | None = None,
         UserError: no GPU named and the set was measured on none (a CPU run), or a GPU
             that is not in the catalogue (add it with ``--hardware``).
     """
-    from tflabench import hardware
-
     if ceilings not in ("auto", "measured", "datasheet"):
         raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|measured|datasheet")
     name = gpu
@@ -416,6 +394,6 @@ def model_ceilings_text(gpu) -> str:
             f"({gpu.ceilings_source})")
 
 
-__all__ = ["ChunkSweep", "analyse_chunk_sweep", "case_text", "ceilings_for", "chunk_sweeps",
+__all__ = ["ChunkSweep", "analyse_chunk_sweep", "ceilings_for", "chunk_sweeps",
            "distance_to_bound", "mark_outliers", "model_ceilings_text", "model_counts_at", "model_ms", "model_optima",
            "roofline_placement", "row_kernel_split", "row_variant"]

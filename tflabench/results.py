@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from tflabench.errors import UserError
+from tflabench.model.analysis import place_on_roofline
 
 #: Identity columns: what a case *is*. ``case_id`` is a hash of all the others.
 IDENTITY_COLUMNS: tuple[str, ...] = (
@@ -254,28 +255,58 @@ def fill_model_columns(
     ``flops_per_s`` (FLOP/s) and ``bytes_per_s`` (byte/s): the roofline bound
     ``roofline_ms = max(flops / flops_per_s, bytes / bytes_per_s) * 1e3`` (the paper's
     runtime model, App. G eq. 112) and ``roofline_fraction = roofline_ms / ms_median``.
-    Columns whose inputs are missing stay None.
+    Columns whose inputs are missing stay None. The arithmetic is
+    :func:`tflabench.model.place_on_roofline`'s.
     """
-    flops, nbytes, ms = _num(row.get("flops")), _num(row.get("bytes")), _num(row.get("ms_median"))
-    if flops is not None and nbytes:
-        row["intensity_flop_per_byte"] = flops / nbytes
-    if flops is not None and ms:
-        row["tflops_per_s"] = flops / (ms * 1e-3) / 1e12
-    if flops is not None and nbytes is not None and flops_per_s and bytes_per_s:
-        row["roofline_ms"] = max(flops / flops_per_s, nbytes / bytes_per_s) * 1e3
-        if ms:
-            row["roofline_fraction"] = row["roofline_ms"] / ms
+    flops, nbytes, ms = number(row.get("flops")), number(row.get("bytes")), number(row.get("ms_median"))
+    if flops is None:
+        return row
+    placed = place_on_roofline(flops, nbytes, ms, alpha=flops_per_s, beta=bytes_per_s)
+    for column, key, scale in (("intensity_flop_per_byte", "intensity_flop_per_byte", 1.0),
+                               ("tflops_per_s", "achieved_flops_per_s", 1e-12),
+                               ("roofline_ms", "roofline_ms", 1.0), ("roofline_fraction", "fraction", 1.0)):
+        if key in placed:
+            row[column] = placed[key] * scale
     return row
 
 
-def _num(x: Any) -> float | None:
-    if x is None:
+def number(value: Any) -> float | None:
+    """A cell of a result row as a float; None when it is missing, not a number, NaN or
+    +-inf. The one parser of numeric cells (rows come from JSON, pandas or CSV): a
+    non-finite value is never a measurement or a count (rows store NaN and inf as null),
+    so a quantity derived from one stays empty rather than becoming inf or NaN."""
+    if value is None or isinstance(value, bool):
         return None
     try:
-        x = float(x)
+        value = float(value)
     except (TypeError, ValueError):
         return None
-    return None if math.isnan(x) else x
+    return value if math.isfinite(value) else None
+
+
+def case_label(record: Mapping[str, Any], *, shape_only: bool = False) -> str:
+    """The one short label of a case, from a result row or a :class:`tflabench.suite.Case`'s
+    identity: ``kernel mode dtype B8 S8192 NH8 d256/512 L128`` and, for a ``tflabench
+    verify`` row, its case (``f_closed+init``). Parts whose columns are empty are left out
+    (``d?/512`` where one head dimension is unknown). ``shape_only``: the shape part alone
+    (``B8 S8192 NH8 d256/512 L128``), for tables whose other columns name kernel and mode."""
+    def text(column: str) -> str | None:
+        value = record.get(column)
+        return value if isinstance(value, str) and value else None
+
+    def whole(column: str) -> str | None:
+        value = number(record.get(column))
+        return None if value is None else str(int(value))
+
+    parts = [] if shape_only else [text("kernel") or text("backend") or "?", text("mode"), text("dtype")]
+    parts += [f"{prefix}{whole(column)}" if whole(column) else None
+              for column, prefix in (("batch", "B"), ("seq_len", "S"), ("heads", "NH"))]
+    if whole("d_qk") or whole("d_hv"):
+        parts.append(f"d{whole('d_qk') or '?'}/{whole('d_hv') or '?'}")
+    parts.append(f"L{whole('chunk_size')}" if whole("chunk_size") else None)
+    if not shape_only:
+        parts.append(text("numerics_case"))
+    return " ".join(p for p in parts if p)
 
 
 def _json_safe(value: Any) -> Any:

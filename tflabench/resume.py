@@ -27,7 +27,9 @@ import json
 from pathlib import Path
 from typing import Any
 
+from tflabench import results as R
 from tflabench.errors import UserError
+from tflabench.results import case_label
 from tflabench.suite import Case, LoadedSuite
 
 #: Environment keys of ``metadata.json`` that must match for a resume (as for merging
@@ -142,13 +144,6 @@ class ResumePlan:
         return lines
 
 
-def _describe_row(row: dict) -> str:
-    def n(x):
-        return int(x) if isinstance(x, float) and x.is_integer() else x
-
-    return f"{row.get('kernel')} {row.get('mode')} B={n(row.get('batch'))} S={n(row.get('seq_len'))} {row.get('dtype')}"
-
-
 def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_measurement: dict,
                 env: dict, cases: list[Case], *, shard: str | None, ceilings: dict | None) -> ResumePlan:
     """Check that ``loaded`` may be resumed into ``directory`` and say what runs.
@@ -164,8 +159,6 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
     Raises UserError with one line: the first field that differs (and how many more), its
     value in the result set and now, and how to start a fresh run.
     """
-    from tflabench import results as R
-
     directory = Path(directory)
     where = f"--resume {directory}"
     fresh = "start a fresh run (the same command without --resume)"
@@ -206,7 +199,7 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
         plan.added = [c.describe() for c in cases if c.case_id not in old_ids]
         by_id = {row.get("case_id"): row for row in rows}  # in the order measured
         gone = [i for i in by_id if i in old_ids - new_ids] + sorted(old_ids - new_ids - set(by_id))
-        plan.removed = [_describe_row(by_id[i]) if i in by_id else f"case {i} (not measured)" for i in gone]
+        plan.removed = [case_label(by_id[i]) if i in by_id else f"case {i} (not measured)" for i in gone]
     revision = old_meta.get("git_revision")
     if revision and revision != env.get("git_revision"):
         plan.notes.append(f"resume: the result set began at git revision {revision}, this run is at "

@@ -42,6 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from tflabench.errors import UserError
 from tflabench.numerics import BudgetOverride, VerifySettings
+from tflabench.results import IDENTITY_COLUMNS, case_id, case_label, check_plain_name
 
 DTYPES = ("bfloat16", "float16", "float32", "float64")
 DType = Literal["bfloat16", "float16", "float32", "float64"]
@@ -132,8 +133,6 @@ class Suite(_Strict):
     @classmethod
     def _plain_name(cls, value: str) -> str:
         # the name becomes the directory <out>/<name>/: no separator, no '..' (docs/harness.md)
-        from tflabench.results import check_plain_name
-
         try:
             return check_plain_name(value, "a suite name")
         except UserError as exc:
@@ -197,24 +196,22 @@ class Case:
 
     def identity(self) -> dict:
         """The identity columns of the result row (without ``case_id``)."""
-        from tflabench.results import IDENTITY_COLUMNS
-
         return {col: getattr(self, col) for col in IDENTITY_COLUMNS[1:]}
 
     @property
     def case_id(self) -> str:
         """Stable id of the case (:func:`tflabench.results.case_id`)."""
-        from tflabench.results import case_id
-
         return case_id(self.identity())
 
     @property
     def params_dict(self) -> dict:
+        """The backend parameters as a dict (``params`` holds them as sorted JSON); a
+        backend validates them with ``backend.parse_params(case.params_dict)``."""
         return json.loads(self.params)
 
     def describe(self) -> str:
-        """Short one-line description for progress bars and tables."""
-        return f"{self.kernel} {self.mode} B={self.batch} S={self.seq_len} {self.dtype}"
+        """The case's label (:func:`tflabench.results.case_label`) for progress bars and logs."""
+        return case_label(self.identity())
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

@@ -194,7 +194,7 @@ def _run_verify_locked(loaded: LoadedSuite, cases: list[Case], directory: Path, 
         try:
             rows = run_cases(cases, directory, gpus=gpus,
                              on_start=lambda slot, c: bar.update(
-                                 task, description=f"[{slot}] {c.kernel} {c.numerics_case} S={c.seq_len} {c.mode}"),
+                                 task, description=f"[{slot}] {c.describe()}"),
                              on_done=lambda row: bar.advance(task), max_kernel_failures=max_kernel_failures)
         finally:
             if (directory / R.ROWS_FILE).exists():

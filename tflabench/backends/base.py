@@ -278,7 +278,7 @@ class Backend:
 
     def numerics_family(self, params: BackendParams) -> str:
         """The family whose input regimes ``tflabench verify`` applies
-        (:data:`tflabench.verify.FAMILY_PROFILES`): default :attr:`family`."""
+        (:data:`tflabench.verify_case.FAMILY_PROFILES`): default :attr:`family`."""
         return self.family
 
     def initial_state(self, params: BackendParams, inputs: dict[str, Any], seed: int,

@@ -1,7 +1,8 @@
 """Commands of the analytic model: flops, roofline, intensity, optimal-chunk, gpus.
 
-Thin: parse, call :mod:`tflabench.model` / :mod:`tflabench.hardware`, render (rich tables or
-``--json``), plot (:mod:`tflabench.plots.analytic`, imported only when a plot is drawn).
+Thin: parse, check the options (:mod:`tflabench.analytic_inputs`), compute the rows
+(:mod:`tflabench.analytic_rows`), render (rich tables or ``--json``), plot
+(:mod:`tflabench.plots.analytic`, imported only when a plot is drawn).
 No torch, pandas or matplotlib import on the paths that print numbers only.
 """
 
@@ -14,8 +15,12 @@ from typing import List, Optional
 
 import typer
 
+from tflabench import analytic_inputs as inputs
+from tflabench.analytic_rows import (count_row_kernel, intensity_curves, measured_points, mlstm_points,
+                                     optimal_chunk_rows, peer_points, roofline_rows)
 from tflabench.cli import app, user_errors
 from tflabench.errors import UserError
+from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
 
 # ------------------------------------------------------------------ shared option vocabulary
 
@@ -41,71 +46,6 @@ _H_MODE = "fwd (forward, the paper's model) or fwdbw (forward + derived backward
 
 DEFAULT_ROOFLINE_L = "64,128,256,512,1024,2048,4096"
 DEFAULT_INTENSITY_L = "16,32,64,128,256,512,1024,2048,4096"
-
-
-def _parse_list(name: str, text, kind=float) -> list:
-    """'64,128,256' -> [64, 128, 256]; one line UserError naming the option on bad items."""
-    if isinstance(text, (list, tuple)):
-        items = [str(t) for t in text]
-        items = [p for t in items for p in t.split(",")]
-    else:
-        items = str(text).split(",")
-    out = []
-    for raw in items:
-        raw = raw.strip()
-        if not raw:
-            continue
-        try:
-            v = float(raw)
-            if kind is int:
-                if not v.is_integer():
-                    raise ValueError
-                v = int(v)
-        except ValueError:
-            what = "integers" if kind is int else "numbers"
-            raise UserError(f"{name}={text!r} is not valid; give comma-separated {what}, e.g. 64,128,256") from None
-        out.append(v)
-    if not out:
-        raise UserError(f"{name}={text!r} is empty; give at least one value")
-    return out
-
-
-def _positive(name: str, value):
-    if value is None or not (value > 0) or (isinstance(value, float) and not math.isfinite(value)):
-        raise UserError(f"{name}={value!r} is not valid; it must be a positive number")
-    return value
-
-
-def _one_of(name: str, value: str, allowed) -> str:
-    v = str(value).lower()
-    if v not in allowed:
-        raise UserError(f"{name}={value!r} is not valid; allowed: {'|'.join(allowed)}")
-    return v
-
-
-def _dqk_pqk(d_hv, dqk, pqk):
-    if dqk is not None and pqk is not None:
-        raise UserError("--dqk and --pqk given together; give one (p_qk = d_qk / d_hv)")
-    if dqk is not None:
-        _positive("--dqk", dqk)
-        return dqk, dqk / d_hv
-    p = 0.5 if pqk is None else pqk
-    if not (p > 0):
-        raise UserError(f"--pqk={pqk!r} is not valid; p_qk must be > 0")
-    return p * d_hv, p
-
-
-def _causal(value) -> float:
-    if not (0.5 <= value <= 1.0):
-        raise UserError(f"--causal-factor={value!r} is not valid; F_causal must lie in [0.5, 1]")
-    return value
-
-
-def _gpus(names, ceilings, hardware):
-    from tflabench.hardware import get_gpu
-
-    _one_of("--ceilings", ceilings, ("datasheet", "measured"))
-    return [get_gpu(n, ceilings=ceilings, hardware_file=hardware) for n in names]
 
 
 def _echo_json(obj) -> None:
@@ -170,25 +110,17 @@ def flops(
     Example: tflabench flops --variant exp -L 256 -T 8192 --dhv 512 --pqk 0.5
     """
     with user_errors():
-        from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
-
-        variant = _one_of("--variant", variant, ("sig", "exp"))
-        formulation = _one_of("--formulation", formulation, ("chunkwise", "parallel", "recurrent"))
-        counts = _one_of("--counts", counts, ("rows", "paper"))
-        mode = _one_of("--mode", mode, ("fwd", "fwdbw"))
+        variant = inputs.one_of("--variant", variant, ("sig", "exp"))
+        formulation = inputs.one_of("--formulation", formulation, ("chunkwise", "parallel", "recurrent"))
+        counts = inputs.one_of("--counts", counts, ("rows", "paper"))
+        mode = inputs.one_of("--mode", mode, ("fwd", "fwdbw"))
         for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--dhv", dhv),
                         ("--chunk-size", chunk_size), ("--state-bytes", state_bytes),
                         ("--qkv-bytes", qkv_bytes), ("--gate-bytes", gate_bytes)):
-            _positive(name, v)
-        d_qk, p_qk = _dqk_pqk(dhv, dqk, pqk)
-        _causal(causal_factor)
-        if formulation == "chunkwise" and chunk_size > seq_len:
-            raise UserError(f"--chunk-size={chunk_size} is not valid; it must satisfy 1 <= L <= T (T={seq_len})")
-        if formulation == "chunkwise" and seq_len % chunk_size and not pad:
-            raise UserError(f"--chunk-size={chunk_size} does not divide --seq-len={seq_len}; "
-                            "choose L dividing T or pass --pad")
-        if mode == "fwdbw" and formulation != "chunkwise":
-            raise UserError(f"--mode=fwdbw is modelled for --formulation chunkwise only (got {formulation})")
+            inputs.positive(name, v)
+        d_qk, p_qk = inputs.dqk_pqk(dhv, dqk, pqk)
+        inputs.causal(causal_factor)
+        inputs.counted_shape(formulation, mode, chunk_size, seq_len, pad)
         kw = dict(T=seq_len, d_hv=dhv, d_qk=d_qk, N_batch=batch, N_head=heads, F_causal=causal_factor,
                   bytes_qkv=qkv_bytes, bytes_if=gate_bytes, bytes_Cmn=state_bytes,
                   chunks="pad" if pad else "divide")
@@ -207,19 +139,6 @@ def flops(
         _render_counts(config, c)
 
 
-def _row_kernel(formulation: str, row: str) -> str:
-    if row.startswith("bwd_"):
-        return "backward"
-    name = row[4:] if row.startswith("fwd_") else row
-    if formulation == "chunkwise":
-        if name in ("gates", "numerator", "denominator"):
-            return "recurrent kernel"
-        if name == "paper_table17_adjustment":
-            return "(paper mode)"
-        return "parallel kernel"
-    return formulation
-
-
 def _render_counts(config: dict, c) -> None:
     con = _console()
     form = config["formulation"]
@@ -233,7 +152,7 @@ def _render_counts(config: dict, c) -> None:
     t.add_column("FLOPs", justify="right")
     t.add_column("share", justify="right")
     for k, v in c.flop_rows.items():
-        t.add_row(k, _row_kernel(form, k), f"{v:.4e}", f"{100 * v / c.flops:.2f} %")
+        t.add_row(k, count_row_kernel(form, k), f"{v:.4e}", f"{100 * v / c.flops:.2f} %")
     t.add_row("[b]total[/b]", "", f"[b]{c.flops:.4e}[/b]", "100 %")
     if c.matmul_flops is not None:
         t.add_row("of which matmul (tensor core)", "", f"{c.matmul_flops:.4e}",
@@ -255,38 +174,6 @@ def _render_counts(config: dict, c) -> None:
 # ------------------------------------------------------------------ roofline
 
 
-def _mlstm_points(variant, mode, Ls, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv, bytes_if,
-                  bytes_Cmn, counts):
-    from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
-
-    pts = []
-    for L in Ls:
-        if L > T:
-            raise UserError(f"--chunk-size={L} is not valid; it must satisfy 1 <= L <= T (T={T})")
-        kw = dict(T=T, d_hv=dhv, d_qk=d_qk, L=L, N_batch=batch, N_head=heads, F_causal=F_causal,
-                  bytes_qkv=bytes_qkv, bytes_if=bytes_if, bytes_Cmn=bytes_Cmn, counts=counts, chunks="pad")
-        c = (mlstm_counts(variant, "chunkwise", **kw) if mode == "fwd" else mlstm_fwdbw_counts(variant, **kw))
-        pts.append({"label": f"L={L}", "L": L, "flops": c.flops, "bytes": c.bytes,
-                    "intensity_flop_per_byte": c.intensity_flop_per_byte})
-    return pts
-
-
-def _peer_points(mode, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv):
-    from tflabench.model import counts_for_case
-
-    pts = []
-    for kind, label, kw in (
-        ("attention_causal", "FlashAttn causal", dict(NH=heads, d_qk=d_qk, d_hv=d_qk)),
-        ("simple_gla", "simple GLA L=64", dict(NH=heads, d_qk=d_qk, d_hv=dhv)),
-        ("mamba2_ssd", "Mamba2 SSD Q=256",
-         dict(NH=max(1, heads * dhv // 64), d_qk=128, d_hv=64, d_state=128)),
-    ):
-        c = counts_for_case(kind, mode, B=batch, T=T, F_causal=F_causal, bytes_qkv=bytes_qkv, **kw)
-        pts.append({"label": label, "kind": kind, "flops": c.flops, "bytes": c.bytes,
-                    "intensity_flop_per_byte": c.intensity_flop_per_byte})
-    return pts
-
-
 def load_rows(path):
     """The rows (DataFrame) of the result set at ``path``; UserError when it is none."""
     from tflabench.results import load_results
@@ -295,33 +182,8 @@ def load_rows(path):
 
 
 def _measured_points(path) -> list[dict]:
-    df = load_rows(path)
-    if "status" in df.columns:
-        df = df[df["status"] == "ok"]
-    pts = []
-    for _, r in df.iterrows():
-        def num(col):
-            v = r.get(col) if col in df.columns else None
-            try:
-                v = float(v)
-            except (TypeError, ValueError):
-                return None
-            return v if math.isfinite(v) else None
-
-        inten = num("intensity_flop_per_byte")
-        if inten is None and num("flops") and num("bytes"):
-            inten = num("flops") / num("bytes")
-        perf = num("tflops_per_s")
-        if perf is None and num("flops") and num("ms_median"):
-            perf = num("flops") / (num("ms_median") * 1e-3) / 1e12
-        if inten is None or perf is None or inten <= 0 or perf <= 0:
-            continue
-        name = next((str(r.get(c)) for c in ("kernel", "backend")
-                     if c in df.columns and isinstance(r.get(c), str) and r.get(c)), "?")
-        mode = r.get("mode") if isinstance(r.get("mode"), str) else ""
-        pts.append({"label": f"{name} {mode}".strip(), "kernel": str(name), "mode": str(mode),
-                    "chunk_size": num("chunk_size"), "seq_len": num("seq_len"),
-                    "intensity_flop_per_byte": inten, "flops_per_s": perf * 1e12})
+    """``roofline --results``: the measured points of a result set; UserError when none is usable."""
+    pts = measured_points(load_rows(path))
     if not pts:
         raise UserError(f"--results={str(path)!r} has no rows with status ok and usable flops/bytes/tflops_per_s")
     return pts
@@ -360,41 +222,27 @@ def roofline(
     Example: tflabench roofline --gpu h100 --gpu h200 -L 64,128,256 --results results/h100_7b/latest
     """
     with user_errors():
-        from tflabench.model import roofline as roof
-
-        variant = _one_of("--variant", variant, ("sig", "exp"))
-        mode = _one_of("--mode", mode, ("fwd", "fwdbw"))
-        counts = _one_of("--counts", counts, ("rows", "paper"))
-        Ls = _parse_list("--chunk-size", chunk_size, int)
+        variant = inputs.one_of("--variant", variant, ("sig", "exp"))
+        mode = inputs.one_of("--mode", mode, ("fwd", "fwdbw"))
+        counts = inputs.one_of("--counts", counts, ("rows", "paper"))
+        Ls = inputs.parse_list("--chunk-size", chunk_size, int)
         for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--dhv", dhv),
                         ("--state-bytes", state_bytes), ("--qkv-bytes", qkv_bytes)):
-            _positive(name, v)
+            inputs.positive(name, v)
         if chunk_size == DEFAULT_ROOFLINE_L:  # defaults longer than the sequence: drop, not an error
             Ls = [L for L in Ls if L <= seq_len] or [seq_len]
         for L in Ls:
-            _positive("--chunk-size", L)
-        d_qk, p_qk = _dqk_pqk(dhv, dqk, pqk)
-        _causal(causal_factor)
-        gpus = _gpus(gpu, ceilings, hardware)
-        pts = _mlstm_points(variant, mode, Ls, T=seq_len, batch=batch, heads=heads, dhv=dhv, d_qk=d_qk,
+            inputs.positive("--chunk-size", L)
+        d_qk, p_qk = inputs.dqk_pqk(dhv, dqk, pqk)
+        inputs.causal(causal_factor)
+        gpus = inputs.gpus(gpu, ceilings, hardware)
+        pts = mlstm_points(variant, mode, Ls, T=seq_len, batch=batch, heads=heads, dhv=dhv, d_qk=d_qk,
                             F_causal=causal_factor, bytes_qkv=qkv_bytes, bytes_if=qkv_bytes,
                             bytes_Cmn=state_bytes, counts=counts)
-        peer_pts = (_peer_points(mode, T=seq_len, batch=batch, heads=heads, dhv=dhv, d_qk=d_qk,
+        peer_pts = (peer_points(mode, T=seq_len, batch=batch, heads=heads, dhv=dhv, d_qk=d_qk,
                                  F_causal=causal_factor, bytes_qkv=qkv_bytes) if peers else [])
         measured = _measured_points(results) if results is not None else []
-        table = []
-        for g in gpus:
-            for p in pts + peer_pts:
-                I = p["intensity_flop_per_byte"]
-                att = roof(I, g.flops_per_s, g.bytes_per_s)
-                table.append({
-                    "gpu": g.key, "ceilings": g.ceilings, "label": p["label"], "L": p.get("L"),
-                    "flops": p["flops"], "bytes": p["bytes"], "intensity_flop_per_byte": I,
-                    "attainable_tflops_per_s": att / 1e12,
-                    "bound": "compute" if I >= g.intensity_flop_per_byte else "memory",
-                    "roofline_ms": p["flops"] / att * 1e3,
-                    "sum_form_ms": (p["flops"] / g.flops_per_s + p["bytes"] / g.bytes_per_s) * 1e3,
-                })
+        table = roofline_rows(gpus, pts + peer_pts)
         placement, distance = [], []
         if measured:  # each measured row against its own bound, on the first GPU's roofline
             from tflabench.model_vs_measured import distance_to_bound, roofline_placement
@@ -488,38 +336,26 @@ def intensity(
     Example: tflabench intensity --dhv 512 --state-bytes 4,2 --causal-factor 0.5,0.66,1
     """
     with user_errors():
-        from tflabench.model import chunkwise_coefficients, l_ridge
-
-        variant = _one_of("--variant", variant, ("sig", "exp"))
-        counts = _one_of("--counts", counts, ("rows", "paper"))
-        Ls = _parse_list("--chunk-size", chunk_size, int)
-        sbs = _parse_list("--state-bytes", state_bytes)
-        fcs = _parse_list("--causal-factor", causal_factor)
+        variant = inputs.one_of("--variant", variant, ("sig", "exp"))
+        counts = inputs.one_of("--counts", counts, ("rows", "paper"))
+        Ls = inputs.parse_list("--chunk-size", chunk_size, int)
+        sbs = inputs.parse_list("--state-bytes", state_bytes)
+        fcs = inputs.parse_list("--causal-factor", causal_factor)
         for name, v in (("--seq-len", seq_len), ("--dhv", dhv)):
-            _positive(name, v)
+            inputs.positive(name, v)
         if chunk_size == DEFAULT_INTENSITY_L:  # defaults longer than the sequence: drop, not an error
             Ls = [L for L in Ls if L <= seq_len] or [seq_len]
         for L in Ls:
-            _positive("--chunk-size", L)
-            if L > seq_len:
-                raise UserError(f"--chunk-size={L} is not valid; it must satisfy 1 <= L <= T (T={seq_len})")
+            inputs.positive("--chunk-size", L)
+            inputs.chunk_at_most(L, seq_len)
         for s in sbs:
-            _positive("--state-bytes", s)
+            inputs.positive("--state-bytes", s)
         for f in fcs:
-            _causal(f)
-        d_qk, p_qk = _dqk_pqk(dhv, dqk, pqk)
-        gpus = _gpus(gpu, ceilings, hardware)
-        curves = []
-        for sb in sbs:
-            for fc in fcs:
-                co = chunkwise_coefficients(variant, d_hv=dhv, d_qk=d_qk, F_causal=fc, bytes_Cmn=sb,
-                                            counts=counts)
-                inten = {L: (co["a"] * L * L + co["b"] * L + co["c"]) / (co["m"] * L + co["n"]) for L in Ls}
-                cross = {g.key: min(l_ridge(co, g.intensity_flop_per_byte), float("inf"))
-                         for g in gpus}
-                dtype = {4: "fp32", 2: "bf16"}.get(sb, f"{sb:g} B")
-                curves.append({"label": f"{dtype}, F_c={fc:g}", "bytes_Cmn": sb, "F_causal": fc,
-                               "coefficients": co, "intensity": inten, "L_at_I_acc": cross})
+            inputs.causal(f)
+        d_qk, p_qk = inputs.dqk_pqk(dhv, dqk, pqk)
+        gpus = inputs.gpus(gpu, ceilings, hardware)
+        curves = intensity_curves(variant, Ls, state_bytes=sbs, causal_factors=fcs, d_hv=dhv, d_qk=d_qk,
+                                  counts=counts, gpus=gpus)
         path = None
         if plot:
             from tflabench.plots import plot_path
@@ -620,32 +456,20 @@ def optimal_chunk(
     gpu = gpu or ["h100"]
     ceilings = ceilings or "datasheet"
     with user_errors():
-        from tflabench.model.analysis import optimal_chunk as opt
-
-        variant = _one_of("--variant", variant, ("sig", "exp"))
-        counts = _one_of("--counts", counts, ("rows", "paper"))
-        dhvs = _parse_list("--dhv", dhv, int)
+        variant = inputs.one_of("--variant", variant, ("sig", "exp"))
+        counts = inputs.one_of("--counts", counts, ("rows", "paper"))
+        dhvs = inputs.parse_list("--dhv", dhv, int)
         for d in dhvs:
-            _positive("--dhv", d)
+            inputs.positive("--dhv", d)
         for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads),
                         ("--state-bytes", state_bytes), ("--qkv-bytes", qkv_bytes)):
-            _positive(name, v)
-        if dqk is not None and pqk is not None:
-            raise UserError("--dqk and --pqk given together; give one (p_qk = d_qk / d_hv)")
-        if dqk is not None:
-            _positive("--dqk", dqk)
-        if pqk is not None and not (pqk > 0):
-            raise UserError(f"--pqk={pqk!r} is not valid; p_qk must be > 0")
-        _causal(causal_factor)
-        gpus = _gpus(gpu, ceilings, hardware)
-        rows = []
-        for g in gpus:
-            for d in dhvs:
-                r = opt(variant, alpha=g.flops_per_s, beta=g.bytes_per_s, d_hv=d,
-                        d_qk=dqk, p_qk=None if dqk is not None else (pqk if pqk is not None else 0.5),
-                        F_causal=causal_factor, bytes_qkv=qkv_bytes, bytes_if=qkv_bytes,
-                        bytes_Cmn=state_bytes, counts=counts, N_batch=batch, N_head=heads, T=seq_len)
-                rows.append({"gpu": g.key, "gpu_name": g.name, "ceilings": g.ceilings, **r})
+            inputs.positive(name, v)
+        inputs.dqk_pqk(dhvs[0], dqk, pqk)   # --dqk or --pqk, valid
+        inputs.causal(causal_factor)
+        gpus = inputs.gpus(gpu, ceilings, hardware)
+        rows = optimal_chunk_rows(variant, gpus, dhvs, d_qk=dqk, p_qk=pqk, F_causal=causal_factor,
+                                  bytes_qkv=qkv_bytes, bytes_Cmn=state_bytes, counts=counts, batch=batch,
+                                  heads=heads, T=seq_len)
         path = None
         if plot:
             from tflabench.plots import plot_path
@@ -686,22 +510,22 @@ def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_f
     with user_errors():
         from tflabench import chunk_measure as cm
 
-        variant = _one_of("--variant", variant, ("sig", "exp"))
-        counts = _one_of("--counts", counts, ("rows", "paper"))
-        _one_of("--ceilings", ceilings, ("auto", "datasheet", "measured"))
-        dhvs = _parse_list("--dhv", dhv, int)
+        variant = inputs.one_of("--variant", variant, ("sig", "exp"))
+        counts = inputs.one_of("--counts", counts, ("rows", "paper"))
+        inputs.one_of("--ceilings", ceilings, ("auto", "datasheet", "measured"))
+        dhvs = inputs.parse_list("--dhv", dhv, int)
         if len(dhvs) != 1:
             raise UserError(f"--dhv={dhv!r}: --measure sweeps one shape; give one d_hv")
         d_hv = dhvs[0]
-        _positive("--dhv", d_hv)
-        _positive("--state-bytes", state_bytes)
-        d_qk, _ = _dqk_pqk(d_hv, dqk, pqk)
+        inputs.positive("--dhv", d_hv)
+        inputs.positive("--state-bytes", state_bytes)
+        d_qk, _ = inputs.dqk_pqk(d_hv, dqk, pqk)
         if float(d_qk) != int(d_qk):
             raise UserError(f"--pqk={pqk!r} gives d_qk={d_qk} (not an integer); give --dqk")
-        _causal(causal_factor)
+        inputs.causal(causal_factor)
         spec = cm.SweepSpec(
             kernels=list(kernel), variant=variant, batch=batch, seq_len=seq_len, heads=heads, d_qk=int(d_qk),
-            d_hv=d_hv, chunk_sizes=tuple(_parse_list("--chunk-size", chunk_sizes, int)),
+            d_hv=d_hv, chunk_sizes=tuple(inputs.parse_list("--chunk-size", chunk_sizes, int)),
             modes=tuple(m.strip() for m in modes.split(",") if m.strip()), dtype=dtype, warmup=warmup,
             iterations=iterations).validate()
         if gpu and len(gpu) > 1:
@@ -783,7 +607,7 @@ def gpus(
     with user_errors():
         from tflabench.hardware import list_gpus
 
-        ceilings = _one_of("--ceilings", ceilings, ("datasheet", "measured"))
+        ceilings = inputs.one_of("--ceilings", ceilings, ("datasheet", "measured"))
         gs = list_gpus(ceilings, hardware_file=hardware)
         if as_json:
             _echo_json({"gpus": [g.as_dict() for g in gs]})

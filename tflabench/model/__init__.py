@@ -38,6 +38,7 @@ from tflabench.model.analysis import (
     l_ridge,
     l_opt_runtime_max_numeric,
     best_power_of_two,
+    place_on_roofline,
     roofline,
     runtime,
 )
@@ -109,6 +110,6 @@ __all__ = [
     "attention_counts", "best_power_of_two", "check_positive", "chunkwise_coefficients",
     "counts_for_case", "gla_counts", "intensity", "l_opt_flop", "l_opt_flop_numeric",
     "l_opt_runtime", "l_opt_runtime_max_numeric", "l_opt_runtime_numeric", "l_ridge",
-    "mlstm_backward_counts", "mlstm_counts", "mlstm_fwdbw_counts", "roofline", "runtime",
+    "mlstm_backward_counts", "mlstm_counts", "mlstm_fwdbw_counts", "place_on_roofline", "roofline", "runtime",
     "ssd_counts",
 ]

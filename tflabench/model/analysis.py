@@ -65,6 +65,41 @@ def roofline(I, alpha, beta) -> float:
     return min(beta * I, alpha)
 
 
+def place_on_roofline(flops: float, bytes: float | None = None, ms: float | None = None, *,
+                       alpha: float | None = None, beta: float | None = None) -> dict:
+    """One call (its FLOPs, HBM bytes and, if measured, its runtime) on the roofline: the one
+    place where a call's intensity, achieved rate and bound are computed (the result columns,
+    ``report``'s distance to the bound and ``roofline --results`` all use it).
+
+    Args:
+        flops: FLOPs of the call (the model's count at the call's own shape).
+        bytes: HBM bytes of the call (None: unknown).
+        ms: measured runtime in milliseconds (None: not measured).
+        alpha, beta: the ceilings in FLOP/s and byte/s (None: no bound).
+
+    Returns a dict with the keys whose inputs are given (positive):
+    ``intensity_flop_per_byte`` ``I = flops / bytes`` (eq. 117); ``achieved_flops_per_s``
+    ``flops / ms``; with the ceilings ``bound_flops_per_s`` ``P(I) = min(beta·I, alpha)``
+    (eq. 119), ``roofline_ms`` ``flops / P(I) = max(flops / alpha, bytes / beta)`` (the max
+    form, eq. 114) and ``bound`` (``compute`` where ``I >= alpha / beta``, else ``memory``);
+    with a runtime too, ``fraction`` ``roofline_ms / ms`` (= achieved / attainable).
+    """
+    out: dict = {}
+    if bytes:
+        out["intensity_flop_per_byte"] = flops / bytes
+    if ms:
+        out["achieved_flops_per_s"] = flops / (ms * 1e-3)
+    if bytes is not None and alpha and beta:
+        t_flops, t_bytes = flops / alpha, bytes / beta
+        out["roofline_ms"] = max(t_flops, t_bytes) * 1e3
+        out["bound"] = "compute" if t_flops >= t_bytes else "memory"
+        if out["roofline_ms"] > 0:
+            out["bound_flops_per_s"] = flops / (out["roofline_ms"] * 1e-3)
+        if ms:
+            out["fraction"] = out["roofline_ms"] / ms
+    return out
+
+
 # ------------------------------------------------------------------ chunkwise polynomials
 
 

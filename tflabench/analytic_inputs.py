@@ -1,0 +1,103 @@
+"""Checks of the analytic commands' options (``flops``, ``roofline``, ``intensity``,
+``optimal-chunk``, ``gpus``): each bad value becomes one :class:`~tflabench.errors.UserError`
+line that names the option, says what is wrong and what is allowed.
+"""
+
+from __future__ import annotations
+
+import math
+
+from tflabench.errors import UserError
+from tflabench.hardware import get_gpu
+
+
+def parse_list(name: str, text, kind=float) -> list:
+    """``'64,128,256'`` (or a list of such strings) -> ``[64, 128, 256]``; ``kind`` int
+    refuses non-integers. Raises UserError naming option ``name`` for a bad item or an
+    empty list."""
+    if isinstance(text, (list, tuple)):
+        items = [str(t) for t in text]
+        items = [p for t in items for p in t.split(",")]
+    else:
+        items = str(text).split(",")
+    out = []
+    for raw in items:
+        raw = raw.strip()
+        if not raw:
+            continue
+        try:
+            v = float(raw)
+            if kind is int:
+                if not v.is_integer():
+                    raise ValueError
+                v = int(v)
+        except ValueError:
+            what = "integers" if kind is int else "numbers"
+            raise UserError(f"{name}={text!r} is not valid; give comma-separated {what}, e.g. 64,128,256") from None
+        out.append(v)
+    if not out:
+        raise UserError(f"{name}={text!r} is empty; give at least one value")
+    return out
+
+
+def positive(name: str, value):
+    """``value`` when it is a positive finite number; else UserError naming ``name``."""
+    if value is None or not (value > 0) or (isinstance(value, float) and not math.isfinite(value)):
+        raise UserError(f"{name}={value!r} is not valid; it must be a positive number")
+    return value
+
+
+def one_of(name: str, value: str, allowed) -> str:
+    """``value`` lower-cased when it is one of ``allowed``; else UserError listing them."""
+    v = str(value).lower()
+    if v not in allowed:
+        raise UserError(f"{name}={value!r} is not valid; allowed: {'|'.join(allowed)}")
+    return v
+
+
+def dqk_pqk(d_hv, dqk, pqk) -> tuple[float, float]:
+    """``(d_qk, p_qk)`` from ``--dqk`` or ``--pqk`` (p_qk = d_qk / d_hv, default 0.5, the
+    paper's). Raises UserError for both given, or a non-positive value."""
+    if dqk is not None and pqk is not None:
+        raise UserError("--dqk and --pqk given together; give one (p_qk = d_qk / d_hv)")
+    if dqk is not None:
+        positive("--dqk", dqk)
+        return dqk, dqk / d_hv
+    p = 0.5 if pqk is None else pqk
+    if not (p > 0):
+        raise UserError(f"--pqk={pqk!r} is not valid; p_qk must be > 0")
+    return p * d_hv, p
+
+
+def causal(value) -> float:
+    """``--causal-factor``: F_causal in [0.5, 1] (the fraction of each L x L matrix computed)."""
+    if not (0.5 <= value <= 1.0):
+        raise UserError(f"--causal-factor={value!r} is not valid; F_causal must lie in [0.5, 1]")
+    return value
+
+
+def chunk_at_most(L, T) -> None:
+    """UserError unless the chunk size ``L`` satisfies ``1 <= L <= T``."""
+    if L > T:
+        raise UserError(f"--chunk-size={L} is not valid; it must satisfy 1 <= L <= T (T={T})")
+
+
+def counted_shape(formulation: str, mode: str, L: int, T: int, pad: bool) -> None:
+    """``flops``: UserError unless chunk size ``L`` fits the sequence ``T`` (chunkwise: L <= T,
+    and L divides T unless ``pad``) and ``mode`` fwdbw comes with the chunkwise formulation."""
+    if formulation == "chunkwise":
+        chunk_at_most(L, T)
+        if T % L and not pad:
+            raise UserError(f"--chunk-size={L} does not divide --seq-len={T}; choose L dividing T or pass --pad")
+    if mode == "fwdbw" and formulation != "chunkwise":
+        raise UserError(f"--mode=fwdbw is modelled for --formulation chunkwise only (got {formulation})")
+
+
+def gpus(names, ceilings: str, hardware):
+    """The catalogue GPUs named (``--gpu``) with ``--ceilings`` datasheet or measured
+    (:func:`tflabench.hardware.get_gpu`; ``hardware``: a user YAML or None)."""
+    one_of("--ceilings", ceilings, ("datasheet", "measured"))
+    return [get_gpu(n, ceilings=ceilings, hardware_file=hardware) for n in names]
+
+
+__all__ = ["causal", "chunk_at_most", "counted_shape", "dqk_pqk", "gpus", "one_of", "parse_list", "positive"]
