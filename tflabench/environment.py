@@ -20,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from tflabench import __version__
+
 #: Peer distributions whose versions are recorded: distribution name -> import name.
 PEERS: dict[str, str] = {
     "mlstm_kernels": "mlstm_kernels",
@@ -114,8 +116,6 @@ def collect() -> dict:
     ``gpu_count``, ``driver``, ``cuda`` (torch's CUDA build), ``torch``, ``triton``,
     ``python``, ``peers`` (name -> version), ``git_revision``, ``hostname``, ``tflabench``.
     Imports torch (not CUDA-initialising)."""
-    from tflabench import __version__
-
     info = gpu_info()
     try:
         import torch

@@ -20,6 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
+from tflabench import results
 from tflabench.errors import UserError
 
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -159,8 +160,6 @@ def merge_results(
             different suites, environments or N; a repeated shard or case; missing
             shards (without ``allow_missing``); an ``out_dir`` that already holds results.
     """
-    from tflabench import results
-
     paths = [Path(d) for d in dirs]
     if not paths:
         raise UserError("merge: give at least one shard result directory")

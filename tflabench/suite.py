@@ -40,6 +40,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tflabench.backends import get_backend
 from tflabench.errors import UserError
 from tflabench.numerics import BudgetOverride, VerifySettings
 from tflabench.results import IDENTITY_COLUMNS, case_id, case_label, check_plain_name
@@ -417,8 +418,6 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
     Raises UserError (field path: reason) for an unknown backend, a parameter the backend
     does not take or a bad value, an invalid sweep, or an unresolvable layout.
     """
-    from tflabench.backends import get_backend
-
     suite = loaded.suite if isinstance(loaded, LoadedSuite) else loaded
     device = device or resolve_device(suite.device)
     shapes = _shapes(suite.sweep)

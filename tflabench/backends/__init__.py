@@ -20,6 +20,7 @@ from tflabench.backends.base import (  # noqa: F401  (re-exported for backend mo
     BackendParams,
     HeadLayoutParams,
     Shape,
+    resolve_layout,
 )
 from tflabench.errors import UserError
 
@@ -78,8 +79,6 @@ class _MissingBackend(Backend):
 
     def layout(self, params, embedding_dim):
         try:
-            from tflabench.backends.base import resolve_layout
-
             return resolve_layout(params, embedding_dim)
         except (UserError, TypeError):
             return (0, 0, 0)

@@ -40,6 +40,8 @@ from typing import TYPE_CHECKING, Any, ClassVar
 from pydantic import BaseModel, ConfigDict
 
 from tflabench.errors import UserError
+from tflabench.model import counts_for_case
+from tflabench.numerics import budget
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -258,8 +260,6 @@ class Backend:
         budget of :data:`tflabench.numerics.DEFAULT_BUDGETS`. The numerics gate and
         ``verify`` use :func:`tflabench.numerics.budget` per tensor (gate gradients looser);
         this is the one-number summary for tests and callers that compare one tensor."""
-        from tflabench.numerics import budget
-
         name = str(dtype).replace("torch.", "")
         return budget("out", name, tf32=False)
 
@@ -323,12 +323,8 @@ def model_counts(kind: str, mode: str, shape: Shape, **kwargs: Any) -> tuple[flo
     """(flops, bytes) from ``tflabench.model.counts_for_case(kind, mode, B=, NH=, T=, d_qk=,
     d_hv=, **kwargs)`` (kinds: ``mlstm_sig``, ``mlstm_exp``, ``mlstm_exp_limit``,
     ``attention_causal``, ``mamba2_ssd``, ``gla``, ``simple_gla``; kwargs e.g. ``L``,
-    ``d_state``; ``bytes_qkv`` defaults to ``shape.bytes_qkv``). None when the model is not
-    importable or has no count for these arguments (NotImplementedError / ValueError)."""
-    try:
-        from tflabench.model import counts_for_case
-    except ImportError:
-        return None
+    ``d_state``; ``bytes_qkv`` defaults to ``shape.bytes_qkv``). None when the model has
+    no count for these arguments (NotImplementedError / ValueError)."""
     kwargs.setdefault("bytes_qkv", shape.bytes_qkv)
     try:
         counts = counts_for_case(
