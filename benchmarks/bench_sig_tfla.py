@@ -15,6 +15,10 @@ warm-ups (tflabench.measure.time_callable: CUDA events, calls back to back), pea
 torch.cuda.max_memory_allocated during one call minus what was allocated before it; all in
 one process, peers in the same process. Compile/autotune is the untimed first call.
 
+``--root`` measures another checkout's kernels (one process per checkout, the same script),
+``--tag`` names it in the rows; ``--profile fig4:128,...`` adds each kernel's CUDA time in one
+fwd+bwd call (torch.profiler) as rows ``prof:<kernel>``.
+
 Tuning variants (``--variants``) set chunkwise_parallel_fw.FW_OVERRIDE["xl"],
 chunkwise_parallel_bw.BW_OVERRIDE, chunkwise_recurrent.STATE_OVERRIDE and
 sig_walk_fw.WALK_OVERRIDE for one measurement; a forward variant's row also gives max |Δh|
@@ -48,6 +52,9 @@ SHAPES = {
     # Figure 4's two longest sequences (fixed tokens: B·S = 65536): grids of 32 and 16 heads
     "fig4_s32k": dict(B=2, NH=16, d_qk=128, d_hv=256, S=32768),
     "fig4_s64k": dict(B=1, NH=16, d_qk=128, d_hv=256, S=65536),
+    # Figure 4's sweep (B·S = 65536, 16 heads, 128 / 256): fig4_S<S>
+    **{f"fig4_S{S}": dict(B=65536 // S, NH=16, d_qk=128, d_hv=256, S=S)
+       for S in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)},
 }
 SMOKE_SHAPES = {"tiny": dict(B=1, NH=2, d_qk=16, d_hv=32, S=100)}
 
@@ -91,9 +98,21 @@ VARIANTS = {
     # register caps (walk_config caps d_qk > 64 at 240 without the last state; runs 15-17)
     "walk_uncapped": ({}, {}, {}, {"maxnreg": None}),
     **{f"walk_mr{r}": ({}, {}, {}, {"maxnreg": r}) for r in (168, 184, 200, 216, 224, 232, 240, 248)},
+    # backward (fwd+bwd rows): TMA tiles in the state-gradient kernel (bwrec_*, with the row
+    # scale on dH: _sdh) and in dQ / dK / dV (bwpar_tma); tiles, warps, stages
+    "bw_tma": ({}, {"USE_TMA": True}, {"bw_USE_TMA": True, "bw_SCALE_DH": True}),
+    "bwrec_tma": ({}, {}, {"bw_USE_TMA": True}),
+    "bwrec_tma_sdh": ({}, {}, {"bw_USE_TMA": True, "bw_SCALE_DH": True}),
+    "bwpar_tma": ({}, {"USE_TMA": True}, {}),
+    "bw_w8": ({}, {"num_warps": 8}, {}),
+    "bw_st3": ({}, {"num_stages": 3}, {}),
+    "bw_lkv32": ({}, {"B_LKV": 32}, {}),
+    "bw_dhv64": ({}, {"B_DHV": 64}, {}),
+    "bwrec_64x64": ({}, {}, {"bw_B_DQK": 64, "bw_B_DHV": 64}),
+    "bwrec_st2": ({}, {}, {"bw_num_stages": 2}),
 }
 
-FIELDS = ["shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
+FIELDS = ["tag", "shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
           "peak_mem_gib", "first_call_s", "diff_vs_default", "error"]
 
 
@@ -116,6 +135,12 @@ def parse_args(argv=None):
     ap.add_argument("--warmup", type=int, default=5)
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--smoke", action="store_true")
+    ap.add_argument("--root", default=os.path.join(os.path.dirname(__file__), ".."),
+                    help="checkout whose kernels/ (package tfla) is measured; one per process")
+    ap.add_argument("--tag", default="", help="names the checkout in every row (e.g. new, base)")
+    ap.add_argument("--profile", default="",
+                    help="comma list of shape:chunk: per-kernel CUDA time of one fwd+bwd call "
+                         "(torch.profiler, mean of 5 calls) as rows impl=prof:<kernel>")
     return ap.parse_args(argv)
 
 
@@ -270,12 +295,50 @@ class Bench:
             self.torch.cuda.synchronize()
 
     def emit(self, row):
+        row.setdefault("tag", self.args.tag)
         full = {k: row.get(k, "") for k in FIELDS}
         self.writer.writerow(full)
         self.csv_file.flush()
         self.rows.append(full)
         print(" ".join(f"{k}={full[k]}" for k in FIELDS if full[k] != ""), flush=True)
         return full
+
+    def profile(self, shape_name, L, impl="sig", calls=5):
+        """Per-kernel CUDA time (ms per call) of one fwd+bwd call: rows impl=prof:<kernel>,
+        mode fwdbw, and prof:total (the sum)."""
+        torch = self.torch
+        from torch.profiler import ProfilerActivity, profile
+        shp = SHAPES[shape_name]
+        fn, layout = self.kernel(impl, L)
+        xs, hshape = self.inputs(shp, layout, grad=True)
+        dh = torch.ones(hshape, device=self.dev, dtype=self.dtype)
+
+        def call():
+            for x in xs:
+                x.grad = None
+            fn(*xs).backward(dh)
+        for _ in range(3):
+            call()
+        self.sync()
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            for _ in range(calls):
+                call()
+            self.sync()
+        total = 0.0
+        for e in prof.key_averages():
+            t = getattr(e, "self_device_time_total", None)
+            if t is None:
+                t = e.self_cuda_time_total
+            if t <= 0:
+                continue
+            ms = t / 1e3 / calls
+            total += ms
+            self.emit(dict(shape=shape_name, impl="prof:" + e.key[:60], chunk=L, mode="fwdbw",
+                           ms_median=round(ms, 4), variant=f"n={e.count // calls}"))
+        self.emit(dict(shape=shape_name, impl="prof:total", chunk=L, mode="fwdbw",
+                       ms_median=round(total, 4)))
+        del xs, dh
+        torch.cuda.empty_cache()
 
     # ------------------------------------------------------------ the tiled forward's kernels alone
     def flat_inputs(self, shape_name):
@@ -424,9 +487,14 @@ def main(argv=None):
     args = parse_args(argv)
     if args.smoke:
         os.environ["TRITON_INTERPRET"] = "1"
-    sys.path[:0] = [os.path.join(os.path.dirname(__file__), "..", "kernels"),
-                    os.path.join(os.path.dirname(__file__), "..")]
+    sys.path[:0] = [os.path.join(args.root, "kernels"), os.path.join(os.path.dirname(__file__), "..")]
     b = Bench(args)
+    for item in filter(None, args.profile.split(",")):
+        shape, L = item.split(":")
+        try:
+            b.profile(shape, int(L))
+        except Exception:  # noqa: BLE001 - a failed profile is reported, the run goes on
+            traceback.print_exc(limit=3)
     shapes = ["tiny"] if args.smoke else args.shapes.split(",")
     chunks = [int(c) for c in args.chunks.split(",")]
     impls = args.impls.split(",")

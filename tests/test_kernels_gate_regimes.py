@@ -217,6 +217,32 @@ def test_forward_kernel_options(name, L, S, option, monkeypatch):
         check_kernel(name, regime, L, S, d_qk=32)
 
 
+#: backward-kernel options, forced on float32 in the interpreter: (STATE_OVERRIDE keys of the
+#: backward state kernel, BW_OVERRIDE of the dQ / dK / dV kernels)
+BACKWARD_OPTIONS = {
+    # TMA tiles and dC_k stores, the row scale on dH instead of Q; TMA in dQ / dK / dV
+    "tma_scale_dh": ({"bw_USE_TMA": True, "bw_SCALE_DH": True}, {"USE_TMA": True}),
+    # the same with several head-dimension blocks and pieces (atomic row sums)
+    "tma_tiled": ({"bw_USE_TMA": True, "PIECE": 16, "bw_B_DQK": 16, "bw_B_DHV": 16},
+                  {"USE_TMA": True, "B_LQ": 32, "B_LKV": 16, "B_DQK": 16, "B_DHV": 16}),
+}
+
+
+@pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
+@pytest.mark.parametrize("L,S", [(16, 45), (64, 150)])
+@pytest.mark.parametrize("option", list(BACKWARD_OPTIONS))
+def test_backward_kernel_options(name, L, S, option, monkeypatch):
+    """Each option of the backward kernels gives the same gradients up to round-off, in a
+    saturated regime and a standard one, on ragged sequences."""
+    from tfla.triton import chunkwise_parallel_bw, chunkwise_recurrent
+    state, bw = BACKWARD_OPTIONS[option]
+    state = {k: (min(L, v) if k == "PIECE" else v) for k, v in state.items()}
+    monkeypatch.setattr(chunkwise_recurrent, "STATE_OVERRIDE", state)
+    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", dict(bw))
+    for regime in ("short_memory", "input_wide"):
+        check_kernel(name, regime, L, S, d_qk=32)
+
+
 def test_forward_kernel_defaults_by_dtype(monkeypatch):
     """TMA and V-side scaling are the 16-bit xl_chunk default (measured on the H200), off for
     float32 and for limit_chunk's H kernel (not measured there); overrides win."""

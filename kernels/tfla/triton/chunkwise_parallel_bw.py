@@ -21,7 +21,7 @@ import triton
 import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
-from tfla.triton.common import chunk_tile_pid, load_tile, store_tile
+from tfla.triton.common import can_use_tma, chunk_tile_pid, descriptor, load_tile, store_tile
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -58,12 +58,12 @@ def _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP: tl.const
 
 @triton.jit
 def _dq_kernel(
-    Q, K, V, B_vec, I_vec, MI_vec, M_st, NOUT, C_st, DH, DQ, QDQ,
+    Q, K, V, QD, KD, VD, CD, DHD, DQD, B_vec, I_vec, MI_vec, M_st, NOUT, C_st, DH, DQ, QDQ,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     pid_k, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_qk, B_DQK), L // B_LQ, NC)
     S_pad = NC * L
@@ -77,8 +77,8 @@ def _dq_kernel(
     acc = tl.zeros((B_LQ, B_DQK), dtype=tl.float32)
     c_row = bh * (NC + 1) + c       # C_{k-1} in the (BNH·(N_c+1), d_qk, d_hv) view
     for vb in range(NUM_DHV):
-        dh_blk = load_tile(DH, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, False)
-        c_blk = load_tile(C_st, C_st, c_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV, False)
+        dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
+        c_blk = load_tile(CD, C_st, c_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
         acc = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), acc, input_precision=DOT_PREC)
     acc = acc * (b_bar * rs)[:, None]
     # intra: (dH̃ Vᵀ ⊙ D) K · scale
@@ -89,18 +89,18 @@ def _dq_kernel(
         cols = c * L + s_loc
         ds = tl.zeros((B_LQ, B_LKV), dtype=tl.float32)
         for vb in range(NUM_DHV):
-            dh_blk = load_tile(DH, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, False)
-            v_blk = load_tile(V, V, bh, s0, vb * B_DHV, S, d_hv, B_LKV, B_DHV, False)
+            dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
+            v_blk = load_tile(VD, V, bh, s0, vb * B_DHV, S, d_hv, B_LKV, B_DHV, USE_TMA)
             ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
         i_kv = tl.load(I_vec + bh * S_pad + cols)
         b_kv = tl.load(B_vec + bh * S_pad + cols)
         d_log = (b_q[:, None] - b_kv[None, :] + i_kv[None, :]) - mc_q[:, None]
         d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
         ds = ds * tl.exp(d_log) * rs[:, None]
-        k_blk = load_tile(K, K, bh, s0, k0, S, d_qk, B_LKV, B_DQK, False)
+        k_blk = load_tile(KD, K, bh, s0, k0, S, d_qk, B_LKV, B_DQK, USE_TMA)
         acc = tl.dot(ds.to(k_blk.dtype), k_blk, acc, input_precision=DOT_PREC)
-    q_blk = load_tile(Q, Q, bh, r0, k0, S, d_qk, B_LQ, B_DQK, False)
-    store_tile(DQ, DQ, acc.to(DQ.dtype.element_ty), bh, r0, k0, S, d_qk, B_LQ, B_DQK, False)
+    q_blk = load_tile(QD, Q, bh, r0, k0, S, d_qk, B_LQ, B_DQK, USE_TMA)
+    store_tile(DQD, DQ, acc.to(DQ.dtype.element_ty), bh, r0, k0, S, d_qk, B_LQ, B_DQK, USE_TMA)
     rowsum = tl.sum(q_blk.to(tl.float32) * acc, 1)
     if ATOMIC_ROWSUM:
         tl.atomic_add(QDQ + bh * S_pad + rows, rowsum)
@@ -110,12 +110,12 @@ def _dq_kernel(
 
 @triton.jit
 def _dkv_kernel(
-    X, Y, Z, K, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DX, KDK,
+    X, Y, Z, K, XD, YD, ZD, KD, DCD, DXD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DX, KDK,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_OUT: tl.constexpr, B_RED: tl.constexpr, NUM_RED: tl.constexpr, OUT_K: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # dK (OUT_K) and dV: the same loops with the roles of the head dimensions swapped.
     #   dK = ā ⊙ (V dC_kᵀ) + (V dH̃ᵀ ⊙ Dᵀ) Q · scale   (out: d_qk; contracted: d_hv)
@@ -140,13 +140,13 @@ def _dkv_kernel(
     acc = tl.zeros((B_LKV, B_OUT), dtype=tl.float32)
     dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
     for rb in range(NUM_RED):
-        x_blk = load_tile(X, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, False)
+        x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
         if OUT_K:
-            dc_blk = tl.trans(load_tile(DC_st, DC_st, dc_row, o0, rb * B_RED, d_qk, d_hv,
-                                        B_OUT, B_RED, False))
+            dc_blk = tl.trans(load_tile(DCD, DC_st, dc_row, o0, rb * B_RED, d_qk, d_hv,
+                                        B_OUT, B_RED, USE_TMA))
         else:
-            dc_blk = load_tile(DC_st, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED, B_OUT,
-                               False)
+            dc_blk = load_tile(DCD, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED, B_OUT,
+                               USE_TMA)
         acc = tl.dot(x_blk, dc_blk.to(x_blk.dtype), acc, input_precision=DOT_PREC)
     acc = acc * a_bar[:, None]
     # intra: (X Yᵀ ⊙ Dᵀ) Z · scale over query tiles on or after the diagonal
@@ -159,17 +159,17 @@ def _dkv_kernel(
                                        scale, eps, IS_EXP, NORMALIZE)
         st = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
         for rb in range(NUM_RED):
-            x_blk = load_tile(X, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, False)
-            y_blk = load_tile(Y, Y, bh, r0, rb * B_RED, S, D_RED, B_LQ, B_RED, False)
+            x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
+            y_blk = load_tile(YD, Y, bh, r0, rb * B_RED, S, D_RED, B_LQ, B_RED, USE_TMA)
             st = tl.dot(x_blk, tl.trans(y_blk), st, input_precision=DOT_PREC)
         d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
         d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
         st = st * tl.exp(d_log) * rs[None, :]
-        z_blk = load_tile(Z, Z, bh, r0, o0, S, D_OUT, B_LQ, B_OUT, False)
+        z_blk = load_tile(ZD, Z, bh, r0, o0, S, D_OUT, B_LQ, B_OUT, USE_TMA)
         acc = tl.dot(st.to(z_blk.dtype), z_blk, acc, input_precision=DOT_PREC)
     if OUT_K:
-        k_blk = load_tile(K, K, bh, s0, o0, S, d_qk, B_LKV, B_OUT, False)
-    store_tile(DX, DX, acc.to(DX.dtype.element_ty), bh, s0, o0, S, D_OUT, B_LKV, B_OUT, False)
+        k_blk = load_tile(KD, K, bh, s0, o0, S, d_qk, B_LKV, B_OUT, USE_TMA)
+    store_tile(DXD, DX, acc.to(DX.dtype.element_ty), bh, s0, o0, S, D_OUT, B_LKV, B_OUT, USE_TMA)
     if OUT_K:
         rowsum = tl.sum(k_blk.to(tl.float32) * acc, 1)
         if ATOMIC_ROWSUM:
@@ -196,7 +196,7 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
         B_LQ=b_l, B_LKV=b_l,
         B_DQK=max(16, min(cap, _p2(d_qk))),
         B_DHV=max(16, min(cap, _p2(d_hv))),
-        num_warps=4, num_stages=2,
+        num_warps=4, num_stages=2, USE_TMA=False,
     )
     cfg.update(BW_OVERRIDE)
     cfg["B_LQ"] = min(cfg["B_LQ"], L)
@@ -222,19 +222,32 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
-    common = dict(L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], IS_EXP=is_exp, NORMALIZE=normalize,
-                  DOT_PREC=prec, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+    blq, blkv, bqk, bhv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
+    C_view = C_st.view(-1, d_qk, d_hv)
+    dC_view = dC_st.view(-1, d_qk, d_hv)
+    tma = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, C_view, dC_view, dq, dk, dv,
+                                                blocks=(blq, blkv, bqk, bhv))
+    D = lambda t, *blk: descriptor(t, (1, *blk), tma)  # noqa: E731
+    common = dict(L=L, B_LQ=blq, B_LKV=blkv, IS_EXP=is_exp, NORMALIZE=normalize,
+                  DOT_PREC=prec, USE_TMA=tma, num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"])
     b_vec, a_vec, i_vec, mi_vec = gates
-    _dq_kernel[(n_dqk * (L // cfg["B_LQ"]) * NC * BNH,)](
-        q, k, v, b_vec, i_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
-        S, NC, d_qk, d_hv, scale, eps, B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"], NUM_DHV=n_dhv,
+    _dq_kernel[(n_dqk * (L // blq) * NC * BNH,)](
+        q, k, v, D(q, blq, bqk), D(k, blkv, bqk), D(v, blkv, bhv), D(C_view, bqk, bhv),
+        D(dh, blq, bhv), D(dq, blq, bqk),
+        b_vec, i_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
+        S, NC, d_qk, d_hv, scale, eps, B_DQK=bqk, B_DHV=bhv, NUM_DHV=n_dhv,
         ATOMIC_ROWSUM=atomic, **common)
-    _dkv_kernel[(n_dqk * (L // cfg["B_LKV"]) * NC * BNH,)](
-        v, dh, q, k, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, kdk,
-        S, NC, d_qk, d_hv, scale, eps, B_OUT=cfg["B_DQK"], B_RED=cfg["B_DHV"],
+    _dkv_kernel[(n_dqk * (L // blkv) * NC * BNH,)](
+        v, dh, q, k, D(v, blkv, bhv), D(dh, blq, bhv), D(q, blq, bqk), D(k, blkv, bqk),
+        D(dC_view, bqk, bhv), D(dk, blkv, bqk),
+        b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, kdk,
+        S, NC, d_qk, d_hv, scale, eps, B_OUT=bqk, B_RED=bhv,
         NUM_RED=n_dhv, OUT_K=True, ATOMIC_ROWSUM=atomic, **common)
-    _dkv_kernel[(n_dhv * (L // cfg["B_LKV"]) * NC * BNH,)](
-        k, q, dh, k, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dv, kdk,
-        S, NC, d_qk, d_hv, scale, eps, B_OUT=cfg["B_DHV"], B_RED=cfg["B_DQK"],
+    _dkv_kernel[(n_dhv * (L // blkv) * NC * BNH,)](
+        k, q, dh, k, D(k, blkv, bqk), D(q, blq, bqk), D(dh, blq, bhv), D(k, blkv, bqk),
+        D(dC_view, bqk, bhv), D(dv, blkv, bhv),
+        b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dv, kdk,
+        S, NC, d_qk, d_hv, scale, eps, B_OUT=bhv, B_RED=bqk,
         NUM_RED=n_dqk, OUT_K=False, ATOMIC_ROWSUM=False, **common)
     return dq, dk, dv, qdq, kdk

@@ -200,11 +200,17 @@ def _recurrent_fw_kernel(
 
 
 @triton.jit
-def _dc_piece(acc, q_base, dh_base, B_vec, MI_vec, NOUT, bh, t, S, S_pad, m_prev, offs_k, offs_v,
-              mask_k, mask_v, d_qk, d_hv, scale, eps,
-              IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr):
-    """acc + Q̄ᵀ dH̃ over the positions t of one piece (Q̄ = b̄ ⊙ Q·scale, dH̃ = dH/(n_out+eps))."""
-    valid = t < S
+def _dc_piece(acc, QD, DHD, Q, DH, B_vec, MI_vec, NOUT, bh, t0, S, S_pad, m_prev, k0, v0,
+              d_qk, d_hv, scale, eps,
+              PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
+              IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
+              USE_TMA: tl.constexpr, SCALE_DH: tl.constexpr):
+    """acc + Q̄ᵀ dH̃ over positions t0..t0+PIECE (Q̄ = b̄ ⊙ Q·scale, dH̃ = dH/(n_out+eps)).
+
+    SCALE_DH: the row scale multiplies dH instead, Qᵀ (row ⊙ dH), so that Q feeds the dot
+    unchanged (its transpose a view of the loaded tile); the same product up to the rounding
+    of the scaled operand."""
+    t = t0 + tl.arange(0, PIECE)
     b = tl.load(B_vec + bh * S_pad + t)
     if IS_EXP:
         mc = tl.maximum(b + m_prev, tl.load(MI_vec + bh * S_pad + t))
@@ -213,41 +219,43 @@ def _dc_piece(acc, q_base, dh_base, B_vec, MI_vec, NOUT, bh, t, S, S_pad, m_prev
         row = tl.exp(b) * scale
     if NORMALIZE:
         row = row / (tl.load(NOUT + bh * S_pad + t) + eps)
-    q_t = tl.load(q_base + t[:, None] * d_qk + offs_k[None, :],
-                  mask=valid[:, None] & mask_k[None, :], other=0.0)
-    dh_t = tl.load(dh_base + t[:, None] * d_hv + offs_v[None, :],
-                   mask=valid[:, None] & mask_v[None, :], other=0.0)
+    q_t = load_tile(QD, Q, bh, t0, k0, S, d_qk, PIECE, B_DQK, USE_TMA)
+    dh_t = load_tile(DHD, DH, bh, t0, v0, S, d_hv, PIECE, B_DHV, USE_TMA)
+    if SCALE_DH:
+        dh_bar = (dh_t.to(tl.float32) * row[:, None]).to(dh_t.dtype)
+        return tl.dot(tl.trans(q_t), dh_bar, acc, input_precision=DOT_PREC)
     q_bar = (q_t.to(tl.float32) * row[:, None]).to(dh_t.dtype)
     return tl.dot(tl.trans(q_bar), dh_t, acc, input_precision=DOT_PREC)
 
 
 @triton.jit
 def _recurrent_bw_kernel(
-    Q, B_vec, MI_vec, M_st, NOUT, DH, DC_last, DC_st, DC_0,
+    Q, DH, QD, DHD, DCD, B_vec, MI_vec, M_st, NOUT, DC_last, DC_st, DC_0,
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DC_LAST: tl.constexpr,
-    DOT_PREC: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, SCALE_DH: tl.constexpr,
 ):
+    # USE_TMA: Q, dH tiles and the dC_k stores go through tensor descriptors QD, DHD
+    # (BNH, S, d) and DCD (BNH·(N_c+1), d_qk, d_hv); else pointers.
     pid_v, pid_k, bh = split_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), tl.cdiv(d_qk, B_DQK))
     bh = bh.to(tl.int64)
     S_pad = NC * L
-    offs_k = pid_k * B_DQK + tl.arange(0, B_DQK)
-    offs_v = pid_v * B_DHV + tl.arange(0, B_DHV)
+    k0 = pid_k * B_DQK
+    v0 = pid_v * B_DHV
+    offs_k = k0 + tl.arange(0, B_DQK)
+    offs_v = v0 + tl.arange(0, B_DHV)
     mask_k = offs_k < d_qk
     mask_v = offs_v < d_hv
     mask_kv = mask_k[:, None] & mask_v[None, :]
     c_offs = offs_k[:, None] * d_hv + offs_v[None, :]
-    st_base = bh * (NC + 1) * d_qk * d_hv
+    st_row = bh * (NC + 1)          # dC_k is "row" st_row + k of the (BNH·(N_c+1), d_qk, d_hv) view
     if HAS_DC_LAST:
         dC = tl.load(DC_last + bh * d_qk * d_hv + c_offs, mask=mask_kv, other=0.0).to(tl.float32)
     else:
         dC = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
-    tl.store(DC_st + st_base + NC * d_qk * d_hv + c_offs, dC.to(DC_st.dtype.element_ty),
-             mask=mask_kv)
-    t_loc = tl.arange(0, PIECE)
-    q_base = Q + bh * S * d_qk
-    dh_base = DH + bh * S * d_hv
+    store_tile(DCD, DC_st, dC.to(DC_st.dtype.element_ty), st_row + NC, k0, v0, d_qk, d_hv,
+               B_DQK, B_DHV, USE_TMA)
     for cc in range(NC):
         c = NC - 1 - cc
         g = tl.load(B_vec + bh * S_pad + c * L + L - 1)
@@ -260,18 +268,17 @@ def _recurrent_bw_kernel(
         g_bar = tl.exp(g + m_prev - m_k)
         acc = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
         if L == PIECE:
-            acc = _dc_piece(acc, q_base, dh_base, B_vec, MI_vec, NOUT, bh, c * L + t_loc,
-                            S, S_pad, m_prev, offs_k, offs_v, mask_k, mask_v, d_qk, d_hv, scale,
-                            eps, IS_EXP, NORMALIZE, DOT_PREC)
+            acc = _dc_piece(acc, QD, DHD, Q, DH, B_vec, MI_vec, NOUT, bh, c * L, S, S_pad, m_prev,
+                            k0, v0, d_qk, d_hv, scale, eps, PIECE, B_DQK, B_DHV, IS_EXP,
+                            NORMALIZE, DOT_PREC, USE_TMA, SCALE_DH)
         else:
             for p in range(L // PIECE):
-                acc = _dc_piece(acc, q_base, dh_base, B_vec, MI_vec, NOUT, bh,
-                                c * L + p * PIECE + t_loc, S, S_pad, m_prev, offs_k, offs_v,
-                                mask_k, mask_v, d_qk, d_hv, scale, eps, IS_EXP, NORMALIZE,
-                                DOT_PREC)
+                acc = _dc_piece(acc, QD, DHD, Q, DH, B_vec, MI_vec, NOUT, bh, c * L + p * PIECE,
+                                S, S_pad, m_prev, k0, v0, d_qk, d_hv, scale, eps, PIECE, B_DQK,
+                                B_DHV, IS_EXP, NORMALIZE, DOT_PREC, USE_TMA, SCALE_DH)
         dC = g_bar * dC + acc
-        tl.store(DC_st + st_base + c * d_qk * d_hv + c_offs, dC.to(DC_st.dtype.element_ty),
-                 mask=mask_kv)
+        store_tile(DCD, DC_st, dC.to(DC_st.dtype.element_ty), st_row + c, k0, v0, d_qk, d_hv,
+                   B_DQK, B_DHV, USE_TMA)
     tl.store(DC_0 + bh * d_qk * d_hv + c_offs, dC, mask=mask_kv)
 
 
@@ -431,6 +438,14 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     return C_st, n_st, m_st, C_last
 
 
+def bw_state_options(q, dh, dC_st, b_qk: int, b_hv: int, P: int) -> tuple[bool, bool]:
+    """(USE_TMA, SCALE_DH) of the backward state kernel: off unless STATE_OVERRIDE's keys
+    ``bw_USE_TMA`` / ``bw_SCALE_DH`` say otherwise (TMA only where the tensors allow it)."""
+    use_tma = STATE_OVERRIDE.get("bw_USE_TMA", False) and can_use_tma(
+        q, dh, dC_st, blocks=(P, b_qk, b_hv))
+    return bool(use_tma), bool(STATE_OVERRIDE.get("bw_SCALE_DH", False))
+
+
 def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: bool,
                  normalize: bool, eps: float, d_hv: int):
     """State gradients: dC_st (BNH, N_c+1, d_qk, d_hv) in the input dtype (slot N_c =
@@ -444,12 +459,24 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
     dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
     dC_0 = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
     b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(q.device), q.dtype, piece(L))
+    b_qk = STATE_OVERRIDE.get("bw_B_DQK", b_qk)
+    b_hv = STATE_OVERRIDE.get("bw_B_DHV", b_hv)
+    warps = STATE_OVERRIDE.get("bw_num_warps", warps)
+    stages = STATE_OVERRIDE.get("bw_num_stages", stages)
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
-    _recurrent_bw_kernel[grid](
-        q, b_vec, mi_vec, m_st, n_out, dh, dC_last if dC_last is not None else dC_0, dC_st, dC_0,
+    P = piece(L)
+    use_tma, scale_dh = bw_state_options(q, dh, dC_st, b_qk, b_hv, P)
+    dC_view = dC_st.view(BNH * (NC + 1), d_qk, d_hv)
+    fit = _FIT.setdefault(("bw", L, P, b_qk, b_hv, warps, stages, use_tma, scale_dh, is_exp,
+                           normalize, dC_last is not None, q.dtype), {})
+    launch(
+        _recurrent_bw_kernel, grid, fit,
+        q, dh, descriptor(q, (1, P, b_qk), use_tma), descriptor(dh, (1, P, b_hv), use_tma),
+        descriptor(dC_view, (1, b_qk, b_hv), use_tma),
+        b_vec, mi_vec, m_st, n_out, dC_last if dC_last is not None else dC_0, dC_st, dC_0,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
-        L=L, PIECE=piece(L), B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp, NORMALIZE=normalize,
-        HAS_DC_LAST=dC_last is not None, DOT_PREC=dot_precision(q.dtype),
-        num_warps=warps, num_stages=stages,
+        L=L, PIECE=P, B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp, NORMALIZE=normalize,
+        HAS_DC_LAST=dC_last is not None, DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma,
+        SCALE_DH=scale_dh, num_warps=warps, num_stages=stages,
     )
     return dC_st, dC_0
