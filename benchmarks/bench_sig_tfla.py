@@ -110,6 +110,12 @@ VARIANTS = {
     "bw_dhv64": ({}, {"B_DHV": 64}, {}),
     "bwrec_64x64": ({}, {}, {"bw_B_DQK": 64, "bw_B_DHV": 64}),
     "bwrec_st2": ({}, {}, {"bw_num_stages": 2}),
+    # dQ, dK, dV of a chunk in one program (limit_parallel_bw) with TMA state-gradient tiles
+    **{f"bw_fused{n}": ({}, {"FUSED": True, **lim}, {"bw_USE_TMA": True, "bw_SCALE_DH": True})
+       for n, lim in (("", {}), ("_q128", {"lim_B_DQK": 128}),
+                      ("_q128_w8", {"lim_B_DQK": 128, "lim_num_warps": 8}),
+                      ("_w8", {"lim_num_warps": 8}), ("_st2", {"lim_num_stages": 2}),
+                      ("_v128_w8", {"lim_B_DHV": 128, "lim_num_warps": 8}))},
 }
 
 FIELDS = ["tag", "shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
@@ -139,7 +145,7 @@ def parse_args(argv=None):
                     help="checkout whose kernels/ (package tfla) is measured; one per process")
     ap.add_argument("--tag", default="", help="names the checkout in every row (e.g. new, base)")
     ap.add_argument("--profile", default="",
-                    help="comma list of shape:chunk: per-kernel CUDA time of one fwd+bwd call "
+                    help="comma list of shape:chunk[:variant]: per-kernel CUDA time of one fwd+bwd call "
                          "(torch.profiler, mean of 5 calls) as rows impl=prof:<kernel>")
     return ap.parse_args(argv)
 
@@ -215,12 +221,15 @@ class Bench:
     @contextlib.contextmanager
     def variant(self, name):
         from tfla.triton import (chunkwise_parallel_bw, chunkwise_parallel_fw, chunkwise_recurrent,
-                                 sig_walk_fw)
+                                 limit_parallel_bw, sig_walk_fw)
         fw, bw, st, wk = (tuple(VARIANTS[name]) + ({},))[:4] if name else ({}, {}, {}, {})
         old = (dict(chunkwise_parallel_fw.FW_OVERRIDE["xl"]), dict(chunkwise_parallel_bw.BW_OVERRIDE),
                dict(chunkwise_recurrent.STATE_OVERRIDE), dict(sig_walk_fw.WALK_OVERRIDE))
         chunkwise_parallel_fw.FW_OVERRIDE["xl"].update(fw)
-        chunkwise_parallel_bw.BW_OVERRIDE.update(bw)
+        chunkwise_parallel_bw.BW_OVERRIDE.update({k: v for k, v in bw.items()
+                                                  if not k.startswith("lim_")})
+        limit_parallel_bw.LIMIT_BW_OVERRIDE.update({k[4:]: v for k, v in bw.items()
+                                                    if k.startswith("lim_")})
         chunkwise_recurrent.STATE_OVERRIDE.update(st)
         sig_walk_fw.WALK_OVERRIDE.update(wk)
         try:
@@ -233,6 +242,7 @@ class Bench:
             chunkwise_parallel_bw.BW_OVERRIDE.update(old[1])
             chunkwise_recurrent.STATE_OVERRIDE.clear()
             chunkwise_recurrent.STATE_OVERRIDE.update(old[2])
+            limit_parallel_bw.LIMIT_BW_OVERRIDE.clear()
 
     # ------------------------------------------------------------ one measurement
     def measure(self, shape_name, impl, L, mode, variant=""):
@@ -303,7 +313,7 @@ class Bench:
         print(" ".join(f"{k}={full[k]}" for k in FIELDS if full[k] != ""), flush=True)
         return full
 
-    def profile(self, shape_name, L, impl="sig", calls=5):
+    def profile(self, shape_name, L, variant="", impl="sig", calls=5):
         """Per-kernel CUDA time (ms per call) of one fwd+bwd call: rows impl=prof:<kernel>,
         mode fwdbw, and prof:total (the sum)."""
         torch = self.torch
@@ -317,13 +327,14 @@ class Bench:
             for x in xs:
                 x.grad = None
             fn(*xs).backward(dh)
-        for _ in range(3):
-            call()
-        self.sync()
-        with profile(activities=[ProfilerActivity.CUDA]) as prof:
-            for _ in range(calls):
+        with self.variant(variant):
+            for _ in range(3):
                 call()
             self.sync()
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                for _ in range(calls):
+                    call()
+                self.sync()
         total = 0.0
         for e in prof.key_averages():
             t = getattr(e, "self_device_time_total", None)
@@ -333,10 +344,11 @@ class Bench:
                 continue
             ms = t / 1e3 / calls
             total += ms
-            self.emit(dict(shape=shape_name, impl="prof:" + e.key[:60], chunk=L, mode="fwdbw",
-                           ms_median=round(ms, 4), variant=f"n={e.count // calls}"))
+            self.emit(dict(shape=shape_name, impl="prof:" + e.key[:60].replace(",", ";"), chunk=L,
+                           mode="fwdbw", ms_median=round(ms, 4),
+                           variant=f"{variant} n={e.count // calls}"))
         self.emit(dict(shape=shape_name, impl="prof:total", chunk=L, mode="fwdbw",
-                       ms_median=round(total, 4)))
+                       ms_median=round(total, 4), variant=variant))
         del xs, dh
         torch.cuda.empty_cache()
 
@@ -490,9 +502,9 @@ def main(argv=None):
     sys.path[:0] = [os.path.join(args.root, "kernels"), os.path.join(os.path.dirname(__file__), "..")]
     b = Bench(args)
     for item in filter(None, args.profile.split(",")):
-        shape, L = item.split(":")
+        shape, L, *var = item.split(":")
         try:
-            b.profile(shape, int(L))
+            b.profile(shape, int(L), *var)
         except Exception:  # noqa: BLE001 - a failed profile is reported, the run goes on
             traceback.print_exc(limit=3)
     shapes = ["tiny"] if args.smoke else args.shapes.split(",")

@@ -225,6 +225,9 @@ BACKWARD_OPTIONS = {
     # the same with several head-dimension blocks and pieces (atomic row sums)
     "tma_tiled": ({"bw_USE_TMA": True, "PIECE": 16, "bw_B_DQK": 16, "bw_B_DHV": 16},
                   {"USE_TMA": True, "B_LQ": 32, "B_LKV": 16, "B_DQK": 16, "B_DHV": 16}),
+    # dQ, dK, dV of a chunk in one program (limit_chunk's backward kernel after xl_chunk's
+    # forward)
+    "fused": ({"bw_USE_TMA": True, "bw_SCALE_DH": True}, {"FUSED": True}),
 }
 
 

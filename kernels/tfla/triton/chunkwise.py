@@ -170,7 +170,8 @@ class ChunkwiseFunction(torch.autograd.Function):
         dC_st, dC_0 = rec.recurrent_bw(qf, b_vec, mi_vec, m_st, n_out, dhf, dCf, L=cfg.L,
                                        is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
                                        d_hv=d_hv)
-        par = lbw.limit_parallel_bw if cfg.limit else pbw.parallel_bw
+        fused = cfg.limit or pbw.fused_bw(cfg.L, d_qk, d_hv, qf.dtype)
+        par = lbw.limit_parallel_bw if fused else pbw.parallel_bw
         dq, dk, dv, qdq, kdk = par(qf, kf, vf, gates, m_st, n_out, C_st, dC_st, dhf,
                                    L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
                                    eps=cfg.eps)

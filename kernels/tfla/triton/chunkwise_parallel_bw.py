@@ -204,6 +204,13 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     return cfg
 
 
+def fused_bw(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> bool:
+    """Whether xl_chunk's backward runs the one-program-per-chunk kernel of limit_chunk
+    (``limit_parallel_bw``: dQ, dK, dV of a chunk from its L x L matrices held on chip)
+    instead of the three tiled kernels here; BW_OVERRIDE["FUSED"] wins."""
+    return bool(BW_OVERRIDE.get("FUSED", False)) and L <= 128
+
+
 def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
                 is_exp: bool, normalize: bool, eps: float):
     """dq, dk, dv (input dtype) and the fp32 row sums q·dq, k·dk (BNH, N_c*L)."""
