@@ -426,6 +426,7 @@ def measure_case(case) -> dict:
     out.update(summarize(samples))
     out["ms_samples"] = json.dumps(out["ms_samples"])
     note = backend.note(params, device)
+    out.update(backend.run_plan(params, shape, case.mode, dtype, device))
     return {**out, "status": "ok", "reason": note}
 
 

@@ -68,7 +68,9 @@ IDENTITY_COLUMNS: tuple[str, ...] = (
 #: so that the ids of earlier rows do not change. ``numerics_case``: the verify case
 #: (gate regime, length, initial state) of a ``tflabench verify`` row; None for ``run`` rows.
 OPTIONAL_IDENTITY_COLUMNS: tuple[str, ...] = ("numerics_case",)
-OUTCOME_COLUMNS: tuple[str, ...] = ("status", "reason")
+#: ``algorithm``: what the kernel actually ran where the backend says (``tfla``: two_level,
+#: walk, limit_chunk or reference, from ``tfla.plan``); None for other backends.
+OUTCOME_COLUMNS: tuple[str, ...] = ("status", "reason", "algorithm")
 TIMING_COLUMNS: tuple[str, ...] = (
     "ms_median",
     "ms_mean",
@@ -114,7 +116,7 @@ COLUMNS: tuple[str, ...] = (
 #: Columns that hold text (or JSON text) once loaded into a DataFrame.
 TEXT_COLUMNS: tuple[str, ...] = (
     "case_id", "suite", "kernel", "backend", "family", "params", "mode", "dtype", "device",
-    "status", "reason", "ms_samples", "numerics_ref", "numerics_case", "numerics_worst",
+    "status", "reason", "algorithm", "ms_samples", "numerics_ref", "numerics_case", "numerics_worst",
     "numerics_detail", "tf32",
 )
 #: Columns that are numbers (NaN where not applicable): every other column, in order.

@@ -464,7 +464,10 @@ def run_cases(
                 workers.pop(slot, None)
             row = _base_row(case)
             for key, value in outcome.items():
-                if key in R.COLUMNS and key not in R.IDENTITY_COLUMNS:
+                # chunk_size: a backend that picks it at run time ("auto") reports the size
+                # run; the case's identity (and case_id) keep None there
+                if key in R.COLUMNS and (key not in R.IDENTITY_COLUMNS
+                                         or (key == "chunk_size" and row.get(key) is None)):
                     row[key] = value
             R.fill_model_columns(row, flops_per_s, bytes_per_s)
             with lock:

@@ -14,7 +14,7 @@ from tfla.limit_chunk import interpret_mode
 ALGORITHMS = ("xl_chunk", "limit_chunk")
 
 
-def mlstm_exp(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", eps=1e-6,
+def mlstm_exp(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", eps=1e-6,
               initial_state=None, return_last_state=False):
     """mLSTM with exponential input gate (mLSTMexp), chunkwise with max-state stabilisation.
 
@@ -29,7 +29,9 @@ def mlstm_exp(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", eps=1e-6,
             states in float32). Any S >= 1; d_qk and d_hv need not be equal or powers of two.
         i, f: (B, NH, S) pre-activations ĩ (used as log input gate ī = ĩ) and f̃ (forget gate
             σ(f̃), used as log σ(f̃)); any float dtype, computed in float32.
-        chunk_size: L, a power of two >= 16 (xl_chunk: any such L; limit_chunk: 16..128).
+        chunk_size: L, a power of two >= 16 (xl_chunk: any such L; limit_chunk: 16..128),
+            or "auto" (default): the measured rule of :func:`tfla.plan` (docs/kernels.md,
+            "Tuning rules").
         algorithm: "xl_chunk" (TFLA) or "limit_chunk" (one-level baseline).
         eps: added to the normaliser outside the max (docs/tfla-kernels.md 1.2), default 1e-6.
         initial_state: None, C0 or (C0, n0[, m0]): C0 (B, NH, d_qk, d_hv), n0 (B, NH, d_qk),
@@ -51,6 +53,12 @@ def mlstm_exp(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", eps=1e-6,
             or not finite; a malformed initial_state.
     """
     check_choice("algorithm", algorithm, ALGORITHMS)
+    from tfla.plan import resolve_chunk
+
+    if chunk_size == "auto":
+        dims = check_qkvif(q, k, v, i, f)
+        chunk_size = resolve_chunk(chunk_size, "exp", d_qk=dims.d_qk, grad=True, dtype=q.dtype,
+                                   algorithm=algorithm)
     if algorithm == "limit_chunk":
         from tfla.limit_chunk import mlstm_limit_chunk
         return mlstm_limit_chunk(q, k, v, i, f, variant="exp", chunk_size=chunk_size,

@@ -8,8 +8,7 @@ Kernel design, dispatch and tuning rules: docs/kernels.md.
 
 from __future__ import annotations
 
-from tfla.checks import (check_choice, check_chunk_size, check_initial_state, check_kernel_dtype,
-                         check_qkvif)
+from tfla.checks import check_choice, check_initial_state, check_kernel_dtype, check_qkvif
 
 __all__ = ["mlstm_sig"]
 
@@ -17,7 +16,7 @@ EPS = 1e-6
 MAX_HEAD_DIM = 1024
 
 
-def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=False,
+def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normalize=False,
               initial_state=None, return_last_state=False):
     """mLSTMsig cell output h̃ for a whole sequence (differentiable).
 
@@ -36,7 +35,10 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
         q, k: (B, NH, S, d_qk); v: (B, NH, S, d_hv); bfloat16, float16 or float32 on CUDA
             (any floating dtype on the CPU); any S >= 1, 1 <= d_qk, d_hv <= 1024.
         i, f: (B, NH, S) input- and forget-gate pre-activations (float32 recommended).
-        chunk_size: L, a power of two >= 16 (need not divide S).
+        chunk_size: L, a power of two >= 16 (need not divide S), or "auto" (default): the
+            measured rule of :func:`tfla.plan` picks L per mode (gradients or not), head
+            dimensions and dtype (docs/kernels.md, "Tuning rules"); ``tfla.plan`` also
+            names the algorithm a call runs (the two-level kernels or the forward walk).
         algorithm: "xl_chunk" (these kernels) or "limit_chunk" (tfla.limit_chunk).
         normalize: divide by the normaliser (the peer's default); False is the paper's mLSTMsig.
         initial_state: None, C0 (B, NH, d_qk, d_hv), or (C0, n0[, m0]); m0 is ignored.
@@ -57,14 +59,19 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
             not a power of two >= 16, an unknown algorithm, a head dimension above 1024.
     """
     check_choice("algorithm", algorithm, ("xl_chunk", "limit_chunk"))
+    from tfla.plan import resolve_chunk
+
+    dims = check_qkvif(q, k, v, i, f)
+    grad = _needs_grad(q, k, v, i, f, initial_state if not isinstance(initial_state, tuple)
+                       else initial_state[0])
+    chunk_size = resolve_chunk(chunk_size, "sig", d_qk=dims.d_qk, grad=grad, dtype=q.dtype,
+                               algorithm=algorithm)
     if algorithm == "limit_chunk":
         from tfla.limit_chunk import mlstm_limit_chunk
 
         return mlstm_limit_chunk(q, k, v, i, f, variant="sig", chunk_size=chunk_size,
                                  normalize=normalize, initial_state=initial_state,
                                  return_last_state=return_last_state)
-    dims = check_qkvif(q, k, v, i, f)
-    check_chunk_size(chunk_size, minimum=16, power_of_two=True)
     if not isinstance(normalize, bool):
         raise ValueError(f"normalize: got {normalize!r}; allowed: True or False")
     if not isinstance(return_last_state, bool):
@@ -86,7 +93,7 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
     from tfla.triton.chunkwise import Config, effective_chunk, run, run_sig_walk
 
     L = effective_chunk(q.shape[2], chunk_size)
-    if not (normalize or _needs_grad(q, k, v, i, f, C0)):
+    if not (normalize or grad):
         out = run_sig_walk(q, k, v, i, f, C0, n0, L, return_last_state)
         if out is not None:
             return out
@@ -97,4 +104,4 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size=128, algorithm="xl_chunk", normalize=
 def _needs_grad(*tensors) -> bool:
     import torch
 
-    return torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in tensors)
+    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)

@@ -183,6 +183,12 @@ class Backend:
         value = getattr(params, "chunk_size", None)
         return int(value) if value is not None else None
 
+    def run_plan(self, params: BackendParams, shape, mode: str, dtype, device: str) -> dict:
+        """What the kernel will actually run for this case: a dict with any of ``chunk_size``
+        (int: the size run, where the params leave it to the kernel) and ``algorithm`` (str),
+        written into the row. Default: {} (nothing to add). Runs in the worker."""
+        return {}
+
     # ---------------------------------------------------------------- availability
 
     def available(self, params: BackendParams) -> str | None:

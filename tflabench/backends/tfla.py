@@ -27,13 +27,15 @@ from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, mlstm_ini
 
 class TflaParams(HeadLayoutParams):
     """Parameters of the ``tfla`` backend (defaults: the paper's Figure-4 mLSTM layout at
-    embedding 4096: 16 heads, d_hv = 256, d_qk = d_hv / 2; App. E.3)."""
+    embedding 4096: 16 heads, d_hv = 256, d_qk = d_hv / 2; App. E.3). ``chunk_size``: an int
+    >= 1 or "auto" (the kernel's measured rule, ``tfla.plan``; the row records the size and
+    the algorithm that ran)."""
 
     heads: int | None = 16
     p_qk: float = 0.5
     variant: Literal["sig", "exp"] = "sig"
     algorithm: Literal["xl_chunk", "limit_chunk"] = "xl_chunk"
-    chunk_size: int = Field(128, ge=1)
+    chunk_size: int | Literal["auto"] = 128
     normalize: bool = False
     eps: float = Field(1e-6, ge=0)
     impl: Literal["auto", "triton", "reference"] = "auto"
@@ -74,6 +76,30 @@ class TflaBackend(Backend):
     description = "TFLA mLSTM kernels of this project (mLSTMsig/mLSTMexp, xl_chunk/limit_chunk)"
     install_hint = "part of tflabench: pip install -e ."
     Params = TflaParams
+
+    def chunk_size(self, params: TflaParams) -> int | None:
+        """params.chunk_size, or None for "auto" (the row gets the size run from run_plan)."""
+        return None if params.chunk_size == "auto" else int(params.chunk_size)
+
+    def run_plan(self, params: TflaParams, shape: Shape, mode: str, dtype, device: str) -> dict:
+        """{chunk_size, algorithm} from ``tfla.plan`` for the Triton kernels; {"algorithm":
+        "reference"} (and the resolved chunk size) where the PyTorch reference runs."""
+        import torch
+
+        from tfla.plan import plan, resolve_chunk
+
+        dims = (shape.batch, shape.heads, shape.seq_len)
+        q = torch.empty(*dims, shape.d_qk, dtype=dtype, device="meta")
+        v = torch.empty(*dims, shape.d_hv, dtype=dtype, device="meta")
+        grad = mode == "fwdbw"
+        if self._impl(params, device) != "triton":
+            return {"chunk_size": resolve_chunk(params.chunk_size, params.variant,
+                                                d_qk=shape.d_qk, grad=grad, dtype=dtype),
+                    "algorithm": "reference"}
+        p = plan(params.variant, q, v, chunk_size=params.chunk_size, algorithm=params.algorithm,
+                 grad=grad, normalize=params.variant == "sig" and params.normalize,
+                 device=torch.device(device))
+        return {"chunk_size": p.chunk_size, "algorithm": p.algorithm}
 
     def _impl(self, params: TflaParams, device: str | None = None) -> str:
         if params.impl != "auto":
@@ -155,7 +181,14 @@ class TflaBackend(Backend):
     def model_counts(self, params: TflaParams, shape: Shape, mode: str):
         kind = "mlstm_sig" if params.variant == "sig" else (
             "mlstm_exp_limit" if params.algorithm == "limit_chunk" else "mlstm_exp")
-        return model_counts(kind, mode, shape, L=params.chunk_size)
+        L = params.chunk_size
+        if L == "auto":
+            import torch
+
+            from tfla.plan import resolve_chunk
+            L = resolve_chunk("auto", params.variant, d_qk=shape.d_qk, grad=mode == "fwdbw",
+                              dtype=getattr(torch, shape.dtype), algorithm=params.algorithm)
+        return model_counts(kind, mode, shape, L=L)
 
 
 register(TflaBackend())

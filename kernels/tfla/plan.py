@@ -1,0 +1,121 @@
+"""``chunk_size="auto"``: which chunk size and algorithm a call of mlstm_sig / mlstm_exp runs.
+
+The rule is measured on one NVIDIA H200 (docs/kernels.md, "Tuning rules", rows C1-C3); it
+depends on the variant, the mode (gradients needed or not), the head dimensions and the
+dtype, and for mLSTMsig's forward walk on the grid (batch x heads against the SM count).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["Plan", "plan", "ALGORITHMS"]
+
+#: what ``Plan.algorithm`` can name: the paper's two-level TFLA kernels (``xl_chunk``), the
+#: forward walk of mLSTMsig (chunk states on chip, no gradients), the one-level limit_chunk
+#: kernels, and the PyTorch chunkwise reference (CPU tensors outside Triton's interpreter)
+ALGORITHMS = ("two_level", "walk", "limit_chunk", "reference")
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one call runs: ``chunk_size`` L (the size actually used, after clamping to the
+    sequence) and ``algorithm`` (one of :data:`ALGORITHMS`)."""
+
+    chunk_size: int
+    algorithm: str
+
+
+def auto_chunk(variant: str, *, d_qk: int, grad: bool, dtype=None) -> int:
+    """The chunk size L that ``chunk_size="auto"`` asks for, before clamping to S.
+
+    Rule (docs/kernels.md, Tuning rules C1-C2): with gradients, mLSTMsig in 16-bit dtypes
+    takes L 64 for d_qk <= 128 and L 128 above; without gradients L 64 where the forward walk
+    takes the call (then the walk runs, else the two-level kernels at L 128). mLSTMexp and
+    float32 keep the paper's L 128 (App. E.3).
+    """
+    import torch
+
+    half = dtype in (torch.bfloat16, torch.float16)
+    if variant == "sig" and half and d_qk <= 128:
+        return 64
+    return 128
+
+
+def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
+         grad: bool | None = None, normalize: bool = False,
+         return_last_state: bool = False, batch_heads: int | None = None,
+         device=None) -> Plan:
+    """The chunk size and algorithm that ``mlstm_sig`` (``variant="sig"``) or ``mlstm_exp``
+    (``"exp"``) runs for these arguments, without running it.
+
+    Args:
+        variant: "sig" or "exp".
+        q: a (B, NH, S, d_qk) tensor, or anything with ``.shape``, ``.dtype`` and ``.device``
+            (e.g. ``torch.empty(..., device="meta")``: nothing is read).
+        v: (B, NH, S, d_hv), likewise.
+        chunk_size: an int (a power of two >= 16) or "auto".
+        algorithm: "xl_chunk" or "limit_chunk", as the public functions take it.
+        grad: whether gradients will be needed; None reads it from ``q.requires_grad`` and
+            torch's grad mode.
+        normalize, return_last_state: as the public functions take them (mLSTMsig's walk
+            runs only without the normaliser).
+        batch_heads: B·NH if it differs from q's (default: from q.shape).
+        device: the torch.device the call runs on, if not q's (e.g. for a "meta" q).
+
+    Returns:
+        :class:`Plan` (chunk_size: int, algorithm: str).
+
+    Raises:
+        ValueError: an unknown variant or algorithm, or a chunk_size neither "auto" nor a
+            power of two >= 16.
+    """
+    import torch
+
+    from tfla.checks import check_choice
+
+    check_choice("variant", variant, ("sig", "exp"))
+    check_choice("algorithm", algorithm, ("xl_chunk", "limit_chunk"))
+    B, NH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    if grad is None:
+        grad = torch.is_grad_enabled() and bool(getattr(q, "requires_grad", False))
+    L = resolve_chunk(chunk_size, variant, d_qk=d_qk, grad=grad, dtype=q.dtype,
+                      algorithm=algorithm)
+    from tfla.triton.common import interpret_mode
+
+    device = torch.device(device) if device is not None else q.device
+    if device.type != "cuda" and not interpret_mode():
+        return Plan(L, "reference")
+    if algorithm == "limit_chunk":
+        return Plan(min(L, max(16, _p2(S))), "limit_chunk")
+    from tfla.triton.chunkwise import effective_chunk
+
+    L = effective_chunk(S, L)
+    if variant == "sig" and not (grad or normalize):
+        from tfla.triton.chunkwise import kernels
+        from tfla.triton.common import num_sms
+
+        walk = kernels()[4]
+        bnh = batch_heads if batch_heads is not None else B * NH
+        if walk.walk_config(L, d_qk, d_hv, bnh, q.dtype, num_sms(device),
+                            return_last_state) is not None:
+            return Plan(L, "walk")
+    return Plan(L, "two_level")
+
+
+def resolve_chunk(chunk_size, variant: str, *, d_qk: int, grad: bool, dtype,
+                  algorithm: str = "xl_chunk") -> int:
+    """chunk_size as given (validated) or, for "auto", :func:`auto_chunk`'s (limit_chunk:
+    64, its default)."""
+    from tfla.checks import check_chunk_size
+
+    if chunk_size == "auto":
+        if algorithm == "limit_chunk":
+            return 64
+        return auto_chunk(variant, d_qk=d_qk, grad=grad, dtype=dtype)
+    return check_chunk_size(chunk_size, minimum=16, power_of_two=True)
+
+
+def _p2(x: int) -> int:
+    return 1 << max(0, int(x) - 1).bit_length()
