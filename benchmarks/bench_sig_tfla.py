@@ -203,6 +203,8 @@ class Bench:
         import tfla
         if impl == "sig":
             return (lambda q, k, v, i, f: tfla.mlstm_sig(q, k, v, i, f, chunk_size=L)), "mlstm"
+        if impl == "sig_auto":   # chunk_size "auto" (the default): L ignored, rows say chunk 0
+            return (lambda q, k, v, i, f: tfla.mlstm_sig(q, k, v, i, f)), "mlstm"
         if impl == "sig_last":   # also the last state (C_S, n_S), as a prefill needs it
             return (lambda q, k, v, i, f: tfla.mlstm_sig(q, k, v, i, f, chunk_size=L,
                                                          return_last_state=True)[0]), "mlstm"
@@ -525,7 +527,7 @@ def main(argv=None):
                 b.breakdown(shape, L)
         for mode in modes:
             for impl in impls:
-                for L in ([64] if impl == "fla" else chunks):
+                for L in ([64] if impl == "fla" else [0] if impl == "sig_auto" else chunks):
                     b.measure(shape, impl, L, mode)
     if args.variants:
         names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")

@@ -24,8 +24,10 @@ def _qv(B=1, NH=2, S=100, d_qk=16, d_hv=32, dtype=torch.float32, device="cpu"):
     ("exp", 128, torch.bfloat16, 128),
 ])
 def test_auto_chunk_rule(variant, d_qk, dtype, want):
-    for grad in (False, True):
-        assert auto_chunk(variant, d_qk=d_qk, grad=grad, dtype=dtype) == want
+    """With gradients the rule's L; without, the two-level kernels run at L 128 (mLSTMsig
+    first tries the walk at L 64, test below)."""
+    assert auto_chunk(variant, d_qk=d_qk, grad=True, dtype=dtype) == want
+    assert auto_chunk(variant, d_qk=d_qk, grad=False, dtype=dtype) == 128
 
 
 def test_resolve_chunk_validates_and_passes_ints():
@@ -53,7 +55,8 @@ def test_plan_names_the_walk_only_without_gradients(monkeypatch):
     q, v = _qv(dtype=torch.bfloat16)
     assert tfla.plan("sig", q, v, grad=False) == tfla.Plan(64, "walk")
     assert tfla.plan("sig", q, v, grad=True) == tfla.Plan(64, "two_level")
-    assert tfla.plan("sig", q, v, grad=False, normalize=True) == tfla.Plan(64, "two_level")
+    assert tfla.plan("sig", q, v, grad=False, normalize=True) == tfla.Plan(128, "two_level")
+    assert tfla.plan("sig", q, v, grad=False, chunk_size=32) == tfla.Plan(32, "two_level")
     assert tfla.plan("exp", q, v, grad=False) == tfla.Plan(128, "two_level")
     q, v = _qv(S=20, dtype=torch.bfloat16)
     assert tfla.plan("sig", q, v, grad=True, chunk_size=256) == tfla.Plan(32, "two_level")

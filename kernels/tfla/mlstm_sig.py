@@ -59,7 +59,9 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
             not a power of two >= 16, an unknown algorithm, a head dimension above 1024.
     """
     check_choice("algorithm", algorithm, ("xl_chunk", "limit_chunk"))
-    from tfla.plan import resolve_chunk
+    from tfla.plan import WALK_CHUNK, resolve_chunk
+
+    auto = chunk_size == "auto"
 
     dims = check_qkvif(q, k, v, i, f)
     grad = _needs_grad(q, k, v, i, f, initial_state if not isinstance(initial_state, tuple)
@@ -94,7 +96,8 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
 
     L = effective_chunk(q.shape[2], chunk_size)
     if not (normalize or grad):
-        out = run_sig_walk(q, k, v, i, f, C0, n0, L, return_last_state)
+        L_walk = effective_chunk(q.shape[2], WALK_CHUNK) if auto else L
+        out = run_sig_walk(q, k, v, i, f, C0, n0, L_walk, return_last_state)
         if out is not None:
             return out
     cfg = Config.make(variant="sig", normalize=normalize, eps=EPS, L=L, limit=False)

@@ -26,18 +26,24 @@ class Plan:
     algorithm: str
 
 
+#: the chunk size at which ``chunk_size="auto"`` first tries mLSTMsig's forward walk
+WALK_CHUNK = 64
+
+
 def auto_chunk(variant: str, *, d_qk: int, grad: bool, dtype=None) -> int:
-    """The chunk size L that ``chunk_size="auto"`` asks for, before clamping to S.
+    """The chunk size L of the two-level kernels under ``chunk_size="auto"``, before
+    clamping to S.
 
     Rule (docs/kernels.md, Tuning rules C1-C2): with gradients, mLSTMsig in 16-bit dtypes
-    takes L 64 for d_qk <= 128 and L 128 above; without gradients L 64 where the forward walk
-    takes the call (then the walk runs, else the two-level kernels at L 128). mLSTMexp and
-    float32 keep the paper's L 128 (App. E.3).
+    takes L 64 for d_qk <= 128 and L 128 above; without gradients the call first tries the
+    forward walk at L :data:`WALK_CHUNK` (mlstm_sig; :func:`plan` says whether it takes the
+    call), and the two-level kernels run at L 128. mLSTMexp and float32 keep the paper's
+    L 128 (App. E.3).
     """
     import torch
 
     half = dtype in (torch.bfloat16, torch.float16)
-    if variant == "sig" and half and d_qk <= 128:
+    if variant == "sig" and half and d_qk <= 128 and grad:
         return 64
     return 128
 
@@ -91,17 +97,17 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
         return Plan(min(L, max(16, _p2(S))), "limit_chunk")
     from tfla.triton.chunkwise import effective_chunk
 
-    L = effective_chunk(S, L)
     if variant == "sig" and not (grad or normalize):
         from tfla.triton.chunkwise import kernels
         from tfla.triton.common import num_sms
 
         walk = kernels()[4]
         bnh = batch_heads if batch_heads is not None else B * NH
-        if walk.walk_config(L, d_qk, d_hv, bnh, q.dtype, num_sms(device),
+        L_walk = effective_chunk(S, WALK_CHUNK if chunk_size == "auto" else L)
+        if walk.walk_config(L_walk, d_qk, d_hv, bnh, q.dtype, num_sms(device),
                             return_last_state) is not None:
-            return Plan(L, "walk")
-    return Plan(L, "two_level")
+            return Plan(L_walk, "walk")
+    return Plan(effective_chunk(S, L), "two_level")
 
 
 def resolve_chunk(chunk_size, variant: str, *, d_qk: int, grad: bool, dtype,
