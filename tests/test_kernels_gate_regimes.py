@@ -275,6 +275,26 @@ def test_forward_kernel_defaults_by_dtype(monkeypatch):
     assert state_opts(torch.bfloat16) == (False, True)
 
 
+def test_backward_kernel_defaults_by_dtype(monkeypatch):
+    """TMA tiles (state-gradient kernel with the row scale on dH; dQ / dK / dV) are the
+    16-bit default (measured on the H200), off for float32; overrides win."""
+    from tfla.triton import chunkwise_parallel_bw, chunkwise_recurrent
+    monkeypatch.setattr(chunkwise_recurrent, "STATE_OVERRIDE", {})
+    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {})
+
+    def opts(dtype):
+        q, dh = torch.zeros(2, 64, 32, dtype=dtype), torch.zeros(2, 64, 64, dtype=dtype)
+        return chunkwise_recurrent.bw_state_options(q, dh, torch.zeros(2, 2, 32, 64, dtype=dtype),
+                                                    32, 64, 64)
+
+    assert opts(torch.bfloat16) == (True, True)
+    assert opts(torch.float32) == (False, False)
+    assert chunkwise_parallel_bw.bw_config(64, 128, 256, torch.float16)["USE_TMA"] is True
+    assert chunkwise_parallel_bw.bw_config(64, 128, 256, torch.float32)["USE_TMA"] is False
+    chunkwise_recurrent.STATE_OVERRIDE["bw_USE_TMA"] = False
+    assert opts(torch.bfloat16) == (False, True)
+
+
 def test_launch_retries_with_fewer_stages_and_remembers_the_depth():
     """common.launch (used by the forward kernels): a launch whose pipelined tiles do not fit
     in shared memory is retried with fewer stages, and the depth that fitted is kept per

@@ -187,8 +187,8 @@ BW_OVERRIDE: dict = {}
 
 
 def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
-    """Tile sizes of the xl_chunk backward kernels (heuristic, docs/kernels.md, tuning rule B2: not
-    measured)."""
+    """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B3);
+    USE_TMA: tiles and stores through tensor descriptors, on for 16-bit inputs."""
     fp32 = dtype == torch.float32
     b_l = min(64, L)
     cap = 64 if fp32 else 128
@@ -196,7 +196,7 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
         B_LQ=b_l, B_LKV=b_l,
         B_DQK=max(16, min(cap, _p2(d_qk))),
         B_DHV=max(16, min(cap, _p2(d_hv))),
-        num_warps=4, num_stages=2, USE_TMA=False,
+        num_warps=4, num_stages=2, USE_TMA=dtype in (torch.bfloat16, torch.float16),
     )
     cfg.update(BW_OVERRIDE)
     cfg["B_LQ"] = min(cfg["B_LQ"], L)

@@ -439,11 +439,14 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
 
 
 def bw_state_options(q, dh, dC_st, b_qk: int, b_hv: int, P: int) -> tuple[bool, bool]:
-    """(USE_TMA, SCALE_DH) of the backward state kernel: off unless STATE_OVERRIDE's keys
-    ``bw_USE_TMA`` / ``bw_SCALE_DH`` say otherwise (TMA only where the tensors allow it)."""
-    use_tma = STATE_OVERRIDE.get("bw_USE_TMA", False) and can_use_tma(
+    """(USE_TMA, SCALE_DH) of the backward state kernel: both on for 16-bit inputs (TMA only
+    where the tensors allow it), off for fp32 (not measured there); STATE_OVERRIDE's keys
+    ``bw_USE_TMA`` / ``bw_SCALE_DH`` win. Measured on the H200 (docs/kernels.md, Tuning
+    rules B3)."""
+    half = q.dtype in (torch.bfloat16, torch.float16)
+    use_tma = STATE_OVERRIDE.get("bw_USE_TMA", half) and can_use_tma(
         q, dh, dC_st, blocks=(P, b_qk, b_hv))
-    return bool(use_tma), bool(STATE_OVERRIDE.get("bw_SCALE_DH", False))
+    return bool(use_tma), bool(STATE_OVERRIDE.get("bw_SCALE_DH", half))
 
 
 def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: bool,
