@@ -34,17 +34,13 @@ def auto_chunk(variant: str, *, d_qk: int, grad: bool, dtype=None) -> int:
     """The chunk size L of the two-level kernels under ``chunk_size="auto"``, before
     clamping to S.
 
-    Rule (docs/kernels.md, Tuning rules C1-C2): with gradients, mLSTMsig in 16-bit dtypes
-    takes L 64 for d_qk <= 128 and L 128 above; without gradients the call first tries the
-    forward walk at L :data:`WALK_CHUNK` (mlstm_sig; :func:`plan` says whether it takes the
-    call), and the two-level kernels run at L 128. mLSTMexp and float32 keep the paper's
-    L 128 (App. E.3).
+    Rule (docs/kernels.md, Tuning rules C1-C2): the two-level kernels run at L 128 in
+    every mode, variant, head size and dtype. With gradients, mLSTMsig at d_qk <= 128 ran
+    fwd+bwd about 7-12 % faster at L 64 but needed about 1.6x the peak memory (twice the
+    chunk states kept for the backward), so L 64 is not taken there; without gradients
+    mLSTMsig first tries the forward walk at L :data:`WALK_CHUNK` (:func:`plan` says whether
+    it takes the call). ``variant``, ``d_qk``, ``grad`` and ``dtype`` are the rule's inputs.
     """
-    import torch
-
-    half = dtype in (torch.bfloat16, torch.float16)
-    if variant == "sig" and half and d_qk <= 128 and grad:
-        return 64
     return 128
 
 
