@@ -27,6 +27,7 @@ too). Method (paper App. E.3; ``docs/harness.md``):
 from __future__ import annotations
 
 import dataclasses
+import gc
 import json
 import time
 from typing import Any, Callable
@@ -119,6 +120,18 @@ def time_callable(
     """
     if iterations < 1:
         raise ValueError(f"iterations: got {iterations}; allowed: >= 1")
+    collecting = gc.isenabled()
+    gc.disable()  # as timeit: a garbage collection must not land inside a timed call
+    try:
+        return _time_calls(fn, device=device, warmup=warmup, iterations=iterations, flush_l2=flush_l2,
+                           before_each=before_each, sync_each=sync_each)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _time_calls(fn, *, device, warmup, iterations, flush_l2, before_each, sync_each) -> list[float]:
+    """:func:`time_callable`'s loop (garbage collection already off)."""
     for _ in range(warmup):
         if before_each is not None:
             before_each()
