@@ -26,6 +26,6 @@ fi
 resume=()
 if [ -n "${RESUME:-}" ]; then resume=(--resume "$RESUME"); fi
 timeout --signal=TERM "${LIMIT_S:-520}" python3 -m tflabench run suites/h100_7b.yaml --no-progress \
-  --only 'GLA (FLA chunk)' --only 'Simple GLA (FLA chunk)' --max-kernel-failures 0 "${resume[@]}" 2>&1 | tee "$OUT/run.log"
+  --only 'GLA (FLA chunk),Simple GLA (FLA chunk)' --max-kernel-failures 0 "${resume[@]}" 2>&1 | tee "$OUT/run.log"
 python3 -m tflabench.triton_cache pack "$TRITON_CACHE_DIR" results/triton-autotune
 tar czf "$OUT/results.tgz" results

@@ -41,8 +41,8 @@ for shape in ${SHAPES:-dhv512 fig4}; do
   esac
   if [ "$(left)" -lt 30 ]; then echo "skipped $shape: out of time (rerun with SHAPES=$shape)" | tee -a "$OUT/skipped.log"; continue; fi
   timeout --signal=TERM "$(left)" python3 -m tflabench optimal-chunk --measure \
-    --kernel ours --kernel mlstm_kernels "${args[@]}" -L 64,128,256,512,1024 --modes fwd,fwdbw \
-    --no-progress --results-root results --out "$OUT/optimal_chunk_$shape.png" 2>&1 | tee "$OUT/$shape.log"
+    --kernel ours,mlstm_kernels "${args[@]}" -L 64,128,256,512,1024 --mode fwd,fwdbw \
+    --no-progress --out results 2>&1 | tee "$OUT/$shape.log"
 done
 python3 -m tflabench.triton_cache pack "$TRITON_CACHE_DIR" results/triton-autotune
 cp -r ~/.config/tflabench "$OUT/tflabench-config" 2>/dev/null

@@ -36,7 +36,7 @@ suite["timing"].update(warmup=2, iterations=5)
 open("/tmp/h100_7b_gate.yaml", "w").write(yaml.safe_dump(suite, sort_keys=False))
 PY
 timeout --signal=TERM "${GATE_LIMIT_S:-140}" python3 -m tflabench run /tmp/h100_7b_gate.yaml --no-progress \
-  --no-plots --only 'mLSTM*' --only 'FlashAttention 3' --only '*SDPA*' --only 'Simple GLA*' --only 'Mamba 2*' \
+  --no-plots --only 'mLSTM*,FlashAttention 3,*SDPA*,Simple GLA*,Mamba 2*' \
   2>&1 | tee "$OUT/gate.log"
 python3 - <<'PY' 2>&1 | tee "$OUT/gate_tensors.log"
 # every tensor's error beside its budget, per kernel and mode (issue 15's closing note)
@@ -51,7 +51,7 @@ PY
 
 # 2. verify: mLSTM (ours and the peer), FLA simple GLA, Mamba 2 at bf16
 timeout --signal=TERM "${VERIFY_LIMIT_S:-220}" python3 -m tflabench verify suites/h100_7b.yaml --no-progress \
-  --only 'mLSTM*' --only 'Simple GLA*' --only 'Mamba 2*' --dtype bfloat16 2>&1 | tee "$OUT/verify.log"
+  --only 'mLSTM*,Simple GLA*,Mamba 2*' --dtype bfloat16 2>&1 | tee "$OUT/verify.log"
 dir=$(ls -d results/h100_7b-verify/* 2>/dev/null | tail -1)
 if [ -n "$dir" ]; then
   python3 -m tflabench report "$dir" 2>&1 | tee "$OUT/verify_report.log"

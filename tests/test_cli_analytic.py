@@ -105,8 +105,8 @@ def _result_set(tmp_path):
 
 def test_roofline_json_points_plot_and_measured_points(tmp_path):
     rs = _result_set(tmp_path)
-    d = run_json("roofline", "--gpu", "h100", "--gpu", "h200", "-L", "64,128,256", "--results", str(rs),
-                 "--out", str(tmp_path / "roof.png"))
+    d = run_json("roofline", "--gpu", "h100,h200", "-L", "64,128,256", "--results", str(rs),
+                 "--out", str(tmp_path / "figs"))
     assert [g["key"] for g in d["gpus"]] == ["h100", "h200"]
     assert len(d["points"]) == 6
     p = next(p for p in d["points"] if p["gpu"] == "h100" and p["L"] == 256)
@@ -117,8 +117,10 @@ def test_roofline_json_points_plot_and_measured_points(tmp_path):
     assert close_printed(p["sum_form_ms"], "1.781")  # O4 eq. 116 at L = 256
     assert len(d["measured"]) == 3  # the crash row is left out
     assert close_printed(max(m["flops_per_s"] for m in d["measured"]), "6.5495e13")  # O6 FLOP/s at L = 256
-    plot = tmp_path / "roof.png"
-    assert d["plot"] == str(plot) and plot.stat().st_size > 10_000
+    plot = tmp_path / "figs" / "roofline_h100_h200_sig_fwd.png"
+    assert d["plot"] == str(plot.resolve()) and plot.stat().st_size > 10_000
+    measured = tmp_path / "figs" / "roofline_h100_h200_sig_fwd_measured.png"
+    assert d["measured_plot"] == str(measured.resolve()) and measured.stat().st_size > 10_000
 
 
 def test_roofline_default_writes_png_under_results_plots_and_prints_the_path(tmp_path):
@@ -126,21 +128,24 @@ def test_roofline_default_writes_png_under_results_plots_and_prints_the_path(tmp
     assert r.exit_code == 0, r.stderr
     files = list((tmp_path / "results" / "plots").glob("roofline_*.png"))
     assert len(files) == 1 and files[0].stat().st_size > 10_000
-    assert str(files[0].relative_to(tmp_path)) in r.stdout
+    assert f"plot: {files[0].resolve()}" in r.stdout.replace("\n", "")  # where it wrote, absolute
     assert "FlashAttn" in r.stdout and "compute" in r.stdout and "memory" in r.stdout
 
 
 def test_roofline_measured_ceilings_svg_and_fwdbw(tmp_path):
     d = run_json("roofline", "--gpu", "h200", "--ceilings", "measured", "--mode", "fwdbw", "-L", "128",
-                 "--out", str(tmp_path / "r.svg"))
+                 "--out", str(tmp_path), "--figure-format", "svg")
     assert d["gpus"][0]["flops_per_s"] == 772e12 and d["gpus"][0]["ceilings"] == "measured"
-    assert (tmp_path / "r.svg").read_text().lstrip().startswith("<?xml")
+    assert (tmp_path / "roofline_h200_sig_fwdbw.svg").read_text().lstrip().startswith("<?xml")
+    # auto (the default everywhere): measured where recorded (the H200), datasheet elsewhere
+    d = run_json("roofline", "--gpu", "h200,h100", "--no-plots", "-L", "128")
+    assert [g["ceilings"] for g in d["gpus"]] == ["measured", "datasheet"]
 
 
 def test_roofline_and_intensity_drop_default_chunk_sizes_longer_than_the_sequence():
-    d = run_json("roofline", "-T", "512", "--no-plot")
+    d = run_json("roofline", "-T", "512", "--no-plots")
     assert sorted({p["L"] for p in d["points"]}) == [64, 128, 256, 512]
-    d = run_json("intensity", "-T", "100", "--no-plot")
+    d = run_json("intensity", "-T", "100", "--no-plots")
     assert set(d["curves"][0]["intensity"]) == {"16", "32", "64"}
 
 
@@ -149,7 +154,8 @@ def test_roofline_and_intensity_drop_default_chunk_sizes_longer_than_the_sequenc
 
 def test_intensity_json_values_crossings_and_plot_O5(tmp_path):
     d = run_json("intensity", "--dhv", "512", "--state-bytes", "4,2", "--causal-factor", "0.5,1",
-                 "-L", "16,64,256,1024,4096", "--counts", "paper", "--out", str(tmp_path / "i.pdf"))
+                 "-L", "16,64,256,1024,4096", "--counts", "paper", "--out", str(tmp_path), "--figure-format", "pdf",
+                 "--ceilings", "datasheet")
     curves = {(c["bytes_Cmn"], c["F_causal"]): c for c in d["curves"]}
     assert set(curves) == {(4, 0.5), (4, 1.0), (2, 0.5), (2, 1.0)}
     for (sb, fc), Is, cross in (((4, 0.5), "7.9 27.6 83.1 233.4 756.9", "487.5 630.5 1375.9 1358.6"),
@@ -159,7 +165,7 @@ def test_intensity_json_values_crossings_and_plot_O5(tmp_path):
             assert close_printed(c["intensity"][str(L)], v)
         for g, v in zip(("v100", "a100", "h100", "b200"), cross.split()):
             assert close_printed(c["L_at_I_acc"][g], v)
-    assert (tmp_path / "i.pdf").read_bytes()[:4] == b"%PDF"
+    assert (tmp_path / "intensity_sig_dhv512.pdf").read_bytes()[:4] == b"%PDF"
 
 
 def test_intensity_table_and_default_plot(tmp_path):
@@ -174,7 +180,7 @@ def test_intensity_table_and_default_plot(tmp_path):
 
 
 def test_optimal_chunk_json_O2_O3_O4():
-    d = run_json("optimal-chunk", "--dhv", "128,512", "--gpu", "h100", "--gpu", "v100", "--counts", "paper")
+    d = run_json("optimal-chunk", "--dhv", "128,512", "--gpu", "h100,v100", "--counts", "paper", "--no-plots")
     res = {(r["gpu"], r["d_hv"]): r for r in d["results"]}
     assert close_printed(res[("h100", 512)]["L_opt_flop"], "16.042")  # O2
     assert close_printed(res[("h100", 512)]["L_opt_runtime"], "551.48")  # O3
@@ -190,17 +196,20 @@ def test_optimal_chunk_json_O2_O3_O4():
 
 
 def test_optimal_chunk_table_and_plot(tmp_path):
-    r = run("optimal-chunk", "--dhv", "512", "--gpu", "h100", "--plot", "--out", str(tmp_path / "o.png"))
+    r = run("optimal-chunk", "--dhv", "512", "--gpu", "h100", "--out", str(tmp_path / "o"))
     assert r.exit_code == 0, r.stderr
     assert "h100" in r.stdout and "551" in r.stdout and "512" in r.stdout
-    assert (tmp_path / "o.png").stat().st_size > 10_000
+    assert (tmp_path / "o" / "optimal_chunk_sig.png").stat().st_size > 10_000  # drawn by default, as everywhere
 
 
 def test_optimal_chunk_state_bytes_and_measured_h200_section_5():
-    d = run_json("optimal-chunk", "--gpu", "h200", "--counts", "paper", "--causal-factor", "0.5")
+    d = run_json("optimal-chunk", "--gpu", "h200", "--counts", "paper", "--causal-factor", "0.5", "--no-plots",
+                 "--ceilings", "datasheet")
     assert close_printed(d["results"][0]["L_opt_runtime"], "529.34")  # §5 H200 datasheet, F_c .5
-    d2 = run_json("optimal-chunk", "--gpu", "h100", "--state-bytes", "2", "--counts", "paper")
-    assert close_printed(d2["results"][0]["L_opt_runtime"], "390.12")  # O3 bytes_Cmn 2
+    d2 = run_json("optimal-chunk", "--gpu", "h100", "--state-bytes", "4,2", "--counts", "paper", "--no-plots")
+    by_state = {r["bytes_Cmn"]: r for r in d2["results"]}
+    assert close_printed(by_state[2]["L_opt_runtime"], "390.12")  # O3 bytes_Cmn 2
+    assert close_printed(by_state[4]["L_opt_runtime"], "551.48")  # O3 bytes_Cmn 4
 
 
 # ------------------------------------------------------------------ gpus
@@ -224,7 +233,7 @@ def test_hardware_file_from_environment_is_used(tmp_path, monkeypatch):
     f = tmp_path / "hw.yaml"
     f.write_text("gpus:\n  h100: {measured: {flops_per_s: 7.0e+14, bytes_per_s: 3.0e+12, note: mine}}\n")
     monkeypatch.setenv("TFLABENCH_HARDWARE", str(f))
-    d = run_json("roofline", "--gpu", "h100", "--ceilings", "measured", "--no-plot", "-L", "64")
+    d = run_json("roofline", "--gpu", "h100", "--ceilings", "measured", "--no-plots", "-L", "64")
     assert d["gpus"][0]["flops_per_s"] == 7.0e14
 
 
@@ -257,7 +266,11 @@ BAD = [
     (["intensity", "--causal-factor", "0.66,1.5"], "--causal-factor"),
     (["optimal-chunk", "--dhv", "0"], "--dhv"),
     (["optimal-chunk", "--pqk", "0"], "--pqk"),
-    (["optimal-chunk", "--gpu", "h100", "--gpu", "nope"], "known"),
+    (["optimal-chunk", "--gpu", "h100,nope"], "known"),
+    (["optimal-chunk", "--gpu", "h100", "--gpu", "h200"], "--gpu given 2 times; give one comma-separated list"),
+    (["intensity", "--state-bytes", "4,x"], "e.g. 4,2"),
+    (["roofline", "--mode", "fwd,bwd"], "--mode"),
+    (["roofline", "--figure-format", "jpg"], "--figure-format"),
     (["optimal-chunk", "--variant", "lstm"], "--variant"),
     (["gpus", "--ceilings", "x"], "--ceilings"),
 ]
@@ -278,25 +291,25 @@ def test_unreadable_hardware_file_gives_exit_2_one_line(tmp_path, content):
     f = tmp_path / "hw.yaml"
     if content is not None:
         f.write_text(content)
-    for cmd in (["gpus"], ["roofline", "--no-plot"], ["optimal-chunk"], ["intensity", "--no-plot"]):
+    for cmd in (["gpus"], ["roofline", "--no-plots"], ["optimal-chunk", "--no-plots"], ["intensity", "--no-plots"]):
         r = run(*cmd, "--hardware", str(f))
         assert r.exit_code == 2
         lines = r.stderr.strip().splitlines()
         assert len(lines) == 1 and "hardware file" in lines[0] and str(f) in lines[0]
 
 
-def test_unwritable_plot_path_is_a_user_error(tmp_path):
+def test_unwritable_plot_directory_is_a_user_error(tmp_path):
     (tmp_path / "blocker").write_text("x")
-    r = run("intensity", "--out", str(tmp_path / "blocker" / "sub" / "i.png"))
+    r = run("intensity", "--out", str(tmp_path / "blocker" / "sub"))
     assert r.exit_code == 2 and r.stderr.startswith("error: ")
-    r = run("intensity", "--out", str(tmp_path / "i.jpg"))
-    assert r.exit_code == 2 and ".jpg" in r.stderr
+    r = run("intensity", "--out", str(tmp_path / "blocker"))
+    assert r.exit_code == 2 and "--out" in r.stderr and "is a file" in r.stderr
 
 
 # ------------------------------------------------------------------ cold start
 
 
-@pytest.mark.parametrize("args", [["optimal-chunk", "--dhv", "512"], ["flops", "-L", "256"], ["gpus"]])
+@pytest.mark.parametrize("args", [["optimal-chunk", "--dhv", "512", "--no-plots"], ["flops", "-L", "256"], ["gpus"]])
 def test_number_only_commands_import_no_torch_matplotlib_or_pandas(args):
     code = (
         "import sys\n"

@@ -4,6 +4,7 @@ help reads: every table column kept, plain metavars, nothing cut."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -74,3 +75,68 @@ def test_help_of_every_command_reads_plainly_and_is_not_cut():
             for opt in param.opts + param.secondary_opts:
                 if opt.startswith("--"):
                     assert opt in text, (name, opt)
+
+
+# ------------------------------------------------------------------ the README against --help
+
+
+README = ROOT / "README.md"
+
+
+def _options_of(command: str) -> set[str]:
+    cmd = get_command(app).commands[command]
+    return {opt for p in cmd.params for opt in (*p.opts, *p.secondary_opts) if opt.startswith("-")}
+
+
+def _help_text(command: str) -> str:
+    result = CliRunner().invoke(app, [command, "--help"])
+    assert result.exit_code == 0, command
+    return result.output
+
+
+def _readme_command_lines() -> list[tuple[str, list[str]]]:
+    """Every `tflabench CMD ...` the README shows (code blocks and inline code): (CMD, its options)."""
+    text = README.read_text(encoding="utf-8")
+    snippets = []
+    for block in re.findall(r"```(?:bash)?\n(.*?)```", text, flags=re.S):
+        snippets += [line.split("#", 1)[0] for line in block.splitlines()]
+    snippets += re.findall(r"`(tflabench [^`]*)`", text)
+    commands = set(get_command(app).commands)
+    found = []
+    for snippet in snippets:
+        for part in re.split(r"&&|;|\|", snippet):
+            words = part.split()
+            if len(words) >= 2 and words[0] == "tflabench" and words[1] in commands:
+                found.append((words[1], [w for w in words[2:] if re.match(r"^--?[a-zA-Z]", w)]))
+    return found
+
+
+def test_every_option_the_readme_shows_exists_in_that_commands_help():
+    lines = _readme_command_lines()
+    assert len(lines) >= 20  # the tour, the benchmarks, CI
+    helps = {}
+    for command, options in lines:
+        known = _options_of(command)
+        help_text = helps.setdefault(command, _help_text(command))
+        for option in options:
+            name = option.split("=", 1)[0]
+            assert name in known and name in help_text, f"README: tflabench {command} {name}"
+
+
+def test_the_readmes_option_table_matches_each_analytic_command():
+    text = README.read_text(encoding="utf-8")
+    header = next(line for line in text.splitlines() if line.startswith("| option | meaning |"))
+    commands = [c.strip() for c in header.strip("|").split("|")[2:]]
+    assert commands == ["flops", "roofline", "intensity", "optimal-chunk"]
+    rows = [line for line in text.splitlines() if re.match(r"^\| `-", line)]
+    assert len(rows) >= 12
+    for row in rows:
+        cells = [c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
+        options = re.findall(r"`(-[-a-zA-Z]+)`", cells[0])
+        for command, mark in zip(commands, cells[2:]):
+            known = _options_of(command)
+            for option in options:
+                if mark == "✓":
+                    assert option in known and option in _help_text(command), f"{command} lacks {option}"
+                else:
+                    assert option not in known, f"README says {command} has no {option}, but it does"

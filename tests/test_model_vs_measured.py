@@ -254,15 +254,15 @@ def test_report_html_refuses_a_non_html_name_in_one_line(tmp_path):
 def test_roofline_results_places_points_at_their_own_shapes(tmp_path):
     directory = _sweep_set(tmp_path)
     result = runner.invoke(app, ["roofline", "--gpu", "h200", "--results", str(directory), "--out",
-                                 str(tmp_path / "roof.png"), "--json"])
+                                 str(tmp_path), "--json", "--ceilings", "datasheet"])
     assert result.exit_code == 0, result.output
     d = json.loads(result.stdout)
     assert len(d["placement"]) == 5 and d["distance_to_bound"][0]["n"] == 5
     assert {p["case"] for p in d["placement"]} == {f"B8 S8192 NH8 d256/512 L{L}" for L in H100_FWD_MS}
     for p in d["placement"]:   # each bound at its own intensity (datasheet H200)
         assert p["bound_flops_per_s"] == pytest.approx(min(4.8e12 * p["intensity_flop_per_byte"], 989e12))
-    assert d["measured_plot"].endswith("roof_measured.png")
-    assert (tmp_path / "roof_measured.png").read_bytes()[:4] == b"\x89PNG"
+    assert d["measured_plot"] == str((tmp_path / "roofline_h200_sig_fwd_measured.png").resolve())
+    assert (tmp_path / "roofline_h200_sig_fwd_measured.png").read_bytes()[:4] == b"\x89PNG"
 
 
 # ------------------------------------------------------------------ optimal-chunk --measure
@@ -272,7 +272,7 @@ def test_optimal_chunk_measure_refuses_without_a_gpu_in_one_line(tmp_path, monke
     import torch
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    result = runner.invoke(app, ["optimal-chunk", "--measure", "--results-root", str(tmp_path)])
+    result = runner.invoke(app, ["optimal-chunk", "--measure", "--out", str(tmp_path)])
     assert result.exit_code == 2 and "Traceback" not in result.output
     err = result.stderr.strip()
     assert err.startswith("error: optimal-chunk --measure needs a CUDA GPU") and len(err.splitlines()) == 1
@@ -281,10 +281,10 @@ def test_optimal_chunk_measure_refuses_without_a_gpu_in_one_line(tmp_path, monke
 
 @pytest.mark.parametrize("args, text", [
     (["--kernel", "not a kernel"], "--kernel="),
-    (["--dhv", "256,512"], "one d_hv"),
+    (["--dhv", "256,512"], "--measure sweeps one shape; give one value"),
     (["-L", "128"], "two or more chunk sizes"),
     (["-L", "64,3000"], "--chunk-size=3000"),
-    (["--modes", "bwd"], "--modes="),
+    (["--mode", "bwd"], "--mode="),
 ])
 def test_optimal_chunk_measure_bad_input_exits_2(args, text):
     result = runner.invoke(app, ["optimal-chunk", "--measure", *args])
@@ -351,12 +351,12 @@ def test_measured_sweep_rendering_names_both_optima_and_the_ratio(tmp_path, caps
     rows = [_row(L=L, ms=ms, peak=2**30) for L, ms in H100_FWD_MS.items()]
     rs = R.load_results(R.write_results(tmp_path / "set", rows, {"suite": "sweep", "gpu_name": "NVIDIA H100 80GB HBM3"}))
     _show_measured_sweep(rs, None, gpu=None, ceilings="auto", hardware=None, F_causal=0.66, counts="paper",
-                         bytes_Cmn=4, out=tmp_path / "fig.png", as_json=False)
+                         bytes_Cmn=4, plot_dir=tmp_path, figure_format="png", as_json=False)
     text = capsys.readouterr().out
     assert "measured optimum L=256" in text and "model L=551" in text        # §7 and O3
     assert "datasheet ceilings" in text                # the H100 has no measured ceilings recorded
-    assert (tmp_path / "fig.png").read_bytes()[:4] == b"\x89PNG"
+    assert (tmp_path / "optimal_chunk_measured.png").read_bytes()[:4] == b"\x89PNG"
     _show_measured_sweep(rs, None, gpu="h100", ceilings="datasheet", hardware=None, F_causal=0.66, counts="paper",
-                         bytes_Cmn=4, out=None, as_json=True)
+                         bytes_Cmn=4, plot_dir=None, figure_format="png", as_json=True)
     d = json.loads(capsys.readouterr().out)
     assert d["sweeps"][0]["measured_L_opt"] == 256 and d["gpu"]["key"] == "h100"

@@ -166,7 +166,7 @@ def test_our_kernels_pass_verify_at_closed_forget_gates(tmp_path, monkeypatch):
     # before df was judged against its summand scale: df "error" 0.57 to 39 (docs/numerics.md)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     result = CliRunner().invoke(app, ["verify", str(ROOT / "suites/verify_cpu.yaml"), "--regime", "f_closed",
-                                      "--only", "*ours*", "--seq-len", "9", "--seq-len", "32",
+                                      "--only", "*ours*", "--seq-len", "9,32",
                                       "--initial-state", "yes", "--out", str(tmp_path), "--no-progress",
                                       "--no-plots"])
     assert result.exit_code == 0, result.output

@@ -11,6 +11,10 @@ from tflabench.errors import UserError
 from tflabench.hardware import get_gpu
 
 
+#: An example value of each list option, for its error message.
+EXAMPLES = {"--state-bytes": "4,2", "--causal-factor": "0.5,0.66,1", "--dhv": "256,512", "--chunk-size": "64,128,256"}
+
+
 def parse_list(name: str, text, kind=float) -> list:
     """``'64,128,256'`` (or a list of such strings) -> ``[64, 128, 256]``; ``kind`` int
     refuses non-integers. Raises UserError naming option ``name`` for a bad item or an
@@ -33,7 +37,8 @@ def parse_list(name: str, text, kind=float) -> list:
                 v = int(v)
         except ValueError:
             what = "integers" if kind is int else "numbers"
-            raise UserError(f"{name}={text!r} is not valid; give comma-separated {what}, e.g. 64,128,256") from None
+            raise UserError(f"{name}={text!r} is not valid; give comma-separated {what}, "
+                            f"e.g. {EXAMPLES.get(name, '64,128,256')}") from None
         out.append(v)
     if not out:
         raise UserError(f"{name}={text!r} is empty; give at least one value")
@@ -94,9 +99,9 @@ def counted_shape(formulation: str, mode: str, L: int, T: int, pad: bool) -> Non
 
 
 def gpus(names, ceilings: str, hardware):
-    """The catalogue GPUs named (``--gpu``) with ``--ceilings`` datasheet or measured
-    (:func:`tflabench.hardware.get_gpu`; ``hardware``: a user YAML or None)."""
-    one_of("--ceilings", ceilings, ("datasheet", "measured"))
+    """The catalogue GPUs named (``--gpu``'s items) with ``--ceilings`` auto, datasheet or
+    measured (:func:`tflabench.hardware.get_gpu`; ``hardware``: a user YAML or None)."""
+    one_of("--ceilings", ceilings, ("auto", "datasheet", "measured"))
     return [get_gpu(n, ceilings=ceilings, hardware_file=hardware) for n in names]
 
 

@@ -78,7 +78,7 @@ class SweepSpec:
         self.chunk_sizes = tuple(Ls)
         for m in self.modes:
             if m not in ("fwd", "fwdbw"):
-                raise UserError(f"--modes={','.join(self.modes)!r} is not valid; allowed: fwd, fwdbw")
+                raise UserError(f"--mode={','.join(self.modes)!r} is not valid; allowed: fwd, fwdbw")
         if self.dtype not in ("bfloat16", "float16", "float32", "float64"):
             raise UserError(f"--dtype={self.dtype!r} is not valid; allowed: bfloat16|float16|float32|float64")
         return self

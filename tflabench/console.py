@@ -1,9 +1,9 @@
 """The one rich Console every command prints through (tables, lines, progress).
 
 On a terminal a Console takes the terminal's width. Elsewhere (output redirected to a
-file, a pipe, a CI log) rich assumes 80 columns unless ``COLUMNS`` says otherwise, and a
-table wider than that loses columns; so there the Console is :data:`WIDE` columns wide,
-enough for every table tflabench prints. ``COLUMNS`` set by the user always wins.
+file, a pipe, a CI log) rich assumes 80 columns (or ``COLUMNS``), and a table wider than
+that loses columns; so there the Console is at least :data:`WIDE` columns wide, enough for
+every table tflabench prints (a wider ``COLUMNS`` is kept).
 Markdown and JSON are written as plain text and never pass through here.
 """
 
@@ -16,17 +16,18 @@ import sys
 WIDE = 250
 
 
-def output_width(stderr: bool = False) -> int | None:
-    """The width a Console should use: None (rich decides: the terminal's, or ``COLUMNS``)
-    on a terminal or with ``COLUMNS`` set; :data:`WIDE` otherwise."""
+def output_width(stderr: bool = False, least: int = WIDE) -> int | None:
+    """The width a Console should use: None on a terminal (rich takes the terminal's);
+    elsewhere the larger of ``least`` and ``COLUMNS``."""
     stream = sys.stderr if stderr else sys.stdout
     try:
         interactive = stream.isatty()
     except (AttributeError, ValueError):  # a closed or replaced stream
         interactive = False
-    if interactive or os.environ.get("COLUMNS"):
+    if interactive:
         return None
-    return WIDE
+    columns = os.environ.get("COLUMNS", "")
+    return max(least, int(columns)) if columns.isdigit() else least
 
 
 def make_console(stderr: bool = False):

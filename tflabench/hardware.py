@@ -34,7 +34,8 @@ from pathlib import Path
 from tflabench.errors import UserError
 from tflabench.results import check_plain_name
 
-CEILINGS = ("datasheet", "measured")
+#: Which ceilings: auto (measured where recorded, else datasheet), datasheet, measured.
+CEILINGS = ("auto", "datasheet", "measured")
 ENV_VAR = "TFLABENCH_HARDWARE"
 DEFAULT_FILE = Path("~/.config/tflabench/gpus.yaml")
 
@@ -305,7 +306,8 @@ def get_gpu(name: str, ceilings: str = "datasheet", hardware_file=None) -> GPU:
 
     Args:
         name: catalogue key, alias or name.
-        ceilings: ``"datasheet"`` or ``"measured"``.
+        ceilings: ``"datasheet"``, ``"measured"``, or ``"auto"`` (measured where the GPU has
+            measured ceilings, else datasheet).
         hardware_file: user YAML (else TFLABENCH_HARDWARE or ~/.config/tflabench/gpus.yaml).
 
     Returns:
@@ -323,6 +325,8 @@ def get_gpu(name: str, ceilings: str = "datasheet", hardware_file=None) -> GPU:
         raise UserError(f"--gpu={name!r} is not a known GPU; known: {', '.join(gpus)} "
                         "(add one in a hardware YAML file: --hardware FILE)")
     g = gpus[key]
+    if ceilings == "auto":
+        ceilings = "measured" if g.has_measured else "datasheet"
     if ceilings == "measured" and not g.has_measured:
         raise UserError(f"GPU {key!r} has no measured ceilings; run `tflabench calibrate` on it "
                         "(or use --ceilings datasheet)")
@@ -387,13 +391,14 @@ def save_measured(key: str, flops_per_s: float, bytes_per_s: float, note: str,
 
 
 def list_gpus(ceilings: str = "datasheet", hardware_file=None) -> list[GPU]:
-    """All GPUs of the merged catalogue; with ``ceilings="measured"`` those without measured
-    ceilings keep their datasheet values (their ``ceilings`` field says which)."""
+    """All GPUs of the merged catalogue; with ``ceilings="measured"`` or ``"auto"`` those
+    without measured ceilings keep their datasheet values (their ``ceilings`` field says
+    which)."""
     if ceilings not in CEILINGS:
         raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: {', '.join(CEILINGS)}")
     out = []
     for g in catalogue(hardware_file).values():
-        want = ceilings if (ceilings == "datasheet" or g.has_measured) else "datasheet"
+        want = "measured" if (ceilings != "datasheet" and g.has_measured) else "datasheet"
         if want == "datasheet" and g.datasheet_flops_per_s is None:
             want = "measured"
         out.append(replace(g, ceilings=want))

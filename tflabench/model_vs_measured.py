@@ -381,9 +381,6 @@ def ceilings_for(metadata: dict, ceilings: str = "auto", gpu: str | None = None,
         if name is None:
             raise UserError(f"GPU {gpu_name!r} of the result set is not in the catalogue; add it in a "
                             "hardware YAML file (--hardware FILE) or name one with --gpu")
-    if ceilings == "auto":
-        g = hardware.get_gpu(name, hardware_file=hardware_file)
-        return hardware.get_gpu(name, "measured" if g.has_measured else "datasheet", hardware_file=hardware_file)
     return hardware.get_gpu(name, ceilings, hardware_file=hardware_file)
 
 

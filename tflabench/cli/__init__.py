@@ -52,7 +52,9 @@ def _plain_metavar(param) -> str:
         return "|".join(map(str, desc.choices))
     if desc.is_path:
         return "PATH"
-    annotation = get_args(desc.annotation)[0] if desc.is_list and get_args(desc.annotation) else desc.annotation
+    if desc.is_list:  # a comma list (declared repeatable only to refuse the repeated spelling)
+        return "LIST"
+    annotation = desc.annotation
     if annotation is bool:
         return ""
     return {int: "N", float: "NUMBER"}.get(annotation, "TEXT")
@@ -88,8 +90,8 @@ class _PlainHelp:
         self.help = _unwrap(self.help)
         _plain_params(self.get_params(ctx))  # --help itself is added here
         previous = rich_utils.MAX_WIDTH
-        if previous is None and output_width() is not None:
-            rich_utils.MAX_WIDTH = HELP_WIDTH
+        if previous is None:  # no terminal: wide enough that nothing is cut
+            rich_utils.MAX_WIDTH = output_width(least=HELP_WIDTH)
         try:
             return super().format_help(ctx, formatter)
         finally:
@@ -150,6 +152,53 @@ def user_errors():
     except UserError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
+
+
+# ------------------------------------------------------------------ one convention per concept
+#
+# Every command spells a concept the same way: a figure switch is --plots/--no-plots (on);
+# a list is one comma-separated value (--gpu h100,h200); --out is the directory a command
+# writes into; --ceilings is auto|datasheet|measured (auto); --mode is fwd, fwdbw or both.
+
+CEILINGS_HELP = ("Roofline ceilings: auto (measured where recorded, by `tflabench calibrate` or a hardware "
+                 "file, else datasheet), datasheet or measured.")
+
+
+def plots_option(help: str = "Draw the figures.") -> bool:
+    """The figure switch of every command that draws: ``--plots/--no-plots``, on."""
+    return typer.Option(True, "--plots/--no-plots", help=help)
+
+
+def ceilings_option() -> str:
+    """``--ceilings auto|datasheet|measured``, default auto, the same in every command."""
+    return typer.Option("auto", "--ceilings", help=CEILINGS_HELP, metavar="auto|datasheet|measured")
+
+
+def comma_list(name: str, text, allowed=None) -> list[str] | None:
+    """A comma list option's items (stripped, empty ones dropped), or None when not given.
+
+    ``text`` is the option's value, or the list of its values where the option is declared
+    repeatable only to catch the old repeated spelling (``--gpu a --gpu b``): that is refused.
+
+    Raises:
+        UserError: the option given more than once, an empty list, or an item outside
+            ``allowed`` (when given).
+    """
+    if isinstance(text, (list, tuple)):
+        if len(text) > 1:
+            raise UserError(f"{name} given {len(text)} times; give one comma-separated list, "
+                            f"e.g. {name} {','.join(text)}")
+        text = text[0] if text else None
+    if text is None:
+        return None
+    items = [item.strip() for item in str(text).split(",") if item.strip()]
+    if not items:
+        raise UserError(f"{name}={text!r} is empty; give one value or several separated by commas")
+    if allowed is not None:
+        for item in items:
+            if item not in allowed:
+                raise UserError(f"{name}={text!r}: {item!r} is not one of {', '.join(allowed)}")
+    return items
 
 
 def echo_warnings(*result_sets) -> None:

@@ -18,7 +18,7 @@ import typer
 from tflabench import analytic_inputs as inputs
 from tflabench.analytic_rows import (count_row_kernel, intensity_curves, measured_points, mlstm_points,
                                      optimal_chunk_rows, peer_points, roofline_rows)
-from tflabench.cli import app, user_errors
+from tflabench.cli import app, ceilings_option, comma_list, plots_option, user_errors
 from tflabench.errors import UserError
 from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
 
@@ -37,15 +37,57 @@ _H_QKV = "Bytes per q, k, v, h element (bytes_qkv)."
 _H_IF = "Bytes per gate pre-activation element (bytes_if)."
 _H_CAUSAL = "F_causal: fraction of each L x L matrix computed, in [0.5, 1] (0.66: the paper's figures)."
 _H_COUNTS = "rows: totals are the sums of the table rows (default); paper: printed Table 17 / eqs. 111-121."
-_H_CEIL = "Ceilings: datasheet or measured (measured: recorded by `tflabench calibrate`)."
-_H_GPU = "GPU key or name (repeat for several); see `tflabench gpus`."
+_H_GPU = "GPU keys or names, comma-separated (e.g. h100,h200); see `tflabench gpus`."
 _H_JSON = "Print machine-readable JSON instead of tables."
 _H_HW = "YAML file adding or overriding GPUs (else $TFLABENCH_HARDWARE or ~/.config/tflabench/gpus.yaml)."
-_H_OUT = "Plot file (.png, .svg, .pdf) or directory; default results/plots/<name>.png."
-_H_MODE = "fwd (forward, the paper's model) or fwdbw (forward + derived backward, docs/model.md)."
+_H_OUT = ("Directory the figures are written into (created; default results/plots under the current "
+          "directory); the command prints each file's path.")
+_H_FIGFORMAT = "File format of the figures: png, svg or pdf."
+_H_MODE = ("fwd (forward, the paper's model), fwdbw (forward + derived backward, docs/model.md), or both "
+           "comma-separated.")
+_H_LIST = " One value or several, comma-separated."
 
 DEFAULT_ROOFLINE_L = "64,128,256,512,1024,2048,4096"
 DEFAULT_INTENSITY_L = "16,32,64,128,256,512,1024,2048,4096"
+
+
+def _modes(text: str) -> list[str]:
+    return comma_list("--mode", text, allowed=("fwd", "fwdbw"))
+
+
+def _grid(**lists) -> list[dict]:
+    """Every combination of the list options' values (in the options' order)."""
+    import itertools
+
+    keys = list(lists)
+    return [dict(zip(keys, values)) for values in itertools.product(*(lists[k] for k in keys))]
+
+
+def _state_name(bytes_Cmn: float) -> str:
+    return {4: "fp32", 2: "bf16"}.get(bytes_Cmn, f"{bytes_Cmn:g} B")
+
+
+def _varying_label(cfg: dict, varying: set[str]) -> str:
+    """The parts of a configuration that differ between the combinations shown."""
+    names = {"d_hv": lambda v: f"d_hv={v}", "bytes_Cmn": lambda v: f"states {_state_name(v)}",
+             "F_causal": lambda v: f"F_c={v:g}", "mode": str, "L": lambda v: f"L={v}"}
+    return " ".join(names[k](cfg[k]) for k in names if k in varying and k in cfg)
+
+
+def _plot_dir(out: Path | None, figure_format: str) -> tuple[Path, str]:
+    """Where figures go (``--out``, default results/plots) and their suffix."""
+    from tflabench.plots import DEFAULT_PLOT_DIR
+
+    fmt = inputs.one_of("--figure-format", figure_format, ("png", "svg", "pdf"))
+    directory = Path(out) if out is not None else DEFAULT_PLOT_DIR
+    if directory.exists() and not directory.is_dir():
+        raise UserError(f"--out={str(directory)!r} is a file; give the directory the figures go into")
+    return directory, fmt
+
+
+def _shown(path) -> str:
+    """A written file's path as the user can open it (absolute)."""
+    return str(Path(path).resolve())
 
 
 def _echo_json(obj) -> None:
@@ -61,12 +103,9 @@ def _json_default(o):
 
 
 def _console():
-    from rich.console import Console
+    from tflabench.console import make_console
 
-    con = Console()
-    if not con.is_terminal:  # piped or captured: do not squeeze the tables into 80 columns
-        con = Console(width=max(con.width, 120))
-    return con
+    return make_console()
 
 
 def _table(title):
@@ -89,23 +128,25 @@ def _e(x) -> str:
 def flops(
     variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
     formulation: str = typer.Option("chunkwise", "--formulation", help=_H_FORM),
-    chunk_size: int = typer.Option(128, "--chunk-size", "-L", help="Chunk size L (chunkwise only)."),
+    chunk_size: str = typer.Option("128", "--chunk-size", "-L", help="Chunk size L (chunkwise only)." + _H_LIST),
     seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
     batch: int = typer.Option(8, "--batch", help=_H_B),
     heads: int = typer.Option(8, "--heads", help=_H_NH),
-    dhv: int = typer.Option(512, "--dhv", help=_H_DHV),
+    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
     dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
     pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: float = typer.Option(4, "--state-bytes", help=_H_STATE),
+    state_bytes: str = typer.Option("4", "--state-bytes", help=_H_STATE + _H_LIST),
     qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
     gate_bytes: float = typer.Option(2, "--gate-bytes", help=_H_IF),
-    causal_factor: float = typer.Option(0.66, "--causal-factor", help=_H_CAUSAL),
+    causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
     counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
     mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
     pad: bool = typer.Option(False, "--pad", help="Allow L not dividing T: count ceil(T/L) padded chunks."),
     as_json: bool = typer.Option(False, "--json", help=_H_JSON),
 ) -> None:
-    """FLOP and byte counts of one mLSTM configuration, by part, with intensity (paper App. F).
+    """FLOP and byte counts of mLSTM configurations, by part, with intensity (paper App. F).
+
+    -L, --dhv, --state-bytes, --causal-factor and --mode take comma lists: one table per combination (JSON: a list under "results" when there are several).
 
     Example: tflabench flops --variant exp -L 256 -T 8192 --dhv 512 --pqk 0.5
     """
@@ -113,30 +154,39 @@ def flops(
         variant = inputs.one_of("--variant", variant, ("sig", "exp"))
         formulation = inputs.one_of("--formulation", formulation, ("chunkwise", "parallel", "recurrent"))
         counts = inputs.one_of("--counts", counts, ("rows", "paper"))
-        mode = inputs.one_of("--mode", mode, ("fwd", "fwdbw"))
-        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--dhv", dhv),
-                        ("--chunk-size", chunk_size), ("--state-bytes", state_bytes),
+        grid = _grid(L=inputs.parse_list("--chunk-size", chunk_size, int), d_hv=inputs.parse_list("--dhv", dhv, int),
+                     bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes), F_causal=inputs.parse_list("--causal-factor",
+                                                                                             causal_factor),
+                     mode=_modes(mode))
+        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads),
                         ("--qkv-bytes", qkv_bytes), ("--gate-bytes", gate_bytes)):
             inputs.positive(name, v)
-        d_qk, p_qk = inputs.dqk_pqk(dhv, dqk, pqk)
-        inputs.causal(causal_factor)
-        inputs.counted_shape(formulation, mode, chunk_size, seq_len, pad)
-        kw = dict(T=seq_len, d_hv=dhv, d_qk=d_qk, N_batch=batch, N_head=heads, F_causal=causal_factor,
-                  bytes_qkv=qkv_bytes, bytes_if=gate_bytes, bytes_Cmn=state_bytes,
-                  chunks="pad" if pad else "divide")
-        L = chunk_size if formulation == "chunkwise" else None
-        if mode == "fwd":
-            c = mlstm_counts(variant, formulation, L=L, counts=counts, **kw)
-        else:
-            c = mlstm_fwdbw_counts(variant, L=L, counts=counts, **kw)
-        config = {"variant": variant, "formulation": formulation, "mode": mode, "counts": counts,
-                  "N_batch": batch, "N_head": heads, "T": seq_len, "L": L, "d_qk": d_qk, "d_hv": dhv,
-                  "p_qk": p_qk, "F_causal": causal_factor, "bytes_qkv": qkv_bytes,
-                  "bytes_if": gate_bytes, "bytes_Cmn": state_bytes, "pad": pad}
+        results = []
+        for cfg in grid:
+            L, d_hv, sb, fc, m = cfg["L"], cfg["d_hv"], cfg["bytes_Cmn"], cfg["F_causal"], cfg["mode"]
+            for name, v in (("--dhv", d_hv), ("--chunk-size", L), ("--state-bytes", sb)):
+                inputs.positive(name, v)
+            d_qk, p_qk = inputs.dqk_pqk(d_hv, dqk, pqk)
+            inputs.causal(fc)
+            inputs.counted_shape(formulation, m, L, seq_len, pad)
+            kw = dict(T=seq_len, d_hv=d_hv, d_qk=d_qk, N_batch=batch, N_head=heads, F_causal=fc,
+                      bytes_qkv=qkv_bytes, bytes_if=gate_bytes, bytes_Cmn=sb, chunks="pad" if pad else "divide")
+            chunk = L if formulation == "chunkwise" else None
+            if m == "fwd":
+                c = mlstm_counts(variant, formulation, L=chunk, counts=counts, **kw)
+            else:
+                c = mlstm_fwdbw_counts(variant, L=chunk, counts=counts, **kw)
+            config = {"variant": variant, "formulation": formulation, "mode": m, "counts": counts,
+                      "N_batch": batch, "N_head": heads, "T": seq_len, "L": chunk, "d_qk": d_qk, "d_hv": d_hv,
+                      "p_qk": p_qk, "F_causal": fc, "bytes_qkv": qkv_bytes,
+                      "bytes_if": gate_bytes, "bytes_Cmn": sb, "pad": pad}
+            results.append((config, c))
         if as_json:
-            _echo_json({"config": config, **c.as_dict()})
+            docs = [{"config": config, **c.as_dict()} for config, c in results]
+            _echo_json(docs[0] if len(docs) == 1 else {"results": docs})
             return
-        _render_counts(config, c)
+        for config, c in results:
+            _render_counts(config, c)
 
 
 def _render_counts(config: dict, c) -> None:
@@ -145,7 +195,7 @@ def _render_counts(config: dict, c) -> None:
     title = (f"mLSTM{config['variant']} {form} {config['mode']}: B={config['N_batch']} NH={config['N_head']} "
              f"T={config['T']}" + (f" L={config['L']}" if config["L"] else "")
              + f" d_qk={_e(config['d_qk'])} d_hv={config['d_hv']} F_causal={config['F_causal']} "
-             f"counts={config['counts']}")
+             f"states {_state_name(config['bytes_Cmn'])} counts={config['counts']}")
     t = _table(title)
     t.add_column("part")
     t.add_column("kernel")
@@ -191,58 +241,73 @@ def _measured_points(path) -> list[dict]:
 
 @app.command()
 def roofline(
-    gpu: List[str] = typer.Option(["h100"], "--gpu", help=_H_GPU),
-    chunk_size: str = typer.Option(DEFAULT_ROOFLINE_L, "--chunk-size", "-L", help="Chunk sizes, comma-separated."),
+    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default h100."),
+    chunk_size: str = typer.Option(DEFAULT_ROOFLINE_L, "--chunk-size", "-L", show_default=False,
+                                   help="Chunk sizes L." + _H_LIST + " Default " + DEFAULT_ROOFLINE_L.replace(",", ", ")
+                                   + " (those up to T)."),
     variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
     mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
     seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
     batch: int = typer.Option(8, "--batch", help=_H_B),
     heads: int = typer.Option(8, "--heads", help=_H_NH),
-    dhv: int = typer.Option(512, "--dhv", help=_H_DHV),
+    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
     dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
     pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: float = typer.Option(4, "--state-bytes", help=_H_STATE),
+    state_bytes: str = typer.Option("4", "--state-bytes", help=_H_STATE + _H_LIST),
     qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
-    causal_factor: float = typer.Option(0.66, "--causal-factor", help=_H_CAUSAL),
+    causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
     counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
-    ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
+    ceilings: str = ceilings_option(),
     peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, T)."),
     results: Optional[Path] = typer.Option(
         None, "--results", help="Result set whose measured rows to place, each at its own shape, on the first "
-        "--gpu's roofline (a second figure, *_measured.png, and a distance-to-the-bound table)."),
-    plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw the figure (default on)."),
+        "GPU's roofline (a second figure, *_measured, and a distance-to-the-bound table)."),
+    plots: bool = plots_option(),
     out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
+    figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
     as_json: bool = typer.Option(False, "--json", help=_H_JSON),
 ) -> None:
     """Roofline (eq. 119) of TFLA's chunkwise kernel for chunk sizes, optionally with measured points.
 
-    Defaults: the paper's roofline figure (mLSTMsig, d_hv 512, p_qk 0.5, B 8, NH 8, T 8192, F_causal 0.66).
+    Defaults: the paper's roofline figure (mLSTMsig, d_hv 512, p_qk 0.5, B 8, NH 8, T 8192, F_causal 0.66). --dhv, --state-bytes, --causal-factor and --mode take comma lists: a set of points per combination.
 
-    Example: tflabench roofline --gpu h100 --gpu h200 -L 64,128,256 --results results/h100_7b/latest
+    Example: tflabench roofline --gpu h100,h200 -L 64,128,256 --results results/h100_7b/latest
     """
     with user_errors():
         variant = inputs.one_of("--variant", variant, ("sig", "exp"))
-        mode = inputs.one_of("--mode", mode, ("fwd", "fwdbw"))
         counts = inputs.one_of("--counts", counts, ("rows", "paper"))
         Ls = inputs.parse_list("--chunk-size", chunk_size, int)
-        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--dhv", dhv),
-                        ("--state-bytes", state_bytes), ("--qkv-bytes", qkv_bytes)):
+        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--qkv-bytes", qkv_bytes)):
             inputs.positive(name, v)
         if chunk_size == DEFAULT_ROOFLINE_L:  # defaults longer than the sequence: drop, not an error
             Ls = [L for L in Ls if L <= seq_len] or [seq_len]
         for L in Ls:
             inputs.positive("--chunk-size", L)
-        d_qk, p_qk = inputs.dqk_pqk(dhv, dqk, pqk)
-        inputs.causal(causal_factor)
-        gpus = inputs.gpus(gpu, ceilings, hardware)
-        pts = mlstm_points(variant, mode, Ls, T=seq_len, batch=batch, heads=heads, dhv=dhv, d_qk=d_qk,
-                            F_causal=causal_factor, bytes_qkv=qkv_bytes, bytes_if=qkv_bytes,
-                            bytes_Cmn=state_bytes, counts=counts)
-        peer_pts = (peer_points(mode, T=seq_len, batch=batch, heads=heads, dhv=dhv, d_qk=d_qk,
-                                 F_causal=causal_factor, bytes_qkv=qkv_bytes) if peers else [])
+        grid = _grid(d_hv=inputs.parse_list("--dhv", dhv, int), bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes),
+                     F_causal=inputs.parse_list("--causal-factor", causal_factor), mode=_modes(mode))
+        varying = {k for k in grid[0] if len({cfg[k] for cfg in grid}) > 1}
+        gpus = inputs.gpus(comma_list("--gpu", gpu) or ["h100"], ceilings, hardware)
+        plot_dir, fmt = _plot_dir(out, figure_format) if plots else (None, "png")
+        pts, peer_pts = [], []
+        for cfg in grid:
+            inputs.positive("--dhv", cfg["d_hv"])
+            inputs.positive("--state-bytes", cfg["bytes_Cmn"])
+            inputs.causal(cfg["F_causal"])
+            d_qk, p_qk = inputs.dqk_pqk(cfg["d_hv"], dqk, pqk)
+            tag = _varying_label(cfg, varying)
+            for p in mlstm_points(variant, cfg["mode"], Ls, T=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"],
+                                   d_qk=d_qk, F_causal=cfg["F_causal"], bytes_qkv=qkv_bytes, bytes_if=qkv_bytes,
+                                   bytes_Cmn=cfg["bytes_Cmn"], counts=counts):
+                pts.append({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()})
+            if peers:
+                for p in peer_points(cfg["mode"], T=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"], d_qk=d_qk,
+                                      F_causal=cfg["F_causal"], bytes_qkv=qkv_bytes):
+                    peer_pts.append({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()})
         measured = _measured_points(results) if results is not None else []
-        table = roofline_rows(gpus, pts + peer_pts)
+        shown = pts + peer_pts
+        table = [{**row, "mode": p["mode"], "d_hv": p["d_hv"], "bytes_Cmn": p["bytes_Cmn"], "F_causal": p["F_causal"]}
+                 for row, p in zip(roofline_rows(gpus, shown), shown * len(gpus))]
         placement, distance = [], []
         if measured:  # each measured row against its own bound, on the first GPU's roofline
             from tflabench.model_vs_measured import distance_to_bound, roofline_placement
@@ -251,35 +316,41 @@ def roofline(
                                            beta=gpus[0].bytes_per_s)
             distance = distance_to_bound(placement)
         path = measured_path = None
-        if plot:
-            from tflabench.plots import plot_path
+        modes = list(dict.fromkeys(cfg["mode"] for cfg in grid))
+        if plots:
             from tflabench.plots.analytic import roofline_figure
 
-            name = f"roofline_{'_'.join(g.key for g in gpus)}_{variant}_{mode}.png"
+            def values(key, fmt_value=str):
+                return ",".join(dict.fromkeys(fmt_value(cfg[key]) for cfg in grid))
+
+            name = f"roofline_{'_'.join(g.key for g in gpus)}_{variant}_{'_'.join(modes)}.{fmt}"
             path = roofline_figure(
-                gpus, pts, path=plot_path(out, name), peer_points=peer_pts,
-                title=(f"Roofline, mLSTM{variant} chunkwise {mode} (d_hv={dhv}, p_qk={p_qk:g}, "
-                       f"F_causal={causal_factor}, bytes_Cmn={state_bytes:g}, {ceilings} ceilings)"),
+                gpus, pts, path=plot_dir / name, peer_points=peer_pts,
+                title=(f"Roofline, mLSTM{variant} chunkwise {'+'.join(modes)} (d_hv={values('d_hv')}, "
+                       f"p_qk={inputs.dqk_pqk(grid[0]['d_hv'], dqk, pqk)[1]:g}, F_causal={values('F_causal', '{:g}'.format)}, "
+                       f"states {values('bytes_Cmn', _state_name)}, ceilings {ceilings})"),
             )
             if placement:
                 from tflabench.plots.model_measured import roofline_measured_figure
 
                 measured_path = roofline_measured_figure(
                     placement, gpus[0], path=path.with_name(f"{path.stem}_measured{path.suffix}"),
-                    title=(f"{results}: every case against the {gpus[0].name} roofline at its own shape "
+                    title=(f"Every case of {results} against the {gpus[0].name} roofline at its own shape "
                            f"({gpus[0].ceilings} ceilings)"))
         if as_json:
             _echo_json({
-                "config": {"variant": variant, "mode": mode, "counts": counts, "T": seq_len, "N_batch": batch,
-                           "N_head": heads, "d_hv": dhv, "d_qk": d_qk, "p_qk": p_qk, "F_causal": causal_factor,
-                           "bytes_Cmn": state_bytes, "bytes_qkv": qkv_bytes, "ceilings": ceilings},
+                "config": {"variant": variant, "modes": modes, "counts": counts, "T": seq_len, "N_batch": batch,
+                           "N_head": heads, "d_hv": sorted({c["d_hv"] for c in grid}), "d_qk": dqk, "p_qk": pqk,
+                           "F_causal": sorted({c["F_causal"] for c in grid}),
+                           "bytes_Cmn": sorted({c["bytes_Cmn"] for c in grid}), "bytes_qkv": qkv_bytes,
+                           "ceilings": ceilings},
                 "gpus": [g.as_dict() for g in gpus],
                 "points": table,
                 "measured": measured,
                 "placement": placement,
                 "distance_to_bound": distance,
-                "plot": str(path) if path else None,
-                "measured_plot": str(measured_path) if measured_path else None,
+                "plot": _shown(path) if path else None,
+                "measured_plot": _shown(measured_path) if measured_path else None,
             })
             return
         con = _console()
@@ -301,10 +372,9 @@ def roofline(
             from tflabench.tables import distance_table
 
             con.print(distance_table(distance))
-        if path:
-            con.print(f"plot: {path}")
-        if measured_path:
-            con.print(f"plot: {measured_path}")
+        for written in (path, measured_path):
+            if written:
+                con.print(f"plot: {_shown(written)}")
 
 
 # ------------------------------------------------------------------ intensity
@@ -312,26 +382,28 @@ def roofline(
 
 @app.command()
 def intensity(
-    gpu: List[str] = typer.Option(["v100", "a100", "h100", "b200"], "--gpu", help=_H_GPU),
-    chunk_size: str = typer.Option(DEFAULT_INTENSITY_L, "--chunk-size", "-L",
-                                   help="Chunk sizes for the table, comma-separated."),
+    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default v100,a100,h100,b200."),
+    chunk_size: str = typer.Option(DEFAULT_INTENSITY_L, "--chunk-size", "-L", show_default=False,
+                                   help="Chunk sizes L for the table." + _H_LIST + " Default "
+                                   + DEFAULT_INTENSITY_L.replace(",", ", ") + " (those up to T)."),
     variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
     seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
-    dhv: int = typer.Option(512, "--dhv", help=_H_DHV),
+    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
     dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
     pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: str = typer.Option("4,2", "--state-bytes", help="State bytes, comma-separated (4: float32, 2: bfloat16)."),
-    causal_factor: str = typer.Option("0.66", "--causal-factor", help="F_causal values, comma-separated, in [0.5, 1]."),
+    state_bytes: str = typer.Option("4,2", "--state-bytes", help=_H_STATE + _H_LIST),
+    causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
     counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
-    ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
-    plot: bool = typer.Option(True, "--plot/--no-plot", help="Draw the figure (default on)."),
+    ceilings: str = ceilings_option(),
+    plots: bool = plots_option(),
     out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
+    figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
     as_json: bool = typer.Option(False, "--json", help=_H_JSON),
 ) -> None:
     """Arithmetic intensity over chunk size (eq. 118) for float32 and bfloat16 states, with GPUs' I_acc.
 
-    Also gives the chunk size where the kernel turns compute-bound on each GPU (I_algo = I_acc).
+    Also gives the chunk size where the kernel turns compute-bound on each GPU (I_algo = I_acc). Intensity does not depend on batch size or heads (both scale FLOPs and bytes alike), so it takes neither. One curve per combination of --dhv, --state-bytes and --causal-factor.
 
     Example: tflabench intensity --dhv 512 --state-bytes 4,2 --causal-factor 0.5,0.66,1
     """
@@ -339,44 +411,52 @@ def intensity(
         variant = inputs.one_of("--variant", variant, ("sig", "exp"))
         counts = inputs.one_of("--counts", counts, ("rows", "paper"))
         Ls = inputs.parse_list("--chunk-size", chunk_size, int)
-        sbs = inputs.parse_list("--state-bytes", state_bytes)
-        fcs = inputs.parse_list("--causal-factor", causal_factor)
-        for name, v in (("--seq-len", seq_len), ("--dhv", dhv)):
-            inputs.positive(name, v)
+        inputs.positive("--seq-len", seq_len)
         if chunk_size == DEFAULT_INTENSITY_L:  # defaults longer than the sequence: drop, not an error
             Ls = [L for L in Ls if L <= seq_len] or [seq_len]
         for L in Ls:
             inputs.positive("--chunk-size", L)
             inputs.chunk_at_most(L, seq_len)
-        for s in sbs:
-            inputs.positive("--state-bytes", s)
-        for f in fcs:
-            inputs.causal(f)
-        d_qk, p_qk = inputs.dqk_pqk(dhv, dqk, pqk)
-        gpus = inputs.gpus(gpu, ceilings, hardware)
-        curves = intensity_curves(variant, Ls, state_bytes=sbs, causal_factors=fcs, d_hv=dhv, d_qk=d_qk,
-                                  counts=counts, gpus=gpus)
+        grid = _grid(d_hv=inputs.parse_list("--dhv", dhv, int), bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes),
+                     F_causal=inputs.parse_list("--causal-factor", causal_factor))
+        for cfg in grid:
+            inputs.positive("--dhv", cfg["d_hv"])
+            inputs.positive("--state-bytes", cfg["bytes_Cmn"])
+            inputs.causal(cfg["F_causal"])
+        gpus = inputs.gpus(comma_list("--gpu", gpu) or ["v100", "a100", "h100", "b200"], ceilings, hardware)
+        plot_dir, fmt = _plot_dir(out, figure_format) if plots else (None, "png")
+        d_hvs = list(dict.fromkeys(cfg["d_hv"] for cfg in grid))
+        curves = []
+        for d_hv in d_hvs:
+            d_qk, _ = inputs.dqk_pqk(d_hv, dqk, pqk)
+            for c in intensity_curves(variant, Ls, state_bytes=list(dict.fromkeys(cfg["bytes_Cmn"] for cfg in grid)),
+                                      causal_factors=list(dict.fromkeys(cfg["F_causal"] for cfg in grid)),
+                                      d_hv=d_hv, d_qk=d_qk, counts=counts, gpus=gpus):
+                label = c["label"] + (f", d_hv={d_hv}" if len(d_hvs) > 1 else "")
+                curves.append({**c, "label": label, "d_hv": d_hv})
+        dhvs = ",".join(dict.fromkeys(str(cfg["d_hv"]) for cfg in grid))
+        p_qk = inputs.dqk_pqk(grid[0]["d_hv"], dqk, pqk)[1]
         path = None
-        if plot:
-            from tflabench.plots import plot_path
+        if plots:
             from tflabench.plots.analytic import intensity_figure
 
             path = intensity_figure(
-                curves, gpus, T=seq_len, path=plot_path(out, f"intensity_{variant}_dhv{dhv}.png"),
-                title=f"Arithmetic intensity of mLSTM{variant} chunkwise (d_hv={dhv}, p_qk={p_qk:g}, {ceilings} ceilings)",
+                curves, gpus, T=seq_len, path=plot_dir / f"intensity_{variant}_dhv{dhvs.replace(',', '_')}.{fmt}",
+                title=(f"Arithmetic intensity of mLSTM{variant} chunkwise over chunk size (d_hv={dhvs}, "
+                       f"p_qk={p_qk:g}), against each GPU's I_acc ({ceilings} ceilings)"),
             )
         if as_json:
             _echo_json({
-                "config": {"variant": variant, "counts": counts, "d_hv": dhv, "d_qk": d_qk, "p_qk": p_qk,
-                           "T": seq_len, "ceilings": ceilings},
+                "config": {"variant": variant, "counts": counts, "d_hv": sorted({c["d_hv"] for c in grid}),
+                           "d_qk": dqk, "p_qk": p_qk, "T": seq_len, "ceilings": ceilings},
                 "gpus": [g.as_dict() for g in gpus],
                 "curves": [{**c, "intensity": {str(k): v for k, v in c["intensity"].items()}} for c in curves],
-                "plot": str(path) if path else None,
+                "plot": _shown(path) if path else None,
             })
             return
         con = _console()
-        t = _table(f"I_algo (FLOP/byte) over chunk size L, mLSTM{variant} chunkwise, d_hv={dhv}, "
-                        f"p_qk={p_qk:g} (eq. 118)")
+        t = _table(f"I_algo (FLOP/byte) over chunk size L, mLSTM{variant} chunkwise, d_hv={dhvs}, "
+                   f"p_qk={p_qk:g} (eq. 118)")
         t.add_column("states, F_c")
         for L in Ls:
             t.add_column(f"{L}", justify="right")
@@ -391,7 +471,7 @@ def intensity(
             x.add_row(c["label"], *(f"{c['L_at_I_acc'][g.key]:.1f}" for g in gpus))
         con.print(x)
         if path:
-            con.print(f"plot: {path}")
+            con.print(f"plot: {_shown(path)}")
 
 
 # ------------------------------------------------------------------ optimal-chunk
@@ -399,113 +479,126 @@ def intensity(
 
 @app.command("optimal-chunk")
 def optimal_chunk(
-    dhv: str = typer.Option("512", "--dhv", help="d_hv values, comma-separated (one with --measure)."),
+    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST + " (one with --measure)"),
     gpu: Optional[List[str]] = typer.Option(
-        None, "--gpu", help=_H_GPU + " Default h100; with --measure the GPU measured on."),
+        None, "--gpu", help=_H_GPU + " Default h100; with --measure the GPU measured on (one)."),
     variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
     dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
     pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: float = typer.Option(4, "--state-bytes", help=_H_STATE),
+    state_bytes: str = typer.Option("4", "--state-bytes", help=_H_STATE + _H_LIST + " (one with --measure)"),
     qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
-    causal_factor: float = typer.Option(0.66, "--causal-factor", help=_H_CAUSAL),
+    causal_factor: str = typer.Option("0.66", "--causal-factor",
+                                      help=_H_CAUSAL + _H_LIST + " (one with --measure)"),
     counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
-    ceilings: Optional[str] = typer.Option(
-        None, "--ceilings", help=_H_CEIL + " Default datasheet; with --measure auto (measured where recorded)."),
+    ceilings: str = ceilings_option(),
     seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T + " (for the predicted runtime; caps L)"),
     batch: int = typer.Option(8, "--batch", help=_H_B + " (for the predicted runtime)"),
     heads: int = typer.Option(8, "--heads", help=_H_NH + " (for the predicted runtime)"),
-    plot: bool = typer.Option(False, "--plot", help="Draw the optimum over d_hv and over accelerator intensity."),
-    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
+    plots: bool = plots_option("Draw the optimum over d_hv and over accelerator intensity (with --measure: the "
+                               "measured sweep beside the model)."),
+    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT + " With --measure: the results root, "
+                                       "OUT/<sweep name>/<timestamp>/ (default results), figures in its plots/."),
+    figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
     as_json: bool = typer.Option(False, "--json", help=_H_JSON),
     measure: bool = typer.Option(
         False, "--measure", help="On a GPU: sweep the chunk size of a kernel through `run`'s machinery "
         "(isolated workers, warm-up, numerics gate) and compare the measured optimum with the model's."),
     kernel: Optional[List[str]] = typer.Option(
-        None, "--kernel", help="With --measure (repeatable): ours (default), mlstm_kernels, or a custom "
+        None, "--kernel", help="With --measure, comma-separated: ours (default), mlstm_kernels, or a custom "
         "kernel module:function / path/file.py:function taking chunk_size=."),
     chunk_sizes: str = typer.Option(
-        "64,128,256,512,1024", "--chunk-size", "-L", help="With --measure: chunk sizes swept, comma-separated."),
-    modes: str = typer.Option("fwd,fwdbw", "--modes", help="With --measure: fwd, fwdbw or both."),
+        "64,128,256,512,1024", "--chunk-size", "-L", show_default=False,
+        help="With --measure: chunk sizes swept." + _H_LIST + " Default 64, 128, 256, 512, 1024."),
+    mode: str = typer.Option("fwd,fwdbw", "--mode", help="With --measure: " + _H_MODE),
     dtype: str = typer.Option("bfloat16", "--dtype", help="With --measure: input dtype."),
     warmup: int = typer.Option(10, "--warmup", help="With --measure: untimed calls per case."),
     iterations: int = typer.Option(30, "--iterations", help="With --measure: timed calls per case."),
-    results_root: Path = typer.Option(
-        Path("results"), "--results-root", help="With --measure: root of the result set "
-        "(ROOT/<sweep name>/<timestamp>/; the suite file in ROOT/suites/)."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="With --measure: progress bar."),
 ) -> None:
     """FLOP-optimal (eq. 111) and runtime-optimal (eq. 121) chunk size, continuous and best power of two.
 
-    Runtime is the paper's sum form (eq. 116); the max form (eq. 114) optimum is shown too.
-    With --measure (GPU only) the chunk size is swept on the GPU and the measured optimum,
-    the measured/model time ratio per L and the peak memory are shown beside the model's.
+    Runtime is the paper's sum form (eq. 116); the max form (eq. 114) optimum is shown too. One row per GPU and combination of --dhv, --state-bytes and --causal-factor. With --measure (GPU only) the chunk size is swept on the GPU and the measured optimum, the measured/model time ratio per L and the peak memory are shown beside the model's.
 
-    Example: tflabench optimal-chunk --dhv 512 --gpu h100 --gpu h200 --state-bytes 2
+    Example: tflabench optimal-chunk --dhv 512 --gpu h100,h200 --state-bytes 2
 
-    Example: tflabench optimal-chunk --measure --kernel ours --kernel mlstm_kernels --dhv 512 --heads 8 --dqk 256
+    Example: tflabench optimal-chunk --measure --kernel ours,mlstm_kernels --dhv 512 --heads 8 --dqk 256
     """
     if measure:
         _optimal_chunk_measure(
             dhv=dhv, gpu=gpu, variant=variant, dqk=dqk, pqk=pqk, state_bytes=state_bytes,
-            causal_factor=causal_factor, counts=counts, ceilings=ceilings or "auto", seq_len=seq_len,
+            causal_factor=causal_factor, counts=counts, ceilings=ceilings, seq_len=seq_len,
             batch=batch, heads=heads, out=out, hardware=hardware, as_json=as_json, kernel=kernel or ["ours"],
-            chunk_sizes=chunk_sizes, modes=modes, dtype=dtype, warmup=warmup, iterations=iterations,
-            results_root=results_root, progress=progress)
+            chunk_sizes=chunk_sizes, modes=mode, dtype=dtype, warmup=warmup, iterations=iterations,
+            progress=progress, plots=plots, figure_format=figure_format)
         return
-    gpu = gpu or ["h100"]
-    ceilings = ceilings or "datasheet"
     with user_errors():
         variant = inputs.one_of("--variant", variant, ("sig", "exp"))
         counts = inputs.one_of("--counts", counts, ("rows", "paper"))
-        dhvs = inputs.parse_list("--dhv", dhv, int)
-        for d in dhvs:
-            inputs.positive("--dhv", d)
-        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads),
-                        ("--state-bytes", state_bytes), ("--qkv-bytes", qkv_bytes)):
+        grid = _grid(d_hv=inputs.parse_list("--dhv", dhv, int), bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes),
+                     F_causal=inputs.parse_list("--causal-factor", causal_factor))
+        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--qkv-bytes", qkv_bytes)):
             inputs.positive(name, v)
-        inputs.dqk_pqk(dhvs[0], dqk, pqk)   # --dqk or --pqk, valid
-        inputs.causal(causal_factor)
-        gpus = inputs.gpus(gpu, ceilings, hardware)
-        rows = optimal_chunk_rows(variant, gpus, dhvs, d_qk=dqk, p_qk=pqk, F_causal=causal_factor,
-                                  bytes_qkv=qkv_bytes, bytes_Cmn=state_bytes, counts=counts, batch=batch,
-                                  heads=heads, T=seq_len)
-        path = None
-        if plot:
-            from tflabench.plots import plot_path
+        if dqk is not None and pqk is not None:
+            raise UserError("--dqk and --pqk given together; give one (p_qk = d_qk / d_hv)")
+        if dqk is not None:
+            inputs.positive("--dqk", dqk)
+        if pqk is not None and not (pqk > 0):
+            raise UserError(f"--pqk={pqk!r} is not valid; p_qk must be > 0")
+        for cfg in grid:
+            inputs.positive("--dhv", cfg["d_hv"])
+            inputs.positive("--state-bytes", cfg["bytes_Cmn"])
+            inputs.causal(cfg["F_causal"])
+        gpus = inputs.gpus(comma_list("--gpu", gpu) or ["h100"], ceilings, hardware)
+        plot_dir, fmt = _plot_dir(out, figure_format) if plots else (None, "png")
+        rows = []
+        d_hvs = list(dict.fromkeys(cfg["d_hv"] for cfg in grid))
+        for sb, fc in dict.fromkeys((cfg["bytes_Cmn"], cfg["F_causal"]) for cfg in grid):
+            for r in optimal_chunk_rows(variant, gpus, d_hvs, d_qk=dqk, p_qk=pqk, F_causal=fc, bytes_qkv=qkv_bytes,
+                                        bytes_Cmn=sb, counts=counts, batch=batch, heads=heads, T=seq_len):
+                rows.append({**r, "bytes_Cmn": sb, "F_causal": fc})
+        rows.sort(key=lambda r: [g.key for g in gpus].index(r["gpu"]))
+        paths = []
+        if plots:
             from tflabench.plots.analytic import optimal_chunk_figure
 
-            p = (dqk / dhvs[0]) if dqk is not None else (pqk if pqk is not None else 0.5)
-            path = optimal_chunk_figure(
-                gpus, variant=variant, p_qk=p, F_causal=causal_factor, bytes_Cmn=state_bytes,
-                counts=counts, path=plot_path(out, f"optimal_chunk_{variant}.png"),
-            )
+            p = (dqk / grid[0]["d_hv"]) if dqk is not None else (pqk if pqk is not None else 0.5)
+            figures = list(dict.fromkeys((cfg["bytes_Cmn"], cfg["F_causal"]) for cfg in grid))
+            for sb, fc in figures:  # the figure spans d_hv itself: one per state size and F_causal
+                tag = "" if len(figures) == 1 else f"_{_state_name(sb)}_fc{fc:g}"
+                paths.append(optimal_chunk_figure(
+                    gpus, variant=variant, p_qk=p, F_causal=fc, bytes_Cmn=sb,
+                    counts=counts, path=plot_dir / f"optimal_chunk_{variant}{tag}.{fmt}"))
         if as_json:
-            _echo_json({"results": rows, "plot": str(path) if path else None})
+            _echo_json({"results": rows, "plots": [_shown(x) for x in paths]})
             return
         con = _console()
-        t = _table((f"Optimal chunk size, mLSTM{variant} chunkwise forward (F_causal={causal_factor}, "
-                         f"bytes_Cmn={state_bytes:g}, counts={counts}, {ceilings} ceilings; runtime for "
-                         f"B={batch}, NH={heads}, T={seq_len})"))
-        for col in ("GPU", "I_acc", "d_hv", "d_qk", "L_flop", "L_runtime", "numeric", "best 2^k",
-                    "ms at 2^k", "L_max"):
-            t.add_column(col, justify="left" if col == "GPU" else "right")
+        several = len({(r["bytes_Cmn"], r["F_causal"]) for r in rows}) > 1
+        t = _table((f"Optimal chunk size, mLSTM{variant} chunkwise forward (counts={counts}, {ceilings} ceilings; "
+                    f"runtime for B={batch}, NH={heads}, T={seq_len})"))
+        cols = ["GPU", "I_acc", "d_hv", "d_qk"] + (["states", "F_c"] if several else []) + [
+            "L_flop", "L_runtime", "numeric", "best 2^k", "ms at 2^k", "L_max"]
+        for col in cols:
+            t.add_column(col, justify="left" if col in ("GPU", "states") else "right")
         for r in rows:
             t.add_row(r["gpu"], f"{r['I_acc']:.1f}", str(r["d_hv"]), f"{r['d_qk']:g}",
+                      *([_state_name(r["bytes_Cmn"]), f"{r['F_causal']:g}"] if several else []),
                       f"{r['L_opt_flop']:.2f}", f"{r['L_opt_runtime']:.2f}",
                       f"{r['L_opt_runtime_numeric']:.2f}", str(r["L_pow2_runtime"]),
                       f"{r['runtime_ms_pow2']:.3f}", f"{r['L_opt_runtime_max']:.1f}")
         con.print(t)
+        if not several:
+            con.print(f"[dim]states {_state_name(rows[0]['bytes_Cmn'])}, F_causal {rows[0]['F_causal']:g}[/dim]")
         con.print("[dim]L_flop: FLOP-optimal, eq. 111; L_runtime: runtime-optimal (sum form), eq. 121; "
                   "numeric: golden-section argmin of the runtime; best 2^k and its predicted ms "
                   "(sum form, eq. 116); L_max: argmin of the max form (eq. 114), the ridge crossing[/dim]")
-        if path:
-            con.print(f"plot: {path}")
+        for x in paths:
+            con.print(f"plot: {_shown(x)}")
 
 
 def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_factor, counts, ceilings,
                            seq_len, batch, heads, out, hardware, as_json, kernel, chunk_sizes, modes, dtype,
-                           warmup, iterations, results_root, progress) -> None:
+                           warmup, iterations, progress, plots, figure_format) -> None:
     """optimal-chunk --measure: validate, refuse without a GPU, run the sweep, show model vs measured."""
     with user_errors():
         from tflabench import chunk_measure as cm
@@ -513,46 +606,56 @@ def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_f
         variant = inputs.one_of("--variant", variant, ("sig", "exp"))
         counts = inputs.one_of("--counts", counts, ("rows", "paper"))
         inputs.one_of("--ceilings", ceilings, ("auto", "datasheet", "measured"))
-        dhvs = inputs.parse_list("--dhv", dhv, int)
-        if len(dhvs) != 1:
-            raise UserError(f"--dhv={dhv!r}: --measure sweeps one shape; give one d_hv")
-        d_hv = dhvs[0]
+        inputs.one_of("--figure-format", figure_format, ("png", "svg", "pdf"))
+        single = {}
+        for name, text, kind in (("--dhv", dhv, int), ("--state-bytes", state_bytes, float),
+                                 ("--causal-factor", causal_factor, float)):
+            values = inputs.parse_list(name, text, kind)
+            if len(values) != 1:
+                raise UserError(f"{name}={text!r}: --measure sweeps one shape; give one value")
+            single[name] = values[0]
+        d_hv, sb, fc = single["--dhv"], single["--state-bytes"], single["--causal-factor"]
         inputs.positive("--dhv", d_hv)
-        inputs.positive("--state-bytes", state_bytes)
+        inputs.positive("--state-bytes", sb)
         d_qk, _ = inputs.dqk_pqk(d_hv, dqk, pqk)
         if float(d_qk) != int(d_qk):
             raise UserError(f"--pqk={pqk!r} gives d_qk={d_qk} (not an integer); give --dqk")
-        inputs.causal(causal_factor)
+        inputs.causal(fc)
         spec = cm.SweepSpec(
-            kernels=list(kernel), variant=variant, batch=batch, seq_len=seq_len, heads=heads, d_qk=int(d_qk),
-            d_hv=d_hv, chunk_sizes=tuple(inputs.parse_list("--chunk-size", chunk_sizes, int)),
-            modes=tuple(m.strip() for m in modes.split(",") if m.strip()), dtype=dtype, warmup=warmup,
-            iterations=iterations).validate()
-        if gpu and len(gpu) > 1:
-            raise UserError("--gpu: --measure compares with one GPU's model; give one --gpu (or none: the GPU measured on)")
+            kernels=comma_list("--kernel", kernel), variant=variant, batch=batch, seq_len=seq_len, heads=heads,
+            d_qk=int(d_qk), d_hv=d_hv, chunk_sizes=tuple(inputs.parse_list("--chunk-size", chunk_sizes, int)),
+            modes=tuple(_modes(modes)), dtype=dtype, warmup=warmup, iterations=iterations).validate()
+        gpu_names = comma_list("--gpu", gpu) or []
+        if len(gpu_names) > 1:
+            raise UserError("--gpu: --measure compares with one GPU's model; give one (or none: the GPU measured on)")
         cm.require_gpu()
         import signal
 
-        def _term(signum, frame):  # a device job's time limit sends SIGTERM: stop like Ctrl-C
+        def _term(signum, frame):  # a batch job's time limit sends SIGTERM: stop like Ctrl-C
             raise KeyboardInterrupt
 
         previous = signal.signal(signal.SIGTERM, _term)
         try:
-            result, rs = cm.measure_chunk_sweep(spec, out_root=results_root, device="cuda", progress=progress)
-        except KeyboardInterrupt:
-            typer.echo("interrupted: the rows measured so far are kept in the result set named above "
-                       "('writing to DIR'); `tflabench report DIR` compares them with the model", err=True)
+            result, rs = cm.measure_chunk_sweep(spec, out_root=out or Path("results"), device="cuda",
+                                                progress=progress)
+        except KeyboardInterrupt as exc:
+            directory = getattr(exc, "directory", None)
+            typer.echo(f"interrupted: the rows measured so far are kept in {directory or 'the result set named above'}; "
+                       f"`tflabench report {directory or 'DIR'}` compares them with the model", err=True)
             raise typer.Exit(130) from None
         finally:
             signal.signal(signal.SIGTERM, previous)
         from tflabench.cli.run_cmds import _write_run_plots
 
-        _show_measured_sweep(rs, _write_run_plots(result.directory), gpu=gpu[0] if gpu else None, ceilings=ceilings, hardware=hardware,
-                             F_causal=causal_factor, counts=counts, bytes_Cmn=state_bytes, out=out,
+        run_plots = _write_run_plots(result.directory) if plots else None
+        _show_measured_sweep(rs, run_plots, gpu=gpu_names[0] if gpu_names else None, ceilings=ceilings,
+                             hardware=hardware, F_causal=fc, counts=counts, bytes_Cmn=sb,
+                             plot_dir=(rs.path / "plots") if plots else None, figure_format=figure_format,
                              as_json=as_json)
 
 
-def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, counts, bytes_Cmn, out, as_json):
+def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, counts, bytes_Cmn, plot_dir,
+                         figure_format, as_json):
     """Render a measured chunk-size sweep: per-L table, optima, figure (CLI helper);
     ``run_plots``: the run's own figures (None: none drawn)."""
     from tflabench import model_vs_measured as mm
@@ -561,13 +664,14 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
     sweeps = mm.chunk_sweeps(rs.rows, alpha=g.flops_per_s, beta=g.bytes_per_s, ceilings=g.ceilings,
                              F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn)
     path = None
-    if sweeps and out is not None:
-        from tflabench.plots import plot_path
+    if sweeps and plot_dir is not None:
         from tflabench.plots.model_measured import chunk_sweep_figure
 
-        path = chunk_sweep_figure(sweeps, path=plot_path(out, "optimal_chunk_measured.png"),
-                                  title=f"{rs.metadata.get('suite')} on {rs.metadata.get('gpu_name')}")
-    figures = [str(p) for p in (run_plots or [])] + ([str(path)] if path else [])
+        path = chunk_sweep_figure(
+            sweeps, path=Path(plot_dir) / f"optimal_chunk_measured.{figure_format}",
+            title=(f"Runtime over chunk size L, measured and modelled: {rs.metadata.get('suite')} on "
+                   f"{rs.metadata.get('gpu_name')}"))
+    figures = [_shown(p) for p in (run_plots or [])] + ([_shown(path)] if path else [])
     if as_json:
         _echo_json({"results": str(rs.path), "gpu": g.as_dict(), "sweeps": [s.as_dict() for s in sweeps],
                     "plots": figures})
@@ -596,7 +700,7 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
 
 @app.command()
 def gpus(
-    ceilings: str = typer.Option("datasheet", "--ceilings", help=_H_CEIL),
+    ceilings: str = ceilings_option(),
     hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
     as_json: bool = typer.Option(False, "--json", help=_H_JSON),
 ) -> None:
@@ -607,7 +711,7 @@ def gpus(
     with user_errors():
         from tflabench.hardware import list_gpus
 
-        ceilings = inputs.one_of("--ceilings", ceilings, ("datasheet", "measured"))
+        ceilings = inputs.one_of("--ceilings", ceilings, ("auto", "datasheet", "measured"))
         gs = list_gpus(ceilings, hardware_file=hardware)
         if as_json:
             _echo_json({"gpus": [g.as_dict() for g in gs]})
@@ -630,6 +734,6 @@ def gpus(
         con = _console()
         con.print(t)
         con.print("TFLOP/s: dense bf16; TB/s: HBM bandwidth; I_acc = alpha/beta in FLOP/byte"
-                  + (" (* from measured ceilings)" if ceilings == "measured" else ""))
+                  + (" (* from measured ceilings)" if ceilings != "datasheet" else ""))
         for i, s in enumerate(sources, 1):
             con.print(f"[{i}] {s}", markup=False, highlight=False)

@@ -14,7 +14,7 @@ from typing import Optional
 
 import typer
 
-from tflabench.cli import app, echo_warnings, user_errors
+from tflabench.cli import app, ceilings_option, comma_list, echo_warnings, plots_option, user_errors
 from tflabench.console import make_console
 from tflabench.errors import UserError
 
@@ -37,15 +37,15 @@ def run(
     shard: Optional[str] = typer.Option(None, "--shard", help="Run shard K of N (e.g. 2/4), balanced by model cost."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU: 'all' or indices like 0,1."),
     only: Optional[list[str]] = typer.Option(
-        None, "--only", help="Run only kernels whose label or backend matches this glob (repeatable), "
-        "e.g. --only '*mLSTMsig*' --only mamba2."),
+        None, "--only", help="Run only kernels whose label or backend matches one of these globs, "
+        "comma-separated, e.g. --only '*mLSTMsig*,mamba2'."),
     max_kernel_failures: int = typer.Option(
         2, "--max-kernel-failures", min=0, help="After this many consecutive crash/timeout rows of one "
         "kernel, record its remaining cases as not run (0: run every case)."),
-    ceilings: str = typer.Option("datasheet", "--ceilings", help="Roofline ceilings: datasheet or measured."),
+    ceilings: str = ceilings_option(),
     device: Optional[str] = typer.Option(None, "--device", help="Override the suite's device: cpu or cuda."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
-    plots: bool = typer.Option(True, "--plots/--no-plots", help="Write the figures after the run."),
+    plots: bool = plots_option("Write the figures after the run."),
     triton_cache: Optional[Path] = typer.Option(
         None, "--triton-cache", help="Keep Triton's compiled kernels and every autotuner's results in DIR "
         "(TRITON_CACHE_DIR, TRITON_CACHE_AUTOTUNING=1), also across cases: a later run with the same DIR "
@@ -64,8 +64,8 @@ def run(
     with user_errors():
         if device not in (None, "cpu", "cuda"):
             raise UserError(f"--device={device!r}; allowed: cpu, cuda")
-        if ceilings not in ("datasheet", "measured"):
-            raise UserError(f"--ceilings={ceilings!r}; allowed: datasheet, measured")
+        if ceilings not in ("auto", "datasheet", "measured"):
+            raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|datasheet|measured")
         path = suite if suite is not None else default_suite_path()
         loaded = load_suite(path)
         gpu_list = parse_gpus(gpus)
@@ -81,7 +81,8 @@ def run(
         previous = signal.signal(signal.SIGTERM, _term)
         try:
             result = run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
-                               only=only, max_kernel_failures=max_kernel_failures, ceilings=ceilings,
+                               only=comma_list("--only", only), max_kernel_failures=max_kernel_failures,
+                               ceilings=ceilings,
                                device=device, progress=progress)
         except KeyboardInterrupt as exc:
             directory = getattr(exc, "directory", None) or resume
@@ -152,16 +153,16 @@ def _write_run_plots(directory: Path) -> list[Path]:
 
 @app.command()
 def report(
-    results_dir: Path = typer.Argument(..., help="A result set (directory or one of its files)."),
-    plots: bool = typer.Option(True, "--plots/--no-plots", help="Redraw the figures."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory for the figures (default RESULTS_DIR/plots)."),
+    results_dir: Path = typer.Argument(..., help="A result set (directory or one of its files).", metavar="RESULTS"),
+    plots: bool = plots_option("Redraw the figures."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory the figures are written into (default "
+                                       "RESULTS/plots)."),
     html: Optional[Path] = typer.Option(
         None, "--html", help="Also write a self-contained HTML report (tables + figures in one file, "
         "nothing loaded from the network) to FILE.html."),
-    ceilings: str = typer.Option(
-        "auto", "--ceilings", help="Ceilings of the model comparisons: auto (measured where recorded, "
-        "else datasheet), measured or datasheet."),
-    gpu: Optional[str] = typer.Option(None, "--gpu", help="GPU whose roofline to use (default: the set's GPU)."),
+    ceilings: str = ceilings_option(),
+    gpu: Optional[str] = typer.Option(
+        None, "--gpu", help="GPU key or name whose roofline to use, one (default: the set's GPU)."),
     causal_factor: float = typer.Option(
         0.66, "--causal-factor", help="F_causal of the chunk-sweep model curve (0.66: the paper's figures)."),
 ) -> None:
@@ -177,6 +178,8 @@ def report(
             raise UserError(f"--causal-factor={causal_factor!r} is not valid; F_causal must lie in [0.5, 1]")
         if ceilings not in ("auto", "measured", "datasheet"):
             raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|measured|datasheet")
+        if gpu is not None and len(comma_list("--gpu", gpu)) > 1:
+            raise UserError(f"--gpu={gpu!r}: report places the rows on one GPU's roofline; give one")
         rs = load_results(results_dir)
         echo_warnings(rs)
         if html is not None:

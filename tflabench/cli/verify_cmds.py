@@ -15,7 +15,7 @@ from typing import Optional
 
 import typer
 
-from tflabench.cli import app, user_errors
+from tflabench.cli import app, comma_list, plots_option, user_errors
 from tflabench.errors import UserError
 
 #: The suite ``tflabench verify`` runs without arguments (CPU, CI time).
@@ -75,13 +75,13 @@ def verify(
     kernel: Optional[str] = typer.Option(None, "--kernel", help="Verify one backend without a suite (e.g. tfla)."),
     params: Optional[str] = typer.Option(None, "--params", help="With --kernel: its parameters as JSON."),
     only: Optional[list[str]] = typer.Option(
-        None, "--only", help="Only kernels whose label or backend matches this glob (repeatable)."),
-    regime: Optional[list[str]] = typer.Option(None, "--regime", help="Only these regimes (repeatable)."),
-    seq_len: Optional[list[int]] = typer.Option(None, "--seq-len", help="These lengths instead (repeatable)."),
-    dtype: Optional[list[str]] = typer.Option(None, "--dtype", help="These dtypes instead (repeatable)."),
-    mode: Optional[list[str]] = typer.Option(None, "--mode", help="fwd and/or fwdbw (repeatable)."),
+        None, "--only", help="Only kernels whose label or backend matches one of these globs, comma-separated."),
+    regime: Optional[list[str]] = typer.Option(None, "--regime", help="Only these regimes, comma-separated."),
+    seq_len: Optional[list[str]] = typer.Option(None, "--seq-len", help="These lengths instead, comma-separated."),
+    dtype: Optional[list[str]] = typer.Option(None, "--dtype", help="These dtypes instead, comma-separated."),
+    mode: Optional[list[str]] = typer.Option(None, "--mode", help="fwd, fwdbw or both, comma-separated."),
     initial_state: Optional[list[str]] = typer.Option(
-        None, "--initial-state", help="yes and/or no (repeatable; kernels without states: no)."),
+        None, "--initial-state", help="yes, no or both, comma-separated (kernels without states: no)."),
     heads: Optional[int] = typer.Option(None, "--heads", help="Heads per case (default: the suite's verify.heads)."),
     out: Path = typer.Option(Path("results"), "--out", help="Root of the result set: OUT/<suite>-verify/<timestamp>/."),
     gpus: Optional[str] = typer.Option(None, "--gpus", help="One worker per GPU: 'all' or indices like 0,1."),
@@ -90,7 +90,7 @@ def verify(
         "kernel, record its remaining cases as not run (0: run every case)."),
     device: Optional[str] = typer.Option(None, "--device", help="Override the suite's device: cpu or cuda."),
     progress: bool = typer.Option(True, "--progress/--no-progress", help="Show the progress bar."),
-    plots: bool = typer.Option(True, "--plots/--no-plots", help="Draw the heat map."),
+    plots: bool = plots_option("Draw the heat map."),
 ) -> None:
     """Check every kernel of a suite against its float64 reference over gate regimes,
     lengths, initial states and dtypes (budgets per tensor: docs/numerics.md).
@@ -111,6 +111,16 @@ def verify(
             raise UserError("--params needs --kernel")
         if kernel is not None and suite is not None:
             raise UserError("give a SUITE or --kernel, not both")
+        only = comma_list("--only", only)
+        regime = comma_list("--regime", regime)
+        dtype = comma_list("--dtype", dtype)
+        mode = comma_list("--mode", mode, allowed=("fwd", "fwdbw"))
+        initial_state = comma_list("--initial-state", initial_state)
+        if seq_len is not None:
+            try:
+                seq_len = [int(x) for x in comma_list("--seq-len", seq_len)]
+            except ValueError:
+                raise UserError(f"--seq-len={seq_len!r}: give whole numbers separated by commas, e.g. 64,161") from None
         if kernel is not None:
             loaded = _kernel_suite(kernel, params, dtype[0] if dtype and len(dtype) == 1 else None, device)
         else:

@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-#: Where plots go unless ``--out`` says otherwise (relative to the working directory).
+#: Where the analytic commands write their figures unless ``--out`` names another directory
+#: (relative to the working directory; the commands print each file's absolute path).
 DEFAULT_PLOT_DIR = Path("results") / "plots"
 
 _FORMATS = {".png", ".svg", ".pdf"}
@@ -28,17 +29,6 @@ def new_figure(figsize=(7.0, 4.8)):
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=figsize, layout="constrained")
     return fig, ax
-
-
-def plot_path(out: str | Path | None, default_name: str) -> Path:
-    """The path a plot is written to: ``out`` if given (a file, or a directory ending in ``/``
-    or existing as one), else ``results/plots/<default_name>``."""
-    if out is None:
-        return DEFAULT_PLOT_DIR / default_name
-    p = Path(out)
-    if p.is_dir() or str(out).endswith(("/", "\\")):
-        return p / default_name
-    return p
 
 
 def save_figure(fig, path: str | Path, *, dpi: int = 150) -> Path:
