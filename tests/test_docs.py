@@ -6,7 +6,9 @@
 - every ``docs/<file>.md`` that code, tests, suites or docs cite exists, and every section
   number cited right after it (``docs/tfla-kernels.md 2.4``, ``docs/model-counts.md §6.2``,
   ``... Section 1``, ``docs/tfla-verification.md pitfall 17``) is a heading (or a numbered
-  pitfall) of that file.
+  pitfall) of that file;
+- every tuning rule a file cites beside ``docs/kernels.md`` ("rule S1", "rules H2-H4") is a
+  row of that document's "Tuning rules" table.
 """
 
 from __future__ import annotations
@@ -28,6 +30,8 @@ SEC = r"§?\d+(?:\.\d+)?"
 CITE_SECTIONS = re.compile(
     rf"(?<![\w/.-])docs/([\w.-]+\.md),?\s+(?:Section\s+)?({SEC}(?:\s*(?:-|,|/|and)\s*{SEC})*)")
 CITE_PITFALL = re.compile(r"(?<![\w/.-])docs/([\w.-]+\.md),?\s+[Pp]itfalls?\s+(\d+)")
+RULE_CITE = re.compile(r"\b[Rr](?:ules?|ows?)\s+([SHBWC])(\d+)(?:\s*-\s*[SHBWC]?(\d+))?")
+RULE_ROW = re.compile(r"^\|\s*([SHBWC]\d+)\s*\|", re.M)
 HEADING = re.compile(r"^#{1,6}\s+(\d+(?:\.\d+)?)[.\s]", re.M)
 PITFALL = re.compile(r"^(\d+)\.\s+\*\*", re.M)
 
@@ -122,3 +126,18 @@ def test_the_section_check_sees_the_reference_headings(doc, sections):
     heads, _ = sections_of(ROOT / "docs" / doc)
     assert sections <= heads
     assert "9.9" not in heads
+
+
+def test_cited_tuning_rules_are_rows_of_the_table():
+    rows = set(RULE_ROW.findall((ROOT / "docs" / "kernels.md").read_text(encoding="utf-8")))
+    assert {"S1", "H1", "B1", "W1", "C1"} <= rows   # the check reads the table
+    missing = []
+    for p in citing_files():
+        text = p.read_text(encoding="utf-8", errors="replace")
+        if "docs/kernels.md" not in text and p.name != "kernels.md":
+            continue
+        for group, first, last in RULE_CITE.findall(text):
+            for n in range(int(first), int(last or first) + 1):
+                if f"{group}{n}" not in rows:
+                    missing.append(f"{p.relative_to(ROOT)}: rule {group}{n}")
+    assert not missing, "cited tuning rules missing from docs/kernels.md:\n" + "\n".join(missing)

@@ -1,6 +1,6 @@
 """``chunk_size="auto"``: which chunk size and algorithm a call of mlstm_sig / mlstm_exp runs.
 
-The rule is measured on one NVIDIA H200 (docs/kernels.md, "Tuning rules", rows C1-C3); it
+The rule is measured on one NVIDIA H200 (docs/kernels.md, "Tuning rules", rows C1-C2); it
 depends on the variant, the mode (gradients needed or not), the head dimensions and the
 dtype, and for mLSTMsig's forward walk on the grid (batch x heads against the SM count).
 """
