@@ -23,13 +23,14 @@ from pydantic import ValidationError
 
 from tflabench.backends import get_backend
 from tflabench.backends import fla as fla_mod
+from tflabench.backends import lightning as lightning_mod
 from tflabench.backends import flash_attn as fa_mod
 from tflabench.backends import mamba as mamba_mod
 from tflabench.backends import mlstm_kernels as mk_mod
 from tflabench.backends.base import Shape
 from tflabench.errors import UserError
 
-PEER_NAMES = ("mlstm_kernels", "sdpa", "fa3", "fa2", "mamba2", "mamba", "fla")
+PEER_NAMES = ("mlstm_kernels", "sdpa", "fa3", "fa2", "mamba2", "mamba", "fla", "lightning_attn")
 
 
 def _max_norm_err(x, ref):
@@ -53,7 +54,7 @@ def _absent(monkeypatch, module, *names):
 
 def test_each_peer_name_resolves_to_its_own_backend_without_importing_peers():
     families = {"mlstm_kernels": "mlstm", "sdpa": "attention", "fa3": "attention", "fa2": "attention",
-                "mamba2": "mamba2", "mamba": "mamba", "fla": "gla"}
+                "mamba2": "mamba2", "mamba": "mamba", "fla": "gla", "lightning_attn": "gla"}
     for name in PEER_NAMES:
         backend = get_backend(name)
         assert backend.name == name
@@ -110,6 +111,8 @@ def test_valid_parameter_combinations_are_accepted():
     ("fla", {"op": "chunk_simple_gla"}, (16, 128, 256)),
     ("fla", {"op": "chunk_gla"}, (16, 128, 256)),
     ("fla", {"op": "lightning_attn"}, (32, 128, 128)),
+    ("lightning_attn", {}, (32, 128, 128)),
+    ("fla", {"op": "fused_chunk_simple_gla"}, (16, 128, 256)),
     ("sdpa", {}, (32, 128, 128)),
     ("fa3", {}, (32, 128, 128)),
     ("fa2", {}, (32, 128, 128)),
@@ -130,6 +133,8 @@ def test_default_layouts_are_the_papers_at_embedding_4096(name, raw, expected):
     ("sdpa", {"d_hv": 64}, (64, 64, 64)),
     ("fa3", {"heads": 16}, (16, 256, 256)),
     ("fla", {"op": "lightning_attn", "d_hv": 64}, (64, 64, 64)),
+    ("lightning_attn", {"heads": 64}, (64, 64, 64)),                # Figure 13's other layout
+    ("fla", {"op": "fused_chunk_simple_gla", "heads": 8}, (8, 256, 512)),   # Figure 12
     ("fla", {"d_qk": 64, "heads": 16}, (16, 64, 256)),
     ("mamba2", {"d_hv": 128, "d_state": 64}, (32, 64, 128)),
     ("mamba2", {"heads": 32}, (32, 128, 128)),
@@ -336,6 +341,10 @@ def test_triton_version_and_nvidia_smi_capability_are_parsed(monkeypatch, tmp_pa
     ("fla", {"op": "chunk_gla"}, {"q": (2, 64, 4, 8), "k": (2, 64, 4, 8), "v": (2, 64, 4, 16),
                                   "g": (2, 64, 4, 8)}),
     ("fla", {"op": "lightning_attn"}, {"q": (2, 64, 4, 8), "k": (2, 64, 4, 8), "v": (2, 64, 4, 16)}),
+    ("fla", {"op": "fused_chunk_simple_gla"}, {"q": (2, 64, 4, 8), "k": (2, 64, 4, 8), "v": (2, 64, 4, 16),
+                                               "g": (2, 64, 4)}),
+    ("fla", {"op": "fused_chunk_gla"}, {"q": (2, 64, 4, 8), "k": (2, 64, 4, 8), "v": (2, 64, 4, 16),
+                                        "g": (2, 64, 4, 8)}),
     ("mamba2", {}, {"x": (2, 64, 4, 16), "dt": (2, 64, 4), "A": (4,), "B": (2, 64, 1, 8),
                     "C": (2, 64, 1, 8), "D": (4,), "dt_bias": (4,)}),
     ("mamba", {}, {"u": (2, 64, 64), "delta": (2, 64, 64), "A": (64, 8), "B": (2, 8, 64),
@@ -599,6 +608,9 @@ def test_model_counts_use_the_familys_model_kind():
         ("fla", {}, "simple_gla", {"L": 64}),
         ("fla", {"op": "lightning_attn", "chunk_size": 128}, "simple_gla", {"L": 128}),
         ("fla", {"op": "chunk_gla"}, "gla", {"L": 64}),
+        ("fla", {"op": "fused_chunk_simple_gla"}, "simple_gla_fused", {"L": 64}),
+        ("fla", {"op": "fused_chunk_gla"}, "gla_fused", {"L": 64}),
+        ("lightning_attn", {"heads": 16, "d_hv": 128}, "simple_gla_fused", {"L": 64}),
         ("sdpa", {}, "attention_causal", {}),
         ("fa3", {}, "attention_causal", {}),
         ("mamba2", {}, "mamba2_ssd", {"L": 256, "d_state": 128}),
@@ -624,3 +636,73 @@ def test_mlstm_kernels_note_names_the_peer_kernel_and_normaliser():
     assert mk_mod.effective_chunk_size(mk.parse_params({}), 4096) == 128
     assert math.isclose(mk.parse_params({}).eps, 1e-6)
     assert dataclasses.is_dataclass(Shape)
+
+
+# ------------------------------------------------------------------------ Lightning Attention 2, fused GLA
+
+
+def test_lightning_attn_refuses_head_dimensions_its_kernel_cannot_load():
+    la = get_backend("lightning_attn")
+    with pytest.raises(UserError, match="lightning_attn takes head dimensions .*got 256"):
+        la.layout(la.parse_params({"heads": 16}), 4096)                 # 256 per head
+    with pytest.raises(UserError, match="d_qk"):
+        la.layout(la.parse_params({"heads": 32, "d_qk": 96}), 4096)
+    with pytest.raises(ValidationError, match="layer_idx"):
+        la.parse_params({"layer_idx": 32})
+    with pytest.raises(ValidationError, match="chunk_size"):
+        get_backend("fla").parse_params({"op": "fused_chunk_simple_gla", "chunk_size": 128})
+
+
+def test_lightning_attn_inputs_are_its_kernels_layout_with_the_layer_decay():
+    la = get_backend("lightning_attn")
+    params = la.parse_params({"layer_idx": 1, "num_layers": 4})
+    shape = Shape(batch=2, seq_len=64, heads=4, d_qk=16, d_hv=32)
+    inputs = la.make_inputs(params, shape, torch.bfloat16, "cpu", seed=3, requires_grad=True)
+    assert {k: tuple(v.shape) for k, v in inputs.items()} == {
+        "q": (2, 4, 64, 16), "k": (2, 4, 64, 16), "v": (2, 4, 64, 32), "s": (4,)}
+    for key in "qkv":
+        assert inputs[key].is_leaf and inputs[key].requires_grad and inputs[key].dtype == torch.bfloat16
+    assert not inputs["s"].requires_grad and inputs["s"].dtype == torch.float32
+    assert torch.allclose(inputs["s"].double(), -fla_mod.lightning_log_decay(4, 1, 4))   # s_h = 1.5 h
+    # q carries fla's default scale d_qk^-1/2: its spread is a quarter of k's at d_qk 16
+    assert 0.2 < inputs["q"].float().std().item() / inputs["k"].float().std().item() < 0.3
+
+
+def test_lightning_attn_reference_is_decayed_linear_attention_without_scale():
+    # o_t = sum_{j<=t} exp(-s_h (t - j)) (q_t . k_j) v_j  (lightning-attn 0.0.5, lightning_attn2)
+    la = get_backend("lightning_attn")
+    params = la.parse_params({})
+    inputs = la.make_inputs(params, Shape(1, 23, 3, 16, 16), torch.float64, "cpu", seed=5)
+    q, k, v, s = inputs["q"], inputs["k"], inputs["v"], inputs["s"]
+    t = torch.arange(23, dtype=torch.float64)
+    out = torch.empty_like(v)
+    for h in range(3):
+        decay = torch.exp(-s[h] * (t[:, None] - t[None, :])).tril()
+        out[0, h] = ((q[0, h] @ k[0, h].T) * decay) @ v[0, h]
+    assert _max_norm_err(la.reference(params, inputs), out) < 1e-12
+
+
+def test_fla_fused_gla_stub_is_reported_unavailable():
+    def stub(**kwargs):
+        raise NotImplementedError("`fused_chunk_gla` is deprecated. Please use `chunk_gla` instead.")
+
+    def kernel(q, k, v, g):
+        return q
+
+    reason = fla_mod._stub_reason(stub)
+    assert "stub" in reason and "deprecated" in reason and "fused_chunk_simple_gla" in reason
+    assert fla_mod._stub_reason(kernel) is None
+
+
+def test_fused_model_counts_drop_the_chunk_states_only():
+    from tflabench.model import counts_for_case
+
+    kw = dict(B=2, NH=8, T=4096, d_qk=256, d_hv=512, L=64)
+    for mode in ("fwd", "fwdbw"):
+        fused, chunk = counts_for_case("simple_gla_fused", mode, **kw), counts_for_case("simple_gla", mode, **kw)
+        assert fused.flops == chunk.flops and fused.bytes < chunk.bytes
+    # forward: q, k, v read and o written once, the gate read once; no state (2 bytes each)
+    n_chunks = 4096 // 64
+    io = 64 * (2 * 256 + 2 * 512) * 2 + 64 * 2
+    assert counts_for_case("simple_gla_fused", "fwd", **kw).bytes == 2 * 8 * n_chunks * io
+    assert counts_for_case("gla_fused", "fwd", **kw).bytes > counts_for_case("simple_gla_fused", "fwd", **kw).bytes

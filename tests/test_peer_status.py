@@ -151,7 +151,7 @@ def test_fla_key_block_width_on_hopper_follows_fla_0_6_0():
     assert [hopper_key_block(k) for k in (8, 32, 48, 64, 100, 128, 256)] == [16, 32, 64, 64, 128, 128, 128]
 
 
-def test_narrowed_guard_lifts_only_away_from_key_block_64(monkeypatch):
+def test_narrowed_guard_lifts_only_away_from_key_block_64_and_names_the_path(monkeypatch):
     import sys
     import types
 
@@ -159,29 +159,58 @@ def test_narrowed_guard_lifts_only_away_from_key_block_64(monkeypatch):
 
     fake = types.SimpleNamespace(TRITON_ABOVE_3_7_1=False)
     monkeypatch.setitem(sys.modules, "fla.ops.common.chunk_o", fake)
+    monkeypatch.setattr(fla_mod, "fla_backward_refused", lambda: (True, "Hopper GPU=True, triton 3.6.0"))
     monkeypatch.delenv(fla_mod.GUARD_ENV, raising=False)
-    assert fla_mod._narrow_guard_for(128) is False and fake.TRITON_ABOVE_3_7_1 is False   # default: fla's guard
+    assert fla_mod._narrow_guard_for(128) is None and fake.TRITON_ABOVE_3_7_1 is False   # default: fla's guard
     monkeypatch.setenv(fla_mod.GUARD_ENV, "narrow")
-    assert fla_mod._narrow_guard_for(128) is True and fake.TRITON_ABOVE_3_7_1 is True     # BK 128: lifted
-    assert fla_mod._narrow_guard_for(64) is False and fake.TRITON_ABOVE_3_7_1 is False    # BK 64: guard back
+    path = fla_mod._narrow_guard_for(128)                                                # BK 128: lifted
+    assert fake.TRITON_ABOVE_3_7_1 is True
+    assert "guard narrowed" in path and "key block width 128" in path and "dq, dk, dv, dg" in path
+    assert fla_mod._narrow_guard_for(64) is None and fake.TRITON_ABOVE_3_7_1 is False    # BK 64: guard back
+    monkeypatch.setattr(fla_mod, "fla_backward_refused", lambda: (False, "Hopper GPU=True, triton 3.7.1"))
+    assert "fla's own path" in fla_mod._narrow_guard_for(64) and "3.7.1" in fla_mod._narrow_guard_for(64)
 
 
-def test_narrowed_guard_lets_the_case_run_and_says_so(monkeypatch):
+def test_narrowed_guard_lets_the_case_run_and_the_row_says_which_path_ran(monkeypatch):
+    import sys
+    import types
+
+    import torch
+
     from tflabench.backends import fla as fla_mod
     from tflabench.backends import get_backend
+    from tflabench.backends.base import Shape
 
     monkeypatch.setattr(fla_mod, "fla_backward_refused", lambda: (True, "Hopper GPU=True, triton 3.6.0"))
+    monkeypatch.setitem(sys.modules, "fla.ops.common.chunk_o", types.SimpleNamespace(TRITON_ABOVE_3_7_1=False))
     fla = get_backend("fla")
     params = fla.parse_params({"op": "chunk_simple_gla"})
     monkeypatch.delenv(fla_mod.GUARD_ENV, raising=False)
     reason = fla.unsupported_mode(params, "fwdbw")
-    assert "#640" in reason and f"{fla_mod.GUARD_ENV}=narrow" in reason and fla.note(params, "cuda") is None
+    assert "#640" in reason and f"{fla_mod.GUARD_ENV}=narrow" in reason
     monkeypatch.setenv(fla_mod.GUARD_ENV, "narrow")
     assert fla.unsupported_mode(params, "fwdbw") is None
-    assert "guard lifted" in fla.note(params, "cuda")
+    # the worker's forward records the path; the ok row's reason (note) carries it
+    calls = []
+    monkeypatch.setattr(fla_mod, "_fla_op", lambda op: lambda q, k, v, g: calls.append(op) or q.sum(-1, keepdim=True))
+    shape = Shape(1, 64, 2, 128, 16)
+    inputs = fla.make_inputs(params, shape, torch.float32, "cpu", seed=0, requires_grad=True)
+    fla.forward(params, inputs)
+    assert "guard narrowed" in fla.note(params, "cuda") and calls == ["chunk_simple_gla"]
+    fla.forward(params, fla.make_inputs(params, shape, torch.float32, "cpu", seed=0))   # fwd: no backward path
+    assert fla.note(params, "cuda") is None
     exc = RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "
                        "chunk_bwd_dqkwg (see #640).")
     assert "key block width 64" in fla.classify_error(params, "fwdbw", exc)
+
+
+def test_doctor_reports_the_narrowed_guard_as_running(monkeypatch):
+    from tflabench.backends import fla as fla_mod
+
+    monkeypatch.setenv(fla_mod.GUARD_ENV, "narrow")
+    v = _verdicts(H200_ENV, _only())
+    row = v[("FLA chunk_simple_gla", "fwdbw")]
+    assert row.runs is True and "narrow" in row.why and "dq, dk, dv, dg" in row.why
 
 
 # ------------------------------------------------------------------ FlashAttention 4
@@ -209,9 +238,45 @@ def test_fa4_backend_has_the_attention_layout_and_names_what_is_missing(monkeypa
     assert "dsl_packages" in reason and ".pth" in reason
 
 
-def test_doctor_verdict_for_fa4_follows_its_module():
+def test_doctor_says_how_each_flashattention_is_found_or_why_not():
     v = _verdicts(H200_ENV, _only("fa3_fwd_interface"))
-    assert v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")].runs is False
-    assert "device_fa4.sh" in v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")].fix
-    v = _verdicts(H200_ENV, _only("flash_attn.cute"))
-    assert v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")].runs is True
+    fa4 = v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")]
+    assert fa4.runs is False and "flash_attn.cute not found" in fa4.why and "offline-peers.md" in fa4.fix
+    assert "found fa3_fwd_interface" in v[("FlashAttention 3", "fwd")].why
+    fa3 = v[("FlashAttention 3", "fwdbw")]
+    assert "flash_attn_interface not found" in fa3.why and "fa4" in fa3.fix
+    v = _verdicts(H200_ENV, _only("flash_attn.cute"))                   # FA4 without nvidia-cutlass-dsl
+    fa4 = v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")]
+    assert fa4.runs is False and "not cutlass" in fa4.why and "dsl_packages" in fa4.fix
+    assert "neither flash_attn_interface" in v[("FlashAttention 3", "fwd, fwdbw")].why
+    v = _verdicts({**H200_ENV, "peers": {**H200_ENV["peers"], "flash-attn-4": "4.0.0b36"}},
+                  _only("flash_attn.cute", "cutlass", "flash_attn_interface"))
+    fa4 = v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")]
+    assert fa4.runs is True and "flash-attn-4 4.0.0b36" in fa4.why
+    assert "built from flash-attention's hopper/" in v[("FlashAttention 3", "fwd, fwdbw")].why
+    for row in peer_modes(H200_ENV, find_spec=_only()):
+        assert "\n" not in row.why + row.fix                             # one line each
+
+
+def test_doctor_lists_lightning_attention_and_the_fused_gla_forms():
+    v = _verdicts(H200_ENV, _only())
+    assert v[("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw")].runs is False
+    assert v[("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw")].fix.startswith("pip install lightning-attn")
+    assert v[("FLA lightning_attn (Lightning Attention 2)", "fwd, fwdbw")].runs is True
+    assert v[("FLA fused_chunk_simple_gla (non-materialising)", "fwd, fwdbw")].runs is True
+    stub = v[("FLA fused_chunk_gla (non-materialising)", "fwd, fwdbw")]
+    assert stub.runs is False and "stub" in stub.why and "fused_chunk_simple_gla" in stub.fix
+    env = {**H200_ENV, "peers": {**H200_ENV["peers"], "lightning-attn": "0.0.5"}}
+    assert "0.0.5" in _verdicts(env, _only())[("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw")].why
+
+
+def test_fa2_is_not_fooled_by_flash_attn_4s_namespace_package(monkeypatch):
+    from tflabench.backends import flash_attn as fa_mod
+    from tflabench.backends import get_backend
+
+    # flash-attn-4 installs flash_attn/cute/ without flash_attn/__init__.py
+    monkeypatch.setattr(fa_mod, "_find_spec", lambda name: object() if name in ("flash_attn", "flash_attn.cute") else None)
+    fa2 = get_backend("fa2")
+    assert "flash_attn is not installed" in fa2.available(fa2.parse_params({}))
+    fa4 = get_backend("fa4")
+    assert fa4.note(fa4.parse_params({}), "cuda") == "via flash_attn.cute (flash-attn-4, CuTe DSL: fwd+bwd)"

@@ -32,7 +32,8 @@ PEERS: dict[str, str] = {
     "flash_attn": "flash_attn",
     "flash_attn_3": "flash_attn_interface",
     "fa3_fwd": "fa3_fwd_interface",
-    "flash-attn-4": "flash_attn",
+    "flash-attn-4": "flash_attn.cute",
+    "lightning-attn": "lightning_attn",
 }
 
 

@@ -20,20 +20,21 @@ cases that could not run (``unavailable``, from each backend's ``available`` /
   ``flash_attn_interface`` (fwd+bwd) is built from flash-attention's ``hopper/`` (not on
   the package index; hours of nvcc). FlashAttention 4 (``flash-attn-4`` 4.0.0b36, CuTe DSL,
   backend ``fa4``) has an sm90 backward (flash-attention PR #2128) and installs from the
-  index, but its ``nvidia-cutlass-dsl-libs-cu13`` wheel is 88 MiB (more than one device
-  call carries) and ``nvidia-cutlass-dsl`` puts its ``cutlass`` package on ``sys.path``
-  through a ``.pth`` file, which a ``pip install --target`` on ``PYTHONPATH`` never runs:
-  that, and the missing ``cuda-bindings``/``protobuf``, is why ``cutlass.cute`` was "not
-  found" on 2026-11-22 (checked on the CPU with Python 3.12: with
-  ``<target>/nvidia_cutlass_dsl/dsl_packages`` on ``PYTHONPATH`` and those two wheels,
-  ``import cutlass.cute`` works).
-- Mamba (v1): ``selective_scan_fn`` needs mamba_ssm's compiled ``selective_scan_cuda``; the
-  ``mamba_ssm`` wheel here was built with ``MAMBA_SKIP_CUDA_BUILD=TRUE``. Building it needs
-  nvcc (``nvidia-cuda-nvcc`` on the package index, plus the CUDA headers) matching torch's
-  CUDA major version, and compiles many template instantiations (tens of minutes for all
-  architectures; restrict to sm_90 for an H200).
+  index (``flash-attn-4[cu13]`` for a CUDA 13 torch); ``nvidia-cutlass-dsl`` puts its
+  ``cutlass`` package on ``sys.path`` through a ``.pth`` file, which a ``pip install
+  --target`` on ``PYTHONPATH`` never runs, so ``<target>/nvidia_cutlass_dsl/dsl_packages``
+  must be on ``PYTHONPATH`` then (docs/offline-peers.md).
+- Lightning Attention 2: fla-core 0.6.0's ``chunk_lightning_attn`` is ``chunk_simple_gla``
+  with a fixed per-head decay (``g_gamma``), whose backward does not pass through the #640
+  guard; the original kernels are the ``lightning-attn`` package (pure Python + Triton).
+  fla-core 0.6.0's ``fused_chunk_gla`` is a stub raising NotImplementedError;
+  ``fused_chunk_simple_gla`` is the non-materialising form it keeps.
+- Mamba (v1): ``selective_scan_fn`` needs mamba_ssm's compiled ``selective_scan_cuda``; a
+  ``mamba_ssm`` wheel built with ``MAMBA_SKIP_CUDA_BUILD=TRUE`` has none. Building it needs a
+  CUDA build of torch and nvcc of the same CUDA major version, and compiles many template
+  instantiations (tens of minutes for sm_90 alone, hours for every architecture).
 - mlstm_kernels mLSTMexp ``xl_chunk`` is not listed: an abort while compiling was seen once on
-  triton 3.6 (2026-11-22, with the same wheels), but every H200 result set of this
+  triton 3.6 (2026-11-22), but every H200 result set of this
   project with the same versions measured it (912a5aa, 6039bb3: all rows ok); a crash would
   be a ``crash`` row with its reason.
 """
@@ -44,6 +45,7 @@ import dataclasses
 import importlib.util
 from typing import Callable
 
+from tflabench.backends.fla import GUARD_ENV, guard_narrowed
 from tflabench.environment import _parse_version, is_hopper
 
 
@@ -70,7 +72,7 @@ def _spec(module: str):
 
 
 def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[PeerMode]:
-    """Every peer mode of the paper's Figure 4 and what stops it, for the environment ``env``
+    """Every peer mode of the paper's Figures 4, 12 and 13 and what stops it, for the environment ``env``
     (:func:`tflabench.environment.collect`: ``gpu_name``, ``triton``, ``peers``).
     ``find_spec`` looks modules up (tests replace it)."""
     peers = env.get("peers") or {}
@@ -89,7 +91,13 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
     else:
         guarded = hopper and triton is not None and (3, 4) <= triton < (3, 7, 1)
         out.append(PeerMode("FLA chunk_simple_gla", "fwd", True, ""))
-        if guarded:
+        if guarded and guard_narrowed():
+            out.append(PeerMode(
+                "FLA chunk_simple_gla", "fwdbw", True,
+                f"fla's #640 guard narrowed ({GUARD_ENV}=narrow): its gated backward runs where the key block "
+                "width is not 64 (d_qk 128 and 256 run 128) and is refused at 64; the numerics gate checks "
+                "dq, dk, dv, dg against float64"))
+        elif guarded:
             tilelang = ("tilelang is installed but its kernel refuses chunk_simple_gla (float32 states)"
                         if find_spec("tilelang") is not None else
                         "fla's TileLang fallback would not help: it refuses chunk_simple_gla (float32 states)")
@@ -97,10 +105,9 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
                 "FLA chunk_simple_gla", "fwdbw", False,
                 f"fla {fla} refuses its gated backward (chunk_bwd_dqkwg) on Hopper ({gpu}) with triton {tv}: "
                 f"Triton 3.4-3.7.0 miscompiles that kernel there (fla issue #640); {tilelang}",
-                "triton >= 3.7.1 for the fla worker (torch >= 2.12.1 ships it; with this torch, a separate "
-                "environment for fla's workers: the triton 3.9.0 wheel is 286 MB, so on a GPU node without "
-                "internet bring it on a data volume); or TFLABENCH_FLA_640_GUARD=narrow: run it where fla's key block width is not 64 "
-                "(d_qk 128 runs BK 128; #640 found BK 64 wrong), every gradient checked by the numerics gate"))
+                "triton >= 3.7.1 (torch >= 2.12.1 ships it); or TFLABENCH_FLA_640_GUARD=narrow: run it where "
+                "fla's key block width is not 64 (d_qk 128 runs BK 128; #640 found BK 64 wrong), every "
+                "gradient checked by the numerics gate"))
         else:
             out.append(PeerMode("FLA chunk_simple_gla", "fwdbw", True,
                                 "" if hopper or triton is None else "not on Hopper: fla's #640 guard does not apply"))
@@ -110,32 +117,61 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
             "keep Triton's autotune results: `tflabench run --triton-cache DIR` (fla stores them with "
             "cache_results=True; FLA_CACHE_RESULTS=1 is its default)"))
 
-    # --- FlashAttention 3
+    # --- FlashAttention 3: flash_attn_interface (fwd+bwd, built from source) or the fa3_fwd wheel
     if find_spec("flash_attn_interface") is not None:
-        out.append(PeerMode("FlashAttention 3", "fwd, fwdbw", True, "flash_attn_interface (fwd+bwd)"))
+        out.append(PeerMode("FlashAttention 3", "fwd, fwdbw", True,
+                            "found flash_attn_interface (built from flash-attention's hopper/): forward and backward"))
     elif find_spec("fa3_fwd_interface") is not None:
-        out.append(PeerMode("FlashAttention 3", "fwd", True, "fa3_fwd_interface"))
+        out.append(PeerMode("FlashAttention 3", "fwd", True,
+                            f"found fa3_fwd_interface (the fa3_fwd wheel {peers.get('fa3_fwd', '')})".replace(" )", ")")))
         out.append(PeerMode(
             "FlashAttention 3", "fwdbw", False,
-            f"only the fa3_fwd wheel ({peers.get('fa3_fwd', '?')}) is installed: built with "
-            "FLASHATTENTION_DISABLE_BACKWARD (forward only, bf16 only)",
-            "build flash_attn_interface from flash-attention's hopper/ (hours of nvcc); or FlashAttention 4 (backend fa4: flash-attn-4, CuTe DSL, sm90 backward), whose "
-            "nvidia-cutlass-dsl needs its dsl_packages dir on PYTHONPATH when installed with --target "
-            "(benchmarks/fa4_prepare.sh, device_fa4.sh); meanwhile `sdpa impl=cudnn` is the FA3-class fwdbw"))
+            "flash_attn_interface not found; the fa3_fwd wheel is built with FLASHATTENTION_DISABLE_BACKWARD "
+            "(forward only, bf16 only)",
+            "build flash_attn_interface from flash-attention's hopper/ (hours of nvcc), or measure the "
+            "FA3-class backward with FlashAttention 4 (backend fa4) or sdpa impl=cudnn"))
     else:
-        out.append(PeerMode("FlashAttention 3", "fwd, fwdbw", False, "neither flash_attn_interface nor fa3_fwd is "
-                            "installed", "pip install the fa3_fwd wheel (forward) or build hopper/ (fwd+bwd)"))
+        out.append(PeerMode("FlashAttention 3", "fwd, fwdbw", False,
+                            "neither flash_attn_interface (built from source) nor fa3_fwd_interface (fa3_fwd wheel) "
+                            "is found", "build flash-attention's hopper/ (fwd+bwd), or pip install the fa3_fwd "
+                            "wheel (forward only)"))
 
     # --- FlashAttention 4 (CuTe DSL): the FA3-class peer with a backward that installs from the index
-    if find_spec("flash_attn.cute") is not None:
-        out.append(PeerMode("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", True, "flash_attn.cute"))
+    fa4 = peers.get("flash-attn-4")
+    if find_spec("flash_attn.cute") is not None and find_spec("cutlass") is not None:
+        out.append(PeerMode("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", True,
+                            f"found flash_attn.cute (flash-attn-4 {fa4 or '?'}) and cutlass (nvidia-cutlass-dsl)"))
+    elif find_spec("flash_attn.cute") is not None:
+        out.append(PeerMode(
+            "FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", False,
+            f"found flash_attn.cute (flash-attn-4 {fa4 or '?'}) but not cutlass: nvidia-cutlass-dsl is missing, "
+            "or installed with --target, which skips the .pth file that puts its dsl_packages on sys.path",
+            "pip install 'flash-attn-4[cu13]' (CUDA 13 torch) into site-packages, or add "
+            "<target>/nvidia_cutlass_dsl/dsl_packages to PYTHONPATH (docs/offline-peers.md)"))
     else:
         out.append(PeerMode(
             "FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", False,
-            "flash-attn-4 is not installed",
-            "pip install flash-attn-4 (its nvidia-cutlass-dsl-libs-cu13 wheel is 88 MiB); for a GPU node without "
-            "internet: benchmarks/fa4_prepare.sh downloads the wheels, benchmarks/device_fa4.sh installs them "
-            "there (cutlass's dsl_packages on PYTHONPATH)"))
+            "flash_attn.cute not found: flash-attn-4 is not installed",
+            "pip install -e '.[peers]' (Linux x86-64; add flash-attn-4[cu13] for a CUDA 13 torch); a GPU node "
+            "without internet: docs/offline-peers.md"))
+
+    # --- Lightning Attention 2 (paper Figure 13): fla's port and the original kernels
+    if fla:
+        out.append(PeerMode("FLA lightning_attn (Lightning Attention 2)", "fwd, fwdbw", True,
+                            "fla's chunk_simple_gla with a fixed decay (no #640 guard: no data-dependent gate)"))
+        out.append(PeerMode("FLA fused_chunk_simple_gla (non-materialising)", "fwd, fwdbw", True,
+                            "its own fused forward and backward kernels (no #640 guard)"))
+        if (_parse_version(fla) or (0,)) >= (0, 5):
+            out.append(PeerMode("FLA fused_chunk_gla (non-materialising)", "fwd, fwdbw", False,
+                                f"fla {fla} ships fused_chunk_gla as a stub that raises NotImplementedError",
+                                "measure fused_chunk_simple_gla, its non-materialising form with a scalar gate"))
+    if peers.get("lightning-attn") or find_spec("lightning_attn") is not None:
+        out.append(PeerMode("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw", True,
+                            f"found lightning_attn {peers.get('lightning-attn', '')}".rstrip()
+                            + ": its Triton kernels, head dimensions 16-128"))
+    else:
+        out.append(PeerMode("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw", False,
+                            "lightning-attn is not installed", "pip install lightning-attn einops"))
 
     # --- Mamba (v1) and Mamba 2
     if not peers.get("mamba_ssm"):
@@ -146,11 +182,11 @@ def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[Pe
         if find_spec("selective_scan_cuda") is None:
             out.append(PeerMode(
                 "Mamba (v1)", "fwd, fwdbw", False,
-                f"mamba_ssm {peers['mamba_ssm']} has no compiled selective_scan_cuda (a wheel built with "
-                "MAMBA_SKIP_CUDA_BUILD=TRUE); selective_scan_fn has no other implementation",
-                "build it against this torch: nvcc of torch's CUDA major version (nvidia-cuda-nvcc wheel + CUDA "
-                "headers), then MAMBA_FORCE_BUILD=TRUE pip install mamba_ssm --no-build-isolation (TORCH_CUDA_ARCH_LIST=9.0 "
-                "for an H100/H200 only builds faster)"))
+                f"mamba_ssm {peers['mamba_ssm']} has no compiled selective_scan_cuda (built with "
+                "MAMBA_SKIP_CUDA_BUILD=TRUE), and selective_scan_fn has no other implementation",
+                "on a machine with a CUDA build of torch and nvcc of its CUDA version: "
+                "TORCH_CUDA_ARCH_LIST=9.0 MAMBA_FORCE_BUILD=TRUE pip install mamba_ssm --no-build-isolation "
+                "(tens of minutes to hours of nvcc)"))
         else:
             out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, "selective_scan_cuda compiled"))
 

@@ -36,6 +36,7 @@ BACKEND_MODULES: dict[str, str] = {
     "mamba2": "tflabench.backends.mamba",
     "mamba": "tflabench.backends.mamba",
     "fla": "tflabench.backends.fla",
+    "lightning_attn": "tflabench.backends.lightning",
     "custom": "tflabench.backends.custom",
 }
 

@@ -7,7 +7,15 @@
 - ``chunk_gla``: ``fla.ops.gla.chunk_gla``, a log-forget gate per key dimension,
   g (B, T, H, K) (Yang et al. 2024, GLA);
 - ``lightning_attn``: ``fla.ops.lightning_attn.chunk_lightning_attn``, a fixed decay per
-  head, log γ_h = -(8 / H)(1 - layer_idx / num_layers) h (Lightning Attention 2).
+  head, log γ_h = -(8 / H)(1 - layer_idx / num_layers) h (Lightning Attention 2; fla runs it
+  through ``chunk_simple_gla`` with that g_gamma);
+- ``fused_chunk_simple_gla``: ``fla.ops.simple_gla.fused_chunk_simple_gla``, the
+  non-materialising form of simple GLA (paper App. E.3, Figure 12's "GLA (fused)"): one
+  program per (batch, head, value block) walks the chunks in order with the state in
+  registers, so no chunk state reaches HBM; chunk length min(64, T) fixed by fla;
+- ``fused_chunk_gla``: ``fla.ops.gla.fused_chunk_gla``, the same for GLA's per-key gate. In
+  fla-core 0.6.0 it is a stub that raises NotImplementedError ("deprecated, use chunk_gla");
+  :meth:`FlaBackend.available` reports that, so use ``fused_chunk_simple_gla`` there.
 
 fla's conventions (read from fla-core 0.6.0): inputs (B, T, H, K) / (B, T, H, V),
 contiguous; g is a *log* forget gate (the state is multiplied by exp(g_t)); scale defaults
@@ -17,14 +25,16 @@ distribution of the peer baselines.
 
 Known refusal: fla's gated ``chunk_bwd_dqkwg`` (the backward of ``chunk_simple_gla`` with a
 data-dependent g) raises a RuntimeError (fla issue #640) on Hopper GPUs with
-3.4.0 <= triton < 3.7.1 (seen on the H200, triton 3.6).
+3.4.0 <= triton < 3.7.1 (seen on an H200 with triton 3.6).
 ``unsupported_mode`` reports ``fwdbw`` unsupported there, per case, with that reason;
 :meth:`FlaBackend.classify_error` recognises the RuntimeError itself. With
 ``TFLABENCH_FLA_640_GUARD=narrow`` the guard is lifted where fla's key block width is not 64
 (:func:`guard_narrowed`; the bisection in #640 found only BK = 64 miscompiled), the numerics
-gate judging every gradient, and the row's ``reason`` says so. ``chunk_gla`` (own
-backward kernels) and ``lightning_attn`` (g_gamma, no g) do not pass through that guard in
-fla-core 0.6.0, so their backward is not refused by it; the numerics gate checks them.
+gate judging every gradient, and the row's ``reason`` says so. Which path a measured
+gated backward took is the ``ok`` row's ``reason`` (:meth:`FlaBackend.note`): fla's own
+(no guard applies here) or the narrowed guard. ``chunk_gla`` (own backward kernels),
+``lightning_attn`` (g_gamma, no g) and the fused forms (their own backward kernel) do not
+pass through that guard in fla-core 0.6.0; the numerics gate checks them.
 
 Paper App. E.3 layout at embedding 4096: chunk_gla and chunk_simple_gla 16 heads, d_hv 256,
 d_qk 128 (as the mLSTM); lightning_attn 32 heads of d_qk = d_hv = 128 (Figure 13; Lightning
@@ -57,7 +67,16 @@ FLA_OPS: dict[str, tuple[str, str]] = {
     "chunk_simple_gla": ("fla.ops.simple_gla", "chunk_simple_gla"),
     "chunk_gla": ("fla.ops.gla", "chunk_gla"),
     "lightning_attn": ("fla.ops.lightning_attn", "chunk_lightning_attn"),
+    "fused_chunk_simple_gla": ("fla.ops.simple_gla", "fused_chunk_simple_gla"),
+    "fused_chunk_gla": ("fla.ops.gla", "fused_chunk_gla"),
 }
+
+#: The non-materialising (fused) ops: chunk length fixed by fla, no chunk state in HBM.
+FUSED_OPS = frozenset({"fused_chunk_simple_gla", "fused_chunk_gla"})
+
+#: Ops with a log-forget gate per key dimension, g (B, T, H, K); the other gated ops take
+#: g (B, T, H).
+PER_KEY_GATE_OPS = frozenset({"chunk_gla", "fused_chunk_gla"})
 
 #: Ops whose backward passes a data-dependent g to fla's guarded ``chunk_bwd_dqkwg``
 #: (fla-core 0.6.0, fla/ops/common/chunk_o.py): refused on Hopper with triton in
@@ -75,6 +94,8 @@ FLA_DEFAULT_LAYOUT: dict[str, tuple[int, float]] = {
     "chunk_simple_gla": (16, 0.5),
     "chunk_gla": (16, 0.5),
     "lightning_attn": (32, 1.0),
+    "fused_chunk_simple_gla": (16, 0.5),
+    "fused_chunk_gla": (16, 0.5),
 }
 
 
@@ -173,30 +194,39 @@ def guard_narrowed() -> bool:
     return os.environ.get(GUARD_ENV, "").strip().lower() == "narrow"
 
 
-def _narrow_guard_for(d_qk: int) -> bool:
+def _narrow_guard_for(d_qk: int) -> str | None:
     """In the worker, before a guarded backward: lift fla's #640 guard in
     ``fla.ops.common.chunk_o`` when :func:`guard_narrowed` and BK != 64 (restore it
-    otherwise). Returns whether the guard is lifted for this call."""
+    otherwise). Returns which path the backward will take, for the row's ``reason``: fla's
+    own (its guard does not apply here), the narrowed guard, or None where fla will refuse
+    (the guard stands: BK 64, or the narrowing not asked for)."""
+    refused, env = fla_backward_refused()
     module = sys.modules.get("fla.ops.common.chunk_o")
-    if module is None or not hasattr(module, "TRITON_ABOVE_3_7_1"):
-        return False
-    original = getattr(module, "_tflabench_original_guard", None)
-    if original is None:
-        original = bool(module.TRITON_ABOVE_3_7_1)
-        module._tflabench_original_guard = original
-    lift = guard_narrowed() and hopper_key_block(d_qk) != 64
-    module.TRITON_ABOVE_3_7_1 = True if lift else original
-    return lift and not original
+    lift = False
+    if module is not None and hasattr(module, "TRITON_ABOVE_3_7_1"):
+        original = getattr(module, "_tflabench_original_guard", None)
+        if original is None:
+            original = bool(module.TRITON_ABOVE_3_7_1)
+            module._tflabench_original_guard = original
+        lift = refused and guard_narrowed() and hopper_key_block(d_qk) != 64
+        module.TRITON_ABOVE_3_7_1 = True if lift else original
+    if not refused:
+        return f"gated backward: fla's own path (its #640 guard does not apply: {env})"
+    if lift:
+        return (f"gated backward: fla's #640 guard narrowed ({GUARD_ENV}=narrow; key block width "
+                f"{hopper_key_block(d_qk)}, not the miscompiled 64; {env}); dq, dk, dv, dg checked against float64")
+    return None
 
 
 class FlaParams(HeadLayoutParams):
     """What a suite may set for ``fla``.
 
     Attributes:
-        op: ``chunk_simple_gla`` (default), ``chunk_gla`` or ``lightning_attn``.
+        op: ``chunk_simple_gla`` (default), ``chunk_gla``, ``lightning_attn``,
+            ``fused_chunk_simple_gla`` or ``fused_chunk_gla`` (the non-materialising forms).
         chunk_size: chunk length for ``chunk_simple_gla`` / ``lightning_attn`` (a power of
-            two; None = fla's default 64). ``chunk_gla`` fixes it (64 for T >= 64) and
-            refuses the field.
+            two; None = fla's default 64). ``chunk_gla`` and the fused forms fix it (64 for
+            T >= 64) and refuse the field.
         layer_idx, num_layers: ``lightning_attn`` only (its decay; default 0 of 32 layers:
             log γ_h = -8 h / H).
         heads, d_hv, d_qk, p_qk: head layout; with neither heads nor d_hv set, 16 heads
@@ -204,7 +234,8 @@ class FlaParams(HeadLayoutParams):
             (lightning_attn), paper App. E.3. ``p_qk`` None means that default.
     """
 
-    op: Literal["chunk_simple_gla", "chunk_gla", "lightning_attn"] = "chunk_simple_gla"
+    op: Literal["chunk_simple_gla", "chunk_gla", "lightning_attn", "fused_chunk_simple_gla",
+                "fused_chunk_gla"] = "chunk_simple_gla"
     chunk_size: int | None = None
     layer_idx: int | None = None
     num_layers: int | None = None
@@ -213,8 +244,8 @@ class FlaParams(HeadLayoutParams):
     @model_validator(mode="after")
     def _check_op_fields(self):
         if self.chunk_size is not None:
-            if self.op == "chunk_gla":
-                raise ValueError("chunk_size: chunk_gla fixes its chunk size (64); leave chunk_size unset")
+            if self.op == "chunk_gla" or self.op in FUSED_OPS:
+                raise ValueError(f"chunk_size: {self.op} fixes its chunk size (64); leave chunk_size unset")
             if self.chunk_size < 16 or self.chunk_size & (self.chunk_size - 1):
                 raise ValueError(f"chunk_size: fla takes a power of two >= 16, got {self.chunk_size}")
         if self.op != "lightning_attn" and (self.layer_idx is not None or self.num_layers is not None):
@@ -310,6 +341,28 @@ def gla_recurrent_reference(q, k, v, g=None, g_gamma=None, scale=None):
     return torch.stack(outs, dim=1)
 
 
+def _stub_reason(fn) -> str | None:
+    """The reason when ``fn`` is fla's removed-op stub (fla-core 0.6.0's ``fused_chunk_gla``
+    takes only ``**kwargs`` and raises NotImplementedError); None for a real kernel, which
+    refuses a call without arguments with a TypeError before running anything."""
+    try:
+        fn()
+    except NotImplementedError as exc:
+        return (f"fla {_fla_version()} ships {fn.__name__} as a stub ({str(exc).strip()}); its "
+                "non-materialising form there is op fused_chunk_simple_gla (scalar gate), or install a "
+                "fla-core that still has it")
+    except Exception:
+        return None
+    return None
+
+
+def _fla_version() -> str:
+    try:
+        return importlib.metadata.version("fla-core")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
+
+
 @functools.lru_cache(maxsize=None)
 def _fla_op(op: str):
     module, function = FLA_OPS[op]
@@ -317,11 +370,13 @@ def _fla_op(op: str):
 
 
 class FlaBackend(Backend):
-    """flash-linear-attention's chunkwise GLA, simple GLA and Lightning Attention kernels."""
+    """flash-linear-attention's chunkwise GLA, simple GLA and Lightning Attention kernels, and
+    the fused (non-materialising) GLA forms."""
 
     name = "fla"
     family = "gla"
-    description = ("flash-linear-attention chunk_simple_gla | chunk_gla | lightning_attn; "
+    description = ("flash-linear-attention chunk_simple_gla | chunk_gla | lightning_attn | "
+                   "fused_chunk_simple_gla | fused_chunk_gla; "
                    "16 heads, d_qk 128, d_hv 256 by default (lightning: 32 of 128)")
     install_hint = INSTALL_HINT
     Params = FlaParams
@@ -336,7 +391,7 @@ class FlaBackend(Backend):
         return resolve_layout(params.model_copy(update=update), embedding_dim)
 
     def chunk_size(self, params: FlaParams) -> int:
-        """The chunk length fla runs (default 64; chunk_gla: 64 for T >= 64)."""
+        """The chunk length fla runs (default 64; chunk_gla and the fused forms: 64 for T >= 64)."""
         return params.chunk_size or FLA_DEFAULT_CHUNK
 
     def available(self, params: FlaParams) -> str | None:
@@ -350,9 +405,11 @@ class FlaBackend(Backend):
         if not torch.cuda.is_available():
             return "fla's Triton kernels need a CUDA GPU (torch.cuda.is_available() is False)"
         try:
-            _fla_op(params.op)
+            fn = _fla_op(params.op)
         except Exception as exc:
             return f"fla.ops ({params.op}) does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
+        if params.op == "fused_chunk_gla":
+            return _stub_reason(fn)
         return None
 
     def unsupported_mode(self, params: FlaParams, mode: str) -> str | None:
@@ -384,18 +441,19 @@ class FlaBackend(Backend):
             return f"fla refused the backward of {params.op}: {text.strip().splitlines()[0]}{why}"
         return None
 
+    _backward_path: str | None = None
+
     def note(self, params: FlaParams, device: str) -> str | None:
-        """Says when fla's #640 guard was narrowed for this op (:func:`guard_narrowed`)."""
-        if params.op in GUARDED_BACKWARD_OPS and guard_narrowed() and fla_backward_refused()[0]:
-            return (f"{GUARD_ENV}=narrow: fla's #640 guard lifted where the key block width is not 64 "
-                    "(gradients checked by the numerics gate)")
-        return None
+        """For a measured ``chunk_simple_gla`` forward+backward: which path its gated backward
+        took (set by :meth:`forward`): fla's own, where its #640 guard does not apply, or
+        the guard narrowed by ``TFLABENCH_FLA_640_GUARD=narrow``. None otherwise."""
+        return self._backward_path if params.op in GUARDED_BACKWARD_OPS else None
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
         """fla's native layout, contiguous, in ``dtype`` ("bf16 everywhere", as the peer
         baselines): q, k (B, T, H, d_qk), v (B, T, H, d_hv) ~ N(0, 1); log forget gates
-        g = logsigmoid(N(3, 1)) of shape (B, T, H) (chunk_simple_gla) or (B, T, H, d_qk)
-        (chunk_gla); no g for lightning_attn. With ``requires_grad`` all are leaves with
+        g = logsigmoid(N(3, 1)) of shape (B, T, H) (chunk_simple_gla, fused_chunk_simple_gla)
+        or (B, T, H, d_qk) (chunk_gla, fused_chunk_gla); no g for lightning_attn. With ``requires_grad`` all are leaves with
         gradients."""
         import torch
         import torch.nn.functional as F
@@ -411,10 +469,10 @@ class FlaBackend(Backend):
             "k": normal((B, T, H, shape.d_qk)).to(dtype),
             "v": normal((B, T, H, shape.d_hv)).to(dtype),
         }
-        if params.op == "chunk_simple_gla":
-            inputs["g"] = F.logsigmoid(normal((B, T, H), mean=3.0)).to(dtype)
-        elif params.op == "chunk_gla":
+        if params.op in PER_KEY_GATE_OPS:
             inputs["g"] = F.logsigmoid(normal((B, T, H, shape.d_qk), mean=3.0)).to(dtype)
+        elif params.op != "lightning_attn":
+            inputs["g"] = F.logsigmoid(normal((B, T, H), mean=3.0)).to(dtype)
         for t in inputs.values():
             t.requires_grad_(requires_grad)
         return inputs
@@ -434,8 +492,9 @@ class FlaBackend(Backend):
         o (B, T, H, d_hv) in the input dtype."""
         fn = _fla_op(params.op)
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
+        self._backward_path = None
         if params.op in GUARDED_BACKWARD_OPS and q.requires_grad:
-            _narrow_guard_for(q.shape[-1])
+            self._backward_path = _narrow_guard_for(q.shape[-1])
         kwargs: dict[str, Any] = {}
         if params.chunk_size is not None:
             kwargs["chunk_size"] = params.chunk_size
@@ -443,7 +502,7 @@ class FlaBackend(Backend):
             layer_idx, num_layers = self._lightning(params)
             out = fn(q, k, v, layer_idx, num_layers, **kwargs)
         else:
-            out = fn(q, k, v, inputs["g"], **kwargs)
+            out = fn(q, k, v, g=inputs["g"], **kwargs)
         return out[0] if isinstance(out, (tuple, list)) else out
 
     def reference(self, params: FlaParams, inputs: dict[str, Any]):
@@ -456,9 +515,12 @@ class FlaBackend(Backend):
         return gla_reference(inputs["q"], inputs["k"], inputs["v"], g=inputs["g"])
 
     def model_counts(self, params: FlaParams, shape: Shape, mode: str):
-        """Model kinds ``gla`` (chunk_gla) and ``simple_gla`` (chunk_simple_gla and
-        lightning_attn, the same computation with a fixed decay), at chunk length L."""
-        kind = "gla" if params.op == "chunk_gla" else "simple_gla"
+        """Model kinds ``gla`` (chunk_gla), ``simple_gla`` (chunk_simple_gla and
+        lightning_attn, the same computation with a fixed decay), ``gla_fused`` and
+        ``simple_gla_fused`` (the fused forms: no chunk state in HBM), at chunk length L."""
+        kind = "gla" if params.op in PER_KEY_GATE_OPS else "simple_gla"
+        if params.op in FUSED_OPS:
+            kind += "_fused"
         return model_counts(kind, mode, shape, L=self.chunk_size(params))
 
 

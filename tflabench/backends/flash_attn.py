@@ -39,11 +39,19 @@ FA3_INSTALL_HINT = (
 )
 FA2_INSTALL_HINT = "pip install flash-attn --no-build-isolation"
 FA4_INSTALL_HINT = (
-    "pip install flash-attn-4 (module flash_attn.cute, CuTe DSL; needs nvidia-cutlass-dsl with its "
-    "libs-cu13 wheel, apache-tvm-ffi, torch-c-dlpack-ext, quack-kernels); installed with --target, put "
-    "<target>/nvidia_cutlass_dsl/dsl_packages on PYTHONPATH (nvidia-cutlass-dsl adds it through a .pth "
-    "file, which only site-packages runs)"
+    "pip install flash-attn-4 (module flash_attn.cute, CuTe DSL; flash-attn-4[cu13] for a CUDA 13 torch; "
+    "brings nvidia-cutlass-dsl, apache-tvm-ffi, torch-c-dlpack-ext, quack-kernels); installed with --target, "
+    "put <target>/nvidia_cutlass_dsl/dsl_packages on PYTHONPATH (nvidia-cutlass-dsl adds it through a .pth "
+    "file, which only site-packages runs); a GPU node without internet: docs/offline-peers.md"
 )
+
+
+#: What ``note`` adds after the module it found.
+_MODULE_NOTES: dict[str, str] = {
+    "flash_attn_interface": " (FlashAttention 3 built from source: fwd+bwd)",
+    "fa3_fwd_interface": " (the fa3_fwd wheel: forward only)",
+    "flash_attn.cute": " (flash-attn-4, CuTe DSL: fwd+bwd)",
+}
 
 
 def _find_spec(module: str):
@@ -141,9 +149,9 @@ class _FlashAttnBase(Backend):
         return "flash_attn is not installed"
 
     def note(self, params, device: str) -> str | None:
-        """Which module ran, for the row's ``reason`` column."""
+        """Which module ran, for the row's ``reason`` column (and ``tflabench backends``)."""
         module = self._module(params)
-        return f"via {module}" if module else None
+        return f"via {module}{_MODULE_NOTES.get(module, '')}" if module else None
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
         """q, k (B, S, NH, d_qk), v (B, S, NH, d_hv), N(0, 1) in ``dtype``, contiguous:
@@ -214,7 +222,10 @@ class Fa2Backend(_FlashAttnBase):
     install_hint = FA2_INSTALL_HINT
 
     def _module(self, params) -> str | None:
-        return "flash_attn" if _find_spec("flash_attn") is not None else None
+        # flash_attn.flash_attn_interface, not the bare package: flash-attn-4 installs
+        # flash_attn/cute/ without flash_attn/__init__.py, a namespace package with no FA2
+        found = _find_spec("flash_attn") is not None and _find_spec("flash_attn.flash_attn_interface") is not None
+        return "flash_attn" if found else None
 
 
 class Fa4Backend(_FlashAttnBase):

@@ -255,7 +255,14 @@ def backend_table():
                 reason = b.available(params)
             except Exception as exc:  # availability checks must not end the listing
                 reason = f"{type(exc).__name__}: {exc}"
-            status = "[green]available[/]" if reason is None else f"[yellow]unavailable[/]: {reason}"
+            if reason is None:
+                try:
+                    found = b.note(params, "cuda")
+                except Exception:  # a note must not end the listing either
+                    found = None
+                status = "[green]available[/]" + (f" ({found})" if found else "")
+            else:
+                status = f"[yellow]unavailable[/]: {reason}"
         table.add_row(b.name, b.family, status, ", ".join(b.Params.model_fields))
     return table
 

@@ -44,12 +44,12 @@ from tflabench.model.analysis import (
 )
 
 KINDS = ("mlstm_sig", "mlstm_exp", "mlstm_exp_limit", "attention_causal", "mamba2_ssd", "gla",
-         "simple_gla")
+         "simple_gla", "gla_fused", "simple_gla_fused")
 
 #: Default chunk sizes when a case gives none (kernel defaults: xl_chunk 128, limit_chunk 64,
 #: fla 64, mamba_ssm 256).
 DEFAULT_CHUNK = {"mlstm_sig": 128, "mlstm_exp": 128, "mlstm_exp_limit": 64, "gla": 64,
-                 "simple_gla": 64, "mamba2_ssd": 256}
+                 "simple_gla": 64, "gla_fused": 64, "simple_gla_fused": 64, "mamba2_ssd": 256}
 
 
 def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_state=None,
@@ -58,7 +58,9 @@ def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_sta
 
     Args:
         kind: ``mlstm_sig``, ``mlstm_exp`` (TFLA xl_chunk), ``mlstm_exp_limit`` (limit_chunk),
-            ``attention_causal`` (FlashAttention accounting), ``mamba2_ssd``, ``gla``, ``simple_gla``.
+            ``attention_causal`` (FlashAttention accounting), ``mamba2_ssd``, ``gla``, ``simple_gla``,
+            and the non-materialising ``gla_fused``, ``simple_gla_fused`` (fla's fused chunk
+            forms, Lightning Attention 2: no chunk state in HBM).
         mode: ``fwd`` or ``fwdbw`` (forward + backward).
         B, NH, T: batch, heads, sequence length. d_qk, d_hv: head dims (for attention d_qk and
             d_v; for Mamba 2, d_hv is the head dim P). L: chunk size (default per kind:
@@ -101,8 +103,9 @@ def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_sta
         N = d_qk if d_state is None else d_state
         return ssd_counts(mode, B=B, T=T, H=NH, P=d_hv, N=N, G=1, Q=L, F_causal=F_causal,
                           bytes_x=bytes_qkv)
-    return gla_counts(kind, mode, B=B, H=NH, T=T, d_k=d_qk, d_v=d_hv, L=L, F_causal=F_causal,
-                      bytes_qkv=bytes_qkv)
+    fused = kind.endswith("_fused")
+    return gla_counts(kind.removesuffix("_fused"), mode, B=B, H=NH, T=T, d_k=d_qk, d_v=d_hv, L=L,
+                      F_causal=F_causal, bytes_qkv=bytes_qkv, states_in_hbm=not fused)
 
 
 __all__ = [

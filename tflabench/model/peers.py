@@ -89,9 +89,9 @@ def ssd_counts(mode="fwd", *, B, T, H, P, N, G=1, Q=256, F_causal=0.5, bytes_x=2
 
 
 def gla_counts(kind="simple_gla", mode="fwd", *, B, H, T, d_k, d_v, L=64, F_causal=0.5,
-               bytes_qkv=2, bytes_h=None, bytes_g=None) -> Counts:
+               bytes_qkv=2, bytes_h=None, bytes_g=None, states_in_hbm=True) -> Counts:
     """Chunkwise GLA / simple GLA as fla's ``chunk_gla`` / ``chunk_simple_gla``
-    (docs/model-counts.md §8c).
+    (docs/model-counts.md §8c), and their fused (non-materialising) forms.
 
     q, k: (B, H, T, d_k); v, o: (B, H, T, d_v); gate g: (B, H, T) (simple GLA, scalar decay) or
     (B, H, T, d_k) (GLA, decay per key channel). Chunk L (fla default 64), N_c = ceil(T/L).
@@ -107,6 +107,15 @@ def gla_counts(kind="simple_gla", mode="fwd", *, B, H, T, d_k, d_v, L=64, F_caus
     reverse state-gradient recurrence and the dq/dk/dg, dv kernels — the same matmul structure as
     the TFLA backward, so the TFLA model (unique convention, with state recompute; bytes with
     4-byte states) is used with d_qk → d_k, d_hv → d_v.
+
+    ``states_in_hbm=False`` counts the non-materialising (fused) form: fla's
+    ``fused_chunk_simple_gla`` / ``fused_chunk_gla`` and Lightning Attention 2 (paper App. A,
+    E.3) walk the chunks in order in one program per (batch, head, value block), the state in
+    registers. FLOPs as above (the same products; the backward recomputes the states in a
+    forward walk, then walks back for dk, dv, dg). Bytes: every input once and the output once
+    forward, ``L(2d_k + 2d_v)·bytes_qkv + L·bytes_g`` per chunk, no state; backward two walks
+    each reading q, k, v, g and δo and together writing δq, δk, δv, δg,
+    ``2(L(2d_k + 2d_v)·bytes_qkv + gate) + (L(2d_k + d_v)·bytes_qkv + gate)``.
     """
     check_choice("kind", kind, ("gla", "simple_gla"))
     Fc = _check(mode, F_causal, B=B, H=H, T=T, d_k=d_k, d_v=d_v, L=L, bytes_qkv=bytes_qkv)
@@ -122,12 +131,20 @@ def gla_counts(kind="simple_gla", mode="fwd", *, B, H, T, d_k, d_v, L=64, F_caus
     }
     mm = BHN * (4 * L * d_k * d_v + 2 * Fc * L**2 * (d_k + d_v))
     gate_elems = L if kind == "simple_gla" else L * d_k
-    brows = {"fwd": BHN * (2 * gate_elems * bytes_g + 3 * L * (d_k + d_v) * bytes_qkv
-                           + 2 * d_k * d_v * bytes_h)}
     if mode == "fwdbw":
         bmm = BHN * chunkwise_backward_matmul_flops(L, d_k, d_v, Fc, recompute_states=True)
         rows["bwd_matmul"] = bmm + BHN * 2 * 2 * d_k * d_v  # + decay of h (recompute) and of dh
         mm += bmm
+    if not states_in_hbm:
+        io = L * (2 * d_k + 2 * d_v) * bytes_qkv + gate_elems * bytes_g
+        brows = {"fwd": BHN * io}
+        if mode == "fwdbw":
+            brows["bwd"] = BHN * (2 * io + L * (2 * d_k + d_v) * bytes_qkv + gate_elems * bytes_g)
+        return Counts(sum(rows.values()), sum(brows.values()), rows, brows, matmul_flops=mm,
+                      notes=(f"fused {kind} (no chunk state in HBM): matmul FLOPs (+ state decay)",))
+    brows = {"fwd": BHN * (2 * gate_elems * bytes_g + 3 * L * (d_k + d_v) * bytes_qkv
+                           + 2 * d_k * d_v * bytes_h)}
+    if mode == "fwdbw":
         b = chunkwise_backward_byte_rows("sig", L, d_k, d_v, bytes_qkv, bytes_g, 4,
                                          recompute_states=True)
         brows["bwd"] = BHN * sum(b.values())
