@@ -17,7 +17,7 @@ mlstm_kernels' own mLSTMexp xl_chunk aborts the process while compiling on trito
 ``--peer-xl`` tries it in a subprocess only.
 
 Run on a GPU node (docs/kernels.md, "Tuning rules", cites its results):
-    python3 benchmarks/bench_exp.py --out $OUT
+    python3 benchmarks/bench_exp.py --out DIR
 Writes speed.csv, numerics.csv and env.json under --out and prints tables.
 """
 

@@ -25,7 +25,7 @@ sig_walk_fw.WALK_OVERRIDE for one measurement; a forward variant's row also give
 against the default configuration (diff_vs_default).
 ``--breakdown`` times the tiled forward's three launches (gates, recurrent, H) apart.
 
-    python3 benchmarks/bench_sig_tfla.py --out $OUT [--shapes fig4,b7,small] [--chunks 64,128,256,512]
+    python3 benchmarks/bench_sig_tfla.py --out DIR [--shapes fig4,b7,small] [--chunks 64,128,256,512]
         [--impls sig,exp,peer,fla] [--modes fwd,fwdbw] [--variants] [--breakdown]
         [--sweep rec,fw --sweep-chunks 128,256] [--budget-s 500] [--smoke]
 

@@ -159,6 +159,24 @@ def is_hopper(gpu_name: str | None) -> bool:
     return any(tag in s for tag in ("h100", "h200", "h800", "h20", "gh200"))
 
 
+#: Environment variable that narrows fla's #640 guard (:func:`fla_640_guard_narrowed`).
+FLA_640_GUARD_ENV = "TFLABENCH_FLA_640_GUARD"
+
+
+def fla_640_guard_narrowed() -> bool:
+    """Whether ``TFLABENCH_FLA_640_GUARD=narrow``: let fla's ``chunk_simple_gla`` gated
+    backward run on Hopper with 3.4.0 <= triton < 3.7.1 where its key block width is not 64.
+
+    Why that is safe to try: fla issue #640's bisection on Hopper found the miscompiled
+    ``chunk_bwd_dqkwg`` wrong at BK = 64 only (BK 32 and 128 within tolerance); the guard
+    fla-core 0.6.0 raises covers every BK (unsloth-zoo narrowed it the same way, PR #1010).
+    The Figure-4 layout (d_qk 128) and Figure 12's (d_qk 256) run BK = 128. The numerics gate
+    still checks every gradient (dq, dk, dv, dg) against the float64 reference at the same
+    d_qk, so a wrong backward becomes a ``wrong`` row, never a timing. Off by default: fla's
+    guard stands. The backend acts on it (``tflabench.backends.fla``); ``doctor`` reports it."""
+    return os.environ.get(FLA_640_GUARD_ENV, "").strip().lower() == "narrow"
+
+
 def known_problems(env: dict) -> list[str]:
     """Known-bad combinations in ``env`` (as :func:`collect` returns it), one advice line
     each (measured on an H200 with triton 3.6)."""

@@ -45,8 +45,9 @@ import dataclasses
 import importlib.util
 from typing import Callable
 
-from tflabench.backends.fla import GUARD_ENV, guard_narrowed
-from tflabench.environment import _parse_version, is_hopper
+from tflabench.environment import FLA_640_GUARD_ENV as GUARD_ENV
+from tflabench.environment import _parse_version, fla_640_guard_narrowed as guard_narrowed
+from tflabench.environment import is_hopper
 
 
 @dataclasses.dataclass

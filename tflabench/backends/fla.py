@@ -59,6 +59,8 @@ from pydantic import model_validator
 
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, model_counts, resolve_layout
+from tflabench.environment import FLA_640_GUARD_ENV
+from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
 
 INSTALL_HINT = "pip install fla-core einops (Triton kernels: a CUDA GPU)"
 
@@ -84,7 +86,7 @@ PER_KEY_GATE_OPS = frozenset({"chunk_gla", "fused_chunk_gla"})
 GUARDED_BACKWARD_OPS = frozenset({"chunk_simple_gla"})
 
 #: Environment variable that narrows fla's #640 guard (see :func:`guard_narrowed`).
-GUARD_ENV = "TFLABENCH_FLA_640_GUARD"
+GUARD_ENV = FLA_640_GUARD_ENV
 
 #: fla's default chunk size (``chunk_simple_gla``'s default, ``chunk_gla``'s for T >= 64).
 FLA_DEFAULT_CHUNK = 64
@@ -179,19 +181,6 @@ def hopper_key_block(d_qk: int) -> int:
     ``min(max(next_power_of_2(K), 16), 128)`` (``CONST_TILING`` 128 there)."""
     p = 1 << max(0, int(d_qk) - 1).bit_length()
     return min(max(p, 16), 128)
-
-
-def guard_narrowed() -> bool:
-    """Whether ``TFLABENCH_FLA_640_GUARD=narrow``: let ``chunk_simple_gla``'s gated backward
-    run on Hopper with 3.4.0 <= triton < 3.7.1 when its key block width is not 64.
-
-    Why that is safe to try: fla issue #640's bisection on Hopper found the miscompiled
-    ``chunk_bwd_dqkwg`` wrong at BK = 64 only (BK 32 and 128 within tolerance); the guard
-    fla-core 0.6.0 raises covers every BK (unsloth-zoo narrowed it the same way, PR #1010).
-    The Figure-4 layout (d_qk 128) runs BK = 128. The numerics gate still checks every
-    gradient (dq, dk, dv, dg) against the float64 reference at the same d_qk, so a wrong
-    backward becomes a ``wrong`` row, never a timing. Off by default: fla's guard stands."""
-    return os.environ.get(GUARD_ENV, "").strip().lower() == "narrow"
 
 
 def _narrow_guard_for(d_qk: int) -> str | None:
