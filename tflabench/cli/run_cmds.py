@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Optional
 
 import typer
+from rich.markup import escape
 
 from tflabench.cli import app, ceilings_option, comma_list, echo_warnings, plots_option, user_errors
 from tflabench.console import make_console
@@ -260,9 +261,9 @@ def backend_table():
                     found = b.note(params, "cuda")
                 except Exception:  # a note must not end the listing either
                     found = None
-                status = "[green]available[/]" + (f" ({found})" if found else "")
+                status = "[green]available[/]" + (f" ({escape(found)})" if found else "")
             else:
-                status = f"[yellow]unavailable[/]: {reason}"
+                status = f"[yellow]unavailable[/]: {escape(reason)}"
         table.add_row(b.name, b.family, status, ", ".join(b.Params.model_fields))
     return table
 
@@ -334,7 +335,7 @@ def peer_mode_table(modes):
         t.add_column(col, **kw)
     for m in modes:
         runs = "[green]yes[/]" if m.runs else "[red]no[/]" if m.runs is False else "[yellow]?[/]"
-        t.add_row(m.peer, m.mode, runs, m.why, m.fix)
+        t.add_row(escape(m.peer), m.mode, runs, escape(m.why), escape(m.fix))
     return t
 
 
