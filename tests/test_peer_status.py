@@ -280,3 +280,14 @@ def test_fa2_is_not_fooled_by_flash_attn_4s_namespace_package(monkeypatch):
     assert "flash_attn is not installed" in fa2.available(fa2.parse_params({}))
     fa4 = get_backend("fa4")
     assert fa4.note(fa4.parse_params({}), "cuda") == "via flash_attn.cute (flash-attn-4, CuTe DSL: fwd+bwd)"
+
+
+def test_known_problems_say_when_the_guard_is_narrowed(monkeypatch):
+    from tflabench.environment import FLA_640_GUARD_ENV, known_problems
+
+    env = {"gpu_name": "NVIDIA H100 80GB HBM3", "triton": "3.6.0", "peers": {"fla-core": "0.6.0"}, "gpu_count": 1}
+    monkeypatch.delenv(FLA_640_GUARD_ENV, raising=False)
+    assert any("will be unavailable" in p and f"{FLA_640_GUARD_ENV}=narrow" in p for p in known_problems(env))
+    monkeypatch.setenv(FLA_640_GUARD_ENV, "narrow")
+    (line,) = [p for p in known_problems(env) if "#640" in p]
+    assert "guard is narrowed" in line and "unavailable" not in line

@@ -185,12 +185,18 @@ def known_problems(env: dict) -> list[str]:
     peers = env.get("peers") or {}
     hopper = is_hopper(env.get("gpu_name"))
     fla = peers.get("fla-core") or peers.get("flash-linear-attention")
-    if fla and hopper and triton and (3, 4) <= triton < (3, 7, 1):
+    if fla and hopper and triton and (3, 4) <= triton < (3, 7, 1) and fla_640_guard_narrowed():
+        problems.append(
+            f"fla {fla} on triton {env.get('triton')} on Hopper: fla's #640 guard is narrowed "
+            f"({FLA_640_GUARD_ENV}=narrow): chunk_simple_gla's gated backward runs where fla's key "
+            "block width is not 64 and stays refused at 64; the numerics gate checks its gradients.")
+    elif fla and hopper and triton and (3, 4) <= triton < (3, 7, 1):
         problems.append(
             f"fla {fla} on triton {env.get('triton')} on Hopper: the gated backward of "
             "chunk_simple_gla (chunk_bwd_dqkwg) refuses to run (fla issue #640: Triton 3.4-3.7.0 "
             "miscompiles it on Hopper); its fwdbw rows will be unavailable (chunk_gla's backward "
-            "is not guarded). Fix: triton >= 3.7.1 for fla's workers.")
+            f"is not guarded). Fix: triton >= 3.7.1, or {FLA_640_GUARD_ENV}=narrow (key block width "
+            "not 64, gradients checked by the numerics gate).")
     if peers.get("mamba_ssm") and importlib.util.find_spec("selective_scan_cuda") is None:
         problems.append(
             f"mamba_ssm {peers['mamba_ssm']} has no compiled selective_scan_cuda: Mamba (v1) is "
