@@ -374,6 +374,16 @@ def piece(L: int) -> int:
     return min(L, STATE_OVERRIDE.get("PIECE", 128))
 
 
+def gates_num_warps(L: int) -> int:
+    """Warps of the chunk-gates kernel: one per 128 positions (1 to 8), so that each thread
+    holds at most 4 gate values of the chunk. With 8 values per thread (L 256 at 1 warp,
+    L 1024 at 4), 16-bit gate pointers are loaded as one 128-bit vector whose layout
+    triton 3.6's TritonGPURemoveLayoutConversions pass cannot reconcile with the cumsum's,
+    and the sm_90 compile fails ("PassManager::run failed"); float32 gates were not
+    affected. tests/test_kernels_compile.py compiles every chunk size and gate dtype."""
+    return max(1, min(8, L // 128))
+
+
 def chunk_gates(i, f, *, L: int, is_exp: bool):
     """Gate vectors of every chunk: b, a, ī (BNH, N_c*L), m^intra (exp; else a dummy),
     g and max a per chunk (BNH, N_c), all fp32. i, f (BNH, S) contiguous, any float dtype."""
@@ -386,7 +396,7 @@ def chunk_gates(i, f, *, L: int, is_exp: bool):
     g_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32)
     amax_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32) if is_exp else g_ch
     _gates_kernel[(NC * BNH,)](i, f, b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch, S, NC,
-                               L=L, IS_EXP=is_exp, num_warps=4 if L >= 512 else 1)
+                               L=L, IS_EXP=is_exp, num_warps=gates_num_warps(L))
     return b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch
 
 
