@@ -1,6 +1,6 @@
-"""Device benchmark: mLSTMexp xl_chunk and limit_chunk (ours) beside mlstm_kernels' limit_chunk.
+"""GPU benchmark: mLSTMexp xl_chunk and limit_chunk (ours) beside mlstm_kernels' limit_chunk.
 
-Issue 6. Setting of the paper's Figure 4: embedding 4096, 16 heads, d_qk 128, d_hv 256,
+Setting of the paper's Figure 4: embedding 4096, 16 heads, d_qk 128, d_hv 256,
 bfloat16, 65,536 tokens (batch = 65,536 / S), S in {2048, 8192, 32768}; forward and
 forward+backward (backward of a ones gradient, gradients set to None between calls);
 median of 30 timed calls after 10 warm-ups, CUDA events around each call, no L2 flush;

@@ -1,11 +1,11 @@
-"""Device benchmark for issue 11: mLSTMsig xl_chunk (impl "sig": ``tfla.mlstm_sig``, which runs
+"""GPU benchmark of our mLSTMsig xl_chunk (impl "sig": ``tfla.mlstm_sig``, which runs
 the forward walk where its rule takes the call, else the paper's two-level TFLA kernels shared
 with mLSTMexp; the variant "no_walk" forces the latter; "sig_last" also returns the last
 state) beside our mLSTMexp xl_chunk, the
 authors' mlstm_kernels mLSTMsig xl_chunk and FLA chunk_simple_gla, over chunk sizes. (Rows of
 runs 1-9 name the impl "sig_tiled", and runs 1-4 "sig_walk" for the walk of versions 0-4.)
 
-Shapes (issue 11's tables; bf16):
+Shapes (the tables of docs/kernels.md's tuning rules; bf16):
   fig4   B 8, 16 heads, d_qk 128, d_hv 256, S 8192   (Figure 4's head shape)
   b7     B 8,  8 heads, d_qk 256, d_hv 512, S 8192   (xLSTM-7B heads = Figure 5's shape)
   small  B 16, 32 heads, d_qk 64, d_hv 128, S 4096
@@ -69,7 +69,7 @@ VARIANTS = {
     "rec_64x64": ({}, {}, {"B_DQK": 64, "B_DHV": 64}),
     "rec_st2": ({}, {}, {"num_stages": 2}),
     "rec_acc_in_c": ({}, {}, {"ACC_IN_C": True}),
-    # issue 11, version 5 made TMA tiles (both forward kernels) and V-side gate scaling (state
+    # version 5 (git log) made TMA tiles (both forward kernels) and V-side gate scaling (state
     # kernel) the 16-bit default; run 5a measured them switched on one by one against the
     # version-4 defaults (its rows name them rec_sv, rec_tma, rec_tma_sv, fw_tma, tma_sv, ...).
     # These switch them off again, one by one, against the current defaults:

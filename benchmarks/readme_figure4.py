@@ -15,8 +15,8 @@ import sys
 
 #: (result set under results/reference/h200/, the kernels to take from it or None for all);
 #: their README says what each holds. Our mLSTMsig and mLSTMexp xl_chunk come from the newest
-#: run of them (5eb31c5, issue 11's version 8); FLA simple_gla from the run that tuned it per
-#: case (b5226ba); its rows in h100_7b_sig reused the S 512 tuning (docs/harness.md). The
+#: run of them (5eb31c5, the inter-chunk product in the loop: docs/kernels.md rule H5); FLA
+#: simple_gla from the run that tuned it per case (b5226ba); its rows in h100_7b_sig reused the S 512 tuning (docs/harness.md). The
 #: authors' mLSTMsig comes from 4674344, where our mLSTMsig measured 1-2 % slower than at
 #: 5eb31c5.
 SETS = [("h100_7b_ours", None), ("h100_7b_sig_fla", ["Simple GLA (FLA chunk)"]), ("h100_7b_sig", None),

@@ -4,7 +4,7 @@ Result sets are built here with ``tflabench.results.write_results``. Timing nois
 synthetic with fixed seeds: per-iteration samples ``median * (1 + 0.03 * N(0, 1))`` with
 about 5 % outliers 1.3-3x slower (a GPU that is preempted, a clock dip), plus a run-level
 drift of ``N(0, 0.5 %)`` per run and case (thermal/clock state between two runs). A/A
-stays quiet, 10 % (and 5 %) slowdowns are flagged: issue 7, "Done when".
+stays quiet, 10 % (and 5 %) slowdowns are flagged (docs/ci.md, "Why this rule").
 """
 
 from __future__ import annotations
