@@ -62,6 +62,55 @@ BAD_SUITES = {
     "missing_required_field": (lambda d: d.pop("sweep"), None, "sweep: required field is missing"),
     "unresolvable_layout": (lambda d: d["kernels"][0]["params"].update(heads=3, d_hv=None), None,
                             "kernels[0].params: heads: 3 does not divide embedding_dim 128"),
+    # a suite read loosely used to run something else than it says
+    "duplicate_key": (None, "name: t\nsweep: {batch: 1, seq_len: 64}\nkernels: [{backend: sdpa}]\n"
+                      "kernels: [{backend: tfla}]\n", ":4:1: key 'kernels' appears twice in one mapping "
+                      "(first at line 3)"),
+    "duplicate_nested_key": (None, "name: t\nsweep: {batch: 1, seq_len: 64, batch: 2}\nkernels: [{backend: sdpa}]\n",
+                             "key 'batch' appears twice"),
+    "empty_batch_axis": (lambda d: d.update(sweep={"batch": [], "seq_len": [64]}), None,
+                         "sweep.batch: an empty list gives no case"),
+    "empty_param_axis": (lambda d: d["kernels"][0]["params"].update(chunk_size=[]), None,
+                         "kernels[0].params.chunk_size: an empty list gives no case"),
+    "empty_dtype_axis": (lambda d: d.update(dtype=[]), None, "dtype: an empty list gives no case"),
+    "repeated_seq_len": (lambda d: d["sweep"].update(seq_len=[128, 128, 128]), None,
+                         "sweep.seq_len: 128 is given twice (at [0] and [1])"),
+    "repeated_param": (lambda d: d["kernels"][0]["params"].update(chunk_size=[64, 32, 64]), None,
+                       "kernels[0].params.chunk_size: 64 is given twice (at [0] and [2])"),
+    "repeated_mode": (lambda d: d.update(modes=["fwd", "fwd"]), None, "modes: 'fwd' is given twice"),
+    "duplicate_label": (lambda d: d["kernels"].append(dict(d["kernels"][0], params={"variant": "exp", "heads": 2})),
+                        None, "kernels[1].label: 'sig' is also the label of kernels[0]"),
+    "same_default_label": (lambda d: d.update(kernels=[{"backend": "sdpa", "params": {"heads": 2}}] * 2), None,
+                           "kernels[1].label: 'sdpa heads=2' is also the label of kernels[0]"),
+    "too_many_cases": (lambda d: d.update(sweep={"batch": list(range(1, 101)), "seq_len": list(range(1, 101))}),
+                       None, "max_cases: the suite expands to 20,000 cases, more than max_cases 10,000"),
+    # numbers: finite, in range, the range in the message
+    "timeout_inf": (lambda d: d["timing"].update(timeout_s=float("inf")), None,
+                    "timing.timeout_s: must be a finite number in (0, 604800] (got inf)"),
+    "timeout_huge": (lambda d: d["timing"].update(timeout_s=1e12), None,
+                     "timing.timeout_s: must be a finite number in (0, 604800]"),
+    "kernel_timeout_nan": (lambda d: d["kernels"][0].update(timeout_s=float("nan")), None,
+                           "kernels[0].timeout_s: must be a finite number in (0, 604800] (got nan)"),
+    "seed_above_64_bits": (lambda d: d.update(seed=2**64 + 1), None,
+                           "seed: must be an integer in [0, 9223372036854775807] (got 18446744073709551617)"),
+    "tolerance_inf": (lambda d: d.update(numerics={"tolerance": float("inf")}), None,
+                      "numerics.tolerance: must be a finite number in (0, 0.5] (got inf)"),
+    "tolerance_one": (lambda d: d.update(numerics={"tolerance": 1.0}), None,
+                      "numerics.tolerance: must be a finite number in (0, 0.5]"),
+    "budget_nan": (lambda d: d.update(numerics={"budgets": {"float32": {"out": float("nan")}}}), None,
+                   "numerics.budgets.float32.out: must be a finite number in (0, 0.5] (got nan)"),
+    "iterations_huge": (lambda d: d["timing"].update(iterations=10**9), None,
+                        "timing.iterations: must be an integer in [1, 100000]"),
+    "seq_len_huge": (lambda d: d.update(sweep={"batch": 1, "seq_len": [64, 2**40]}), None,
+                     "sweep.seq_len[1]: must be an integer in [1, 16777216]"),
+    "kernel_param_huge": (lambda d: d["kernels"][0]["params"].update(chunk_size=10**12), None,
+                          "kernels[0].params.chunk_size: must be an integer in [-16777216, 16777216]"),
+    "kernel_param_inf": (lambda d: d["kernels"][0]["params"].update(eps=float("inf")), None,
+                         "kernels[0].params.eps: must be a finite number"),
+    "compare_min_samples_nan": (lambda d: d.update(compare={"min_samples": float("nan")}), None,
+                                "compare.min_samples: Input should be a valid integer"),
+    "compare_floor_huge": (lambda d: d.update(compare={"mem_floor_bytes": 2**60}), None,
+                           "compare.mem_floor_bytes: must be an integer in [0, 1125899906842624]"),
 }
 
 
@@ -75,6 +124,39 @@ def test_bad_suite_is_refused_with_file_field_and_reason(tmp_path, kind):
     assert message.startswith(str(path)), message
     assert expected in message, message
     assert len(message.splitlines()) <= 2, message
+
+
+def test_billion_laughs_is_refused_at_once(tmp_path):
+    # ten aliases per level, six levels: 10**6 values from 60 lines; loading used to grow
+    # without bound once pydantic and json copied the shared lists
+    lines = ["name: t", "sweep: {batch: 1, seq_len: 64}", "l0: &l0 [1, 1, 1, 1, 1, 1, 1, 1, 1, 1]"]
+    lines += [f"l{n}: &l{n} [" + ", ".join([f"*l{n - 1}"] * 10) + "]" for n in range(1, 7)]
+    lines += ["kernels:", "  - backend: custom", "    params: {function: 'm:f', kwargs: {x: *l6}}"]
+    path = _write(tmp_path, text="\n".join(lines) + "\n")
+    with pytest.raises(UserError, match="expands to more than 100,000 values through its aliases"):
+        load_suite(path)
+
+
+def test_self_referring_alias_is_refused(tmp_path):
+    path = _write(tmp_path, text="name: t\nx: &a [1, *a]\n")
+    with pytest.raises(UserError, match="an alias refers to a value that contains it"):
+        load_suite(path)
+
+
+def test_aliases_and_merge_keys_stay_allowed(tmp_path):
+    text = ("name: t\ndevice: cpu\ndtype: float32\nmodes: [fwd]\nmodel: {embedding_dim: 128}\n"
+            "sweep: {batch: 1, seq_len: [64, 128]}\n"
+            "kernels:\n"
+            "  - backend: tfla\n    label: sig\n    params: &p {variant: sig, heads: 2, d_qk: 32, d_hv: 64, chunk_size: 64}\n"
+            "  - backend: tfla\n    label: exp\n    params: {<<: *p, variant: exp}\n")
+    cases = expand_cases(load_suite(_write(tmp_path, text=text)))
+    assert [(c.kernel, c.params_dict["variant"]) for c in cases] == [("sig", "sig")] * 2 + [("exp", "exp")] * 2
+
+
+def test_max_cases_raises_the_limit_on_purpose(tmp_path):
+    data = _modified(lambda d: d.update(sweep={"batch": list(range(1, 51)), "seq_len": list(range(1, 101))},
+                                        max_cases=20_000, modes=["fwd"]))
+    assert len(expand_cases(load_suite(_write(tmp_path, data)))) == 5000
 
 
 def test_missing_suite_file_is_a_user_error(tmp_path):

@@ -128,20 +128,16 @@ class Thresholds:
 
 
 def _check_threshold(name: str, value: Any, where: str) -> float | int:
-    """Validate one threshold value; UserError naming ``where`` and the allowed range."""
-    try:
-        number = float(value)
-    except (TypeError, ValueError):
-        raise UserError(f"{where}: {name}={value!r} is not a number") from None
-    if name == "alpha" and not 0.0 < number < 1.0:
-        raise UserError(f"{where}: alpha={value!r} must lie in (0, 1)")
-    if name in ("time_threshold", "mem_threshold") and not 0.0 <= number < 10.0:
-        raise UserError(f"{where}: {name}={value!r} must be a fraction in [0, 10), e.g. 0.05 for 5 %")
-    if name in ("min_samples", "mem_floor_bytes"):
-        if number < 0 or number != int(number):
-            raise UserError(f"{where}: {name}={value!r} must be a non-negative integer")
-        return int(number)
-    return number
+    """Validate one threshold value against :data:`tflabench.bounds.THRESHOLD_RANGES`
+    (finite, in range, an integer where one is meant); UserError naming ``where``, the
+    value and the allowed range."""
+    from tflabench.bounds import THRESHOLD_RANGES, check_number
+
+    lo, hi, lo_open, hi_open, integer = THRESHOLD_RANGES[name]
+    reason = check_number(value, lo, hi, lo_open=lo_open, hi_open=hi_open, integer=integer)
+    if reason:
+        raise UserError(f"{where}: {name} {reason}")
+    return int(value) if integer else float(value)
 
 
 def _threshold_mapping(mapping: Any, where: str) -> dict[str, Any]:
@@ -167,16 +163,10 @@ def load_thresholds_file(path: str | os.PathLike) -> dict[str, Any]:
     Raises:
         UserError: the file is missing, not YAML, or names an unknown/invalid threshold.
     """
-    import yaml
+    from tflabench.yaml_load import load_yaml
 
     path = Path(path)
-    try:
-        data = yaml.safe_load(path.read_text())
-    except FileNotFoundError:
-        raise UserError(f"--thresholds: file {str(path)!r} does not exist") from None
-    except (OSError, yaml.YAMLError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise UserError(f"--thresholds: cannot read {str(path)!r} as YAML: {reason}") from None
+    data = load_yaml(path, f"--thresholds {path}")
     if isinstance(data, Mapping) and "compare" in data:
         data = data["compare"]
     return _threshold_mapping(data, f"--thresholds {path}")

@@ -43,6 +43,8 @@ from typing import Any, Mapping
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
+from tflabench import bounds as B
+
 #: Tensor classes, in the order the docs list them.
 TENSOR_CLASSES: tuple[str, ...] = ("out", "state", "grad", "gate_grad")
 
@@ -478,10 +480,10 @@ class BudgetOverride(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    out: float | None = Field(None, gt=0)
-    state: float | None = Field(None, gt=0)
-    grad: float | None = Field(None, gt=0)
-    gate_grad: float | None = Field(None, gt=0)
+    out: B.Float(0.0, B.MAX_BUDGET, lo_open=True) | None = None
+    state: B.Float(0.0, B.MAX_BUDGET, lo_open=True) | None = None
+    grad: B.Float(0.0, B.MAX_BUDGET, lo_open=True) | None = None
+    gate_grad: B.Float(0.0, B.MAX_BUDGET, lo_open=True) | None = None
 
     def get(self, cls: str) -> float | None:
         """The override of a tensor class, or None."""
@@ -502,9 +504,9 @@ class RegimeSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    f: tuple[float, float] | None = None
-    i: tuple[float, float] | None = None
-    qk_scale: float | None = Field(None, gt=0)
+    f: tuple[B.Float(-1e6, 1e6), B.Float(0.0, 1e6)] | None = None
+    i: tuple[B.Float(-1e6, 1e6), B.Float(0.0, 1e6)] | None = None
+    qk_scale: B.Float(0.0, 1e6, lo_open=True) | None = None
     description: str = ""
 
     def fields_set(self) -> set[str]:
@@ -556,14 +558,19 @@ class VerifySettings(BaseModel):
 
     regimes: list[str] | None = None
     custom_regimes: dict[str, RegimeSpec] = Field(default_factory=dict)
-    seq_lens: list[int] | None = None
+    seq_lens: list[B.Int(1, B.MAX_SEQ_LEN)] | None = None
     initial_state: list[bool] = Field(default_factory=lambda: [False, True], min_length=1)
     modes: list[str] = Field(default_factory=lambda: ["fwdbw"], min_length=1)
     dtypes: list[str] | None = None
-    heads: int = Field(2, ge=1)
+    heads: B.Int(1, B.MAX_KERNEL_PARAM) = 2
 
     @model_validator(mode="after")
     def _check(self):
+        for name in ("regimes", "seq_lens", "initial_state", "modes", "dtypes"):
+            values = getattr(self, name)
+            problem = B.axis_problem(list(values)) if values is not None else None
+            if problem:
+                raise ValueError(f"{name}: {problem}")
         known = set(REGIMES) | set(self.custom_regimes)
         for n, name in enumerate(self.regimes or []):
             if name not in known:

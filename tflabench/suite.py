@@ -34,16 +34,19 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import math
 import os
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from tflabench import bounds as B
 from tflabench.backends import get_backend
 from tflabench.errors import UserError
 from tflabench.numerics import BudgetOverride, VerifySettings
 from tflabench.results import IDENTITY_COLUMNS, case_id, case_label, check_plain_name
+from tflabench.yaml_load import load_yaml
 
 DTYPES = ("bfloat16", "float16", "float32", "float64")
 DType = Literal["bfloat16", "float16", "float32", "float64"]
@@ -57,9 +60,10 @@ class _Strict(BaseModel):
 class Timing(_Strict):
     """How each case is timed (paper App. E.3: median of 30 after 10 warm-ups)."""
 
-    warmup: int = Field(10, ge=0, description="untimed calls after the first call")
-    iterations: int = Field(30, ge=1, description="timed calls; the row gives their median etc.")
-    timeout_s: float = Field(300.0, gt=0, description="wall-clock limit per case (worker killed past it)")
+    warmup: B.Int(0, B.MAX_ITERATIONS) = Field(10, description="untimed calls after the first call")
+    iterations: B.Int(1, B.MAX_ITERATIONS) = Field(30, description="timed calls; the row gives their median etc.")
+    timeout_s: B.Float(0.0, B.MAX_TIMEOUT_S, lo_open=True) = Field(
+        300.0, description="wall-clock limit per case (worker killed past it)")
     flush_l2: bool = Field(False, description="overwrite a buffer larger than L2 before each timed call")
     sync_each: bool = Field(False, description="synchronise before each timed call, so that a call's CPU "
                             "launch overhead is timed (per-call latency); default: GPU time of back-to-back "
@@ -70,38 +74,67 @@ class Numerics(_Strict):
     """The numerics gate: output (and gradients in fwdbw) vs the family's float64 reference."""
 
     check: bool = True
-    max_seq_len: int = Field(512, ge=1, description="gate runs at batch 1, <=2 heads, S <= this")
-    tolerance: float | None = Field(None, gt=0, description="one max-normalised error accepted for every tensor "
-                                    "(overrides budgets); default: per tensor and dtype (docs/numerics.md)")
+    max_seq_len: B.Int(1, B.MAX_SEQ_LEN) = Field(512, description="gate runs at batch 1, <=2 heads, S <= this")
+    tolerance: B.Float(0.0, B.MAX_BUDGET, lo_open=True) | None = Field(
+        None, description="one max-normalised error accepted for every tensor (overrides budgets); default: "
+        "per tensor and dtype (docs/numerics.md); numerics.check: false skips the gate")
     budgets: dict[Literal["float64", "float32", "tf32", "float16", "bfloat16"], BudgetOverride] = Field(
         default_factory=dict, description="per precision, per tensor class (out, state, grad, gate_grad)")
     verify: VerifySettings = Field(default_factory=VerifySettings, description="the grid of tflabench verify")
+
+
+def _threshold(name: str) -> Any:
+    lo, hi, lo_open, hi_open, integer = B.THRESHOLD_RANGES[name]
+    return Annotated[int if integer else float,
+                     B.in_range(lo, hi, lo_open=lo_open, hi_open=hi_open, integer=integer)] | None
+
+
+def _axis(value: Any) -> Any:
+    """A field validator: a list-valued sweep axis must pass :func:`tflabench.bounds.axis_problem`."""
+    if isinstance(value, (list, tuple)):
+        problem = B.axis_problem(list(value))
+        if problem:
+            raise ValueError(problem)
+    return value
 
 
 class CompareSettings(_Strict):
     """Per-suite thresholds for ``tflabench compare`` (docs/ci.md, "How compare decides");
     unset fields keep compare's defaults. Copied into the result set's metadata."""
 
-    time_threshold: float | None = Field(None, gt=0, description="relative change of the median time reported")
-    alpha: float | None = Field(None, gt=0, lt=1, description="significance level of the rank test")
-    min_samples: int | None = Field(None, ge=2, description="fewest samples per side for the rank test")
-    mem_threshold: float | None = Field(None, gt=0, description="relative change of peak_mem_bytes reported")
-    mem_floor_bytes: int | None = Field(None, ge=0, description="smallest absolute memory change reported")
+    time_threshold: _threshold("time_threshold") = Field(None, description="relative change of the median time "
+                                                         "reported")
+    alpha: _threshold("alpha") = Field(None, description="significance level of the rank test")
+    min_samples: _threshold("min_samples") = Field(None, description="fewest samples per side for the rank test")
+    mem_threshold: _threshold("mem_threshold") = Field(None, description="relative change of peak_mem_bytes "
+                                                       "reported")
+    mem_floor_bytes: _threshold("mem_floor_bytes") = Field(None, description="smallest absolute memory change "
+                                                           "reported")
 
 
 class ModelSettings(_Strict):
     """Model-level settings: the embedding dimension the head layouts split."""
 
-    embedding_dim: int | list[int] = 4096
+    embedding_dim: B.Int(1, B.MAX_EMBEDDING_DIM) | list[B.Int(1, B.MAX_EMBEDDING_DIM)] = 4096
+
+    @field_validator("embedding_dim")
+    @classmethod
+    def _axes(cls, value: Any) -> Any:
+        return _axis(value)
 
 
 class Sweep(_Strict):
     """Shapes: ``tokens`` + ``seq_len`` (batch = tokens / seq_len; paper App. E.3) or
     ``batch`` x ``seq_len``."""
 
-    tokens: int | None = Field(None, ge=1)
-    batch: int | list[int] | None = None
-    seq_len: int | list[int]
+    tokens: B.Int(1, B.MAX_TOKENS) | None = None
+    batch: B.Int(1, B.MAX_BATCH) | list[B.Int(1, B.MAX_BATCH)] | None = None
+    seq_len: B.Int(1, B.MAX_SEQ_LEN) | list[B.Int(1, B.MAX_SEQ_LEN)]
+
+    @field_validator("batch", "seq_len")
+    @classmethod
+    def _axes(cls, value: Any) -> Any:
+        return _axis(value)
 
 
 class KernelSpec(_Strict):
@@ -111,7 +144,13 @@ class KernelSpec(_Strict):
     label: str | None = None
     params: dict[str, Any] = Field(default_factory=dict)
     modes: list[Mode] | None = None
-    timeout_s: float | None = Field(None, gt=0, description="overrides timing.timeout_s for this kernel")
+    timeout_s: B.Float(0.0, B.MAX_TIMEOUT_S, lo_open=True) | None = Field(
+        None, description="overrides timing.timeout_s for this kernel")
+
+    @field_validator("modes")
+    @classmethod
+    def _axes(cls, value: Any) -> Any:
+        return _axis(value)
 
 
 class Suite(_Strict):
@@ -122,13 +161,21 @@ class Suite(_Strict):
     device: Literal["auto", "cuda", "cpu"] = "auto"
     dtype: DType | list[DType] = "bfloat16"
     modes: list[Mode] = Field(default_factory=lambda: ["fwd", "fwdbw"], min_length=1)
-    seed: int = 0
+    seed: B.Int(0, B.MAX_SEED) = 0
     timing: Timing = Field(default_factory=Timing)
     numerics: Numerics = Field(default_factory=Numerics)
     model: ModelSettings = Field(default_factory=ModelSettings)
     sweep: Sweep
     kernels: list[KernelSpec] = Field(min_length=1)
     compare: CompareSettings = Field(default_factory=CompareSettings)
+    max_cases: B.Int(1, B.MAX_MAX_CASES) = Field(
+        B.DEFAULT_MAX_CASES, description="refuse a suite that expands to more cases (a typo in a sweep "
+        "can ask for millions); raise it to run a larger suite on purpose")
+
+    @field_validator("dtype", "modes")
+    @classmethod
+    def _axes(cls, value: Any) -> Any:
+        return _axis(value)
 
     @field_validator("name")
     @classmethod
@@ -308,25 +355,18 @@ def load_suite(path: str | os.PathLike) -> LoadedSuite:
     """Read and validate a suite file (schema, backends and their parameters, sweep).
 
     Returns a :class:`LoadedSuite`. Raises UserError ``<file>: <field path>: <reason>`` for
-    a missing file, YAML syntax, unknown field, wrong type, unknown backend, a parameter
-    the backend does not take, ``tokens`` not divisible by a sequence length, or an
-    unresolvable head layout. Expansion with :func:`expand_cases` then cannot fail.
+    a missing file, YAML syntax, a key given twice, aliases that expand beyond
+    :data:`tflabench.yaml_load.MAX_VALUES`, unknown field, wrong type, a number out of its
+    range (:mod:`tflabench.bounds`), an empty sweep axis or a value repeated in one, unknown
+    backend, a parameter the backend does not take, ``tokens`` not divisible by a sequence
+    length, an unresolvable head layout, two kernel entries with one label, or more cases
+    than ``max_cases``. Expansion with :func:`expand_cases` then cannot fail.
     """
-    import yaml
-
     p = Path(path)
     if not p.is_file():
         raise UserError(f"suite file {str(p)!r} does not exist")
+    data = load_yaml(p)
     raw_bytes = p.read_bytes()
-    try:
-        data = yaml.safe_load(raw_bytes.decode("utf-8"))
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UserError(f"{p}{where}: YAML syntax error: {problem}") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{p}: not UTF-8 text") from None
     if not isinstance(data, dict):
         raise UserError(f"{p}: a suite is a YAML mapping (name, sweep, kernels, ...), got {type(data).__name__}")
     try:
@@ -416,17 +456,18 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
         device: the device the cases run on (default: the suite's, ``auto`` resolved).
 
     Raises UserError (field path: reason) for an unknown backend, a parameter the backend
-    does not take or a bad value, an invalid sweep, or an unresolvable layout.
+    does not take or a bad value, an empty or repeating list of parameter values, an
+    invalid sweep, an unresolvable layout, a label shared by two kernel entries, more cases
+    than the suite's ``max_cases``, or two entries that give the same case.
     """
     suite = loaded.suite if isinstance(loaded, LoadedSuite) else loaded
     device = device or resolve_device(suite.device)
     shapes = _shapes(suite.sweep)
     embeddings = _as_list(suite.model.embedding_dim)
-    for n, e in enumerate(embeddings):
-        if e < 1:
-            raise UserError(f"model.embedding_dim[{n}]: {e} must be >= 1")
     dtypes = _as_list(suite.dtype)
+    _check_case_count(suite, shapes, embeddings, dtypes)
     cases: list[Case] = []
+    label_of: dict[str, int] = {}  # label -> the kernel entry that has it
     for kn, spec in enumerate(suite.kernels):
         where = f"kernels[{kn}]"
         try:
@@ -434,8 +475,18 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
         except UserError as exc:
             raise UserError(f"{where}.backend: {exc}") from None
         modes = spec.modes if spec.modes is not None else suite.modes
+        for key, value in spec.params.items():
+            problem = B.axis_problem(list(value)) if isinstance(value, (list, tuple)) else None
+            if problem:
+                raise UserError(f"{where}.params.{key}: {problem}")
         for values, index in _expand_params(spec.params):
             label = spec.label or _default_label(spec.backend, values)
+            owner = label_of.setdefault(label, kn)
+            if owner != kn:
+                raise UserError(
+                    f"{where}.label: {label!r} is also the label of kernels[{owner}]; a label names one kernel "
+                    "(the rows, resume and compare match on it): give each entry its own label, or one entry "
+                    "with the differing parameter as a list")
             try:
                 params = backend.parse_params(values)
             except ValidationError as exc:
@@ -447,6 +498,13 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
                 if err["type"] == "extra_forbidden":
                     allowed = ", ".join(backend.Params.model_fields) or "nothing"
                     raise UserError(f"{at}: not a parameter of backend {spec.backend!r}; it takes: {allowed}") from None
+                if err["type"] == "value_error":  # the Params' own checks name the value already
+                    msg = str(err["msg"]).removeprefix("Value error, ")
+                    name, sep, rest = msg.partition(": ")
+                    if key is None and sep and name in values:  # "field: reason" of a model check
+                        at += f".{name}" + (f"[{index[name]}]" if name in index else "")
+                        msg = rest
+                    raise UserError(f"{at}: {msg}") from None
                 raise UserError(f"{at}: {err['msg']} (got {err.get('input')!r})") from None
             params_text = json.dumps(params.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
             chunk = backend.chunk_size(params)
@@ -473,7 +531,27 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
                                 tolerance=suite.numerics.tolerance,
                                 numerics_budgets=budgets_json(suite.numerics.budgets),
                             ))
+    seen: dict[str, Case] = {}
+    for case in cases:
+        other = seen.setdefault(case.case_id, case)
+        if other is not case:
+            raise UserError(f"kernels: the case {case.describe()} is given twice (its parameters "
+                            f"{case.params} name the same kernel); give each kernel once")
     return cases
+
+
+def _check_case_count(suite: "Suite", shapes: list, embeddings: list, dtypes: list) -> None:
+    """UserError when the suite's cross product holds more than ``max_cases`` cases,
+    counted before any case is built (a sweep of millions is refused at once)."""
+    total = 0
+    for spec in suite.kernels:
+        combos = math.prod(len(v) if isinstance(v, (list, tuple)) else 1 for v in spec.params.values())
+        modes = spec.modes if spec.modes is not None else suite.modes
+        total += combos * len(embeddings) * len(dtypes) * len(shapes) * len(modes)
+    if total > suite.max_cases:
+        raise UserError(f"max_cases: the suite expands to {total:,} cases, more than max_cases {suite.max_cases:,}; "
+                        "check the sweep and the parameter lists, or set max_cases in the suite to run that "
+                        f"many on purpose (at most {B.MAX_MAX_CASES:,})")
 
 
 def budgets_json(budgets: dict) -> str | None:

@@ -37,8 +37,9 @@ from __future__ import annotations
 import dataclasses
 from typing import TYPE_CHECKING, Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, model_validator
 
+from tflabench.bounds import MAX_KERNEL_PARAM, check_number
 from tflabench.errors import UserError
 from tflabench.model import counts_for_case
 from tflabench.numerics import budget
@@ -89,6 +90,18 @@ class BackendParams(BaseModel):
     the allowed names are reported by :mod:`tflabench.suite`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @model_validator(mode="after")
+    def _bounded_numbers(self):
+        """Every number field finite and within +-:data:`tflabench.bounds.MAX_KERNEL_PARAM`
+        (a head count or chunk size of 1e12, or an eps of inf, fails at load, not per case)."""
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, (int, float)) and not isinstance(value, bool):
+                reason = check_number(value, -MAX_KERNEL_PARAM, MAX_KERNEL_PARAM, integer=isinstance(value, int))
+                if reason:
+                    raise ValueError(f"{name}: {reason}")
+        return self
 
 
 class HeadLayoutParams(BackendParams):
