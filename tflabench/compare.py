@@ -140,7 +140,7 @@ def _check_threshold(name: str, value: Any, where: str) -> float | int:
     return int(value) if integer else float(value)
 
 
-def _threshold_mapping(mapping: Any, where: str) -> dict[str, Any]:
+def _threshold_mapping(mapping: Any, where: str, check: bool = True) -> dict[str, Any]:
     if mapping is None:
         return {}
     if not isinstance(mapping, Mapping):
@@ -151,7 +151,7 @@ def _threshold_mapping(mapping: Any, where: str) -> dict[str, Any]:
             allowed = ", ".join(Thresholds.names())
             raise UserError(f"{where}: unknown threshold {name!r}; allowed: {allowed}")
         if value is not None:
-            out[name] = _check_threshold(name, value, where)
+            out[name] = _check_threshold(name, value, where) if check else value
     return out
 
 
@@ -196,7 +196,8 @@ def resolve_thresholds(
         ("base suite", _threshold_mapping((base_metadata or {}).get("compare"), "base metadata 'compare'")),
         ("new suite", _threshold_mapping((new_metadata or {}).get("compare"), "new metadata 'compare'")),
         ("thresholds file", _threshold_mapping(file_values, "thresholds file")),
-        ("option", _threshold_mapping({k: v for k, v in (overrides or {}).items() if v is not None}, "option")),
+        ("option", {k: _check_threshold(k, v, f"--{k.replace('_', '-')}")
+                    for k, v in _threshold_mapping(overrides, "option", check=False).items()}),
     )
     for name, layer in layers:
         for key, value in layer.items():
@@ -568,6 +569,30 @@ def environment_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping
     return out
 
 
+#: Metadata keys of the machine and interpreter: a difference is warned about (two CPU
+#: result sets of two machines time different hardware even under one GPU name, None).
+HOST_KEYS = ("hostname", "cpu", "python")
+
+
+def provenance_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str, Any]) -> list[str]:
+    """One warning per :data:`HOST_KEYS` key that differs between the two runs (only where
+    both record it), and one per side merged from shards that hold fewer cases than they
+    were to measure (``shards_incomplete``, written by ``merge --allow-missing``)."""
+    out = []
+    for key in HOST_KEYS:
+        base, new = base_metadata.get(key), new_metadata.get(key)
+        if base is not None and new is not None and base != new:
+            out.append(f"{key} differs: base {base!r}, new {new!r}; the runs measured on different machines or "
+                       "interpreters, so timings may move for that reason alone")
+    for label, metadata in (("base", base_metadata), ("new", new_metadata)):
+        lacking = sum(int(item.get("cases_missing") or 0) for item in metadata.get("shards_incomplete") or []
+                      if isinstance(item, Mapping))
+        if lacking:
+            out.append(f"{label} was merged from incomplete shards ({lacking} case(s) not measured); "
+                       "they count as missing")
+    return out
+
+
 #: Relative inter-quartile range ``(ms_q75 - ms_q25) / ms_median`` above which a case's
 #: timings are called noisy (a warning, not a decision).
 NOISY_RELATIVE_IQR = 0.10
@@ -636,7 +661,7 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
         raise UserError(
             f"the result sets ran different suites: base {base_suite!r}, new {new_suite!r}; compare runs of one suite"
         )
-    warnings = environment_warnings(base_meta, new_meta)
+    warnings = environment_warnings(base_meta, new_meta) + provenance_warnings(base_meta, new_meta)
     base_rows = _prepare(base.rows, f"base {base.path}", warnings)
     new_rows = _prepare(new.rows, f"new {new.path}", warnings)
     for label, frame in (("base", base_rows), ("new", new_rows)):
@@ -1070,10 +1095,11 @@ def to_json(comparison: Comparison, fail_on: str = "any") -> dict[str, Any]:
 
 
 def append_step_summary(markdown: str) -> Path | None:
-    """Append ``markdown`` to the file named by ``$GITHUB_STEP_SUMMARY``; None when unset."""
+    """Append ``markdown`` to the file named by ``$GITHUB_STEP_SUMMARY``; None when unset.
+    Raises UserError when the file cannot be written."""
+    from tflabench.outputs import write_text
+
     target = os.environ.get("GITHUB_STEP_SUMMARY")
     if not target:
         return None
-    with open(target, "a", encoding="utf-8") as handle:
-        handle.write(markdown.rstrip("\n") + "\n\n")
-    return Path(target)
+    return write_text(target, markdown.rstrip("\n") + "\n\n", "$GITHUB_STEP_SUMMARY", append=True)

@@ -1,7 +1,7 @@
 """The environment a run happens in: what every result set records and ``doctor`` checks.
 
 :func:`collect` gives the metadata fields (GPU name and count, driver, CUDA, torch, triton,
-python, peers' versions, git revision, hostname, tflabench version) without creating a CUDA
+python, peers' versions, git revision, hostname, CPU model, tflabench version) without creating a CUDA
 context in the calling process (``nvidia-smi`` first; torch's device query only as a
 fallback), so that the runner's parent process leaves the GPU to its workers.
 :func:`known_problems` lists known-bad combinations (seen on an H200 with triton 3.6).
@@ -112,10 +112,25 @@ def gpu_info() -> GpuInfo:
     return GpuInfo([], None)
 
 
+def cpu_name() -> str | None:
+    """The CPU model (``model name`` of ``/proc/cpuinfo`` on Linux, else
+    ``platform.processor()``), or None when unknown."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as handle:
+            for line in handle:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model", "cpu model") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or None
+
+
 def collect() -> dict:
     """The environment part of ``metadata.json``: ``gpu_name`` (first GPU, None on CPU),
     ``gpu_count``, ``driver``, ``cuda`` (torch's CUDA build), ``torch``, ``triton``,
-    ``python``, ``peers`` (name -> version), ``git_revision``, ``hostname``, ``tflabench``.
+    ``python``, ``peers`` (name -> version), ``git_revision``, ``hostname``, ``cpu``
+    (:func:`cpu_name`), ``tflabench``.
     Imports torch (not CUDA-initialising)."""
     info = gpu_info()
     try:
@@ -135,6 +150,7 @@ def collect() -> dict:
         "peers": peer_versions(),
         "git_revision": git_revision(),
         "hostname": socket.gethostname(),
+        "cpu": cpu_name(),
         "tflabench": __version__,
     }
 

@@ -147,6 +147,18 @@ METADATA_KEYS: tuple[str, ...] = (
     "ceilings",
 )
 
+#: The type of each ``metadata.json`` key that tflabench reads (None is allowed for all): a
+#: value of another type means the file was edited or damaged, and :func:`read_metadata`
+#: refuses it rather than let a reader trip over it later.
+METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
+    "suite": str, "suite_path": str, "suite_sha256": str, "date": str, "git_revision": str,
+    "hostname": str, "gpu_name": str, "gpu_count": int, "driver": str, "cuda": str, "torch": str,
+    "triton": str, "python": str, "cpu": str, "peers": dict, "tflabench": str, "shard": str,
+    "ceilings": dict, "device": str, "gpus": list, "compare": dict, "only": list, "measurement": dict,
+    "resumed": list, "merged_from": list, "shards_missing": list, "shards_incomplete": list,
+    "case_ids": list,
+}
+
 ROWS_FILE = "rows.jsonl"
 PARQUET_FILE = "results.parquet"
 CSV_FILE = "results.csv"
@@ -589,6 +601,8 @@ class _Scan:
     rows: list[dict]
     kept: list[bytes]
     bad: list[tuple[int, str, str, bool]]
+    #: The line number of each row of ``rows``.
+    linenos: list[int] = dataclasses.field(default_factory=list)
 
 
 _ROW_START = b'{"case_id"'
@@ -608,9 +622,16 @@ def _scan_rows(path: Path) -> _Scan:
     part of the torn last line. Empty lines are dropped.
     """
     scan = _Scan(rows=[], kept=[], bad=[])
-    if not Path(path).exists():
+    path = Path(path)
+    if not path.exists():
         return scan
-    data = Path(path).read_bytes()
+    if path.is_dir():
+        raise UserError(f"{path}: is a directory, not the file of result rows; the result set is damaged "
+                        "(move that directory away)")
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({_io_reason(exc)})") from None
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends in a newline
     for lineno, raw in enumerate(lines, 1):
@@ -635,6 +656,7 @@ def _scan_line(scan: _Scan, lineno: int, raw: bytes, last: bool) -> None:
     if row is not None:
         scan.rows.append(row)
         scan.kept.append(stripped + b"\n")
+        scan.linenos.append(lineno)
         return
     text = raw.rstrip(b"\x00").decode("utf-8", errors="replace")  # set aside as it was
     start = stripped.rfind(_ROW_START)
@@ -642,12 +664,54 @@ def _scan_line(scan: _Scan, lineno: int, raw: bytes, last: bool) -> None:
     if glued is not None:
         scan.rows.append(glued)
         scan.kept.append(stripped[start:] + b"\n")
+        scan.linenos.append(lineno)
         scan.bad.append((lineno, "a torn row with a whole row appended to it (the whole row is kept)",
                          stripped[:start].decode("utf-8", errors="replace"), False))
     elif last:
         scan.bad.append((lineno, "a torn last row (a run died while writing it)", text, False))
     else:
         scan.bad.append((lineno, "not a JSON row", text, True))
+
+
+def row_problem(row: Mapping[str, Any]) -> str | None:
+    """Why ``row`` (one parsed line of ``rows.jsonl``) is not a result row, or None: a key
+    that is not a column, a text column holding something else than text, a numeric column
+    holding something else than a number, an unknown ``status``."""
+    for key, value in row.items():
+        if key not in COLUMNS:
+            return f"has the field {str(key)[:60]!r}, which is not a result column"
+        if value is None:
+            continue
+        if key == "ms_samples" and isinstance(value, list):
+            if not all(isinstance(x, (int, float)) and not isinstance(x, bool) or x is None for x in value):
+                return "has ms_samples that are not all numbers"
+        elif key == "params" and isinstance(value, dict):
+            continue
+        elif key in TEXT_COLUMNS:
+            if not isinstance(value, str):
+                return f"has {key} = {str(value)[:40]!r}, not text"
+        elif isinstance(value, bool) or not isinstance(value, (int, float)):
+            return f"has {key} = {str(value)[:40]!r}, not a number"
+        elif isinstance(value, int) and abs(value) > 2**63:
+            return f"has {key} = {str(value)[:40]}, out of range"
+    status = row.get("status")
+    if status is not None and status not in STATUSES:
+        return f"has status {str(status)[:40]!r}, not one of {', '.join(STATUSES)}"
+    return None
+
+
+def check_rows(path: str | os.PathLike, scan: "_Scan", before: int | None = None) -> None:
+    """Raise UserError naming the first line of ``scan`` (read from ``path``; only lines
+    before ``before`` when given) that is JSON but not a result row (:func:`row_problem`):
+    the file was edited or written by another tool, and neither loading nor a resume can
+    tell what it measured."""
+    for lineno, row in zip(scan.linenos, scan.rows):
+        if before is not None and lineno > before:
+            break
+        problem = row_problem(row)
+        if problem:
+            raise UserError(f"{path}: line {lineno} {problem}; the file was edited or damaged: fix or delete "
+                            "that line")
 
 
 def repair_rows(directory: str | os.PathLike) -> list[str]:
@@ -905,6 +969,8 @@ def _read_jsonl(path: Path, warnings: list[str] | None = None) -> list[dict]:
     """The rows of ``rows.jsonl``. A torn last line (a killed run) is skipped and described
     in ``warnings``; any other line that is not a JSON object raises UserError."""
     scan = _scan_rows(Path(path))
+    first_fatal = min((lineno for lineno, _, _, fatal in scan.bad if fatal), default=None)
+    check_rows(path, scan, before=first_fatal)
     for lineno, why, _text, fatal in scan.bad:
         if fatal:
             raise UserError(
@@ -933,6 +999,56 @@ def resolve_directory(path: str | os.PathLike) -> Path:
     return directory
 
 
+def read_metadata(directory: str | os.PathLike) -> dict:
+    """The ``metadata.json`` of a result set as a dict (empty when the file is absent).
+
+    Raises UserError (one line naming the file) when it is a directory, cannot be read, is
+    not UTF-8 JSON, is not a JSON object, or a key of :data:`METADATA_TYPES` holds a value
+    of another type."""
+    path = Path(directory) / METADATA_FILE
+    if not path.exists() and not path.is_symlink():
+        return {}
+    fix = "the file was edited or damaged (moved away, report and compare read the rows without it; a resume needs it)"
+    try:
+        text = path.read_bytes().decode("utf-8")
+    except IsADirectoryError:
+        raise UserError(f"{path}: is a directory, not a file; {fix}") from None
+    except OSError as exc:
+        raise UserError(f"{path}: cannot be read ({_io_reason(exc)})") from None
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text; {fix}") from None
+    try:
+        metadata = json.loads(text)
+    except (json.JSONDecodeError, RecursionError) as exc:
+        raise UserError(f"{path}: not valid JSON ({getattr(exc, 'msg', 'nested too deeply')}); {fix}") from None
+    problem = metadata_problem(metadata)
+    if problem:
+        raise UserError(f"{path}: {problem}; {fix}")
+    return metadata
+
+
+def metadata_problem(metadata: Any) -> str | None:
+    """Why ``metadata`` (parsed ``metadata.json``) cannot be read as a result set's
+    metadata, or None: not a JSON object, or a key of :data:`METADATA_TYPES` holding a
+    value of another type."""
+    if not isinstance(metadata, dict):
+        return f"{_json_type(metadata)}, not an object"
+    for key, kind in METADATA_TYPES.items():
+        value = metadata.get(key)
+        if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
+            return f"{key!r} is {_json_type(value)}, not {_json_type(kind)}"
+    return None
+
+
+def _json_type(value: Any) -> str:
+    """The JSON name of a value's type (or of a Python type) with its article: an object,
+    an array, a string..."""
+    kind = value if isinstance(value, type) else type(value)
+    names = {dict: "an object", list: "an array", str: "a string", int: "an integer", float: "a number",
+             bool: "a boolean", type(None): "null"}
+    return names.get(kind, f"a {kind.__name__}")
+
+
 def load_results(path: str | os.PathLike) -> ResultSet:
     """Load a result set from its directory or any of its files.
 
@@ -942,7 +1058,8 @@ def load_results(path: str | os.PathLike) -> ResultSet:
     ``results.parquet``, else ``results.csv``. Loading changes no file.
 
     Returns a :class:`ResultSet`. Raises UserError when the path is missing, is not a
-    result set, or a file is corrupt.
+    result set, or a file is corrupt (a row with a field no row has, a value of the wrong
+    type, metadata that is not a JSON object: :func:`row_problem`, :func:`read_metadata`).
     """
     import pandas as pd
 
@@ -959,15 +1076,7 @@ def load_results(path: str | os.PathLike) -> ResultSet:
         raise
     except Exception as exc:  # pyarrow / pandas parse errors
         raise UserError(f"{str(directory)!r}: cannot read result rows ({type(exc).__name__}: {exc})") from None
-    metadata: dict = {}
-    meta_path = directory / METADATA_FILE
-    if meta_path.exists():
-        try:
-            metadata = json.loads(meta_path.read_text())
-        except json.JSONDecodeError as exc:
-            raise UserError(f"{meta_path}: not valid JSON ({exc.msg})") from None
-        if not isinstance(metadata, dict):
-            raise UserError(f"{meta_path}: not a JSON object")
+    metadata = read_metadata(directory)
     return ResultSet(rows=frame, metadata=metadata, path=directory, warnings=warnings)
 
 

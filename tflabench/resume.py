@@ -17,6 +17,12 @@ else is a condition: the device and GPU, ``dtype``, ``seed``, every other ``timi
 software the rows are measured with (driver, CUDA, torch, triton, python, peers,
 tflabench), ``--shard`` and the roofline ceilings. A change of git revision (a suite edited
 in the checkout makes it ``+dirty``) is recorded in ``metadata.json`` under ``resumed``.
+
+The rows are checked too (:func:`row_differences`): each row's suite, device, dtype, the
+iteration count of its timings and its kernel's backend and single-valued parameters must
+be this run's, so that a damaged or hand-edited ``metadata.json`` cannot let rows of two
+conditions meet. A set without readable metadata is refused: its rows do not record the
+GPU, the software, the seed, the warm-up or the numerics settings they were measured with.
 """
 
 from __future__ import annotations
@@ -144,12 +150,86 @@ class ResumePlan:
         return lines
 
 
+def measurement_problem(old: Any) -> str | None:
+    """Why a recorded ``measurement`` (of ``metadata.json``) cannot be compared, or None:
+    the field (``measurement.kernels['x'].params``...) that has the wrong JSON type."""
+    if not isinstance(old, dict):
+        return "measurement is not an object"
+    kinds = {"device": str, "dtype": list, "seed": int, "timing": dict, "numerics": dict, "kernels": dict,
+             "case_ids": list}
+    for key, kind in kinds.items():
+        if key in old and not isinstance(old[key], kind):
+            return f"measurement.{key} is not a JSON {kind.__name__.replace('dict', 'object').replace('list', 'array')}"
+    if not all(isinstance(i, str) for i in old.get("case_ids") or ()):
+        return "measurement.case_ids holds something else than case ids"
+    for label, entry in (old.get("kernels") or {}).items():
+        where = f"measurement.kernels[{label!r}]"
+        if not isinstance(entry, dict):
+            return f"{where} is not a JSON object"
+        if not isinstance(entry.get("backend", []), list) or not isinstance(entry.get("swept", []), list):
+            return f"{where}.backend / .swept is not a JSON array"
+        params = entry.get("params", {})
+        if not isinstance(params, dict) or not all(
+                isinstance(v, list) and all(isinstance(t, str) for t in v) for v in params.values()):
+            return f"{where}.params is not an object of arrays of JSON texts"
+    return None
+
+
+def row_differences(rows: list[dict], linenos: list[int], suite_name: str, new: dict) -> list[tuple[str, Any, Any]]:
+    """(field, value in a row, value now) for the first row that contradicts this run's
+    conditions ``new`` (:func:`measurement`): its ``suite``, ``device``, ``dtype``, the
+    ``n_iter`` of a timed row (``timing.iterations``), its kernel's backend and each
+    parameter the suite gives as a single value. A label the suite no longer has is not
+    compared (a removed kernel keeps its rows). Each field once, in row order."""
+    out: list[tuple[str, Any, Any]] = []
+    seen: set[str] = set()
+
+    def differ(field: str, old: Any, now: Any, lineno: int) -> None:
+        if field not in seen:
+            seen.add(field)
+            out.append((f"{field} (rows.jsonl line {lineno})", old, now))
+
+    iterations = (new.get("timing") or {}).get("iterations")
+    kernels = new.get("kernels") or {}
+    for lineno, row in zip(linenos, rows):
+        if row.get("suite") is not None and row["suite"] != suite_name:
+            differ("suite", row["suite"], suite_name, lineno)
+        if row.get("device") is not None and row["device"] != new.get("device"):
+            differ("device", row["device"], new.get("device"), lineno)
+        if row.get("dtype") is not None and row["dtype"] not in (new.get("dtype") or [row["dtype"]]):
+            differ("dtype", row["dtype"], _one(new.get("dtype")), lineno)
+        n_iter = row.get("n_iter")
+        if n_iter is not None and iterations is not None and row.get("status") == "ok" and n_iter != iterations:
+            differ("timing.iterations", n_iter, iterations, lineno)
+        entry = kernels.get(row.get("kernel"))
+        if not isinstance(entry, dict):
+            continue
+        label = row.get("kernel")
+        if row.get("backend") is not None and row["backend"] not in entry.get("backend", [row["backend"]]):
+            differ(f"kernels[{label!r}].backend", row["backend"], _one(entry.get("backend")), lineno)
+        params = row.get("params")
+        if isinstance(params, str):
+            try:
+                params = json.loads(params)
+            except ValueError:
+                params = None
+        if not isinstance(params, dict):
+            continue
+        swept = set(entry.get("swept") or ())
+        for key, texts in (entry.get("params") or {}).items():
+            if key in swept or key not in params:
+                continue
+            if json.dumps(params[key], sort_keys=True) not in texts:
+                differ(f"kernels[{label!r}].params.{key}", params[key], _values(texts), lineno)
+    return out
+
+
 def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_measurement: dict,
                 env: dict, cases: list[Case], *, shard: str | None, ceilings: dict | None) -> ResumePlan:
     """Check that ``loaded`` may be resumed into ``directory`` and say what runs.
 
     Args:
-        old_meta: the result set's ``metadata.json``.
+        old_meta: the result set's ``metadata.json`` (``{}`` when the file is absent).
         new_measurement: :func:`measurement` of this run.
         env: this run's environment (``tflabench.environment.collect``).
         cases: every case of the suite (before ``--only`` and ``--shard``).
@@ -157,15 +237,30 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
         ceilings: this run's roofline ceilings (as recorded in the metadata) or None.
 
     Raises UserError with one line: the first field that differs (and how many more), its
-    value in the result set and now, and how to start a fresh run.
+    value in the result set and now, and how to start a fresh run; or what makes the set
+    unusable (metadata missing, damaged or of the wrong type; a line of ``rows.jsonl``
+    that is not a result row). Reads only: nothing on disk changes.
     """
     directory = Path(directory)
     where = f"--resume {directory}"
     fresh = "start a fresh run (the same command without --resume)"
     suite = loaded.suite
+    problem = R.metadata_problem(old_meta)
+    if problem:
+        raise UserError(f"{where}: {R.METADATA_FILE}: {problem}; the file was edited or damaged, so the "
+                        f"conditions of its rows are unknown: {fresh}")
+    old = old_meta.get("measurement")
+    if old is not None:
+        problem = measurement_problem(old)
+        if problem:
+            raise UserError(f"{where}: {R.METADATA_FILE}: {problem}; the file was edited or damaged, so the "
+                            f"conditions of its rows are unknown: {fresh}")
+    rows_path = directory / R.ROWS_FILE
+    scan = R._scan_rows(rows_path)
+    R.check_rows(rows_path, scan)
+    rows = scan.rows
     if old_meta.get("suite") not in (None, suite.name):
         raise UserError(f"{where}: holds suite {old_meta.get('suite')!r}, not {suite.name!r}; {fresh}")
-    old = old_meta.get("measurement")
     diffs: list[tuple[str, Any, Any, str]] = []
     if isinstance(old, dict):
         diffs += [(f, a, b, f"set {f} back to {json.dumps(a)} in the suite") for f, a, b in differences(old, new_measurement)]
@@ -174,7 +269,8 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
             f"{where}: the result set does not record its measurement conditions (an earlier tflabench "
             f"wrote it) and the suite file changed since (sha256 {str(old_meta['suite_sha256'])[:12]}..., "
             f"now {loaded.sha256[:12]}...); resume with the suite file it began with, or {fresh}")
-    for key in ENVIRONMENT_KEYS:
+    cpu = ("cpu",) if new_measurement.get("device") == "cpu" else ()  # CPU timings: the CPU is the device
+    for key in ENVIRONMENT_KEYS + cpu:
         if key in old_meta and old_meta.get(key) != env.get(key):
             diffs.append((key, old_meta.get(key), env.get(key),
                           "resume where it began (the same GPU and software)"))
@@ -182,6 +278,8 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
         diffs.append(("--shard", old_meta.get("shard"), shard, "give the --shard it began with"))
     if "ceilings" in old_meta and old_meta.get("ceilings") != ceilings:
         diffs.append(("--ceilings", old_meta.get("ceilings"), ceilings, "give the --ceilings it began with"))
+    diffs += [(f, a, b, "resume with the suite the result set began with")
+              for f, a, b in row_differences(rows, scan.linenos, suite.name, new_measurement)]
     if diffs:
         field, a, b, hint = diffs[0]
         more = f" (also different: {', '.join(d[0] for d in diffs[1:])})" if len(diffs) > 1 else ""
@@ -189,8 +287,13 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
             f"{where}: {field} is {json.dumps(b, default=str)} in this run but {json.dumps(a, default=str)} in "
             f"the result set{more}; rows measured under different conditions cannot share a result set: "
             f"{fresh}, or {hint}")
+    if rows and not isinstance(old, dict) and not old_meta.get("suite_sha256"):
+        raise UserError(
+            f"{where}: {R.METADATA_FILE} is missing or records no measurement conditions; its {len(rows)} row(s) "
+            "agree with this suite where rows can tell (suite, device, dtype, iterations, kernels), but the "
+            "GPU, software versions, seed, warm-up and numerics settings they were measured with are unknown, "
+            f"and rows measured under different conditions cannot share a result set: {fresh}")
 
-    rows = R._scan_rows(directory / R.ROWS_FILE).rows
     done = {row.get("case_id") or R.case_id(row) for row in rows}
     plan = ResumePlan(done=done)
     if isinstance(old, dict) and "case_ids" in old:

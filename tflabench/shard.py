@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tflabench import results
+from tflabench.bounds import MAX_SHARDS
 from tflabench.errors import UserError
 
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -35,12 +36,18 @@ def parse_shard(text: str) -> tuple[int, int]:
     """Parse ``"K/N"`` (1-based: K in 1..N) into ``(k, n)``.
 
     Raises:
-        UserError: not of the form K/N with integers 1 <= K <= N.
+        UserError: not of the form K/N with integers 1 <= K <= N <= :data:`MAX_SHARDS`.
     """
-    match = _SHARD_RE.match(str(text))
+    match = _SHARD_RE.match(str(text)[:100])
     if not match:
-        raise UserError(f"--shard: {text!r} is not of the form K/N (e.g. 2/4: the second of four shards)")
-    k, n = int(match.group(1)), int(match.group(2))
+        raise UserError(f"--shard: {str(text)[:40]!r} is not of the form K/N (e.g. 2/4: the second of four shards)")
+    if len(match.group(2)) > 6:
+        n = MAX_SHARDS + 1
+    else:
+        n = int(match.group(2))
+    if n > MAX_SHARDS:
+        raise UserError(f"--shard: {str(text)[:40]!r} splits into more than {MAX_SHARDS} shards; use N <= {MAX_SHARDS}")
+    k = int(match.group(1)) if len(match.group(1)) <= 6 else n + 1
     if n < 1 or not 1 <= k <= n:
         raise UserError(f"--shard: {text!r} needs 1 <= K <= N (K counts from 1)")
     return k, n
@@ -129,6 +136,44 @@ def select_shard(
 # ----------------------------------------------------------------------------- merging
 
 
+def incomplete_shards(shards: list[tuple[int, int, Any]], n: int, present: set[str],
+                      all_present: bool) -> list[dict]:
+    """The shards that hold fewer cases than they were to measure, worst first.
+
+    A run records the cases it is to measure in its metadata (``case_ids``: after ``--only``
+    and ``--shard``); a shard lacking rows of some of them was interrupted. For shards of
+    an earlier tflabench, which recorded only the whole suite's cases
+    (``measurement.case_ids``), the check is made on the union when every shard is there
+    and none ran with ``--only``.
+
+    Returns dicts ``{"shard": "K/N" or None, "path", "cases_expected", "cases_missing",
+    "what"}`` (``what``: one line for messages)."""
+    out = []
+    for k, _, rs in shards:
+        expected = rs.metadata.get("case_ids")
+        if not isinstance(expected, list):
+            continue
+        held = {str(c) for c in rs.rows["case_id"].dropna()} if "case_id" in rs.rows else set()
+        lacking = [i for i in expected if i not in held]
+        if lacking:
+            out.append({"shard": format_shard(k, n), "path": str(rs.path), "cases_expected": len(expected),
+                        "cases_missing": len(lacking),
+                        "what": f"shard {format_shard(k, n)} ({str(rs.path)!r}) holds {len(expected) - len(lacking)} "
+                                f"of its {len(expected)} cases"})
+    if out or not all_present or any(isinstance(rs.metadata.get("case_ids"), list) for _, _, rs in shards):
+        return sorted(out, key=lambda item: -item["cases_missing"])
+    whole = [(rs.metadata.get("measurement") or {}).get("case_ids") for _, _, rs in shards]
+    if any(rs.metadata.get("only") for _, _, rs in shards) or not all(isinstance(w, list) for w in whole):
+        return []
+    expected = set(whole[0])
+    lacking = expected - present
+    if lacking:
+        out.append({"shard": None, "path": None, "cases_expected": len(expected), "cases_missing": len(lacking),
+                    "what": f"the shards hold {len(expected) - len(lacking)} of the suite's {len(expected)} cases "
+                            f"({len(lacking)} in no shard)"})
+    return out
+
+
 def merge_results(
     dirs: Iterable[str | os.PathLike],
     out_dir: str | os.PathLike,
@@ -148,7 +193,9 @@ def merge_results(
         dirs: result-set directories (or files in them) of the shards.
         out_dir: where to write the merged set (created; must not hold a result set).
         allow_missing: write the merge even when some of the N shards are absent
-            (recorded in ``shards_missing``; ``compare`` warns about it).
+            (recorded in ``shards_missing``) or hold fewer cases than they were to measure
+            (:func:`incomplete_shards`, recorded in ``shards_incomplete``); ``compare``
+            warns about both.
         warnings: when given, receives one line per line skipped while loading a shard
             (the torn last line of a shard whose run was killed).
 
@@ -157,8 +204,9 @@ def merge_results(
 
     Raises:
         UserError: no input; an input that is missing, corrupt or not a shard; shards of
-            different suites, environments or N; a repeated shard or case; missing
-            shards (without ``allow_missing``); an ``out_dir`` that already holds results.
+            different suites, environments or N; a repeated shard or case; missing or
+            incomplete shards (without ``allow_missing``); an ``out_dir`` that already
+            holds results.
     """
     paths = [Path(d) for d in dirs]
     if not paths:
@@ -194,7 +242,8 @@ def merge_results(
                 f"merge: {str(rs.path)!r} is shard {k}/{n} but {str(first.path)!r} is {first_k}/{first_n}; "
                 "all shards must split into the same N"
             )
-        for key in MERGE_ENVIRONMENT_KEYS:
+        cpu = ("cpu",) if ref.get("device") == "cpu" else ()  # CPU timings: the CPU is the device
+        for key in MERGE_ENVIRONMENT_KEYS + cpu:
             if meta.get(key) != ref.get(key):
                 raise UserError(
                     f"merge: {str(rs.path)!r} ran in another environment ({key} {meta.get(key)!r}, "
@@ -227,6 +276,15 @@ def merge_results(
             owner[cid] = format_shard(k, first_n)
             rows.append(row)
 
+    incomplete = incomplete_shards(shards, first_n, set(owner), all_present=not missing)
+    if incomplete and not allow_missing:
+        worst = incomplete[0]
+        more = f" (and {len(incomplete) - 1} more shard(s))" if len(incomplete) > 1 else ""
+        how = (f"tflabench run SUITE --shard {worst['shard']} --resume {worst['path']}" if worst["shard"]
+               else "tflabench run SUITE --shard K/N --resume DIR")
+        raise UserError(f"merge: {worst['what']}{more}; its run was interrupted: finish it with `{how}`, "
+                        "or pass --allow-missing to merge what the shards hold (recorded as incomplete)")
+
     out = Path(out_dir)
     if out.exists() and any((out / f).exists() for f in (results.ROWS_FILE, results.PARQUET_FILE, results.CSV_FILE)):
         raise UserError(f"merge: --out {str(out)!r} already holds a result set; choose a new directory")
@@ -239,6 +297,10 @@ def merge_results(
         for k, n, rs in shards
     ]
     metadata["shards_missing"] = missing
+    metadata["shards_incomplete"] = [{k: v for k, v in item.items() if k != "what"} for item in incomplete]
+    expected = [rs.metadata.get("case_ids") for _, _, rs in shards]
+    metadata["case_ids"] = (sorted({i for ids in expected for i in ids})
+                            if not missing and all(isinstance(ids, list) for ids in expected) else None)
     hostnames = sorted({str(rs.metadata.get("hostname")) for _, _, rs in shards if rs.metadata.get("hostname")})
     if hostnames:
         metadata["hostname"] = ",".join(hostnames)

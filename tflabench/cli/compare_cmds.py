@@ -53,11 +53,14 @@ def compare(
 ) -> None:
     """Compare two result sets of one suite: slower, faster, unchanged, undecided, broken, added, removed.
 
-    Exit status: 1 when --fail-on finds something, 0 otherwise, 2 for unusable input.
+    Exit status: 1 when --fail-on finds something, 0 otherwise, 2 for an unusable input
+    or output (checked before anything is written).
     """
     import json
+    import os
 
     from tflabench import compare as cmp
+    from tflabench.outputs import check_writable, write_text
     from tflabench.results import load_results
 
     with user_errors():
@@ -66,6 +69,10 @@ def compare(
         cmp.parse_fail_on(fail_on)
         if output_format not in ("table", "markdown", "json"):
             raise UserError(f"--format: {output_format!r} is not one of table, markdown, json")
+        summary = os.environ.get("GITHUB_STEP_SUMMARY") if step_summary else None
+        for path, what in ((markdown, "--markdown"), (json_file, "--json"), (summary, "$GITHUB_STEP_SUMMARY")):
+            if path:  # before anything is printed or written: an unwritable output is exit 2
+                check_writable(path, what)
         base_set, new_set = load_results(base), load_results(new)
         echo_warnings(base_set, new_set)
         file_values = cmp.load_thresholds_file(thresholds_file) if thresholds_file else None
@@ -83,14 +90,14 @@ def compare(
         typer.echo(text_md)
     else:
         typer.echo(json.dumps(cmp.to_json(comparison, fail_on), indent=2))
-    if markdown:
-        markdown.parent.mkdir(parents=True, exist_ok=True)
-        markdown.write_text(text_md + "\n", encoding="utf-8")
-    if json_file:
-        json_file.parent.mkdir(parents=True, exist_ok=True)
-        json_file.write_text(json.dumps(cmp.to_json(comparison, fail_on), indent=2) + "\n", encoding="utf-8")
-    if step_summary and cmp.append_step_summary(text_md) is None:
-        typer.echo("warning: --step-summary given but $GITHUB_STEP_SUMMARY is not set; nothing appended", err=True)
+    with user_errors():  # a write that fails now (a full disk) is still exit 2, never 1
+        if markdown:
+            write_text(markdown, text_md + "\n", "--markdown")
+        if json_file:
+            write_text(json_file, json.dumps(cmp.to_json(comparison, fail_on), indent=2) + "\n", "--json")
+        if step_summary and cmp.append_step_summary(text_md) is None:
+            typer.echo("warning: --step-summary given but $GITHUB_STEP_SUMMARY is not set; nothing appended",
+                       err=True)
     raise typer.Exit(comparison.exit_status(fail_on))
 
 
@@ -99,13 +106,15 @@ def merge(
     dirs: List[Path] = typer.Argument(..., help="Result-set directories of the shards (tflabench run --shard K/N)."),
     out: Path = typer.Option(..., "--out", help="Directory for the merged result set (must not hold one)."),
     allow_missing: bool = typer.Option(
-        False, "--allow-missing", help="Merge even when some of the N shards are absent (recorded in the metadata)."
+        False, "--allow-missing", help="Merge even when some of the N shards are absent or incomplete "
+        "(recorded in the metadata)."
     ),
 ) -> None:
     """Join the shard result sets of one run into one result set.
 
     Refuses (exit 2) shards of different suites or environments, repeated shards, and
-    missing shards unless --allow-missing.
+    missing or incomplete shards (fewer rows than the cases they were to measure) unless
+    --allow-missing.
     """
     from tflabench.results import load_results
     from tflabench.shard import merge_results
@@ -121,3 +130,6 @@ def merge(
     typer.echo(f"merged {n_shards} shard(s), {len(merged.rows)} row(s) into {path}")
     if missing:
         typer.echo(f"warning: shard(s) {', '.join(map(str, missing))} missing; their cases are absent", err=True)
+    for item in merged.metadata.get("shards_incomplete") or []:
+        typer.echo(f"warning: {'shard ' + item['shard'] if item.get('shard') else 'the shards'} lack "
+                   f"{item['cases_missing']} of {item['cases_expected']} case(s); they are absent", err=True)
