@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from tflabench import results as R
 from tflabench.cli import app
-from tflabench.runner import run_suite
+from tflabench.suite_run import run_suite
 from tflabench.suite import load_suite
 
 cli = CliRunner()
@@ -46,7 +46,7 @@ def measured(tmp_path_factory):
     """(suite path, result-set directory) of a finished run of :data:`SUITE`."""
     tmp = tmp_path_factory.mktemp("measured")
     suite = _write_suite(tmp / "hostile.yaml")
-    result = run_suite(load_suite(suite), out_root=tmp / "out", progress=False, plots=False,
+    result = run_suite(load_suite(suite), out_root=tmp / "out", progress=False,
                        console=Console(file=StringIO()))
     return suite, result.directory
 

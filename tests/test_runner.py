@@ -294,8 +294,14 @@ def test_kernel_that_keeps_crashing_has_its_remaining_cases_recorded_not_run(tmp
     result = run_suite(loaded, out_root=tmp_path / "results", progress=False,
                        max_kernel_failures=1)
     aborts = sorted((r for r in result.rows if r["kernel"] == "aborts"), key=lambda r: r["seq_len"])
-    assert [r["status"] for r in aborts] == ["crash", "crash", "crash"]
+    assert [r["status"] for r in aborts] == ["crash", "not_run", "not_run"]
     assert "not run" not in aborts[0]["reason"]
     assert all("not run: this kernel's last 1 cases ended in crash" in r["reason"] for r in aborts[1:])
     assert all(r["ms_median"] is None or r["ms_median"] != r["ms_median"] for r in aborts[1:])
     assert [r["status"] for r in result.rows if r["kernel"] == "good"] == ["ok", "ok", "ok"]
+    # the cases not run are not lost: a resume runs exactly them
+    again = run_suite(loaded, resume=result.directory, progress=False, max_kernel_failures=0)
+    assert sorted(r["seq_len"] for r in again.rows) == [32, 48] and again.skipped == 4
+    assert [r["status"] for r in again.rows] == ["crash", "crash"]
+    rows = R.load_results(result.directory).rows
+    assert sorted(rows.loc[rows["kernel"] == "aborts", "status"]) == ["crash", "crash", "crash"]

@@ -53,6 +53,8 @@ OK = "ok"
 FAILING = ("wrong", "crash", "timeout", "oom", "error")
 #: The case could not be attempted here (backend not installed, mode unsupported).
 UNAVAILABLE = "unavailable"
+#: The run gave the case's kernel up before it (``--max-kernel-failures``): coverage lost.
+NOT_RUN = "not_run"
 
 #: Identity columns (docs/ARCHITECTURE.md); used to match when ``case_id`` is absent
 #: and to describe a case.
@@ -778,7 +780,7 @@ def _compare_one(key: str, b: Mapping[str, Any] | None, n: Mapping[str, Any] | N
         outcome = "lost" if bs == OK else "removed"
         detail = "missing in new" + ("" if bs == OK else f" (was {bs})")
     elif bs == OK:
-        outcome = "lost" if ns == UNAVAILABLE else "new_failure"
+        outcome = "lost" if ns in (UNAVAILABLE, NOT_RUN) else "new_failure"
         detail = f"ok -> {ns}"
     elif ns == OK:
         outcome, detail = "fixed", f"{bs} -> ok"

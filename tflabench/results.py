@@ -124,8 +124,12 @@ NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COL
 #: Row statuses. ``ok``: measured; ``wrong``: the numerics gate failed (no timings);
 #: ``crash``: the worker process died (segfault, abort); ``timeout``: past the case's
 #: timeout; ``oom``: out of device memory; ``error``: the kernel raised; ``unavailable``:
-#: the backend or the mode cannot run here (reason says why and what to install).
-STATUSES: tuple[str, ...] = ("ok", "wrong", "crash", "timeout", "oom", "error", "unavailable")
+#: the backend or the mode cannot run here (reason says why and what to install);
+#: ``not_run``: not attempted, because the run gave its kernel up after consecutive crashes
+#: or timeouts (``--max-kernel-failures``); a ``--resume`` runs it.
+STATUSES: tuple[str, ...] = ("ok", "wrong", "crash", "timeout", "oom", "error", "unavailable", "not_run")
+#: The status of a case recorded but never attempted (a resume runs it).
+NOT_RUN = "not_run"
 #: Keys of ``metadata.json``.
 METADATA_KEYS: tuple[str, ...] = (
     "suite",
@@ -1081,6 +1085,16 @@ def load_results(path: str | os.PathLike) -> ResultSet:
 
 
 def measured_case_ids(directory: str | os.PathLike) -> set[str]:
-    """The ``case_id`` of every whole row in ``<directory>/rows.jsonl`` (empty set when
-    the file is absent; torn lines do not count); ``--resume`` skips these cases."""
-    return {row.get("case_id") or case_id(row) for row in _scan_rows(Path(directory) / ROWS_FILE).rows}
+    """The ``case_id`` of every whole row in ``<directory>/rows.jsonl`` whose case was
+    attempted (empty set when the file is absent; torn lines and ``not_run`` rows do not
+    count, unless a later row of the case does); ``--resume`` skips these cases."""
+    return attempted_case_ids(_scan_rows(Path(directory) / ROWS_FILE).rows)
+
+
+def attempted_case_ids(rows: Iterable[Mapping[str, Any]]) -> set[str]:
+    """The ids of the cases ``rows`` attempted: the last row of each case (rows in file
+    order) not :data:`NOT_RUN`."""
+    last = {}
+    for row in rows:
+        last[row.get("case_id") or case_id(row)] = row.get("status")
+    return {cid for cid, status in last.items() if status != NOT_RUN}

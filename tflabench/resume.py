@@ -294,7 +294,7 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
             "GPU, software versions, seed, warm-up and numerics settings they were measured with are unknown, "
             f"and rows measured under different conditions cannot share a result set: {fresh}")
 
-    done = {row.get("case_id") or R.case_id(row) for row in rows}
+    done = R.attempted_case_ids(rows)  # not_run rows run again
     plan = ResumePlan(done=done)
     if isinstance(old, dict) and "case_ids" in old:
         old_ids = set(old["case_ids"])

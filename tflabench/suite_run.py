@@ -14,7 +14,6 @@ import collections
 import dataclasses
 import datetime as _dt
 import fnmatch
-import json
 import time
 from pathlib import Path
 
@@ -191,18 +190,16 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: 
     now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     if lock.note:
         _say(console, "note", lock.note)
-    R.remove_stale_temporaries(directory)
     resumed: list[dict] = []
     if resume:
-        old_meta = {}
-        if (directory / R.METADATA_FILE).exists():
-            try:
-                old_meta = json.loads((directory / R.METADATA_FILE).read_text())
-            except ValueError as exc:
-                raise UserError(f"--resume {str(directory)!r}: {R.METADATA_FILE} is not valid JSON ({exc}); "
-                                "start a fresh run (the same command without --resume)") from None
+        # every check first: a refused resume leaves the set as it was
+        try:
+            old_meta = R.read_metadata(directory)
+        except UserError as exc:
+            raise UserError(f"--resume: {exc}; start a fresh run (the same command without --resume)") from None
         plan = resume_mod.plan_resume(directory, loaded, old_meta, conditions, env, all_cases,
                                       shard=shard_text, ceilings=ceil)
+        R.remove_stale_temporaries(directory)
         for line in R.repair_rows(directory):
             _say(console, "warning", line)
         for line in plan.report_lines():
@@ -213,6 +210,7 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: 
             "date": now, "git_revision": env.get("git_revision"), "hostname": env.get("hostname"),
             "suite_sha256": loaded.sha256, "cases_added": len(plan.added), "cases_removed": len(plan.removed)}]
     else:
+        R.remove_stale_temporaries(directory)
         done = set()
         date = now
     todo = [c for c in cases if c.case_id not in done]
@@ -225,6 +223,7 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: 
         "compare": suite.compare.model_dump(exclude_none=True),
         "only": list(only) if only else None,
         "measurement": conditions,
+        "case_ids": sorted({c.case_id for c in cases}),  # what this run is to measure (merge checks it)
     }
     if resumed:
         metadata["resumed"] = resumed

@@ -23,7 +23,7 @@ def summary_table(frame, title: str | None = None):
                     ("TFLOP/s", {"justify": "right"}), ("reason", {"overflow": "fold", "max_width": 60})):
         table.add_column(col, **kw)
     colour = {"ok": "green", "wrong": "red", "crash": "red", "timeout": "yellow", "oom": "yellow",
-              "error": "red", "unavailable": "dim"}
+              "error": "red", "unavailable": "dim", "not_run": "yellow"}
 
     def fmt(x, spec):
         if x is None or (isinstance(x, float) and math.isnan(x)):

@@ -31,7 +31,7 @@ def cell_summary(frame):
             return (failing, nonfinite, ratio)
 
         records = group.to_dict("records")
-        ran = [r for r in records if r["status"] != "unavailable"]
+        ran = [r for r in records if r["status"] not in ("unavailable", "not_run")]  # attempted
         pick = max(ran or records, key=rank)
         rows.append({
             "kernel": kernel, "dtype": dtype, "regime": regime, "status": pick["status"],

@@ -375,9 +375,9 @@ def run_cases(
         gpus: one worker slot per entry (its ``CUDA_VISIBLE_DEVICES``); None: one slot.
         max_kernel_failures: after this many consecutive ``crash`` / ``timeout`` rows of one
             kernel (same backend, label and params), its remaining cases are not run: each
-            becomes a row with the same status and a reason saying so (a peer that aborts
+            becomes a row of status ``not_run`` whose reason says why (a peer that aborts
             while compiling, or autotunes past the timeout, would otherwise cost a worker
-            start or a whole timeout per case). 0 runs every case.
+            start or a whole timeout per case); a ``--resume`` runs them. 0 runs every case.
         ceilings: ``{"flops_per_s", "bytes_per_s"}`` for the roofline columns (or None).
         threads: CPU threads per worker; None: :func:`cpu_threads` for this many slots.
         on_start(slot, case) / on_done(row): progress callbacks (called from slot threads).
@@ -406,10 +406,10 @@ def run_cases(
             return None
         last = streak[-1]
         first_line = str(last.get("reason") or "").strip().splitlines()[:1]
-        return {"status": last["status"],
+        return {"status": R.NOT_RUN,
                 "reason": f"not run: this kernel's last {len(streak)} cases ended in "
                           f"{last['status']} ({first_line[0] if first_line else 'no reason'}); "
-                          "--max-kernel-failures 0 runs every case"}
+                          "a --resume runs it (--max-kernel-failures 0 runs every case)"}
 
     errors: list[BaseException] = []
 

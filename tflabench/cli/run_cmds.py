@@ -24,7 +24,7 @@ def _status_line(rows) -> str:
     from collections import Counter
 
     counts = Counter(r["status"] for r in rows)
-    order = ["ok", "wrong", "crash", "timeout", "oom", "error", "unavailable"]
+    order = ["ok", "wrong", "crash", "timeout", "oom", "error", "unavailable", "not_run"]
     return ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
 
 
