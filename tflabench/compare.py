@@ -949,17 +949,19 @@ def render_table(comparison: Comparison, console: Any = None, show_unchanged: bo
     """
     from rich.table import Table
 
-    from tflabench.console import make_console
+    from rich.text import Text
+
+    from tflabench.console import literal, make_console
 
     console = console or make_console()
-    for warning in comparison.warnings:
-        console.print(f"[yellow]warning:[/yellow] {warning}", highlight=False)
+    for warning in comparison.warnings:  # labels, reasons and paths print as written
+        console.print(Text.assemble(("warning:", "yellow"), " ", literal(warning)), highlight=False)
 
-    per_backend = Table(title=f"{comparison.suite}: geometric-mean speed-up per backend (base / new)")
+    per_backend = Table(title=literal(f"{comparison.suite}: geometric-mean speed-up per backend (base / new)"))
     for column in ("backend", "cases", "speed-up", "slower", "faster", "undecided", "failures"):
         per_backend.add_column(column, justify="left" if column == "backend" else "right")
     for r in comparison.backends.to_dict("records"):
-        per_backend.add_row(r["backend"], str(r["cases"]), _fmt_speedup(r["geomean_speedup"]),
+        per_backend.add_row(literal(r["backend"]), str(r["cases"]), _fmt_speedup(r["geomean_speedup"]),
                             str(r["slower"]), str(r["faster"]), str(r["undecided"]), str(r["failures"]))
     console.print(per_backend)
 
@@ -977,7 +979,7 @@ def render_table(comparison: Comparison, console: Any = None, show_unchanged: bo
             continue
         style = _OUTCOME_STYLE[r["outcome"]]
         table.add_row(
-            f"[{style}]{_OUTCOME_LABEL[r['outcome']]}[/{style}]", r["case"], _status_text(r),
+            f"[{style}]{_OUTCOME_LABEL[r['outcome']]}[/{style}]", literal(r["case"]), literal(_status_text(r)),
             _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]),
             _fmt_resolution(r["resolution"]), _fmt_change(r["mem_ratio"]),
         )
@@ -985,8 +987,8 @@ def render_table(comparison: Comparison, console: Any = None, show_unchanged: bo
         console.print(table)
     if hidden:
         console.print(f"{hidden} unchanged case(s) not listed (--all lists them)")
-    console.print(resolution_line(comparison), highlight=False)
-    console.print(verdict_line(comparison, fail_on), highlight=False)
+    console.print(resolution_line(comparison), highlight=False, markup=False)  # it names a case
+    console.print(verdict_line(comparison, fail_on), highlight=False, markup=False)
 
 
 def _md_cell(value: Any) -> str:

@@ -36,3 +36,13 @@ def make_console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False, width=output_width(stderr))
+
+
+def literal(value) -> "Text":
+    """``value`` (any text a user or a kernel wrote: a label, a reason, an error message, a
+    path) as a rich ``Text`` that prints exactly as written. A plain string passed to rich
+    is read as markup: ``[/]`` raises an error, ``[batch, seq]`` vanishes, ``:smile:``
+    becomes an emoji. None prints as an empty text."""
+    from rich.text import Text
+
+    return Text("" if value is None else str(value))

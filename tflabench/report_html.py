@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Iterable
 
 from tflabench.errors import UserError
+from tflabench.outputs import check_writable, write_text
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1400px;
@@ -289,25 +290,21 @@ def html_report(rs, *, figures: Iterable[str | Path] = (), distance: list[dict] 
 
 def check_html_path(path: str | Path) -> Path:
     """``path`` as the HTML report's file; UserError unless it ends in ``.html`` / ``.htm``
-    (checked before anything is drawn)."""
+    and can be written (:func:`tflabench.outputs.check_writable`: not a directory, a
+    writable place); checked before anything is drawn, changing nothing on disk."""
     p = Path(path)
     if p.suffix.lower() not in (".html", ".htm"):
         raise UserError(f"--html={str(p)!r}: give a file name ending in .html")
     if p.is_dir():
         raise UserError(f"--html={str(p)!r} is a directory; give a file name ending in .html")
-    return p
+    return check_writable(p, "--html")
 
 
 def write_html_report(path: str | Path, text: str) -> Path:
-    """Write ``text`` to ``path`` (parents created). Raises UserError when not writable or
-    when ``path`` does not end in ``.html`` / ``.htm``."""
-    p = check_html_path(path)
-    try:
-        p.parent.mkdir(parents=True, exist_ok=True)
-        p.write_text(text, encoding="utf-8")
-    except OSError as exc:
-        raise UserError(f"cannot write {str(p)!r}: {exc.strerror or exc}") from None
-    return p
+    """Write ``text`` to ``path`` (parents created) whole, through a temporary file and a
+    rename. Raises UserError when not writable or when ``path`` does not end in ``.html`` /
+    ``.htm``."""
+    return write_text(check_html_path(path), text, "--html")
 
 
 __all__ = ["check_html_path", "distance_table_html", "embed_png", "html_report", "sweep_table_html", "table_html",

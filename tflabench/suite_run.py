@@ -230,9 +230,9 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: 
     R.write_metadata(directory, metadata)
 
     console.print(f"writing to {directory} ({len(todo)} cases to run"
-                  + (f", {skipped} already measured" if skipped else "") + ")")
+                  + (f", {skipped} already measured" if skipped else "") + ")", markup=False)
     t0 = time.perf_counter()
-    columns = (SpinnerColumn(), TextColumn("{task.description}", justify="left"), BarColumn(),
+    columns = (SpinnerColumn(), TextColumn("{task.description}", justify="left", markup=False), BarColumn(),
                MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("ETA"), TimeRemainingColumn())
     rows: list[dict] = []
     with Progress(*columns, console=console, disable=not progress, transient=False) as bar:

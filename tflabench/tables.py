@@ -9,7 +9,15 @@ import math
 
 from rich.table import Table
 
+from tflabench.console import literal as L
 from tflabench.verify_summary import cell_summary
+
+
+def _styled(status, colour: dict):
+    """A status as Text in its colour (a status read from a damaged set prints as written)."""
+    text = L(status)
+    text.stylize(colour.get(status, "white"))
+    return text
 
 
 def summary_table(frame, title: str | None = None):
@@ -34,13 +42,13 @@ def summary_table(frame, title: str | None = None):
         status = r.get("status") or ""
         peak = r.get("peak_mem_bytes")
         table.add_row(
-            str(r.get("kernel")), str(r.get("mode")), fmt(r.get("batch"), ".0f"), fmt(r.get("seq_len"), ".0f"),
+            L(r.get("kernel")), L(r.get("mode")), fmt(r.get("batch"), ".0f"), fmt(r.get("seq_len"), ".0f"),
             f"{fmt(r.get('heads'), '.0f')} x {fmt(r.get('d_qk'), '.0f')}/{fmt(r.get('d_hv'), '.0f')}",
-            fmt(r.get("chunk_size"), ".0f"), f"[{colour.get(status, 'white')}]{status}[/]",
+            fmt(r.get("chunk_size"), ".0f"), _styled(status, colour),
             fmt(r.get("ms_median"), ".3f"), fmt(peak / 2**30 if peak is not None and peak == peak else None, ".2f"),
             fmt(r.get("first_call_s"), ".2f"),
-            " ".join(x for x in (fmt(r.get("numerics_err"), ".1e"), str(r.get("numerics_worst") or "")) if x),
-            fmt(r.get("tflops_per_s"), ".3g"), str(r.get("reason") or "")[:160],
+            L(" ".join(x for x in (fmt(r.get("numerics_err"), ".1e"), str(r.get("numerics_worst") or "")) if x)),
+            fmt(r.get("tflops_per_s"), ".3g"), L(str(r.get("reason") or "")[:160]),
         )
     return table
 
@@ -66,10 +74,10 @@ def verify_table(frame, title: str | None = None):
     for r in summary.to_dict("records"):
         nonfinite = r.get("numerics_nonfinite")
         err = "NaN/inf" if nonfinite and not (isinstance(nonfinite, float) and math.isnan(nonfinite)) else fmt(r["numerics_err"])
-        table.add_row(r["kernel"], r["dtype"], r["regime"], f"[{colour.get(r['status'], 'white')}]{r['status']}[/]",
-                      f"{r['failed']}/{r['cases']}", r["numerics_worst"] if isinstance(r.get("numerics_worst"), str) else "", err,
-                      fmt(r["numerics_budget"]), r["where"],
-                      "" if r["status"] == "ok" else str(r.get("reason") or "")[:200])
+        table.add_row(L(r["kernel"]), L(r["dtype"]), L(r["regime"]), _styled(r["status"], colour),
+                      f"{r['failed']}/{r['cases']}", L(r["numerics_worst"] if isinstance(r.get("numerics_worst"), str) else ""),
+                      err, fmt(r["numerics_budget"]), L(r["where"]),
+                      L("" if r["status"] == "ok" else str(r.get("reason") or "")[:200]))
     return table
 
 
@@ -79,8 +87,8 @@ def distance_table(distance: list[dict]):
     for col in ("kernel", "mode", "cases", "median", "worst", "worst case", "best", "best case", "bound"):
         t.add_column(col, justify="right" if col in ("cases", "median", "worst", "best") else "left")
     for d in distance:
-        t.add_row(d["kernel"], d["mode"], str(d["n"]), f"{d['median_fraction']:.2f}", f"{d['worst_fraction']:.2f}",
-                  d["worst_case"], f"{d['best_fraction']:.2f}", d["best_case"], d["bound"])
+        t.add_row(L(d["kernel"]), L(d["mode"]), str(d["n"]), f"{d['median_fraction']:.2f}", f"{d['worst_fraction']:.2f}",
+                  L(d["worst_case"]), f"{d['best_fraction']:.2f}", L(d["best_case"]), L(d["bound"]))
     return t
 
 
@@ -94,7 +102,7 @@ def sweep_table(sweeps):
                      else "right", overflow="fold")
     for s in sweeps:
         sh = s.shape
-        t.add_row(s.kernel, s.mode, f"B={sh['batch']} S={sh['seq_len']} NH={sh['heads']} {sh['d_qk']}/{sh['d_hv']}",
+        t.add_row(L(s.kernel), L(s.mode), f"B={sh['batch']} S={sh['seq_len']} NH={sh['heads']} {sh['d_qk']}/{sh['d_hv']}",
                   str(s.measured_L_opt), f"{s.measured_ms_opt:.3f}", f"{s.optima['L_opt_runtime']:.0f}",
                   str(s.model_L_pow2), f"{s.optima['L_opt_flop']:.1f}",
                   ", ".join(f"{p['L']}: {p['ratio_sum']:.2f}" for p in s.points))

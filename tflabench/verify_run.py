@@ -27,6 +27,7 @@ from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from tflabench import environment
 from tflabench import results as R
@@ -185,10 +186,10 @@ def _run_verify_locked(loaded: LoadedSuite, cases: list[Case], directory: Path, 
     R.write_metadata(directory, metadata)
     console = console or Console(stderr=True)
     if note:
-        console.print(f"[yellow]note:[/] {note}")
-    console.print(f"writing to {directory} ({len(cases)} verify cases)")
+        console.print(Text.assemble(("note:", "yellow"), f" {note}"))
+    console.print(f"writing to {directory} ({len(cases)} verify cases)", markup=False)
     t0 = time.perf_counter()
-    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    columns = (TextColumn("{task.description}", markup=False), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
     with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
         task = bar.add_task(name, total=len(cases))
         try:

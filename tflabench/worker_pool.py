@@ -20,7 +20,10 @@ results, so that each case tunes at its own shape (``triton_cache``: autotuning 
 ``run --triton-cache`` keeps them). With ``gpus=[0, 1]`` one worker per GPU
 runs, pinned with ``CUDA_VISIBLE_DEVICES``; the rows are the same in form.
 
-Each worker's stdout and stderr go to ``<result dir>/logs/worker-<slot>.log``. What a run
+Each worker's stdout and stderr go through a pipe to ``<result dir>/logs/worker-<slot>.log``,
+at most :data:`LOG_HEAD_BYTES` + :data:`LOG_TAIL_BYTES` per case (:class:`_LogPump`): a kernel
+that prints in a loop cannot fill the disk, and the end of its output, where the error is,
+is kept. What a run
 does around the pool (the suite, resume, metadata, the result table) is
 :mod:`tflabench.suite_run` and :mod:`tflabench.verify_run`.
 """
@@ -57,6 +60,10 @@ REASON_LINES = 8
 #: error can leave the context unusable for every later case in that process.
 RESTART_AFTER = {"crash", "timeout"}
 RESTART_AFTER_ON_GPU = {"oom", "error"}
+#: Bytes of one case's output a worker log keeps from its start, and from its end; what lies
+#: between is left out and counted in one line.
+LOG_HEAD_BYTES = 1 << 20
+LOG_TAIL_BYTES = 256 << 10
 
 # --------------------------------------------------------------------------- worker side
 
@@ -103,11 +110,13 @@ def cpu_threads(workers: int = 1, environ=None) -> dict:
             "set_by": "tflabench: (cores - 1) // workers"}
 
 
-def _worker_main(conn, log_path: str, gpu: str | None, parent_pid: int, device: str, threads: int = 0) -> None:
+def _worker_main(conn, output, gpu: str | None, parent_pid: int, device: str, threads: int = 0) -> None:
     """Worker loop: receive case dicts, send back outcome dicts, until None or EOF.
 
-    ``gpu`` pins the worker (``CUDA_VISIBLE_DEVICES``); on the CPU, Triton kernels run in
-    Triton's interpreter (``TRITON_INTERPRET=1``, set before anything imports triton).
+    ``output`` is the writing end of the pipe that becomes the worker's stdout and stderr
+    (the parent's :class:`_LogPump` copies it into the log). ``gpu`` pins the worker
+    (``CUDA_VISIBLE_DEVICES``); on the CPU, Triton kernels run in Triton's interpreter
+    (``TRITON_INTERPRET=1``, set before anything imports triton).
     ``threads`` (> 0): the width of the worker's CPU thread pools (:func:`cpu_threads`),
     set before torch loads and with ``torch.set_num_threads``.
     """
@@ -119,10 +128,9 @@ def _worker_main(conn, log_path: str, gpu: str | None, parent_pid: int, device: 
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
     scope = triton_cache.prepare_worker(os.environ)
-    fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-    os.dup2(fd, 1)
-    os.dup2(fd, 2)
-    os.close(fd)
+    os.dup2(output.fileno(), 1)
+    os.dup2(output.fileno(), 2)
+    output.close()
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     faulthandler.enable(file=sys.stderr, all_threads=False)
@@ -222,6 +230,88 @@ def _exception_reason(exc: BaseException) -> str:
 # --------------------------------------------------------------------------- parent side
 
 
+class _LogPump:
+    """Copies a worker's output (the reading end of its pipe) into its log file, keeping
+    per case the first :data:`LOG_HEAD_BYTES` and the last :data:`LOG_TAIL_BYTES`; what
+    lies between is replaced by one line saying how much was left out. :meth:`new_case`
+    starts the count of the next case; :meth:`close` waits for the worker's end of the
+    pipe to close (the output of a worker that died is complete then) and writes the tail."""
+
+    def __init__(self, reader, log_path: Path):
+        self._reader = reader  # a multiprocessing Connection: its fd is read raw
+        self._file = open(log_path, "ab")
+        self._lock = threading.Lock()
+        self._head = 0
+        self._tail = bytearray()
+        self._dropped = 0
+        self._closed = False
+        self._thread = threading.Thread(target=self._pump, daemon=True, name=f"log-{log_path.name}")
+        self._thread.start()
+
+    def _pump(self) -> None:
+        fd = self._reader.fileno()
+        while True:
+            try:
+                data = os.read(fd, 1 << 16)
+            except OSError:
+                data = b""
+            if not data:
+                break
+            with self._lock:
+                if not self._closed:
+                    self._take(data)
+        with self._lock:
+            self._write_tail()
+
+    def _take(self, data: bytes) -> None:
+        room = LOG_HEAD_BYTES - self._head
+        if room > 0:
+            part = data[:room]
+            self._write(part)
+            self._head += len(part)
+            data = data[room:]
+        if data:
+            self._tail += data
+            excess = len(self._tail) - LOG_TAIL_BYTES
+            if excess > 0:
+                del self._tail[:excess]
+                self._dropped += excess
+
+    def _write(self, data: bytes) -> None:
+        try:
+            self._file.write(data)
+            self._file.flush()
+        except (OSError, ValueError):  # a full disk: the log is the least of it; rows decide
+            pass
+
+    def _write_tail(self) -> None:
+        if self._dropped:
+            self._write(f"\n[... {self._dropped} bytes of this case's output left out: a worker log keeps "
+                        f"the first {LOG_HEAD_BYTES} and the last {LOG_TAIL_BYTES} bytes of each case ...]\n"
+                        .encode())
+        if self._tail:
+            self._write(bytes(self._tail))
+        self._tail = bytearray()
+        self._dropped = 0
+
+    def new_case(self) -> None:
+        """Write what the last case left in the tail; count the next case from zero."""
+        with self._lock:
+            self._write_tail()
+            self._head = 0
+
+    def close(self, wait_s: float = 5.0) -> None:
+        """Wait up to ``wait_s`` for the pipe to close, write the tail, close the log."""
+        self._thread.join(wait_s)
+        with self._lock:
+            if not self._closed:
+                self._write_tail()
+                self._closed = True
+                self._file.close()
+        if not self._thread.is_alive():
+            self._reader.close()
+
+
 class _Worker:
     """One worker process and its pipe (parent side)."""
 
@@ -230,12 +320,15 @@ class _Worker:
         self.backend: str | None = None
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         self.conn = parent_conn
+        log_reader, log_writer = ctx.Pipe(duplex=False)
         self.process = ctx.Process(
-            target=_worker_main, args=(child_conn, str(log_path), gpu, os.getpid(), device, threads),
+            target=_worker_main, args=(child_conn, log_writer, gpu, os.getpid(), device, threads),
             name=f"tflabench-worker-{slot}", daemon=True)
         self._log_offset = self._log_size()
+        self.log = _LogPump(log_reader, log_path)
         self.process.start()
         child_conn.close()
+        log_writer.close()
         self.start_error: str | None = None
         if self.conn.poll(WORKER_START_TIMEOUT_S):
             try:
@@ -264,6 +357,7 @@ class _Worker:
 
     def _death_reason(self, what: str) -> str:
         self.process.join(5)
+        self.log.close()  # the worker's last words are in the log now
         code = self.process.exitcode
         if code is not None and code < 0:
             try:
@@ -278,6 +372,7 @@ class _Worker:
 
     def run(self, case: Case) -> dict:
         """Send one case; wait at most its timeout. Returns the outcome dict."""
+        self.log.new_case()
         self._log_offset = self._log_size()
         try:
             self.conn.send(case.to_dict())
@@ -289,6 +384,7 @@ class _Worker:
             except (EOFError, OSError):
                 return {"status": "crash", "reason": self._death_reason("worker died")}
         self.kill()
+        self.log.close()
         tail = self._log_tail()
         return {"status": "timeout",
                 "reason": f"no result within {case.timeout_s:g} s; worker killed" + (f": {tail}" if tail else "")}
@@ -314,6 +410,7 @@ class _Worker:
             self.conn.close()
         except OSError:  # pragma: no cover
             pass
+        self.log.close()
 
 
 def parse_gpus(text: str | None) -> list[str] | None:

@@ -218,9 +218,25 @@ def _register() -> None:
 _register()
 
 
+#: Exit status of an internal error (a bug in tflabench, never a finding about the kernels):
+#: distinct from 1, which ``compare`` and ``verify`` use for what they find.
+EXIT_INTERNAL_ERROR = 3
+
+
 def main() -> None:
-    """Console-script entry point."""
-    app()
+    """Console-script entry point. Exit statuses (docs/harness.md, "Exit status"): 0 done,
+    1 only where a command says so (``compare --fail-on``, ``verify``), 2 unusable input or
+    output (one ``error:`` line), 130 interrupted, :data:`EXIT_INTERNAL_ERROR` for a bug
+    (the traceback follows a one-line summary)."""
+    import traceback
+
+    try:
+        app()
+    except Exception as exc:  # noqa: BLE001 - a bug: say so, and never exit 1
+        traceback.print_exc()
+        typer.echo(f"internal error: {type(exc).__name__}: {exc}; this is a bug in tflabench: please report it "
+                   "with the command and the traceback above", err=True)
+        sys.exit(EXIT_INTERNAL_ERROR)
 
 
 if __name__ == "__main__":  # pragma: no cover

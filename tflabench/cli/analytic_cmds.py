@@ -19,6 +19,7 @@ from tflabench import analytic_inputs as inputs
 from tflabench.analytic_rows import (count_row_kernel, intensity_curves, measured_points, mlstm_points,
                                      optimal_chunk_rows, peer_points, roofline_rows)
 from tflabench.cli import app, ceilings_option, comma_list, plots_option, user_errors
+from tflabench.console import literal as lit
 from tflabench.errors import UserError
 from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
 
@@ -112,7 +113,9 @@ def _table(title):
     from rich import box
     from rich.table import Table
 
-    return Table(title=title, box=box.SIMPLE_HEAD, pad_edge=False)
+    from tflabench.console import literal
+
+    return Table(title=literal(title), box=box.SIMPLE_HEAD, pad_edge=False)  # GPU names are user text
 
 
 def _e(x) -> str:
@@ -360,7 +363,7 @@ def roofline(
             for col in ("point", "FLOPs", "bytes", "I", "TFLOP/s", "bound", "ms max", "ms sum"):
                 t.add_column(col, justify="left" if col in ("point", "bound") else "right")
             for r in (r for r in table if r["gpu"] == g.key):
-                t.add_row(r["label"], f"{r['flops']:.3e}", f"{r['bytes']:.3e}",
+                t.add_row(lit(r["label"]), f"{r['flops']:.3e}", f"{r['bytes']:.3e}",
                           f"{r['intensity_flop_per_byte']:.1f}", f"{r['attainable_tflops_per_s']:.1f}",
                           r["bound"], f"{r['roofline_ms']:.3f}", f"{r['sum_form_ms']:.3f}")
             con.print(t)
@@ -368,13 +371,13 @@ def roofline(
                   "ms max: roofline bound FLOPs/attainable = max form (eq. 114); ms sum: eq. 113/116[/dim]")
         if measured:
             con.print(f"{len(measured)} measured points from {results}, each placed at its own shape "
-                      f"on the {gpus[0].name} roofline ({gpus[0].ceilings} ceilings):")
+                      f"on the {gpus[0].name} roofline ({gpus[0].ceilings} ceilings):", markup=False)
             from tflabench.tables import distance_table
 
             con.print(distance_table(distance))
         for written in (path, measured_path):
             if written:
-                con.print(f"plot: {_shown(written)}")
+                con.print(f"plot: {_shown(written)}", markup=False)
 
 
 # ------------------------------------------------------------------ intensity
@@ -471,7 +474,7 @@ def intensity(
             x.add_row(c["label"], *(f"{c['L_at_I_acc'][g.key]:.1f}" for g in gpus))
         con.print(x)
         if path:
-            con.print(f"plot: {_shown(path)}")
+            con.print(f"plot: {_shown(path)}", markup=False)
 
 
 # ------------------------------------------------------------------ optimal-chunk
@@ -581,7 +584,7 @@ def optimal_chunk(
         for col in cols:
             t.add_column(col, justify="left" if col in ("GPU", "states") else "right")
         for r in rows:
-            t.add_row(r["gpu"], f"{r['I_acc']:.1f}", str(r["d_hv"]), f"{r['d_qk']:g}",
+            t.add_row(lit(r["gpu"]), f"{r['I_acc']:.1f}", str(r["d_hv"]), f"{r['d_qk']:g}",
                       *([_state_name(r["bytes_Cmn"]), f"{r['F_causal']:g}"] if several else []),
                       f"{r['L_opt_flop']:.2f}", f"{r['L_opt_runtime']:.2f}",
                       f"{r['L_opt_runtime_numeric']:.2f}", str(r["L_pow2_runtime"]),
@@ -593,7 +596,7 @@ def optimal_chunk(
                   "numeric: golden-section argmin of the runtime; best 2^k and its predicted ms "
                   "(sum form, eq. 116); L_max: argmin of the max form (eq. 114), the ridge crossing[/dim]")
         for x in paths:
-            con.print(f"plot: {_shown(x)}")
+            con.print(f"plot: {_shown(x)}", markup=False)
 
 
 def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_factor, counts, ceilings,
@@ -677,10 +680,10 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
                     "plots": figures})
         return
     con = _console()
-    con.print(f"model: {mm.model_ceilings_text(g)}")
+    con.print(f"model: {mm.model_ceilings_text(g)}", markup=False)
     if not sweeps:
-        con.print("[yellow]no chunk size measured ok at two or more values: nothing to compare[/]; "
-                  f"see the rows in {rs.path}")
+        con.print(f"no chunk size measured ok at two or more values: nothing to compare; see the rows in {rs.path}",
+                  style="yellow", markup=False)
     for s in sweeps:
         t = _table(f"{s.title()}: measured optimum L={s.measured_L_opt}, model L={s.optima['L_opt_runtime']:.0f} "
                    f"(runtime-optimal), {s.optima['L_opt_flop']:.1f} (FLOP-optimal); {s.optima['source']}")
@@ -690,9 +693,9 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
             t.add_row(str(p["L"]), f"{p['ms_median']:.3f}", f"{p['model_ms_sum']:.3f}", f"{p['model_ms_max']:.3f}",
                       f"{p['ratio_sum']:.2f}", "-" if p["peak_mem_bytes"] is None else f"{p['peak_mem_bytes'] / 2**30:.2f}")
         con.print(t)
-    con.print(f"results: {rs.path}")
+    con.print(f"results: {rs.path}", markup=False)
     for f in figures:
-        con.print(f"plot: {f}")
+        con.print(f"plot: {f}", markup=False)
 
 
 # ------------------------------------------------------------------ gpus
@@ -724,7 +727,7 @@ def gpus(
             for s in (g.source, g.measured_note):
                 if s and s not in sources:
                     sources.append(s)
-            t.add_row(g.key, g.name, str(g.year or "-"),
+            t.add_row(lit(g.key), lit(g.name), str(g.year or "-"),
                       _e(g.datasheet_flops_per_s / 1e12) if g.datasheet_flops_per_s else "-",
                       _e(g.datasheet_bytes_per_s / 1e12) if g.datasheet_bytes_per_s else "-",
                       f"{g.intensity_flop_per_byte:.1f}" + ("*" if g.ceilings == "measured" else ""),

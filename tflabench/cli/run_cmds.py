@@ -107,9 +107,9 @@ def run(
     first_call_s = sum(r["first_call_s"] or 0.0 for r in result.rows)
     con.print(f"{len(result.rows)} cases run in {result.wall_s:.1f} s ({_status_line(result.rows) or 'none'}){skipped}; "
               f"first calls (compilation, autotuning) took {first_call_s:.1f} s of it")
-    con.print(f"results: {result.directory}")
+    con.print(f"results: {result.directory}", markup=False)
     for p in written_plots:
-        con.print(f"plot: {p}")
+        con.print(f"plot: {p}", markup=False)
     threads = loaded_set.metadata.get("cpu_threads") or {}
     if threads:
         con.print(f"CPU threads per worker: {threads.get('per_worker')} of {threads.get('cores')} cores "
@@ -148,7 +148,7 @@ def _write_run_plots(directory: Path) -> list[Path]:
 
         return write_plots(directory)
     except Exception as exc:  # a plot problem must not lose the measurements
-        make_console(stderr=True).print(f"[yellow]warning:[/] plots not written ({type(exc).__name__}: {exc})")
+        typer.echo(f"warning: plots not written ({type(exc).__name__}: {exc})", err=True)
         return []
 
 
@@ -169,9 +169,14 @@ def report(
 ) -> None:
     """Print a result set's table, its distance to the roofline bound and (for chunk-size
     sweeps) predicted vs measured optimal chunk size; redraw its figures; optionally write
-    one self-contained HTML file."""
+    one self-contained HTML file. With --no-plots no figure file is written (an HTML
+    report still embeds its figures, drawn in a temporary directory)."""
+    import tempfile
+
     with user_errors():
         from tflabench import model_vs_measured as mm
+        from tflabench.outputs import check_writable
+        from tflabench.report_html import check_html_path, html_report, write_html_report
         from tflabench.results import load_results
         from tflabench.tables import distance_table, summary_table, sweep_table, verify_table
 
@@ -182,26 +187,24 @@ def report(
         if gpu is not None and len(comma_list("--gpu", gpu)) > 1:
             raise UserError(f"--gpu={gpu!r}: report places the rows on one GPU's roofline; give one")
         rs = load_results(results_dir)
-        echo_warnings(rs)
-        if html is not None:
-            from tflabench.report_html import check_html_path
-
+        if html is not None:  # every output checked before anything is printed or drawn
             check_html_path(html)
+        plot_dir = out or rs.path / "plots"
+        if plots:
+            check_writable(plot_dir / "runtime.png", "--out" if out else "the set's plots/ (--no-plots: none)")
+        echo_warnings(rs)
         con = make_console()
         meta = rs.metadata
         con.print(f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} ("
                   + ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton") if meta.get(k))
-                  + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})")
+                  + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})",
+                  markup=False)
         notes: list[str] = []
         distance, sweeps, written, model_gpu = [], [], [], None
-        if rs.rows["numerics_case"].notna().any():  # a `tflabench verify` result set
+        verify_set = bool(rs.rows["numerics_case"].notna().any())  # a `tflabench verify` result set
+        if verify_set:
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
             con.print(_status_line(rs.rows.to_dict("records")))
-            if plots or html:
-                from tflabench.plots.numerics import heatmap_title, write_heatmap
-
-                written = [write_heatmap(rs.rows, (out or rs.path / "plots") / "verify_heatmap.png",
-                                         title=heatmap_title(meta))]
         else:
             con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
             con.print(_status_line(rs.rows.to_dict("records")))
@@ -211,9 +214,9 @@ def report(
                 if gpu is not None or ceilings == "measured":
                     raise
                 notes.append(f"no model comparison: {exc}")
-                con.print(f"[dim]{notes[-1]}[/dim]")
+                con.print(notes[-1], style="dim", markup=False)
             if model_gpu is not None:
-                con.print(f"model: {mm.model_ceilings_text(model_gpu)}")
+                con.print(f"model: {mm.model_ceilings_text(model_gpu)}", markup=False)
                 placement = mm.roofline_placement(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
                 distance = mm.distance_to_bound(placement)
                 sweeps = mm.chunk_sweeps(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
@@ -222,18 +225,26 @@ def report(
                     con.print(distance_table(distance))
                 if sweeps:
                     con.print(sweep_table(sweeps))
-            if plots or html:
-                from tflabench.plots.benchmark import write_plots
 
-                written = write_plots(rs.path, out, model_gpu=model_gpu, F_causal=causal_factor)
-        for p in written:
-            con.print(f"plot: {p}")
+        def draw(directory: Path) -> list[Path]:
+            if verify_set:
+                from tflabench.plots.numerics import heatmap_title, write_heatmap
+
+                return [write_heatmap(rs.rows, directory / "verify_heatmap.png", title=heatmap_title(meta))]
+            from tflabench.plots.benchmark import write_plots
+
+            return write_plots(rs.path, directory, model_gpu=model_gpu, F_causal=causal_factor)
+
+        if plots:
+            written = draw(plot_dir)
+            for p in written:
+                con.print(f"plot: {p}", markup=False)
         if html:
-            from tflabench.report_html import html_report, write_html_report
-
-            text = html_report(rs, figures=written, distance=distance, sweeps=sweeps, notes=notes,
-                               ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
-            con.print(f"html: {write_html_report(html, text)}")
+            with tempfile.TemporaryDirectory(prefix="tflabench-report-") as scratch:
+                figures = written if plots else draw(Path(scratch))  # --no-plots: no figure file stays
+                text = html_report(rs, figures=figures, distance=distance, sweeps=sweeps, notes=notes,
+                                   ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
+            con.print(f"html: {write_html_report(html, text)}", markup=False)
 
 
 def backend_table():
@@ -285,11 +296,11 @@ def doctor() -> None:
     with user_errors():
         con = make_console()
         env = environment.collect()
-        con.print(f"python      {env['python']} ({environment.python_executable()})")
-        con.print(f"tflabench   {env['tflabench']} (git {env['git_revision']})")
-        con.print(f"torch       {env['torch']} (CUDA build {env['cuda']})")
-        con.print(f"triton      {env['triton']}")
-        con.print(f"GPU         {env['gpu_name'] or 'none'} x {env['gpu_count']} (driver {env['driver']})")
+        con.print(f"python      {env['python']} ({environment.python_executable()})", markup=False)
+        con.print(f"tflabench   {env['tflabench']} (git {env['git_revision']})", markup=False)
+        con.print(f"torch       {env['torch']} (CUDA build {env['cuda']})", markup=False)
+        con.print(f"triton      {env['triton']}", markup=False)
+        con.print(f"GPU         {env['gpu_name'] or 'none'} x {env['gpu_count']} (driver {env['driver']})", markup=False)
         try:
             import torch
 
@@ -299,27 +310,27 @@ def doctor() -> None:
             else:
                 con.print("torch sees  no GPU")
         except Exception as exc:  # pragma: no cover
-            con.print(f"[red]torch CUDA query failed[/]: {exc}")
+            con.print(f"torch CUDA query failed: {exc}", style="red", markup=False)
         con.print("peers:")
         for dist, module in environment.PEERS.items():
             version = env["peers"].get(dist)
             spec = importlib.util.find_spec(module) if "." not in module else None
             where = spec.origin if spec is not None and spec.origin else ("-" if spec is None else "namespace")
             if version or spec is not None:
-                con.print(f"  {dist:24s} {version or '(no dist metadata)':12s} import {module}: {where}")
+                con.print(f"  {dist:24s} {version or '(no dist metadata)':12s} import {module}: {where}", markup=False)
             else:
                 con.print(f"  {dist:24s} [dim]not installed[/]")
         problems = environment.known_problems(env)
         if problems:
             con.print("[yellow]known problems:[/]")
             for p in problems:
-                con.print(f"  - {p}")
+                con.print(f"  - {p}", markup=False)
         else:
             con.print("[green]no known problem[/]")
         from tflabench import triton_cache
         from tflabench.peer_status import peer_modes
 
-        con.print(f"triton cache {triton_cache.status()}")
+        con.print(f"triton cache {triton_cache.status()}", markup=False)
         con.print(peer_mode_table(peer_modes(env)))
         con.print(backend_table())
 

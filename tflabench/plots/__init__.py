@@ -35,6 +35,8 @@ def save_figure(fig, path: str | Path, *, dpi: int = 150) -> Path:
     """Write ``fig`` to ``path`` (parent directories created), close it and return the path.
 
     The format follows the extension: ``.png`` (default when there is none), ``.svg`` or ``.pdf``.
+    Every text is drawn as written: matplotlib's mathtext is off, so a kernel label such as
+    ``$a^$`` neither fails nor turns into a formula (no figure of tflabench uses mathtext).
 
     Raises:
         tflabench.errors.UserError: another extension, or the file cannot be written.
@@ -48,9 +50,15 @@ def save_figure(fig, path: str | Path, *, dpi: int = 150) -> Path:
         raise UserError(
             f"--out={str(path)!r} has an unsupported extension; allowed: {', '.join(sorted(_FORMATS))}"
         )
+    import matplotlib
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # labels, reasons, suite names are data: never mathtext
+        text.set_parse_math(False)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."))
+        with matplotlib.rc_context({"text.parse_math": False}):  # and texts made while drawing
+            fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."))
     except OSError as exc:
         raise UserError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}") from None
     finally:
