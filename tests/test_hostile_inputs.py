@@ -309,3 +309,80 @@ def test_compare_warns_when_host_cpu_or_python_differ(measured, tmp_path):
         assert any(w.startswith(f"{key} differs: base ") for w in warnings), (key, warnings)
     same = cli.invoke(app, ["compare", str(measured[1]), str(measured[1]), "--format", "json", "--fail-on", "none"])
     assert not any("differs" in w for w in json.loads(same.stdout)["warnings"])
+
+
+# --------------------------------------------------------------------------- interrupted runs: the message is true
+
+
+HELD = '''
+import os, time, torch
+
+def held(q, k, v):
+    while q.shape[2] >= int(os.environ["HOLD_AT"]) and os.path.exists(os.environ["FAULT_HOLD"]):
+        time.sleep(0.02)
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+'''
+
+
+@pytest.mark.parametrize("hold_at, rows, expected", [
+    (16, 0, "interrupted before a case finished: {d} holds no row yet; finish with `tflabench run {s} --resume {d}`"),
+    (32, 1, "interrupted: 1 case(s) measured so far are kept in {d}; finish with `tflabench run {s} --resume {d}`"),
+])
+def test_sigterm_says_what_is_kept_at_that_moment(tmp_path, hold_at, rows, expected):
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    (tmp_path / "held.py").write_text(HELD)
+    suite = _write_suite(tmp_path / "held.yaml", numerics={"check": False}, kernels=[
+        {"backend": "custom", "label": "held", "params": {"function": f"{tmp_path}/held.py:held",
+                                                          "layout": "attention", "heads": 2}}])
+    hold = tmp_path / "hold"
+    hold.touch()
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, HOLD_AT=str(hold_at), FAULT_HOLD=str(hold),
+               PYTHONPATH=os.pathsep.join([str(root), str(root / "kernels"), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.Popen([sys.executable, "-m", "tflabench", "run", str(suite), "--out", str(tmp_path / "out"),
+                             "--no-progress", "--no-plots"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    deadline = time.monotonic() + 120
+    directory = None
+    while time.monotonic() < deadline:
+        found = list((tmp_path / "out").glob("hostile/*/"))
+        if found and (found[0] / R.METADATA_FILE).exists() and (
+                (found[0] / R.ROWS_FILE).exists() and (found[0] / R.ROWS_FILE).read_bytes().count(b"\n") >= rows):
+            directory = found[0]
+            time.sleep(0.5)  # the held case has started
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    assert directory is not None
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err
+    assert err.strip().splitlines()[-1] == expected.format(d=directory, s=suite)
+    assert len(R.load_results(directory).rows) == rows
+
+
+def test_interruption_before_anything_is_written_leaves_nothing(tmp_path, monkeypatch):
+    from tflabench import environment
+    from tflabench.cli.run_cmds import _interrupted_line
+    from tflabench.suite_run import Interrupted
+
+    suite = _write_suite(tmp_path / "s.yaml")
+
+    def stop(*a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(environment, "collect", stop)  # before the result set exists
+    with pytest.raises(Interrupted) as info:
+        run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False, console=Console(file=StringIO()))
+    assert info.value.directory is None and not list(tmp_path.glob("out/hostile/*"))
+    assert _interrupted_line(info.value, suite) == "interrupted before a result set was created: nothing was written"
+    monkeypatch.undo()
+    monkeypatch.setattr(R, "write_metadata", stop)  # the set exists, nothing written to it yet
+    with pytest.raises(Interrupted) as info:
+        run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False, console=Console(file=StringIO()))
+    assert info.value.directory is None and not list(tmp_path.glob("out/hostile/*"))  # the empty set went again

@@ -96,7 +96,7 @@ def test_bad_verify_settings_are_refused_before_anything_runs(tmp_path):
     assert result.exit_code == 2 and "unknown regime 'f_shut'" in result.output
     assert "Traceback" not in result.output
     result = CliRunner().invoke(app, ["verify", "--kernel", "tfla", "--seq-len", "0"])
-    assert result.exit_code == 2 and "seq_lens[0]: 0 must be >= 1" in result.output
+    assert result.exit_code == 2 and "seq_lens[0]: must be an integer in [1, 16777216] (got 0)" in result.output
 
 
 def test_verify_case_in_process_reports_each_tensor(suite_file):

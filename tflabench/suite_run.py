@@ -117,6 +117,7 @@ def run_suite(
     device: str | None = None,
     console=None,
     progress: bool = True,
+    triton_cache: str | Path | None = None,
 ) -> RunResult:
     """Run a validated suite end to end: expand, (shard), skip measured cases when
     resuming, run every case in workers with a progress bar, write the result set
@@ -134,6 +135,8 @@ def run_suite(
         ceilings: ``datasheet`` or ``measured`` (roofline columns).
         device: override the suite's device (``cpu`` / ``cuda``).
         console: rich Console for the progress bar (default: stderr).
+        triton_cache: ``--triton-cache DIR`` (:func:`tflabench.triton_cache.configure`), set up
+            once every check has passed.
 
     The result set is locked while the run writes it (:class:`~tflabench.results.ResultSetLock`).
     A resume checks that the suite describes the same measurement
@@ -141,12 +144,36 @@ def run_suite(
     (:func:`~tflabench.results.repair_rows`) and lists the cases added to or removed from
     the suite since the set began.
 
-    Raises :class:`RunInterrupted` (a KeyboardInterrupt naming the result set) on Ctrl-C or
-    SIGTERM, UserError for a CUDA suite without a GPU, a bad shard, a resume directory that
+    Raises UserError for a CUDA suite without a GPU, a bad shard, a resume directory that
     is not a result set of this suite or was measured under other conditions, a result set
     another run is writing; :class:`~tflabench.results.ResultWriteError` (a UserError) when
-    the result set cannot be written.
+    the result set cannot be written; every refusal comes before anything on disk changes.
+    A KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one) becomes
+    :class:`~tflabench.worker_pool.RunInterrupted`, saying where the run stood; a result set
+    this run created and had not yet written to is removed.
     """
+    state = {"directory": None, "written": False, "created": False}
+    try:
+        return _run_suite(loaded, state, out_root=out_root, resume=resume, gpus=gpus, shard=shard, only=only,
+                          max_kernel_failures=max_kernel_failures, ceilings=ceilings, device=device,
+                          console=console, progress=progress, triton_cache=triton_cache)
+    except KeyboardInterrupt:
+        directory = state["directory"]
+        if directory is not None and state["created"]:  # stopped inside write_metadata: the file decides
+            state["written"] = state["written"] or (directory / R.METADATA_FILE).exists()
+        if directory is not None and state["created"] and not state["written"]:
+            try:  # created for this run, nothing written yet: leave no empty set behind
+                directory.rmdir()
+                directory = None
+            except OSError:
+                pass
+        rows = len(R.measured_case_ids(directory)) if directory is not None and state["written"] else 0
+        raise RunInterrupted(directory, written=state["written"], rows=rows, resume=resume is not None) from None
+
+
+def _run_suite(loaded: LoadedSuite, state: dict, *, out_root, resume, gpus, shard, only, max_kernel_failures,
+               ceilings, device, console, progress, triton_cache) -> RunResult:
+    """:func:`run_suite` itself; ``state`` records the result set and whether it was written."""
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
     require_device(suite.name, dev)
@@ -168,22 +195,30 @@ def run_suite(
             raise UserError(f"--resume {str(directory)!r}: not a result set (no {R.ROWS_FILE})")
     else:
         directory = R.new_result_directory(out_root, suite.name)
+        state["created"] = True
+    state["directory"] = directory
     lock = R.ResultSetLock(directory).acquire()
     try:
-        return _run_locked(loaded, directory, lock, console, resume=resume is not None, conditions=conditions,
-                           env=env, ceil=ceil, all_cases=all_cases, cases=cases, dev=dev, gpus=gpus,
-                           shard_text=shard_text, only=only, max_kernel_failures=max_kernel_failures,
-                           progress=progress)
-    except KeyboardInterrupt:
-        raise RunInterrupted(directory) from None
+        return _run_locked(loaded, directory, lock, console, state, resume=resume is not None,
+                           conditions=conditions, env=env, ceil=ceil, all_cases=all_cases, cases=cases, dev=dev,
+                           gpus=gpus, shard_text=shard_text, only=only, max_kernel_failures=max_kernel_failures,
+                           progress=progress, triton_cache=triton_cache)
+    except UserError:
+        if state["created"] and not state["written"]:
+            lock.release()
+            try:  # refused before writing anything: the new directory goes again
+                directory.rmdir()
+            except OSError:
+                pass
+        raise
     finally:
         lock.release()
 
 
-def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: bool, conditions: dict,
-                env: dict, ceil: dict | None, all_cases: list[Case], cases: list[Case], dev: str,
-                gpus: list[str] | None, shard_text: str | None, only: list[str] | None,
-                max_kernel_failures: int, progress: bool) -> RunResult:
+def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, state: dict, *, resume: bool,
+                conditions: dict, env: dict, ceil: dict | None, all_cases: list[Case], cases: list[Case],
+                dev: str, gpus: list[str] | None, shard_text: str | None, only: list[str] | None,
+                max_kernel_failures: int, progress: bool, triton_cache: str | Path | None) -> RunResult:
     """:func:`run_suite` once the result set is locked: check a resume, set torn lines
     aside, write the metadata, run, write the table."""
     suite = loaded.suite
@@ -227,7 +262,14 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, *, resume: 
     }
     if resumed:
         metadata["resumed"] = resumed
+    if triton_cache is not None:  # the last check (the cache directory must be creatable)
+        from tflabench import triton_cache as tc
+
+        cache_dir = tc.configure(triton_cache)
+        console.print(f"triton cache: {cache_dir} ({len(tc.autotune_entries(cache_dir))} autotune results)",
+                      markup=False)
     R.write_metadata(directory, metadata)
+    state["written"] = True
 
     console.print(f"writing to {directory} ({len(todo)} cases to run"
                   + (f", {skipped} already measured" if skipped else "") + ")", markup=False)

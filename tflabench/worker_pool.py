@@ -442,12 +442,21 @@ def parse_gpus(text: str | None) -> list[str] | None:
 
 
 class RunInterrupted(KeyboardInterrupt):
-    """Ctrl-C or SIGTERM during a run (``run``, ``verify``); ``directory`` is the result set
-    holding the rows measured so far (for the ``--resume`` a user is told to give)."""
+    """Ctrl-C or SIGTERM during a run (``run``, ``verify``), and where it stood then.
 
-    def __init__(self, directory: Path):
+    Attributes:
+        directory: the result set holding the rows measured so far (for the ``--resume`` a
+            user is told to give), or None when none was created yet.
+        written: whether the run had written to it (its metadata, then rows as they came);
+            a resume interrupted before that left the set as it was.
+        rows: cases with a whole row in it now (this run's and earlier), None when not counted.
+        resume: whether the run resumed ``directory``.
+    """
+
+    def __init__(self, directory: Path | None, *, written: bool = True, rows: int | None = None,
+                 resume: bool = False):
         super().__init__(str(directory))
-        self.directory = directory
+        self.directory, self.written, self.rows, self.resume = directory, written, rows, resume
 
 
 def _base_row(case: Case) -> dict:

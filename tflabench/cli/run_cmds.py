@@ -55,44 +55,78 @@ def run(
         "Without it every case tunes at its own shape. first_call_s shows what a run paid."),
 ) -> None:
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
-    from tflabench.suite import default_suite_path, load_suite
-    from tflabench.suite_run import run_suite
-    from tflabench.worker_pool import parse_gpus
+    from tflabench.suite import default_suite_path
 
     def _term(signum, frame):  # a device job's time limit sends SIGTERM: stop like Ctrl-C
         raise KeyboardInterrupt
+
+    path = suite if suite is not None else default_suite_path()
+    previous = signal.signal(signal.SIGTERM, _term)  # from the start: the message is true at every moment
+    try:
+        _run_and_report(path, resume=resume, out=out, shard=shard, gpus=gpus, only=only,
+                        max_kernel_failures=max_kernel_failures, ceilings=ceilings, device=device,
+                        progress=progress, plots=plots, triton_cache=triton_cache)
+    except KeyboardInterrupt as stop:
+        typer.echo(_interrupted_line(stop, path), err=True)
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+class _AfterRun(KeyboardInterrupt):
+    """Ctrl-C / SIGTERM while the table or the figures of a finished run were drawn."""
+
+    def __init__(self, directory: Path):
+        super().__init__()
+        self.directory = directory
+
+
+def _interrupted_line(stop: KeyboardInterrupt, suite_path: Path) -> str:
+    """What an interrupted ``run`` leaves, said truly at whatever moment it stopped."""
+    from tflabench.worker_pool import RunInterrupted
+
+    if isinstance(stop, _AfterRun):
+        return f"interrupted after the run finished: every row is in {stop.directory}"
+    if not isinstance(stop, RunInterrupted) or stop.directory is None:
+        return "interrupted before a result set was created: nothing was written"
+    finish = f"`tflabench run {suite_path} --resume {stop.directory}`"
+    if not stop.written:
+        return f"interrupted before anything was written: {stop.directory} is as it was"
+    if not stop.rows:
+        return f"interrupted before a case finished: {stop.directory} holds no row yet; finish with {finish}"
+    return (f"interrupted: {stop.rows} case(s) measured so far are kept in {stop.directory}; "
+            f"finish with {finish}")
+
+
+def _run_and_report(path: Path, *, resume, out, shard, gpus, only, max_kernel_failures, ceilings, device,
+                    progress, plots, triton_cache) -> Path:
+    """``run``'s body: check the options, run the suite, print the table, draw the figures."""
+    from tflabench.suite import load_suite
+    from tflabench.suite_run import run_suite
+    from tflabench.worker_pool import parse_gpus
 
     with user_errors():
         if device not in (None, "cpu", "cuda"):
             raise UserError(f"--device={device!r}; allowed: cpu, cuda")
         if ceilings not in ("auto", "datasheet", "measured"):
             raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|datasheet|measured")
-        path = suite if suite is not None else default_suite_path()
         loaded = load_suite(path)
         gpu_list = parse_gpus(gpus)
         if shard is not None:
             from tflabench.shard import parse_shard
 
             parse_shard(shard)
-        if triton_cache is not None:
-            from tflabench import triton_cache as tc
+        result = run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
+                           only=comma_list("--only", only), max_kernel_failures=max_kernel_failures,
+                           ceilings=ceilings, device=device, progress=progress, triton_cache=triton_cache)
+    try:
+        _report_run(loaded, result, plots)
+    except KeyboardInterrupt:
+        raise _AfterRun(result.directory) from None
+    return result.directory
 
-            cache_dir = tc.configure(triton_cache)
-            typer.echo(f"triton cache: {cache_dir} ({len(tc.autotune_entries(cache_dir))} autotune results)", err=True)
-        previous = signal.signal(signal.SIGTERM, _term)
-        try:
-            result = run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
-                               only=comma_list("--only", only), max_kernel_failures=max_kernel_failures,
-                               ceilings=ceilings,
-                               device=device, progress=progress)
-        except KeyboardInterrupt as exc:
-            directory = getattr(exc, "directory", None) or resume
-            where = f"in {directory}" if directory else "in the result set named above"
-            typer.echo(f"interrupted: the rows measured so far are kept {where}; finish with "
-                       f"`tflabench run {path} --resume {directory or 'DIR'}`", err=True)
-            raise typer.Exit(130) from None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
+
+def _report_run(loaded, result, plots: bool) -> None:
     from tflabench.results import load_results
     from tflabench.tables import summary_table
 

@@ -139,7 +139,9 @@ def verify(
                 settings = VerifySettings.model_validate({**settings.model_dump(), **update})
             except ValidationError as exc:
                 err = exc.errors()[0]
-                raise UserError(f"verify options: {err['msg'].removeprefix('Value error, ')}") from None
+                where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+                raise UserError(f"verify options: {where + ': ' if where else ''}"
+                                f"{err['msg'].removeprefix('Value error, ')}") from None
         gpu_list = parse_gpus(gpus)
         cases = V.verify_cases(loaded, device=device, only=only, settings=settings)
         previous = signal.signal(signal.SIGTERM, _term)
