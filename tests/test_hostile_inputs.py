@@ -386,3 +386,79 @@ def test_interruption_before_anything_is_written_leaves_nothing(tmp_path, monkey
     with pytest.raises(Interrupted) as info:
         run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False, console=Console(file=StringIO()))
     assert info.value.directory is None and not list(tmp_path.glob("out/hostile/*"))  # the empty set went again
+
+
+# --------------------------------------------------------------------------- user text is data
+
+
+ODD = "[/] $a^$ [batch, seq] :smile: \\frac"
+KERNELS = '''
+import sys, torch
+
+def good(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+def refuses(q, k, v):
+    raise ValueError("Expected [batch, seq] got [/] and $a^$ :smile: [bold]x[/bold]")
+
+def loud(q, k, v):
+    sys.stdout.write("x" * 99 + "\\n")
+    sys.stdout.write(("y" * 99 + "\\n") * 200)
+    sys.stdout.write("LAST LINE OF THE CALL\\n")
+    sys.stdout.flush()
+    return good(q, k, v)
+'''
+
+
+def _custom_suite(tmp_path: Path, kernels: list[tuple[str, str]], **over) -> Path:
+    (tmp_path / "odd_kernels.py").write_text(KERNELS)
+    return _write_suite(tmp_path / "odd.yaml", kernels=[
+        {"backend": "custom", "label": label, "params": {"function": f"{tmp_path}/odd_kernels.py:{fn}",
+                                                         "layout": "attention", "heads": 2}}
+        for label, fn in kernels], **over)
+
+
+def test_labels_and_error_messages_print_literally_in_tables_figures_and_html(tmp_path):
+    suite = _custom_suite(tmp_path, [(ODD, "good"), (f"bad {ODD}", "refuses")])
+    result = cli.invoke(app, ["run", str(suite), "--out", str(tmp_path / "out"), "--no-progress"])
+    assert result.exit_code == 0, result.output
+    assert ODD in result.stdout and "Expected [batch, seq] got [/] and $a^$ :smile:" in result.stdout
+    assert "[bold]x[/bold]" in result.stdout  # the reason column folds after 60 characters
+    directory = next((tmp_path / "out").glob("hostile/*/"))
+    assert (directory / "plots" / "runtime.png").stat().st_size > 0  # the $a^$ legend entry drew
+    report = cli.invoke(app, ["report", str(directory), "--html", str(tmp_path / "r.html")])
+    assert report.exit_code == 0, report.output
+    assert ODD in report.stdout
+    page = (tmp_path / "r.html").read_text()
+    assert "[/] $a^$ [batch, seq] :smile: \\frac" in page.replace("&#x27;", "'")
+    compare = cli.invoke(app, ["compare", str(directory), str(directory), "--all", "--fail-on", "none"])
+    assert compare.exit_code == 0, compare.output
+    assert ODD in compare.stdout and "Traceback" not in compare.output
+
+
+def test_report_no_plots_writes_no_figure_even_with_html(tmp_path, measured):
+    directory = _copy(measured, tmp_path)
+    shutil.rmtree(directory / "plots", ignore_errors=True)
+    before = _snapshot(directory)
+    result = cli.invoke(app, ["report", str(directory), "--no-plots", "--html", str(tmp_path / "r.html")])
+    assert result.exit_code == 0, result.output
+    assert _snapshot(directory) == before  # no plots/ in the set
+    assert "data:image/png;base64," in (tmp_path / "r.html").read_text()  # the page still has its figures
+    assert not any(tmp_path.glob("tflabench-report-*"))
+
+
+def test_worker_log_keeps_the_head_and_the_tail_of_each_case(tmp_path, monkeypatch):
+    from tflabench import worker_pool
+
+    monkeypatch.setattr(worker_pool, "LOG_HEAD_BYTES", 2000)
+    monkeypatch.setattr(worker_pool, "LOG_TAIL_BYTES", 1000)
+    suite = _custom_suite(tmp_path, [("loud", "loud")], timing={"warmup": 1, "iterations": 3, "timeout_s": 60})
+    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False, console=Console(file=StringIO()))
+    assert [r["status"] for r in result.rows] == ["ok", "ok"]
+    log = (result.directory / "logs" / "worker-0.log").read_text()
+    cases = log.split("--- case ")[1:]
+    assert len(cases) == 2
+    for text in cases:  # each case: 5 calls x 20 KB printed, 3 KB kept, the last line among them
+        assert len(text.encode()) < 2000 + 1000 + 300
+        assert "bytes of this case's output left out" in text
+        assert text.rstrip().endswith("LAST LINE OF THE CALL")
