@@ -369,7 +369,7 @@ def test_sigterm_says_what_is_kept_at_that_moment(tmp_path, hold_at, rows, expec
 def test_interruption_before_anything_is_written_leaves_nothing(tmp_path, monkeypatch):
     from tflabench import environment
     from tflabench.cli.run_cmds import _interrupted_line
-    from tflabench.suite_run import Interrupted
+    from tflabench.worker_pool import RunInterrupted
 
     suite = _write_suite(tmp_path / "s.yaml")
 
@@ -377,13 +377,13 @@ def test_interruption_before_anything_is_written_leaves_nothing(tmp_path, monkey
         raise KeyboardInterrupt
 
     monkeypatch.setattr(environment, "collect", stop)  # before the result set exists
-    with pytest.raises(Interrupted) as info:
+    with pytest.raises(RunInterrupted) as info:
         run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False, console=Console(file=StringIO()))
     assert info.value.directory is None and not list(tmp_path.glob("out/hostile/*"))
     assert _interrupted_line(info.value, suite) == "interrupted before a result set was created: nothing was written"
     monkeypatch.undo()
     monkeypatch.setattr(R, "write_metadata", stop)  # the set exists, nothing written to it yet
-    with pytest.raises(Interrupted) as info:
+    with pytest.raises(RunInterrupted) as info:
         run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False, console=Console(file=StringIO()))
     assert info.value.directory is None and not list(tmp_path.glob("out/hostile/*"))  # the empty set went again
 
@@ -420,18 +420,19 @@ def _custom_suite(tmp_path: Path, kernels: list[tuple[str, str]], **over) -> Pat
 
 def test_labels_and_error_messages_print_literally_in_tables_figures_and_html(tmp_path):
     suite = _custom_suite(tmp_path, [(ODD, "good"), (f"bad {ODD}", "refuses")])
-    result = cli.invoke(app, ["run", str(suite), "--out", str(tmp_path / "out"), "--no-progress"])
+    wide = {"COLUMNS": "250"}  # tables keep every column whole
+    result = cli.invoke(app, ["run", str(suite), "--out", str(tmp_path / "out"), "--no-progress"], env=wide)
     assert result.exit_code == 0, result.output
     assert ODD in result.stdout and "Expected [batch, seq] got [/] and $a^$ :smile:" in result.stdout
     assert "[bold]x[/bold]" in result.stdout  # the reason column folds after 60 characters
     directory = next((tmp_path / "out").glob("hostile/*/"))
     assert (directory / "plots" / "runtime.png").stat().st_size > 0  # the $a^$ legend entry drew
-    report = cli.invoke(app, ["report", str(directory), "--html", str(tmp_path / "r.html")])
+    report = cli.invoke(app, ["report", str(directory), "--html", str(tmp_path / "r.html")], env=wide)
     assert report.exit_code == 0, report.output
     assert ODD in report.stdout
     page = (tmp_path / "r.html").read_text()
     assert "[/] $a^$ [batch, seq] :smile: \\frac" in page.replace("&#x27;", "'")
-    compare = cli.invoke(app, ["compare", str(directory), str(directory), "--all", "--fail-on", "none"])
+    compare = cli.invoke(app, ["compare", str(directory), str(directory), "--all", "--fail-on", "none"], env=wide)
     assert compare.exit_code == 0, compare.output
     assert ODD in compare.stdout and "Traceback" not in compare.output
 

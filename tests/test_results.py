@@ -112,11 +112,15 @@ def test_missing_or_corrupt_result_set_raises_user_error(tmp_path):
         R.load_results(tmp_path / "nope")
     with pytest.raises(UserError, match="not a result set"):
         R.load_results(tmp_path)
-    (tmp_path / "rows.jsonl").write_text('{"suite": "s"}\nnot json\n{"suite": "s"}\n')
+    whole = json.dumps(_row())
+    (tmp_path / "rows.jsonl").write_text(f"{whole}\nnot json\n{whole}\n")
     with pytest.raises(UserError, match="line 2 is not JSON"):
         R.load_results(tmp_path)
-    (tmp_path / "rows.jsonl").write_text('{"suite": "s"}\n{"suite": "s", "a": 1}\n')
+    (tmp_path / "rows.jsonl").write_text(whole + "\n" + json.dumps(dict(_row(), a=1)) + "\n")
     with pytest.raises(UserError, match="line 2 has the field 'a', which is not a result column"):
+        R.load_results(tmp_path)
+    (tmp_path / "rows.jsonl").write_text(whole + "\n" + json.dumps({"suite": "s"}) + "\n")
+    with pytest.raises(UserError, match="line 2 lacks the field 'case_id', which every result row has"):
         R.load_results(tmp_path)
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -104,6 +104,11 @@ MODEL_COLUMNS: tuple[str, ...] = (
     "roofline_ms",
     "roofline_fraction",
 )
+#: Columns every row written by tflabench holds (identity columns added later excepted).
+REQUIRED_COLUMNS: tuple[str, ...] = tuple(
+    c for c in IDENTITY_COLUMNS if c not in OPTIONAL_IDENTITY_COLUMNS) + ("status",)
+#: Columns that are never null in a row (what a resume and compare match and check on).
+NON_NULL_COLUMNS: tuple[str, ...] = ("case_id", "suite", "kernel", "backend", "mode", "dtype", "device", "status")
 #: Every column of a row, in the order they are written.
 COLUMNS: tuple[str, ...] = (
     IDENTITY_COLUMNS
@@ -679,8 +684,14 @@ def _scan_line(scan: _Scan, lineno: int, raw: bytes, last: bool) -> None:
 
 def row_problem(row: Mapping[str, Any]) -> str | None:
     """Why ``row`` (one parsed line of ``rows.jsonl``) is not a result row, or None: a key
-    that is not a column, a text column holding something else than text, a numeric column
-    holding something else than a number, an unknown ``status``."""
+    that is not a column, an identity column or ``status`` missing (every row is written
+    whole), one of :data:`NON_NULL_COLUMNS` null, a text column holding something else than text, a numeric column holding
+    something else than a number, an unknown ``status``."""
+    for key in REQUIRED_COLUMNS:
+        if key not in row:
+            return f"lacks the field {key!r}, which every result row has"
+        if row[key] is None and key in NON_NULL_COLUMNS:
+            return f"has no value for {key!r}, which every result row has"
     for key, value in row.items():
         if key not in COLUMNS:
             return f"has the field {str(key)[:60]!r}, which is not a result column"

@@ -107,7 +107,30 @@ class _Command(_PlainHelp, TyperCommand):
 
 
 class _Group(_PlainHelp, TyperGroup):
-    """The ``tflabench`` group: its help like its commands'."""
+    """The ``tflabench`` group: its help like its commands'. A usage error (an unknown
+    option, a value of the wrong type, a missing argument) is one ``error:`` line and exit
+    status 2, like every other refusal (:func:`user_errors`); Ctrl-C is exit status 130:
+    never 1, which ``compare`` and ``verify`` keep for what they find."""
+
+    def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode, **extra)
+        try:
+            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except Exception as exc:  # click's exceptions (typer may bring its own click)
+            if type(exc).__name__ == "NoArgsIsHelpError":  # `tflabench` alone: the help
+                exc.show()
+                sys.exit(exc.exit_code)
+            if hasattr(exc, "format_message") and hasattr(exc, "exit_code"):
+                ctx = getattr(exc, "ctx", None)
+                hint = f" (see `{ctx.command_path} --help`)" if ctx is not None else ""
+                typer.echo(f"error: {exc.format_message()}{hint}", err=True)
+                sys.exit(exc.exit_code)
+            if type(exc).__name__ == "Abort":
+                typer.echo("interrupted", err=True)
+                sys.exit(130)
+            raise
+        sys.exit(code if isinstance(code, int) else 0)
 
 
 class _App(typer.Typer):
