@@ -6,54 +6,79 @@ pre-activations failed on Hopper with ``PassManager::run failed``
 (TritonGPURemoveLayoutConversions) in the chunk-gates kernel at 1 warp, and at chunk 1024
 at 4 warps; float32 gates compiled. ``gates_num_warps`` now gives each thread at most four
 gate values.
+
+The compilation runs in a child process with TRITON_INTERPRET off: ``@triton.jit`` picks
+compiled or interpreted kernels when a module is imported, and the kernel tests of this
+suite import the same modules for the interpreter.
 """
 from __future__ import annotations
 
-import pytest
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
-triton = pytest.importorskip("triton")
-from triton.backends.compiler import GPUTarget  # noqa: E402
-from triton.compiler import ASTSource  # noqa: E402
-
-from tfla.triton import chunkwise_recurrent as cr  # noqa: E402
-
-SM90 = GPUTarget("cuda", 90, 128)
+KERNELS = Path(__file__).resolve().parents[1] / "kernels"
 CHUNKS = (16, 32, 64, 128, 256, 512, 1024)
 GATE_DTYPES = ("fp32", "bf16", "fp16")
 
+_CHILD = r"""
+import json, sys
+import triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tfla.triton import chunkwise_recurrent as cr
 
-def _compile_gates(gate_dtype: str, L: int, is_exp: bool, num_warps: int) -> None:
+def compile_gates(gate_dtype, L, is_exp, num_warps):
     ptrs = ("I", "F", "B_vec", "A_vec", "I_vec", "MI_vec", "G_ch", "AMAX_ch")
-    signature = {p: ("*" + gate_dtype if p in ("I", "F") else "*fp32") for p in ptrs}
-    signature.update(S="i32", NC="i32", L="constexpr", IS_EXP="constexpr")
+    sig = {p: ("*" + gate_dtype if p in ("I", "F") else "*fp32") for p in ptrs}
+    sig.update(S="i32", NC="i32", L="constexpr", IS_EXP="constexpr")
     # the launcher specialises 16-byte aligned pointers and S divisible by 16: compile so too
     attrs = {(k,): [["tt.divisibility", 16]] for k in range(10)}
-    src = ASTSource(fn=cr._gates_kernel, signature=signature,
-                    constexprs={"L": L, "IS_EXP": is_exp}, attrs=attrs)
-    triton.compile(src, target=SM90, options={"num_warps": num_warps})
+    src = ASTSource(fn=cr._gates_kernel, signature=sig, constexprs={"L": L, "IS_EXP": is_exp},
+                    attrs=attrs)
+    try:
+        triton.compile(src, target=GPUTarget("cuda", 90, 128), options={"num_warps": num_warps})
+        return "ok"
+    except Exception as e:
+        return (str(e).strip().splitlines() or ["?"])[0][:200]
+
+out = {}
+for gate_dtype, L, is_exp, warps in json.loads(sys.argv[1]):
+    w = cr.gates_num_warps(L) if warps is None else warps
+    out[f"{gate_dtype} L{L} {'exp' if is_exp else 'sig'} w{w}"] = compile_gates(gate_dtype, L, is_exp, w)
+print(json.dumps(out))
+"""
 
 
-@pytest.mark.parametrize("gate_dtype", GATE_DTYPES)
-@pytest.mark.parametrize("is_exp", [True, False], ids=["exp", "sig"])
-def test_chunk_gates_compiles_for_sm90_at_every_chunk_size(gate_dtype, is_exp):
-    for L in CHUNKS:
-        _compile_gates(gate_dtype, L, is_exp, cr.gates_num_warps(L))
+def _compile(configs: list) -> dict[str, str]:
+    """Compile the chunk-gates kernel for sm_90 for each (gate dtype, L, is_exp, warps or
+    None for the launch rule) in a child process; returns config -> "ok" or the error."""
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join([str(KERNELS), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _CHILD, json.dumps(configs)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-def test_regression_exp_chunk256_bf16_gates_compile():
-    """The reported case: mLSTMexp, chunk 256, bfloat16 gates, at the warps launched."""
-    _compile_gates("bf16", 256, True, cr.gates_num_warps(256))
+def test_chunk_gates_compiles_for_sm90_at_every_chunk_size_and_gate_dtype():
+    configs = [[dt, L, e, None] for dt in GATE_DTYPES for e in (True, False) for L in CHUNKS]
+    results = _compile(configs)
+    assert len(results) == len(configs)
+    failed = {k: v for k, v in results.items() if v != "ok"}
+    assert not failed, failed
+    for key in results:                      # the launch rule: at most 4 gate values a thread
+        L, w = int(key.split()[1][1:]), int(key.split()[3][1:])
+        assert 1 <= w <= 8 and L / (32 * w) <= 4, key
 
 
-def test_the_old_launch_configuration_fails_so_the_test_can_fail():
-    """The old rule (1 warp below L 512) at chunk 256 with 16-bit gates does not compile:
-    the test above would catch a return to it."""
-    with pytest.raises(Exception, match="PassManager"):
-        _compile_gates("bf16", 256, True, 1)
-
-
-def test_gates_num_warps_keeps_at_most_four_values_per_thread():
-    for L in CHUNKS:
-        w = cr.gates_num_warps(L)
-        assert 1 <= w <= 8
-        assert L / (32 * w) <= 4
+def test_regression_exp_chunk256_16bit_gates_and_the_old_launch_fails():
+    """The reported case compiles at the warps launched now; the old rule (1 warp below
+    L 512) at chunk 256 with bf16 gates does not, so the test above can fail."""
+    results = _compile([["bf16", 256, True, None], ["fp16", 256, True, None],
+                        ["bf16", 256, True, 1]])
+    assert results["bf16 L256 exp w2"] == "ok"
+    assert results["fp16 L256 exp w2"] == "ok"
+    assert "PassManager" in results["bf16 L256 exp w1"]
