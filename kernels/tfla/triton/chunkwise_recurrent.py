@@ -74,12 +74,17 @@ def _gates_kernel(
         i_log = tl.where(valid, logsigmoid(i_raw), float("-inf"))
     b = tl.cumsum(f_log, 0)                                    # inclusive
     a = tl.cumsum(f_log, 0, reverse=True) - f_log + i_log      # exclusive reverse, + ī
-    u = i_log - b
     tl.store(B_vec + bh * S_pad + t, b)
     tl.store(A_vec + bh * S_pad + t, a)
     tl.store(I_vec + bh * S_pad + t, i_log)   # ī itself: D̃ is formed as (b_r - b_s) + ī_s
     tl.store(G_ch + bh * NC + c, tl.sum(f_log, 0))
     if IS_EXP:
+        # ī_s - b_s from the loaded ĩ, not from i_log: with i_log feeding both the store
+        # above and this scan, triton 3.6's TritonGPURemoveLayoutConversions rewrote the
+        # select into the scan's layout after its first use ("operand #0 does not dominate
+        # this use", "PassManager::run failed") wherever 16-bit gates were loaded as
+        # 8-value vectors per thread (L 256 at 1 warp, L 512 at 1-2, L 1024 at 1-4)
+        u = tl.where(valid, i_raw - b, float("-inf"))
         tl.store(MI_vec + bh * S_pad + t, b + tl.associative_scan(u, 0, _max_combine))
         tl.store(AMAX_ch + bh * NC + c, tl.max(a, 0))
 
@@ -376,11 +381,8 @@ def piece(L: int) -> int:
 
 def gates_num_warps(L: int) -> int:
     """Warps of the chunk-gates kernel: one per 128 positions (1 to 8), so that each thread
-    holds at most 4 gate values of the chunk. With 8 values per thread (L 256 at 1 warp,
-    L 1024 at 4), 16-bit gate pointers are loaded as one 128-bit vector whose layout
-    triton 3.6's TritonGPURemoveLayoutConversions pass cannot reconcile with the cumsum's,
-    and the sm_90 compile fails ("PassManager::run failed"); float32 gates were not
-    affected. tests/test_kernels_compile.py compiles every chunk size and gate dtype."""
+    holds at most 4 gate values of the chunk. The kernel compiles at any warps count for
+    every gate dtype (tests/test_kernels_compile.py)."""
     return max(1, min(8, L // 128))
 
 
