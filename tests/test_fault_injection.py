@@ -399,11 +399,20 @@ def test_unwritable_output_directory_is_one_line_exit_2(tmp_path):
     assert "--out" in line and _new_files(before, tmp_path, None) == set()
 
 
-@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
-def test_read_only_output_directory_is_one_line_exit_2(tmp_path):
+def test_read_only_output_directory_is_one_line_exit_2(tmp_path, monkeypatch):
     suite = _suite(tmp_path)
     out = tmp_path / "ro"
     out.mkdir(mode=0o555)
+    if os.geteuid() == 0:
+        # root writes into a 0o555 directory: make creating anything under it fail as the
+        # kernel fails it for other users
+        real_mkdir = Path.mkdir
+
+        def denied(self, *args, **kwargs):
+            if out in self.parents:
+                raise PermissionError(13, "Permission denied", str(self))
+            return real_mkdir(self, *args, **kwargs)
+        monkeypatch.setattr(Path, "mkdir", denied)
     try:
         line = _one_error_line(cli.invoke(app, ["run", str(suite), "--out", str(out)]))
         assert "Permission denied" in line and "--out" in line
