@@ -35,7 +35,8 @@ Call order in the worker, per case (one mode each):
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, Any, ClassVar
+import importlib.util
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
@@ -336,6 +337,45 @@ class Backend:
 
 
 # ------------------------------------------------------------------------ helpers
+
+
+def find_spec(module: str):
+    """``importlib.util.find_spec`` without importing the module: its spec, or None when it
+    is absent or looking it up fails. Peer modules import it as ``_find_spec``, which tests
+    replace to simulate installed packages."""
+    try:
+        return importlib.util.find_spec(module)
+    except (ImportError, ValueError):
+        return None
+
+
+def peer_unavailable(packages: Iterable[str], *, find_spec: Callable[[str], Any], install_hint: str,
+                     gpu_subject: str, load: Callable[[], Any], import_subject: str,
+                     missing: Mapping[str, str] | None = None) -> str | None:
+    """The usual :meth:`Backend.available` of a peer with CUDA-only kernels.
+
+    Checks, in order: each of ``packages`` is installed (``find_spec``; the reason is
+    ``missing[package]`` when given, else "<package> is not installed"), a CUDA GPU is
+    present, and ``load()`` (the peer's kernel import) raises nothing.
+
+    Returns:
+        None when all hold; else one line naming the first that fails, with
+        ``install_hint`` where installing helps. ``gpu_subject`` opens the no-GPU line
+        ("<gpu_subject> a CUDA GPU ..."), ``import_subject`` the import-failure line.
+    """
+    missing = missing or {}
+    for package in packages:
+        if find_spec(package) is None:
+            return f"{missing.get(package, f'{package} is not installed')}; {install_hint}"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"{gpu_subject} a CUDA GPU (torch.cuda.is_available() is False)"
+    try:
+        load()
+    except Exception as exc:
+        return f"{import_subject} does not import ({type(exc).__name__}: {exc}); {install_hint}"
+    return None
 
 
 def model_counts(kind: str, mode: str, shape: Shape, **kwargs: Any) -> tuple[float, float] | None:

@@ -48,7 +48,6 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
-import importlib.util
 import os
 import re
 import subprocess
@@ -58,7 +57,8 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, HeadLayoutParams, Shape, model_counts, resolve_layout
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape, model_counts, peer_unavailable, resolve_layout
+from tflabench.backends.base import find_spec as _find_spec
 from tflabench.environment import FLA_640_GUARD_ENV
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
 
@@ -100,13 +100,6 @@ FLA_DEFAULT_LAYOUT: dict[str, tuple[int, float]] = {
     "fused_chunk_gla": (16, 0.5),
 }
 
-
-def _find_spec(module: str):
-    """``importlib.util.find_spec`` without importing (None when absent). Tests replace it."""
-    try:
-        return importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
 
 
 def _version_tuple(text: str | None) -> tuple[int, int, int] | None:
@@ -386,20 +379,13 @@ class FlaBackend(Backend):
     def available(self, params: FlaParams) -> str | None:
         """None when ``fla.ops`` imports the op and a CUDA GPU is present; else the reason
         with the install hint."""
-        for package in ("fla", "einops", "triton"):
-            if _find_spec(package) is None:
-                return f"{package} is not installed; {self.install_hint}"
-        import torch
-
-        if not torch.cuda.is_available():
-            return "fla's Triton kernels need a CUDA GPU (torch.cuda.is_available() is False)"
-        try:
-            fn = _fla_op(params.op)
-        except Exception as exc:
-            return f"fla.ops ({params.op}) does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
-        if params.op == "fused_chunk_gla":
-            return _stub_reason(fn)
-        return None
+        reason = peer_unavailable(("fla", "einops", "triton"), find_spec=_find_spec,
+                                  install_hint=self.install_hint, load=lambda: _fla_op(params.op),
+                                  gpu_subject="fla's Triton kernels need",
+                                  import_subject=f"fla.ops ({params.op})")
+        if reason is None and params.op == "fused_chunk_gla":
+            return _stub_reason(_fla_op(params.op))
+        return reason
 
     def unsupported_mode(self, params: FlaParams, mode: str) -> str | None:
         """``fwdbw`` of ``chunk_simple_gla`` is unsupported where fla refuses its gated

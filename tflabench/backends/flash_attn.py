@@ -18,12 +18,12 @@ torch and the peers are imported inside the methods only (``backends/base.py``).
 from __future__ import annotations
 
 import importlib
-import importlib.util
 import sys
 from typing import Any, Literal
 
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, attention_inputs, attention_reference
+from tflabench.backends.base import find_spec as _find_spec
 from tflabench.backends.sdpa import attention_layout, attention_model_counts
 
 #: FA3 interfaces in the order ``interface="auto"`` tries them: module -> has a backward.
@@ -53,14 +53,6 @@ _MODULE_NOTES: dict[str, str] = {
     "flash_attn.cute": " (flash-attn-4, CuTe DSL: fwd+bwd)",
 }
 
-
-def _find_spec(module: str):
-    """``importlib.util.find_spec`` without importing the module (None when absent or
-    when looking it up fails). Tests replace this to simulate installed packages."""
-    try:
-        return importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
 
 
 class FlashAttnParams(HeadLayoutParams):

@@ -26,13 +26,13 @@ from __future__ import annotations
 import functools
 import importlib
 import importlib.metadata
-import importlib.util
 from typing import Any
 
 from pydantic import model_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, HeadLayoutParams, Shape, model_counts, resolve_layout
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape, model_counts, peer_unavailable, resolve_layout
+from tflabench.backends.base import find_spec as _find_spec
 from tflabench.backends.fla import gla_reference, lightning_log_decay
 from tflabench.errors import UserError
 
@@ -44,13 +44,6 @@ LIGHTNING_BLOCK = 64
 #: Head dimensions the kernel takes (it loads a whole head row: tl.arange over d and e).
 SUPPORTED_HEAD_DIMS = (16, 32, 64, 128)
 
-
-def _find_spec(module: str):
-    """``importlib.util.find_spec`` without importing (None when absent). Tests replace it."""
-    try:
-        return importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
 
 
 @functools.lru_cache(maxsize=None)
@@ -113,18 +106,10 @@ class LightningBackend(Backend):
     def available(self, params: LightningParams) -> str | None:
         """None when ``lightning_attn`` imports and a CUDA GPU is present; else the reason
         with the install hint."""
-        for package in ("lightning_attn", "einops", "triton"):
-            if _find_spec(package) is None:
-                return f"{package} is not installed; {self.install_hint}"
-        import torch
-
-        if not torch.cuda.is_available():
-            return "lightning_attn's Triton kernels need a CUDA GPU (torch.cuda.is_available() is False)"
-        try:
-            _kernel()
-        except Exception as exc:
-            return f"lightning_attn does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
-        return None
+        return peer_unavailable(("lightning_attn", "einops", "triton"), find_spec=_find_spec,
+                                install_hint=self.install_hint, load=_kernel,
+                                gpu_subject="lightning_attn's Triton kernels need",
+                                import_subject="lightning_attn")
 
     def note(self, params: LightningParams, device: str) -> str | None:
         """The kernel and the package's version, for the row's ``reason``."""

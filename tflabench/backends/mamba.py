@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import functools
 import importlib
-import importlib.util
 import math
 import sys
 import types
@@ -33,7 +32,8 @@ from typing import Any
 from pydantic import field_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, BackendParams, Shape, model_counts, resolve_layout
+from tflabench.backends.base import Backend, BackendParams, Shape, model_counts, peer_unavailable, resolve_layout
+from tflabench.backends.base import find_spec as _find_spec
 from tflabench.errors import UserError
 
 MAMBA2_INSTALL_HINT = ("pip install mamba_ssm einops (the Mamba 2 SSD Triton kernels need no compiled "
@@ -44,13 +44,6 @@ MAMBA_INSTALL_HINT = ("install mamba_ssm with its compiled CUDA extension, built
 #: Mamba 2 head dimension P when a suite sets neither heads nor d_hv (paper App. E.3).
 MAMBA2_DEFAULT_HEAD_DIM = 64
 
-
-def _find_spec(module: str):
-    """``importlib.util.find_spec`` without importing (None when absent). Tests replace it."""
-    try:
-        return importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
 
 
 def import_mamba_submodule(name: str):
@@ -270,18 +263,10 @@ class Mamba2Backend(Backend):
     def available(self, params: Mamba2Params) -> str | None:
         """None when the SSD Triton module imports (without ``mamba_ssm/__init__``) and a
         CUDA GPU is present; else the reason with the install hint."""
-        for package in ("mamba_ssm", "einops", "triton"):
-            if _find_spec(package) is None:
-                return f"{package} is not installed; {self.install_hint}"
-        import torch
-
-        if not torch.cuda.is_available():
-            return "the Mamba 2 SSD Triton kernel needs a CUDA GPU (torch.cuda.is_available() is False)"
-        try:
-            _chunk_scan_combined()
-        except Exception as exc:
-            return f"mamba_ssm.ops.triton.ssd_combined does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
-        return None
+        return peer_unavailable(("mamba_ssm", "einops", "triton"), find_spec=_find_spec,
+                                install_hint=self.install_hint, load=_chunk_scan_combined,
+                                gpu_subject="the Mamba 2 SSD Triton kernel needs",
+                                import_subject="mamba_ssm.ops.triton.ssd_combined")
 
     def note(self, params, device):
         return "mamba_chunk_scan_combined, mamba_ssm/__init__ not executed"
@@ -396,21 +381,13 @@ class MambaBackend(Backend):
     def available(self, params: MambaParams) -> str | None:
         """None when ``selective_scan_cuda`` (the compiled extension) and the interface
         import and a CUDA GPU is present; else the reason with the install hint."""
-        for package in ("mamba_ssm", "einops"):
-            if _find_spec(package) is None:
-                return f"{package} is not installed; {self.install_hint}"
-        if _find_spec("selective_scan_cuda") is None:
-            return ("mamba_ssm has no compiled extension selective_scan_cuda (a build with "
-                    f"MAMBA_SKIP_CUDA_BUILD=TRUE has none); {self.install_hint}")
-        import torch
-
-        if not torch.cuda.is_available():
-            return "selective_scan_cuda needs a CUDA GPU (torch.cuda.is_available() is False)"
-        try:
-            _selective_scan_fn()
-        except Exception as exc:
-            return f"mamba_ssm's selective scan does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
-        return None
+        no_extension = ("mamba_ssm has no compiled extension selective_scan_cuda (a build with "
+                        "MAMBA_SKIP_CUDA_BUILD=TRUE has none)")
+        return peer_unavailable(("mamba_ssm", "einops", "selective_scan_cuda"), find_spec=_find_spec,
+                                install_hint=self.install_hint, load=_selective_scan_fn,
+                                missing={"selective_scan_cuda": no_extension},
+                                gpu_subject="selective_scan_cuda needs",
+                                import_subject="mamba_ssm's selective scan")
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
         """Mamba-module-like inputs in ``selective_scan_fn``'s native layout, contiguous

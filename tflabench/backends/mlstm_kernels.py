@@ -29,13 +29,14 @@ from __future__ import annotations
 import dataclasses
 import functools
 import importlib
-import importlib.util
 from typing import Any, Literal
 
 from pydantic import model_validator
 
 from tflabench.backends import register
+from tflabench.backends.base import find_spec as _find_spec
 from tflabench.backends.base import (
+    peer_unavailable,
     Backend,
     HeadLayoutParams,
     Shape,
@@ -66,13 +67,6 @@ MLSTM_DEFAULT_HEADS = 16
 
 INSTALL_HINT = "pip install mlstm_kernels einops (Triton kernels: a CUDA GPU)"
 
-
-def _find_spec(module: str):
-    """``importlib.util.find_spec`` without importing (None when absent). Tests replace it."""
-    try:
-        return importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
 
 
 class MlstmKernelsParams(HeadLayoutParams):
@@ -173,18 +167,11 @@ class MlstmKernelsBackend(Backend):
     def available(self, params: MlstmKernelsParams) -> str | None:
         """None when ``mlstm_kernels`` (and its dependency ``einops``) imports and a CUDA GPU
         is present; else the reason with the install hint."""
-        for package in ("mlstm_kernels", "einops", "triton"):
-            if _find_spec(package) is None:
-                return f"{package} is not installed; {self.install_hint}"
-        import torch
-
-        if not torch.cuda.is_available():
-            return "mlstm_kernels' Triton kernels need a CUDA GPU (torch.cuda.is_available() is False)"
-        try:
-            _peer_kernel(params.variant, params.algorithm)
-        except Exception as exc:
-            return f"mlstm_kernels does not import ({type(exc).__name__}: {exc}); {self.install_hint}"
-        return None
+        return peer_unavailable(("mlstm_kernels", "einops", "triton"), find_spec=_find_spec,
+                                install_hint=self.install_hint,
+                                load=lambda: _peer_kernel(params.variant, params.algorithm),
+                                gpu_subject="mlstm_kernels' Triton kernels need",
+                                import_subject="mlstm_kernels")
 
     def note(self, params: MlstmKernelsParams, device: str) -> str | None:
         """The peer kernel's registry name and the normaliser setting."""
