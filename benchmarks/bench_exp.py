@@ -3,7 +3,8 @@
 Setting of the paper's Figure 4: embedding 4096, 16 heads, d_qk 128, d_hv 256,
 bfloat16, 65,536 tokens (batch = 65,536 / S), S in {2048, 8192, 32768}; forward and
 forward+backward (backward of a ones gradient, gradients set to None between calls);
-median of 30 timed calls after 10 warm-ups, CUDA events around each call, no L2 flush;
+median of 30 timed calls after 10 warm-ups, CUDA events around each call, no L2 flush
+(timing, first call and peak memory through tflabench.measure);
 peak memory = torch.cuda.max_memory_allocated during one call minus what was allocated
 before it (inputs and the output gradient included in that base). Gates f ~ N(3, 1),
 i ~ N(0, 1), the peers' benchmark setting.
@@ -35,6 +36,8 @@ import traceback
 
 import torch
 
+from tflabench.measure import first_call_seconds, peak_memory_bytes, time_callable
+
 TOKENS = 65536
 NH, D_QK, D_HV = 16, 128, 256
 DEV = "cuda"
@@ -47,22 +50,7 @@ def smoke_setup():
     global TOKENS, NH, D_QK, D_HV, DEV, DTYPE
     os.environ["TRITON_INTERPRET"] = "1"
     TOKENS, NH, D_QK, D_HV, DEV, DTYPE = 256, 2, 16, 32, "cpu", torch.float16
-    torch.cuda.synchronize = lambda: None
-    torch.cuda.reset_peak_memory_stats = lambda: None
-    torch.cuda.memory_allocated = lambda: 0
-    torch.cuda.max_memory_allocated = lambda: 0
     torch.cuda.empty_cache = lambda: None
-
-    class _Ev:
-        def __init__(self, **kw):
-            self.t = 0.0
-
-        def record(self):
-            self.t = time.perf_counter()
-
-        def elapsed_time(self, other):
-            return (other.t - self.t) * 1e3
-    torch.cuda.Event = _Ev
 
 
 def env_info() -> dict:
@@ -262,28 +250,14 @@ def breakdown(rows, S=8192, n=10):
 # ---------------------------------------------------------------- timing
 
 def time_call(fn, n_warmup=10, n_iter=30):
-    for _ in range(n_warmup):
-        fn()
-    torch.cuda.synchronize()
-    ms = []
-    for _ in range(n_iter):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        fn()
-        b.record()
-        torch.cuda.synchronize()
-        ms.append(a.elapsed_time(b))
-    return ms
+    """Per-call milliseconds of ``fn`` through the harness's timer, each call started on an
+    idle device (``tflabench.measure.time_callable`` with ``sync_each``)."""
+    return time_callable(fn, device=DEV, warmup=n_warmup, iterations=n_iter, sync_each=True)
 
 
-def peak_mem(fn):
-    torch.cuda.synchronize()
-    torch.cuda.reset_peak_memory_stats()
-    base = torch.cuda.memory_allocated()
-    fn()
-    torch.cuda.synchronize()
-    return torch.cuda.max_memory_allocated() - base
+def _gib(nbytes, width):
+    """Bytes as GiB in ``width`` columns; ``n/a`` where peak memory was not measured (CPU)."""
+    return f"{nbytes / 2**30:{width}.2f}" if nbytes is not None else f"{'n/a':>{width}}"
 
 
 def bench_one(fn, S, mode):
@@ -307,12 +281,9 @@ def bench_one(fn, S, mode):
         def call():
             with fn.active():
                 inner()
-    t0 = time.time()
-    call()
-    torch.cuda.synchronize()
-    first_s = time.time() - t0
+    first_s = first_call_seconds(call, DEV)
     ms = time_call(call)
-    mem = peak_mem(call)
+    mem = peak_memory_bytes(call, DEV)
     return statistics.median(ms), min(ms), max(ms), mem, first_s
 
 
@@ -344,7 +315,7 @@ def run_speed(names, seqs, modes, rows, deadline):
                 if row["status"] == "ok":
                     print(f"S={S:6d} {mode:6s} {name:36s} {row['ms_median']:8.3f} ms "
                           f"[{row['ms_min']:.3f}, {row['ms_max']:.3f}]  "
-                          f"{row['peak_mem_bytes'] / 2**30:6.2f} GiB  first {row['first_call_s']:.1f}s",
+                          f"{_gib(row['peak_mem_bytes'], 6)} GiB  first {row['first_call_s']:.1f}s",
                           flush=True)
                 else:
                     print(f"S={S:6d} {mode:6s} {name:36s} {row['status']}", flush=True)
@@ -521,7 +492,7 @@ def print_table(rows):
                 elif r["status"] != "ok":
                     cells.append(f"{'error':>22s}")
                 else:
-                    cells.append(f"{r['ms_median']:>12.3f} ({r['peak_mem_bytes'] / 2**30:5.2f})")
+                    cells.append(f"{r['ms_median']:>12.3f} ({_gib(r['peak_mem_bytes'], 5)})")
             print(f"{name:40s}" + "".join(cells))
 
 
