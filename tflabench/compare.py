@@ -39,7 +39,7 @@ import math
 import os
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
@@ -874,39 +874,33 @@ _OUTCOME_STYLE = {
 }
 
 
-def _fmt_ms(value: Any) -> str:
+def _fmt(value: Any, render: Callable[[float], str], *, finite: bool = False) -> str:
+    """``render`` of the plain scalar of ``value``; "-" for a missing one (and, with
+    ``finite``, for an infinite one)."""
     value = _plain(value)
-    if value is None:
+    if value is None or (finite and not math.isfinite(value)):
         return "-"
-    return f"{value:.4g}"
+    return render(value)
+
+
+def _fmt_ms(value: Any) -> str:
+    return _fmt(value, lambda v: f"{v:.4g}")
 
 
 def _fmt_change(ratio: Any) -> str:
-    ratio = _plain(ratio)
-    if ratio is None or not math.isfinite(ratio):
-        return "-"
-    return f"{ratio - 1:+.1%}"
+    return _fmt(ratio, lambda r: f"{r - 1:+.1%}", finite=True)
 
 
 def _fmt_p(value: Any) -> str:
-    value = _plain(value)
-    if value is None:
-        return "-"
-    return f"{value:.1e}" if value < 1e-3 else f"{value:.3f}"
+    return _fmt(value, lambda v: f"{v:.1e}" if v < 1e-3 else f"{v:.3f}")
 
 
 def _fmt_speedup(value: Any) -> str:
-    value = _plain(value)
-    if value is None or not math.isfinite(value):
-        return "-"
-    return f"{value:.3f}x"
+    return _fmt(value, lambda v: f"{v:.3f}x", finite=True)
 
 
 def _fmt_resolution(value: Any) -> str:
-    value = _plain(value)
-    if value is None:
-        return "-"
-    return "unbounded" if not math.isfinite(value) else f"±{value:.1%}"
+    return _fmt(value, lambda v: "unbounded" if not math.isfinite(v) else f"±{v:.1%}")
 
 
 def resolution_line(comparison: Comparison) -> str:

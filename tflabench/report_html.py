@@ -254,24 +254,26 @@ def html_report(rs, *, figures: Iterable[str | Path] = (), distance: list[dict] 
         parts.append(f'<p class="note">{_e(note)}</p>')
     if ceilings_text:
         parts.append(f'<p class="note">Model: {_e(ceilings_text)}</p>')
-    if verify:
-        parts.append("<h2>Verdict per kernel and regime</h2>")
-        parts.append('<p class="note">The deciding case of each cell (failing first, then the largest error / '
-                     "budget) over lengths, initial state and modes; err is the max-normalised error of its worst "
-                     "tensor against the float64 reference, budget that tensor's budget.</p>")
-        parts.append(verify_table_html(rs.rows))
-    if distance:
-        parts.append("<h2>Distance to the bound</h2>")
-        parts.append('<p class="note">Achieved FLOP/s (model FLOPs at the case\'s own shape / measured median '
-                     "time) over the roofline bound min(beta·I, alpha) at the case's own intensity (paper eq. 119): "
-                     "1 would be the bound. Median, worst and best case per kernel and mode.</p>")
-        parts.append(distance_table_html(distance))
-    if sweeps:
-        parts.append("<h2>Optimal chunk size: predicted and measured</h2>")
-        parts.append('<p class="note">Measured: the chunk size with the lowest median time among those swept. '
-                     "Model: eq. 121 (runtime-optimal, sum form; forward+backward: numeric argmin of the derived "
-                     "model) and eq. 111 (FLOP-optimal); measured / model is the measured time over eq. 116's.</p>")
-        parts.append(sweep_table_html(sweeps))
+    sections = (
+        (verify, "Verdict per kernel and regime",
+         "The deciding case of each cell (failing first, then the largest error / "
+         "budget) over lengths, initial state and modes; err is the max-normalised error of its worst "
+         "tensor against the float64 reference, budget that tensor's budget.",
+         lambda: verify_table_html(rs.rows)),
+        (distance, "Distance to the bound",
+         "Achieved FLOP/s (model FLOPs at the case's own shape / measured median "
+         "time) over the roofline bound min(beta·I, alpha) at the case's own intensity (paper eq. 119): "
+         "1 would be the bound. Median, worst and best case per kernel and mode.",
+         lambda: distance_table_html(distance)),
+        (sweeps, "Optimal chunk size: predicted and measured",
+         "Measured: the chunk size with the lowest median time among those swept. "
+         "Model: eq. 121 (runtime-optimal, sum form; forward+backward: numeric argmin of the derived "
+         "model) and eq. 111 (FLOP-optimal); measured / model is the measured time over eq. 116's.",
+         lambda: sweep_table_html(sweeps)),
+    )
+    for present, heading, note, table in sections:
+        if present:
+            parts += [f"<h2>{heading}</h2>", f'<p class="note">{note}</p>', table()]
     figs = list(figures)
     if figs:
         parts.append("<h2>Figures</h2>")
