@@ -13,7 +13,7 @@ from pathlib import Path
 
 from tflabench.plots import new_figure, save_figure
 
-from tflabench.plots.style import PALETTE, kernel_styles, legend_below, log_axis, place_labels
+from tflabench.plots.style import PALETTE, kernel_styles, legend_below, log_axis, log_log_axes, place_labels
 
 #: Dash patterns of the GPUs' lines (roofs, I_acc lines), one per GPU with its colour.
 GPU_DASHES = ("-", (0, (6, 2)), (0, (2, 1.5)), (0, (6, 2, 1.5, 2)), (0, (1, 1)), (0, (9, 3)),
@@ -109,13 +109,7 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
         labels.append(f"measured: {kernel}")
     if any(m.get("mode") == "fwdbw" for m in measured_points):
         labels[-len(styles)] += " (small: forward + backward)"
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    log_axis(ax, "x")
-    log_axis(ax, "y")
-    ax.set_xlabel("arithmetic intensity I (FLOP/byte)")
-    ax.set_ylabel("attainable performance (TFLOP/s)")
-    ax.grid(True, which="both", alpha=0.3)
+    log_log_axes(ax, xlabel="arithmetic intensity I (FLOP/byte)", ylabel="attainable performance (TFLOP/s)")
     ax.set_title(title or "Roofline", fontsize=9)
     _label_lines_right(ax, roof_labels)
     legend_below(fig, handles, labels, ncol=3, fontsize=7.5)
@@ -159,13 +153,7 @@ def intensity_figure(curves, gpus, *, T, path, title=None) -> Path:
         ax.axhline(g.intensity_flop_per_byte, lw=1.2, **st)
         gpu_labels.append((g.intensity_flop_per_byte, f"{g.name}: I_acc {g.intensity_flop_per_byte:.1f}",
                            st["color"]))
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    log_axis(ax, "x", base=2)
-    log_axis(ax, "y")
-    ax.set_xlabel("chunk size L (tokens)")
-    ax.set_ylabel("arithmetic intensity (FLOP/byte)")
-    ax.grid(True, which="both", alpha=0.3)
+    log_log_axes(ax, xlabel="chunk size L (tokens)", ylabel="arithmetic intensity (FLOP/byte)", x_base=2)
     ax.set_title(title or "Arithmetic intensity", fontsize=9)
     _label_lines_right(ax, gpu_labels)
     ceilings = sorted({g.ceilings for g in gpus})
@@ -198,13 +186,7 @@ def optimal_chunk_figure(gpus, *, variant="sig", p_qk=0.5, F_causal=0.66, bytes_
                  label=f"runtime-optimal (eq. 121), {g.name} (I_acc {g.intensity_flop_per_byte:.0f})",
                  **gpu_style(i, GPU_COLOUR_OFFSET))
     ax1.plot(dg, [l_opt_flop(coeffs(d)) for d in dg], color="k", ls="-.", lw=1.4, label="FLOP-optimal (eq. 111)")
-    ax1.set_xscale("log", base=2)
-    ax1.set_yscale("log", base=2)
-    log_axis(ax1, "x", base=2)
-    log_axis(ax1, "y", base=2)
-    ax1.set_xlabel("head dimension d_hv")
-    ax1.set_ylabel("optimal chunk size L (tokens)")
-    ax1.grid(True, which="both", alpha=0.3)
+    log_log_axes(ax1, xlabel="head dimension d_hv", ylabel="optimal chunk size L (tokens)", x_base=2, y_base=2)
     ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
     ax1.set_title(f"optimal L over d_hv (p_qk={p_qk:g}, F_causal={F_causal:g}, bytes_Cmn={bytes_Cmn:g})",
                   fontsize=9)

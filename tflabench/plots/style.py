@@ -226,5 +226,17 @@ def legend_below(fig, handles, labels, *, ncol: int | None = None, title: str | 
                       title=title, title_fontsize=fontsize)
 
 
+def log_log_axes(ax, *, xlabel: str, ylabel: str, x_base: float = 10, y_base: float = 10) -> None:
+    """Log scales on both axes of ``ax`` with :func:`log_axis` ticks (call after the data are
+    drawn), the axis labels and the usual grid."""
+    ax.set_xscale("log", base=x_base)
+    ax.set_yscale("log", base=y_base)
+    log_axis(ax, "x", base=x_base)
+    log_axis(ax, "y", base=y_base)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.grid(True, which="both", alpha=0.3)
+
+
 __all__ = ["AUTHORS_BACKENDS", "OURS_KEY", "KernelStyle", "MARKERS", "NEUTRALS", "OURS_BACKENDS", "PALETTE", "family_key",
-           "is_ours", "kernel_styles", "order_kernels", "legend_below", "log_axis", "place_labels", "styles_for_rows", "tick_text"]
+           "is_ours", "kernel_styles", "order_kernels", "legend_below", "log_axis", "log_log_axes", "place_labels", "styles_for_rows", "tick_text"]
