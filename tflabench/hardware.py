@@ -40,6 +40,19 @@ ENV_VAR = "TFLABENCH_HARDWARE"
 DEFAULT_FILE = Path("~/.config/tflabench/gpus.yaml")
 
 
+#: ``GPU.as_dict`` keys and the attribute each is read from, in output order.
+_AS_DICT = tuple((name, name) for name in (
+    "key", "name", "year", "ceilings", "flops_per_s", "bytes_per_s", "intensity_flop_per_byte")) + (
+    ("source", "ceilings_source"),
+    ("datasheet_flops_per_s", "datasheet_flops_per_s"),
+    ("datasheet_bytes_per_s", "datasheet_bytes_per_s"),
+    ("datasheet_source", "source"),
+    ("measured_flops_per_s", "measured_flops_per_s"),
+    ("measured_bytes_per_s", "measured_bytes_per_s"),
+    ("measured_note", "measured_note"),
+)
+
+
 @dataclass(frozen=True)
 class GPU:
     """One accelerator's ceilings.
@@ -93,22 +106,9 @@ class GPU:
         return f"{self.name} ({self.ceilings})"
 
     def as_dict(self) -> dict:
-        return {
-            "key": self.key,
-            "name": self.name,
-            "year": self.year,
-            "ceilings": self.ceilings,
-            "flops_per_s": self.flops_per_s,
-            "bytes_per_s": self.bytes_per_s,
-            "intensity_flop_per_byte": self.intensity_flop_per_byte,
-            "source": self.ceilings_source,
-            "datasheet_flops_per_s": self.datasheet_flops_per_s,
-            "datasheet_bytes_per_s": self.datasheet_bytes_per_s,
-            "datasheet_source": self.source,
-            "measured_flops_per_s": self.measured_flops_per_s,
-            "measured_bytes_per_s": self.measured_bytes_per_s,
-            "measured_note": self.measured_note,
-        }
+        """JSON-ready dict: the selected ceilings (alpha ``flops_per_s``, beta ``bytes_per_s``,
+        I_acc, their ``source``), then both sets with their sources."""
+        return {key: getattr(self, attribute) for key, attribute in _AS_DICT}
 
 
 _T18 = "paper Table 18 (Beck et al., TFLA, NeurIPS 2025)"
