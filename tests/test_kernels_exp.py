@@ -26,14 +26,7 @@ import torch
 import tfla
 from tfla.reference import mlstm_chunkwise
 
-REGIMES = {  # (i mean, i std, f mean, f std): docs/tfla-verification.md 5.1
-    "std": (0.0, 1.0, 2.0, 1.5),
-    "large_positive_input_gate": (30.0, 5.0, 2.0, 1.5),
-    "strongly_negative_input_gate": (-30.0, 5.0, 2.0, 1.5),
-    "wide_input_gate": (0.0, 25.0, 2.0, 1.5),
-    "strong_forgetting": (0.0, 1.0, -8.0, 2.0),
-    "weak_forgetting": (0.0, 1.0, 8.0, 1.0),
-}
+from gate_regimes import VERIFICATION_REGIMES as REGIMES
 NAMES = ("h", "C_last", "n_last", "m_last", "dq", "dk", "dv", "di", "df", "dC0")
 
 

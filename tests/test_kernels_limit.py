@@ -17,12 +17,10 @@ import tfla
 from tfla.limit_chunk import mlstm_limit_chunk
 from tfla.reference import mlstm_chunkwise
 
-REGIMES = {  # (i mean, i std, f mean, f std): docs/tfla-verification.md 5.1
-    "std": (0.0, 1.0, 2.0, 1.5),
-    "large_positive_input_gate": (30.0, 5.0, 2.0, 1.5),
-    "strongly_negative_input_gate": (-30.0, 5.0, 2.0, 1.5),
-    "strong_forgetting": (0.0, 1.0, -8.0, 2.0),
-}
+from gate_regimes import VERIFICATION_REGIMES
+
+REGIMES = {name: VERIFICATION_REGIMES[name] for name in (
+    "std", "large_positive_input_gate", "strongly_negative_input_gate", "strong_forgetting")}
 VARIANTS = [("exp", True), ("sig", False), ("sig", True)]
 
 

@@ -16,16 +16,7 @@ from tfla.reference import mlstm_chunkwise, mlstm_parallel, mlstm_recurrent
 F64 = torch.float64
 TOL = 1e-9
 
-# (name, input-gate mean, input-gate std, forget-gate mean, forget-gate std),
-# docs/tfla-verification.md 5.1
-REGIMES = {
-    "std": (0.0, 1.0, 2.0, 1.5),
-    "large_positive_input": (30.0, 5.0, 2.0, 1.5),
-    "strongly_negative_input": (-30.0, 5.0, 2.0, 1.5),
-    "wide_input": (0.0, 25.0, 2.0, 1.5),
-    "strong_forgetting": (0.0, 1.0, -8.0, 2.0),
-    "weak_forgetting": (0.0, 1.0, 8.0, 1.0),
-}
+from gate_regimes import VERIFICATION_REGIMES as REGIMES
 CONFIGS = [("sig", False), ("sig", True), ("exp", None)]
 
 
@@ -106,7 +97,7 @@ def _grads(fn, variant, normalize, regime, initial, last_state_loss, **extra):
 
 
 @pytest.mark.parametrize("variant,normalize", CONFIGS)
-@pytest.mark.parametrize("regime", ["std", "strongly_negative_input", "large_positive_input"])
+@pytest.mark.parametrize("regime", ["std", "strongly_negative_input_gate", "large_positive_input_gate"])
 @pytest.mark.parametrize("initial,last_state_loss", [(False, False), (True, True)])
 def test_reference_gradients_agree(variant, normalize, regime, initial, last_state_loss):
     args = (variant, normalize, regime, initial, last_state_loss)
@@ -140,7 +131,7 @@ def test_detaching_the_normalizer_changes_exp_gradients():
 
 @pytest.mark.parametrize("variant,normalize", CONFIGS)
 def test_two_halves_with_state_passed_equal_one_run(variant, normalize):
-    (q, k, v, i, f), _ = make_inputs(S=40, regime="wide_input" if variant == "exp" else "std")
+    (q, k, v, i, f), _ = make_inputs(S=40, regime="wide_input_gate" if variant == "exp" else "std")
     kw = dict(variant=variant, normalize=normalize, chunk_size=8, return_last_state=True)
     h, last = mlstm_chunkwise(q, k, v, i, f, **kw)
     cut = 19
