@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import signal
 import sys
 
 import typer
@@ -176,6 +177,25 @@ def user_errors():
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(2) from None
 
+
+
+@contextlib.contextmanager
+def interruptible(interrupted_line):
+    """Stop the block on Ctrl-C or SIGTERM (a batch job's time limit sends it) alike: print
+    ``interrupted_line(the KeyboardInterrupt)`` (what was kept and how to go on) on stderr and
+    exit with status 130. The previous SIGTERM handler is restored after the block."""
+
+    def _term(signum, frame):
+        raise KeyboardInterrupt
+
+    previous = signal.signal(signal.SIGTERM, _term)
+    try:
+        yield
+    except KeyboardInterrupt as stop:
+        typer.echo(interrupted_line(stop), err=True)
+        raise typer.Exit(130) from None
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 # ------------------------------------------------------------------ one convention per concept
 #

@@ -18,7 +18,7 @@ import typer
 from tflabench import analytic_inputs as inputs
 from tflabench.analytic_rows import (count_row_kernel, intensity_curves, measured_points, mlstm_points,
                                      optimal_chunk_rows, peer_points, roofline_rows)
-from tflabench.cli import app, ceilings_option, comma_list, plots_option, user_errors
+from tflabench.cli import app, ceilings_option, comma_list, interruptible, plots_option, user_errors
 from tflabench.console import literal as lit
 from tflabench.errors import UserError
 from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
@@ -632,22 +632,9 @@ def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_f
         if len(gpu_names) > 1:
             raise UserError("--gpu: --measure compares with one GPU's model; give one (or none: the GPU measured on)")
         cm.require_gpu()
-        import signal
-
-        def _term(signum, frame):  # a batch job's time limit sends SIGTERM: stop like Ctrl-C
-            raise KeyboardInterrupt
-
-        previous = signal.signal(signal.SIGTERM, _term)
-        try:
+        with interruptible(_sweep_interrupted_line):
             result, rs = cm.measure_chunk_sweep(spec, out_root=out or Path("results"), device="cuda",
                                                 progress=progress)
-        except KeyboardInterrupt as exc:
-            directory = getattr(exc, "directory", None)
-            typer.echo(f"interrupted: the rows measured so far are kept in {directory or 'the result set named above'}; "
-                       f"`tflabench report {directory or 'DIR'}` compares them with the model", err=True)
-            raise typer.Exit(130) from None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
         from tflabench.cli.run_cmds import _write_run_plots
 
         run_plots = _write_run_plots(result.directory) if plots else None
@@ -655,6 +642,13 @@ def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_f
                              hardware=hardware, F_causal=fc, counts=counts, bytes_Cmn=sb,
                              plot_dir=(rs.path / "plots") if plots else None, figure_format=figure_format,
                              as_json=as_json)
+
+
+def _sweep_interrupted_line(stop: KeyboardInterrupt) -> str:
+    """What an interrupted measured sweep leaves (the result set named on the exception, if any)."""
+    directory = getattr(stop, "directory", None)
+    return (f"interrupted: the rows measured so far are kept in {directory or 'the result set named above'}; "
+            f"`tflabench report {directory or 'DIR'}` compares them with the model")
 
 
 def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, counts, bytes_Cmn, plot_dir,

@@ -8,14 +8,13 @@ commands start without them).
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Optional
 
 import typer
 from rich.markup import escape
 
-from tflabench.cli import app, ceilings_option, comma_list, echo_warnings, plots_option, user_errors
+from tflabench.cli import app, ceilings_option, comma_list, echo_warnings, interruptible, plots_option, user_errors
 from tflabench.console import make_console
 from tflabench.errors import UserError
 
@@ -57,20 +56,12 @@ def run(
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
     from tflabench.suite import default_suite_path
 
-    def _term(signum, frame):  # a device job's time limit sends SIGTERM: stop like Ctrl-C
-        raise KeyboardInterrupt
-
     path = suite if suite is not None else default_suite_path()
-    previous = signal.signal(signal.SIGTERM, _term)  # from the start: the message is true at every moment
-    try:
+    # from the start: the message is true at every moment
+    with interruptible(lambda stop: _interrupted_line(stop, path)):
         _run_and_report(path, resume=resume, out=out, shard=shard, gpus=gpus, only=only,
                         max_kernel_failures=max_kernel_failures, ceilings=ceilings, device=device,
                         progress=progress, plots=plots, triton_cache=triton_cache)
-    except KeyboardInterrupt as stop:
-        typer.echo(_interrupted_line(stop, path), err=True)
-        raise typer.Exit(130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 
 class _AfterRun(KeyboardInterrupt):

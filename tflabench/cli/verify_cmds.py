@@ -9,14 +9,21 @@ all pass, 2 for bad input.
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 from typing import Optional
 
 import typer
 
-from tflabench.cli import app, comma_list, plots_option, user_errors
+from tflabench.cli import app, comma_list, interruptible, plots_option, user_errors
 from tflabench.errors import UserError
+
+
+def _verify_interrupted_line(stop: KeyboardInterrupt) -> str:
+    """What an interrupted ``verify`` leaves (the result set named on the exception, if any)."""
+    directory = getattr(stop, "directory", None)
+    return (f"interrupted: the verdicts so far are in {directory or 'the result set named above'}; "
+            f"`tflabench report {directory or 'DIR'}` shows them")
+
 
 #: The suite ``tflabench verify`` runs without arguments (CPU, CI time).
 DEFAULT_VERIFY_SUITE = Path(__file__).resolve().parents[2] / "suites" / "verify_cpu.yaml"
@@ -101,9 +108,6 @@ def verify(
     from tflabench.suite import load_suite
     from tflabench.worker_pool import parse_gpus
 
-    def _term(signum, frame):
-        raise KeyboardInterrupt
-
     with user_errors():
         if device not in (None, "cpu", "cuda"):
             raise UserError(f"--device={device!r}; allowed: cpu, cuda")
@@ -144,17 +148,9 @@ def verify(
                                 f"{err['msg'].removeprefix('Value error, ')}") from None
         gpu_list = parse_gpus(gpus)
         cases = V.verify_cases(loaded, device=device, only=only, settings=settings)
-        previous = signal.signal(signal.SIGTERM, _term)
-        try:
+        with interruptible(_verify_interrupted_line):
             result = V.run_verify(loaded, cases, out_root=out, gpus=gpu_list, device=device,
                                   progress=progress, max_kernel_failures=max_kernel_failures)
-        except KeyboardInterrupt as exc:
-            directory = getattr(exc, "directory", None)
-            typer.echo(f"interrupted: the verdicts so far are in {directory or 'the result set named above'}; "
-                       f"`tflabench report {directory or 'DIR'}` shows them", err=True)
-            raise typer.Exit(130) from None
-        finally:
-            signal.signal(signal.SIGTERM, previous)
     from collections import Counter
 
     from tflabench.console import make_console
