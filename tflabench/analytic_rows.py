@@ -10,23 +10,20 @@ from tflabench.analytic_inputs import chunk_at_most
 from tflabench.model import (chunkwise_coefficients, counts_for_case, l_ridge, mlstm_counts,
                              mlstm_fwdbw_counts, place_on_roofline)
 from tflabench.model.analysis import optimal_chunk
+from tflabench.model.parts import row_part, row_pass
 from tflabench.results import number
 
 
 def count_row_kernel(formulation: str, row: str) -> str:
-    """Which kernel a row of a count table belongs to: ``backward`` for ``bwd_*`` rows; for
-    chunkwise the ``recurrent kernel`` (gates, numerator, denominator: the states) or the
-    ``parallel kernel`` (the rest); else the formulation."""
-    if row.startswith("bwd_"):
-        return "backward"
-    name = row[4:] if row.startswith("fwd_") else row
-    if formulation == "chunkwise":
-        if name in ("gates", "numerator", "denominator"):
-            return "recurrent kernel"
-        if name == "paper_table17_adjustment":
-            return "(paper mode)"
-        return "parallel kernel"
-    return formulation
+    """Which kernel a row of a count table belongs to: for chunkwise the ``recurrent
+    kernel`` (the states: :func:`tflabench.model.parts.row_part`) or the ``parallel
+    kernel`` (the rest), prefixed ``backward`` for ``bwd_*`` rows; else the formulation."""
+    if formulation != "chunkwise":
+        return formulation
+    if row.endswith("paper_table17_adjustment"):
+        return "(paper mode)"
+    kernel = f"{row_part('mlstm_sig', row)} kernel"
+    return f"backward {kernel}" if row_pass(row) == "bwd" else kernel
 
 
 def mlstm_points(variant, mode, Ls, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv, bytes_if,

@@ -595,6 +595,29 @@ def provenance_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[
     return out
 
 
+def gpu_model_warnings(base_rows: pd.DataFrame, new_rows: pd.DataFrame, base_metadata: Mapping[str, Any],
+                       new_metadata: Mapping[str, Any]) -> list[str]:
+    """One warning when matched cases ran on different GPU models: each row's
+    ``gpu_name`` (the run's ``gpu_name`` for rows of sets written before rows recorded
+    it). Both tables indexed by the matching key (as :func:`_prepare` leaves them).
+    A warning, not a verdict: the cases are still compared."""
+
+    def models(rows: pd.DataFrame, metadata: Mapping[str, Any]) -> pd.Series:
+        fallback = metadata.get("gpu_name")
+        column = rows["gpu_name"] if "gpu_name" in rows.columns else pd.Series(None, index=rows.index)
+        return column.astype(object).where(column.notna(), fallback)
+
+    base, new = models(base_rows, base_metadata), models(new_rows, new_metadata)
+    shared = base.index.intersection(new.index)
+    pairs = pd.DataFrame({"base": base.loc[shared], "new": new.loc[shared]}).dropna()
+    across = pairs[pairs["base"] != pairs["new"]]
+    if across.empty:
+        return []
+    kinds = ", ".join(f"{b} -> {n}" for b, n in sorted(set(zip(across["base"], across["new"]))))
+    return [f"{len(across)} of {len(pairs)} case(s) compare rows measured on different GPU models "
+            f"({kinds}); their timings differ for that reason alone: compare runs on one GPU model"]
+
+
 #: Relative inter-quartile range ``(ms_q75 - ms_q25) / ms_median`` above which a case's
 #: timings are called noisy (a warning, not a decision).
 NOISY_RELATIVE_IQR = 0.10
@@ -666,6 +689,7 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
     warnings = environment_warnings(base_meta, new_meta) + provenance_warnings(base_meta, new_meta)
     base_rows = _prepare(base.rows, f"base {base.path}", warnings)
     new_rows = _prepare(new.rows, f"new {new.path}", warnings)
+    warnings.extend(gpu_model_warnings(base_rows, new_rows, base_meta, new_meta))
     for label, frame in (("base", base_rows), ("new", new_rows)):
         if frame.empty:
             warnings.append(f"{label} holds no case rows (an interrupted or empty run?)")

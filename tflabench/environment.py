@@ -77,39 +77,101 @@ def git_revision(path: str | Path | None = None) -> str | None:
         return None
 
 
+@dataclasses.dataclass(frozen=True)
+class GpuDevice:
+    """One GPU: ``index`` as ``nvidia-smi`` numbers it on the host (the value
+    ``CUDA_VISIBLE_DEVICES`` takes), ``name`` its model (``NVIDIA H200``), ``uuid``
+    (``GPU-...``; None where only torch was asked)."""
+
+    index: str
+    name: str
+    uuid: str | None = None
+
+    def as_dict(self) -> dict:
+        """``{"index", "name"}``: an entry of the metadata's ``gpus_used``."""
+        return {"index": self.index, "name": self.name}
+
+
 @dataclasses.dataclass
 class GpuInfo:
-    """What is known about the visible GPUs: names (one per GPU), driver version."""
+    """What is known about the GPUs: ``devices`` (every GPU of the host from ``nvidia-smi``,
+    or those torch sees), driver version, and ``source`` (``nvidia-smi``, ``torch`` or
+    None when there is no GPU)."""
 
-    names: list[str]
+    devices: list[GpuDevice]
     driver: str | None
+    source: str | None = None
+
+    @property
+    def names(self) -> list[str]:
+        """The model name of each GPU, in index order."""
+        return [d.name for d in self.devices]
 
 
 def gpu_info() -> GpuInfo:
-    """GPU names and driver from ``nvidia-smi`` (no CUDA context here); falls back to
-    torch (which creates one) when ``nvidia-smi`` is absent. Empty on a CPU machine.
-    Honours ``CUDA_VISIBLE_DEVICES`` only through the torch fallback."""
+    """GPUs and driver from ``nvidia-smi`` (no CUDA context here; every GPU of the host,
+    whatever ``CUDA_VISIBLE_DEVICES`` says); falls back to torch (which creates a context
+    and sees only the visible GPUs) when ``nvidia-smi`` is absent. Empty on a CPU machine."""
     if shutil.which("nvidia-smi"):
         try:
             res = subprocess.run(
-                ["nvidia-smi", "--query-gpu=name,driver_version", "--format=csv,noheader"],
+                ["nvidia-smi", "--query-gpu=index,uuid,name,driver_version", "--format=csv,noheader"],
                 capture_output=True, text=True, timeout=30)
             if res.returncode == 0:
-                rows = [r.split(",") for r in res.stdout.strip().splitlines() if r.strip()]
-                names = [r[0].strip() for r in rows]
-                driver = rows[0][1].strip() if rows and len(rows[0]) > 1 else None
-                return GpuInfo(names, driver)
+                rows = [[c.strip() for c in r.split(",")] for r in res.stdout.strip().splitlines() if r.strip()]
+                devices = [GpuDevice(r[0], r[2], r[1] or None) for r in rows if len(r) >= 3]
+                driver = rows[0][3] if rows and len(rows[0]) > 3 else None
+                return GpuInfo(devices, driver, "nvidia-smi")
         except (OSError, subprocess.TimeoutExpired):
             pass
     try:
         import torch
 
         if torch.cuda.is_available():
-            names = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
-            return GpuInfo(names, None)
+            devices = [GpuDevice(str(i), torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]
+            return GpuInfo(devices, None, "torch")
     except Exception:  # pragma: no cover - broken CUDA setups
         pass
-    return GpuInfo([], None)
+    return GpuInfo([], None, None)
+
+
+def visible_gpus(info: GpuInfo | None = None, cuda_visible_devices: str | None = None) -> list[GpuDevice]:
+    """The GPUs a process started here may use, in the order CUDA numbers them: those
+    ``CUDA_VISIBLE_DEVICES`` names (indices or ``GPU-`` UUID prefixes; like CUDA, the list
+    ends at the first entry that names no GPU), every GPU when it is unset.
+
+    Args:
+        info: :func:`gpu_info` (queried when None).
+        cuda_visible_devices: the variable's value (default: this process's environment).
+    """
+    info = gpu_info() if info is None else info
+    text = os.environ.get("CUDA_VISIBLE_DEVICES") if cuda_visible_devices is None else cuda_visible_devices
+    if text is None or info.source != "nvidia-smi":  # torch already applied the variable
+        return list(info.devices)
+    chosen: list[GpuDevice] = []
+    for entry in (e.strip() for e in text.split(",")):
+        match = [d for d in info.devices
+                 if entry == d.index or (entry.startswith("GPU-") and d.uuid and d.uuid.startswith(entry))]
+        if len(match) != 1 or match[0] in chosen:
+            break
+        chosen.append(match[0])
+    return chosen
+
+
+def gpus_used(slots: list[str] | None, info: GpuInfo | None = None) -> list[dict]:
+    """The metadata's ``gpus_used``: ``{"index", "name"}`` of each GPU a run's workers use:
+    one per ``--gpus`` slot (its ``CUDA_VISIBLE_DEVICES`` value), or, without slots, the
+    first visible GPU (where an unpinned worker runs). A slot naming no GPU of this host
+    is listed with name None. Empty without GPUs."""
+    info = gpu_info() if info is None else info
+    if not slots:
+        visible = visible_gpus(info)
+        return [visible[0].as_dict()] if visible else []
+    out = []
+    for slot in slots:
+        found = visible_gpus(info, slot)
+        out.append(found[0].as_dict() if found else {"index": str(slot), "name": None})
+    return out
 
 
 def cpu_name() -> str | None:
@@ -127,12 +189,14 @@ def cpu_name() -> str | None:
 
 
 def collect() -> dict:
-    """The environment part of ``metadata.json``: ``gpu_name`` (first GPU, None on CPU),
-    ``gpu_count``, ``driver``, ``cuda`` (torch's CUDA build), ``torch``, ``triton``,
+    """The environment part of ``metadata.json``: ``gpu_name`` (the first GPU this process
+    may use, None on CPU), ``gpu_count`` (how many it may use: ``CUDA_VISIBLE_DEVICES``
+    applies), ``driver``, ``cuda`` (torch's CUDA build), ``torch``, ``triton``,
     ``python``, ``peers`` (name -> version), ``git_revision``, ``hostname``, ``cpu``
     (:func:`cpu_name`), ``tflabench``.
     Imports torch (not CUDA-initialising)."""
     info = gpu_info()
+    visible = visible_gpus(info)
     try:
         import torch
 
@@ -140,8 +204,8 @@ def collect() -> dict:
     except ImportError:  # pragma: no cover
         torch_version, cuda = None, None
     return {
-        "gpu_name": info.names[0] if info.names else None,
-        "gpu_count": len(info.names),
+        "gpu_name": visible[0].name if visible else None,
+        "gpu_count": len(visible),
         "driver": info.driver,
         "cuda": cuda,
         "torch": torch_version,

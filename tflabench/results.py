@@ -83,6 +83,12 @@ TIMING_COLUMNS: tuple[str, ...] = (
     "first_call_s",
 )
 MEMORY_COLUMNS: tuple[str, ...] = ("peak_mem_bytes",)
+#: Where the case ran: ``gpu_index`` the GPU as ``CUDA_VISIBLE_DEVICES`` names it on the
+#: host (``"1"``, or a UUID where the run was pinned by UUID), ``gpu_name`` its model as
+#: the driver reports it (``NVIDIA H200``); both None on the CPU. Per row, so that a run
+#: over several GPUs (``--gpus``, shards) or a host with mixed models says which row ran
+#: where, and ``compare`` can warn when it would compare rows across GPU models.
+DEVICE_COLUMNS: tuple[str, ...] = ("gpu_index", "gpu_name")
 #: Numerics (tflabench.numerics): ``numerics_err`` the max-normalised error of the tensor
 #: that decides the verdict (largest error / budget), ``numerics_worst`` its name,
 #: ``numerics_budget`` its budget, ``numerics_relf`` its relative Frobenius error,
@@ -96,6 +102,10 @@ NUMERICS_COLUMNS: tuple[str, ...] = (
     "numerics_err", "numerics_ref", "numerics_worst", "numerics_budget", "numerics_relf",
     "numerics_nonfinite", "numerics_detail", "tf32",
 )
+#: ``run --profile``: ``kernel_profile``, JSON text (None without ``--profile``): the time
+#: of every kernel the case launched, per step, from torch's profiler; its form is
+#: :func:`tflabench.kernel_profile.parse_profile`'s (``docs/ARCHITECTURE.md``).
+PROFILE_COLUMNS: tuple[str, ...] = ("kernel_profile",)
 MODEL_COLUMNS: tuple[str, ...] = (
     "flops",
     "bytes",
@@ -117,12 +127,14 @@ COLUMNS: tuple[str, ...] = (
     + MEMORY_COLUMNS
     + NUMERICS_COLUMNS
     + MODEL_COLUMNS
+    + DEVICE_COLUMNS
+    + PROFILE_COLUMNS
 )
 #: Columns that hold text (or JSON text) once loaded into a DataFrame.
 TEXT_COLUMNS: tuple[str, ...] = (
     "case_id", "suite", "kernel", "backend", "family", "params", "mode", "dtype", "device",
     "status", "reason", "algorithm", "ms_samples", "numerics_ref", "numerics_case", "numerics_worst",
-    "numerics_detail", "tf32",
+    "numerics_detail", "tf32", "gpu_index", "gpu_name", "kernel_profile",
 )
 #: Columns that are numbers (NaN where not applicable): every other column, in order.
 NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)
@@ -154,6 +166,7 @@ METADATA_KEYS: tuple[str, ...] = (
     "tflabench",
     "shard",
     "ceilings",
+    "gpus_used",
 )
 
 #: The type of each ``metadata.json`` key that tflabench reads (None is allowed for all): a
@@ -262,6 +275,12 @@ def complete_row(row: Mapping[str, Any]) -> dict:
         out["params"] = params_json(out["params"])
     if isinstance(out["ms_samples"], (list, tuple)):
         out["ms_samples"] = json.dumps([float(x) for x in out["ms_samples"]])
+    if isinstance(out["kernel_profile"], Mapping):
+        out["kernel_profile"] = json.dumps(out["kernel_profile"], sort_keys=True)
+    if isinstance(out["gpu_index"], float) and math.isnan(out["gpu_index"]):
+        out["gpu_index"] = None
+    elif out["gpu_index"] is not None and not isinstance(out["gpu_index"], str):
+        out["gpu_index"] = str(out["gpu_index"])  # an index given as a number
     if not out["case_id"]:
         out["case_id"] = case_id(out)
     return out

@@ -187,7 +187,7 @@ def merge_results(
     (:data:`MERGE_ENVIRONMENT_KEYS`); no shard may appear twice and no case may be in two
     shards. The merged metadata is the first shard's with ``shard`` null, ``merged_from``
     (each shard's ``shard``, ``path``, ``hostname``, ``date``), ``shards_missing`` (list of
-    K) and ``date`` the earliest shard's.
+    K), ``gpus_used`` every shard's GPUs and ``date`` the earliest shard's.
 
     Args:
         dirs: result-set directories (or files in them) of the shards.
@@ -301,6 +301,12 @@ def merge_results(
     expected = [rs.metadata.get("case_ids") for _, _, rs in shards]
     metadata["case_ids"] = (sorted({i for ids in expected for i in ids})
                             if not missing and all(isinstance(ids, list) for ids in expected) else None)
+    used: list = []  # every GPU of every shard (shards of one host run on different GPUs)
+    for _, _, rs in shards:
+        for gpu in rs.metadata.get("gpus_used") or []:
+            if gpu not in used:
+                used.append(gpu)
+    metadata["gpus_used"] = used
     hostnames = sorted({str(rs.metadata.get("hostname")) for _, _, rs in shards if rs.metadata.get("hostname")})
     if hostnames:
         metadata["hostname"] = ",".join(hostnames)

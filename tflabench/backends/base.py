@@ -17,9 +17,10 @@ How to add a backend
    family's defaults). Every field is something a suite may set; unknown keys are refused.
 3. Implement :meth:`Backend.available`, :meth:`Backend.make_inputs`,
    :meth:`Backend.forward`, :meth:`Backend.reference` (float64 ground truth for the
-   numerics gate) and :meth:`Backend.model_counts`; override
+   numerics gate) and :meth:`Backend.model_kind` (the analytic model's counts); override
    :meth:`Backend.unsupported_mode` / :meth:`Backend.layout` / :meth:`Backend.tolerance`
-   where the defaults do not fit.
+   where the defaults do not fit; name the model part of each kernel you launch in
+   :attr:`Backend.KERNEL_PARTS` (``run --profile``).
 4. End the module with ``register(MyBackend())`` (several backends may share a module), and
    add ``"<name>": "tflabench.backends.<family>"`` to ``BACKEND_MODULES`` in
    ``tflabench/backends/__init__.py``.
@@ -64,7 +65,7 @@ class Shape:
         d_qk: query/key head dimension.
         d_hv: value/hidden head dimension.
         dtype: the case's activation dtype name (``bfloat16``, ``float16``, ``float32``,
-            ``float64``); :func:`model_counts` derives ``bytes_qkv`` from it.
+            ``float64``); :func:`model_breakdown` derives ``bytes_qkv`` from it.
     """
 
     batch: int
@@ -78,6 +79,12 @@ class Shape:
     def bytes_qkv(self) -> int:
         """Bytes per element of the activations (2 for bf16/fp16, 4 fp32, 8 fp64)."""
         return {"bfloat16": 2, "float16": 2, "float32": 4, "float64": 8}.get(self.dtype, 2)
+
+    @property
+    def bytes_gate(self) -> int:
+        """Bytes per gate pre-activation element as :func:`mlstm_inputs` makes them
+        (:func:`gate_dtype`: float32 for 16-bit activations, else the activations' size)."""
+        return 4 if self.dtype in ("bfloat16", "float16") else self.bytes_qkv
 
     @property
     def tokens(self) -> int:
@@ -179,6 +186,11 @@ class Backend:
     install_hint: ClassVar[str] = ""
     modes: ClassVar[tuple[str, ...]] = MODES
     Params: ClassVar[type[BackendParams]] = BackendParams
+    #: ``run --profile``: (regular expression, part) pairs naming the model part
+    #: (``recurrent``, ``parallel`` or ``whole``: :data:`tflabench.model.parts.PARTS`) of
+    #: the kernels this backend launches; the first pattern found in a kernel's name
+    #: (``re.search``) wins; kernels no pattern names count as ``other``.
+    KERNEL_PARTS: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     # ---------------------------------------------------------------- parameters, shapes
 
@@ -329,10 +341,39 @@ class Backend:
         seq_len = min(shape.seq_len, max(max_seq_len, 2 * L))
         return dataclasses.replace(shape, batch=1, heads=min(shape.heads, 2), seq_len=seq_len)
 
+    def model_kind(self, params: BackendParams, shape: Shape, mode: str) -> tuple[str, dict] | None:
+        """The analytic model's kind for this kernel (:data:`tflabench.model.KINDS`) and
+        the keyword arguments of ``counts_for_case`` beyond the shape (``L``, ``d_state``)
+        at ``mode`` (a chunk size chosen per mode, such as ``"auto"``, resolved), or None
+        (default) where the model has no count for it. :meth:`model_counts`,
+        :meth:`model_breakdown` and the physical floor are derived from it."""
+        return None
+
+    def model_breakdown(self, params: BackendParams, shape: Shape, mode: str):
+        """The model's :class:`tflabench.model.Counts` of one call at ``shape`` and ``mode``
+        (totals and rows, which :func:`tflabench.model.parts.split_parts` splits by
+        part), from :meth:`model_kind`; None where the model has no count."""
+        found = self.model_kind(params, shape, mode)
+        if found is None:
+            return None
+        kind, kwargs = found
+        return model_breakdown(kind, mode, shape, **kwargs)
+
     def model_counts(self, params: BackendParams, shape: Shape, mode: str) -> tuple[float, float] | None:
         """(FLOPs, bytes) of one call at ``shape`` and ``mode`` from the analytic model
-        (:func:`model_counts` below wraps ``tflabench.model.counts_for_case``), or None
-        where the model has no count for this kernel."""
+        (:meth:`model_breakdown`'s totals), or None where the model has no count."""
+        counts = self.model_breakdown(params, shape, mode)
+        return None if counts is None else (float(counts.flops), float(counts.bytes))
+
+    def kernel_part(self, params: BackendParams, kernel_name: str) -> str | None:
+        """The model part (``recurrent``, ``parallel``, ``whole``) of a kernel this backend
+        launched, by its name as the profiler reports it (:attr:`KERNEL_PARTS`); None
+        (reported as ``other``) for a kernel no pattern names."""
+        import re
+
+        for pattern, part in self.KERNEL_PARTS:
+            if re.search(pattern, kernel_name):
+                return part
         return None
 
 
@@ -378,21 +419,27 @@ def peer_unavailable(packages: Iterable[str], *, find_spec: Callable[[str], Any]
     return None
 
 
-def model_counts(kind: str, mode: str, shape: Shape, **kwargs: Any) -> tuple[float, float] | None:
-    """(flops, bytes) from ``tflabench.model.counts_for_case(kind, mode, B=, NH=, T=, d_qk=,
-    d_hv=, **kwargs)`` (kinds: ``mlstm_sig``, ``mlstm_exp``, ``mlstm_exp_limit``,
+def model_breakdown(kind: str, mode: str, shape: Shape, **kwargs: Any):
+    """``tflabench.model.counts_for_case(kind, mode, B=, NH=, T=, d_qk=, d_hv=, **kwargs)``
+    at ``shape`` (kinds: ``mlstm_sig``, ``mlstm_exp``, ``mlstm_exp_limit``,
     ``attention_causal``, ``mamba2_ssd``, ``gla``, ``simple_gla``; kwargs e.g. ``L``,
-    ``d_state``; ``bytes_qkv`` defaults to ``shape.bytes_qkv``). None when the model has
-    no count for these arguments (NotImplementedError / ValueError)."""
+    ``d_state``; ``bytes_qkv`` defaults to ``shape.bytes_qkv``): a
+    :class:`tflabench.model.Counts`, or None when the model has no count for these
+    arguments (NotImplementedError / ValueError / UserError)."""
     kwargs.setdefault("bytes_qkv", shape.bytes_qkv)
     try:
-        counts = counts_for_case(
+        return counts_for_case(
             kind, mode, B=shape.batch, NH=shape.heads, T=shape.seq_len,
             d_qk=shape.d_qk, d_hv=shape.d_hv, **kwargs,
         )
-    except (NotImplementedError, ValueError, TypeError):
+    except (NotImplementedError, ValueError, TypeError, UserError):
         return None
-    return float(counts.flops), float(counts.bytes)
+
+
+def model_counts(kind: str, mode: str, shape: Shape, **kwargs: Any) -> tuple[float, float] | None:
+    """(flops, bytes) of :func:`model_breakdown` (None where it is None)."""
+    counts = model_breakdown(kind, mode, shape, **kwargs)
+    return None if counts is None else (float(counts.flops), float(counts.bytes))
 
 
 def bytes_per_element(dtype: "torch.dtype") -> int:

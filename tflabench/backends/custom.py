@@ -37,8 +37,7 @@ from pydantic import Field
 
 from tflabench.backends import register
 from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, attention_inputs,
-                                     attention_reference, mlstm_inputs, mlstm_reference,
-                                     model_counts)
+                                     attention_reference, mlstm_inputs, mlstm_reference)
 
 
 class CustomParams(HeadLayoutParams):
@@ -138,11 +137,12 @@ class CustomBackend(Backend):
             return None
         return False
 
-    def model_counts(self, params: CustomParams, shape: Shape, mode: str):
+    def model_kind(self, params: CustomParams, shape: Shape, mode: str):
+        """``attention_causal`` (causal attention layout), else ``mlstm_sig`` / ``mlstm_exp``
+        at the chunk size."""
         if params.layout == "attention":
-            return model_counts("attention_causal", mode, shape) if params.causal else None
-        kind = "mlstm_sig" if params.variant == "sig" else "mlstm_exp"
-        return model_counts(kind, mode, shape, L=params.chunk_size)
+            return ("attention_causal", {}) if params.causal else None
+        return ("mlstm_sig" if params.variant == "sig" else "mlstm_exp"), {"L": params.chunk_size}
 
 
 register(CustomBackend())

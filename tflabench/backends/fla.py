@@ -57,7 +57,7 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, HeadLayoutParams, Shape, model_counts, peer_unavailable, resolve_layout
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.environment import FLA_640_GUARD_ENV
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
@@ -362,6 +362,13 @@ class FlaBackend(Backend):
                    "16 heads, d_qk 128, d_hv 256 by default (lightning: 32 of 128)")
     install_hint = INSTALL_HINT
     Params = FlaParams
+    #: fla's chunk kernels: the state kernels (``chunk_fwd_kernel_h``, ``chunk_bwd_kernel_dh``)
+    #: are the recurrent part, the others (outputs, gradients, cumulative gates) the parallel
+    #: part. The GLA model is not split by kernel, so ``report`` sets both against the pass.
+    KERNEL_PARTS = (
+        (r"kernel_h\b|kernel_dh\b|kernel_h_|kernel_dh_|_h_fwd_|_h_bwd_", "recurrent"),
+        (r"chunk|cumsum|gla|lightning", "parallel"),
+    )
 
     def layout(self, params: FlaParams, embedding_dim: int) -> tuple[int, int, int]:
         """(heads, d_qk, d_hv) with the op's defaults (paper App. E.3). Raises UserError
@@ -489,14 +496,14 @@ class FlaBackend(Backend):
             return gla_reference(inputs["q"], inputs["k"], inputs["v"], g_gamma=gamma)
         return gla_reference(inputs["q"], inputs["k"], inputs["v"], g=inputs["g"])
 
-    def model_counts(self, params: FlaParams, shape: Shape, mode: str):
+    def model_kind(self, params: FlaParams, shape: Shape, mode: str):
         """Model kinds ``gla`` (chunk_gla), ``simple_gla`` (chunk_simple_gla and
         lightning_attn, the same computation with a fixed decay), ``gla_fused`` and
         ``simple_gla_fused`` (the fused forms: no chunk state in HBM), at chunk length L."""
         kind = "gla" if params.op in PER_KEY_GATE_OPS else "simple_gla"
         if params.op in FUSED_OPS:
             kind += "_fused"
-        return model_counts(kind, mode, shape, L=self.chunk_size(params))
+        return kind, {"L": self.chunk_size(params)}
 
 
 register(FlaBackend())

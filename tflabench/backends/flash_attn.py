@@ -24,7 +24,7 @@ from typing import Any, Literal
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, attention_inputs, attention_reference
 from tflabench.backends.base import find_spec as _find_spec
-from tflabench.backends.sdpa import attention_layout, attention_model_counts
+from tflabench.backends.sdpa import ATTENTION_KERNEL_PARTS, attention_layout, attention_model_kind
 
 #: FA3 interfaces in the order ``interface="auto"`` tries them: module -> has a backward.
 FA3_INTERFACES: dict[str, bool] = {
@@ -104,6 +104,7 @@ class _FlashAttnBase(Backend):
 
     family = "attention"
     Params = FlashAttnParams
+    KERNEL_PARTS = ATTENTION_KERNEL_PARTS
 
     def _module(self, params) -> str | None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -161,9 +162,9 @@ class _FlashAttnBase(Backend):
         q, k, v = (inputs[n].transpose(1, 2) for n in ("q", "k", "v"))
         return attention_reference(q, k, v, causal=params.causal).transpose(1, 2)
 
-    def model_counts(self, params, shape: Shape, mode: str):
+    def model_kind(self, params, shape: Shape, mode: str):
         """Model kind ``attention_causal`` (None when ``causal`` is False)."""
-        return attention_model_counts(params.causal, shape, mode)
+        return attention_model_kind(params.causal)
 
 
 class Fa3Backend(_FlashAttnBase):

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import model_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, HeadLayoutParams, Shape, model_counts, peer_unavailable, resolve_layout
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.backends.fla import gla_reference, lightning_log_decay
 from tflabench.errors import UserError
@@ -159,9 +159,9 @@ class LightningBackend(Backend):
         q, k, v = (inputs[n].transpose(1, 2) for n in ("q", "k", "v"))
         return gla_reference(q, k, v, g_gamma=-inputs["s"], scale=1.0).transpose(1, 2)
 
-    def model_counts(self, params: LightningParams, shape: Shape, mode: str):
+    def model_kind(self, params: LightningParams, shape: Shape, mode: str):
         """Model kind ``simple_gla_fused`` (no chunk state in HBM) at L = 64."""
-        return model_counts("simple_gla_fused", mode, shape, L=LIGHTNING_BLOCK)
+        return "simple_gla_fused", {"L": LIGHTNING_BLOCK}
 
 
 register(LightningBackend())

@@ -32,7 +32,7 @@ from typing import Any
 from pydantic import field_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, BackendParams, Shape, model_counts, peer_unavailable, resolve_layout
+from tflabench.backends.base import Backend, BackendParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.errors import UserError
 
@@ -247,6 +247,12 @@ class Mamba2Backend(Backend):
     description = "Mamba 2 SSD Triton kernel (mamba_chunk_scan_combined); 64 heads of 64, state 128"
     install_hint = MAMBA2_INSTALL_HINT
     Params = Mamba2Params
+    #: The SSD kernels of mamba_ssm.ops.triton: chunk states and state passing are the
+    #: recurrent part, the scores, cumulative decays and chunk scan the parallel part.
+    KERNEL_PARTS = (
+        (r"_chunk_state_|_state_passing_", "recurrent"),
+        (r"_chunk_scan_|_bmm_chunk_|_chunk_cumsum_", "parallel"),
+    )
 
     def layout(self, params: Mamba2Params, embedding_dim: int) -> tuple[int, int, int]:
         """(H, N, P): heads, state size (as d_qk), head dimension (as d_hv). Raises UserError
@@ -337,9 +343,9 @@ class Mamba2Backend(Backend):
         return ssd_reference(inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],
                              D=inputs["D"], dt_bias=inputs["dt_bias"], dt_softplus=True)
 
-    def model_counts(self, params: Mamba2Params, shape: Shape, mode: str):
+    def model_kind(self, params: Mamba2Params, shape: Shape, mode: str):
         """Model kind ``mamba2_ssd`` with N = d_state and Q = chunk_size."""
-        return model_counts("mamba2_ssd", mode, shape, L=params.chunk_size, d_state=shape.d_qk)
+        return "mamba2_ssd", {"L": params.chunk_size, "d_state": shape.d_qk}
 
 
 # ------------------------------------------------------------------------ Mamba (v1)

@@ -45,7 +45,6 @@ from tflabench.backends.base import (
     mlstm_last_state,
     mlstm_reference,
     mlstm_reference_state,
-    model_counts,
     resolve_layout,
 )
 
@@ -152,6 +151,12 @@ class MlstmKernelsBackend(Backend):
                    "16 heads, d_qk 128, d_hv 256 by default")
     install_hint = INSTALL_HINT
     Params = MlstmKernelsParams
+    #: The peer's Triton kernels name their kind (``mlstm_chunkwise__recurrent_fw_C_kernel``,
+    #: ``..._parallel_bw_dQ_kernel``, ``mlstm_siging_chunkwise__...``).
+    KERNEL_PARTS = (
+        (r"chunkwise__recurrent_", "recurrent"),
+        (r"chunkwise__parallel_", "parallel"),
+    )
 
     def layout(self, params: MlstmKernelsParams, embedding_dim: int) -> tuple[int, int, int]:
         """(heads, d_qk, d_hv): 16 heads, d_qk = 0.5 d_hv unless set (paper App. E.3)."""
@@ -253,13 +258,13 @@ class MlstmKernelsBackend(Backend):
         return mlstm_reference(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"],
                                variant=params.variant, normalize=normalize, eps=params.eps)
 
-    def model_counts(self, params: MlstmKernelsParams, shape: Shape, mode: str):
+    def model_kind(self, params: MlstmKernelsParams, shape: Shape, mode: str):
         """Model kinds ``mlstm_sig`` / ``mlstm_exp`` (xl_chunk) / ``mlstm_exp_limit``, at the
-        chunk size the peer runs (bf16 inputs: ``bytes_qkv`` = 2, the model's default)."""
+        chunk size the peer runs."""
         kind = {"sig": "mlstm_sig", "exp": "mlstm_exp"}[params.variant]
         if params.algorithm == "limit_chunk":
             kind = "mlstm_exp_limit"
-        return model_counts(kind, mode, shape, L=effective_chunk_size(params, shape.seq_len))
+        return kind, {"L": effective_chunk_size(params, shape.seq_len)}
 
 
 register(MlstmKernelsBackend())

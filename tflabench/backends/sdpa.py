@@ -20,7 +20,6 @@ from tflabench.backends.base import (
     Shape,
     attention_inputs,
     attention_reference,
-    model_counts,
     resolve_layout,
 )
 
@@ -63,13 +62,17 @@ def attention_layout(params: HeadLayoutParams, embedding_dim: int) -> tuple[int,
     return resolve_layout(params, embedding_dim)
 
 
-def attention_model_counts(causal: bool, shape: Shape, mode: str):
-    """(FLOPs, bytes) of causal attention from the analytic model (FlashAttention
-    accounting, ``tflabench.model`` kind ``attention_causal``); None for non-causal, which
-    the model does not count."""
-    if not causal:
-        return None
-    return model_counts("attention_causal", mode, shape)
+def attention_model_kind(causal: bool) -> tuple[str, dict] | None:
+    """The model kind of causal attention (FlashAttention accounting, ``tflabench.model``
+    kind ``attention_causal``); None for non-causal, which the model does not count."""
+    return ("attention_causal", {}) if causal else None
+
+
+#: Attention kernels by name: cuDNN (``..._sdpa_..._fprop_...``), PyTorch's FlashAttention
+#: (``flash_fwd_kernel``, ``flash_bwd_dot_do_o_kernel``), memory-efficient (``fmha_cutlassF``),
+#: FlashAttention 3/4 (``flash`` in the name), and the math path's matrix products and
+#: softmax: all of it is attention's parallel form (one part per pass).
+ATTENTION_KERNEL_PARTS = ((r"(?i)sdpa|fmha|flash|attention|attn|softmax|gemm|xmma|cutlass", "parallel"),)
 
 
 class SdpaBackend(Backend):
@@ -80,6 +83,7 @@ class SdpaBackend(Backend):
     description = "torch SDPA (flash | cudnn | efficient | math), causal; 32 heads of 128 by default"
     install_hint = "pip install torch (flash/cudnn/efficient need a CUDA build and GPU)"
     Params = SdpaParams
+    KERNEL_PARTS = ATTENTION_KERNEL_PARTS
 
     def layout(self, params: SdpaParams, embedding_dim: int) -> tuple[int, int, int]:
         """(heads, d_qk, d_hv): 32 heads of embedding_dim / 32 unless heads or d_hv is set
@@ -119,9 +123,9 @@ class SdpaBackend(Backend):
         (B, NH, S, d_hv)."""
         return attention_reference(inputs["q"], inputs["k"], inputs["v"], causal=params.causal)
 
-    def model_counts(self, params: SdpaParams, shape: Shape, mode: str):
+    def model_kind(self, params: SdpaParams, shape: Shape, mode: str):
         """Model kind ``attention_causal`` (None when ``causal`` is False)."""
-        return attention_model_counts(params.causal, shape, mode)
+        return attention_model_kind(params.causal)
 
 
 register(SdpaBackend())

@@ -22,7 +22,7 @@ from pydantic import Field
 from tflabench.backends import register
 from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, mlstm_initial_state,
                                      mlstm_inputs, mlstm_last_state, mlstm_reference,
-                                     mlstm_reference_state, mlstm_state_tuple, model_counts)
+                                     mlstm_reference_state, mlstm_state_tuple)
 
 
 class TflaParams(HeadLayoutParams):
@@ -76,6 +76,14 @@ class TflaBackend(Backend):
     description = "TFLA mLSTM kernels of this project (mLSTMsig/mLSTMexp, xl_chunk/limit_chunk)"
     install_hint = "part of tflabench: pip install -e ."
     Params = TflaParams
+    #: Our Triton kernels (kernels/tfla/triton): the chunk gates and the state kernels
+    #: (forward, the backward's recompute, δC) are the recurrent part; the output and
+    #: δQ/δK/δV kernels the parallel part; mLSTMsig's forward walk computes both.
+    KERNEL_PARTS = (
+        (r"_sig_walk_fw_kernel", "whole"),
+        (r"_gates_kernel|_recurrent_fw_kernel|_recurrent_bw_kernel", "recurrent"),
+        (r"_parallel_fw_kernel|_dq_kernel|_dkv_kernel|_limit_bw_kernel", "parallel"),
+    )
 
     def chunk_size(self, params: TflaParams) -> int | None:
         """params.chunk_size, or None for "auto" (the row gets the size run from run_plan)."""
@@ -178,7 +186,9 @@ class TflaBackend(Backend):
         return mlstm_reference(*(inputs[n] for n in "qkvif"), variant=params.variant,
                                normalize=normalize, eps=params.eps)
 
-    def model_counts(self, params: TflaParams, shape: Shape, mode: str):
+    def model_kind(self, params: TflaParams, shape: Shape, mode: str):
+        """``mlstm_sig``, ``mlstm_exp`` (xl_chunk) or ``mlstm_exp_limit`` at the chunk size
+        (``"auto"``: the size ``tfla.plan`` picks for this mode, head dimension and dtype)."""
         kind = "mlstm_sig" if params.variant == "sig" else (
             "mlstm_exp_limit" if params.algorithm == "limit_chunk" else "mlstm_exp")
         L = params.chunk_size
@@ -188,7 +198,7 @@ class TflaBackend(Backend):
             from tfla.plan import resolve_chunk
             L = resolve_chunk("auto", params.variant, d_qk=shape.d_qk, grad=mode == "fwdbw",
                               dtype=getattr(torch, shape.dtype), algorithm=params.algorithm)
-        return model_counts(kind, mode, shape, L=L)
+        return kind, {"L": L}
 
 
 register(TflaBackend())
