@@ -195,31 +195,47 @@ def _result_dir(root):
     return found[0]
 
 
-def test_cpu_default_suite_in_three_shards_merges_to_one_run(tmp_path, monkeypatch):
-    """The CPU default suite run as 3 shards (`tflabench run --shard K/3`) and merged holds
-    exactly the cases of one run: one row per case of the suite's expansion, which is what
-    a single `tflabench run` writes (a full extra run would double this test's time)."""
-    from tflabench import environment
+def test_slurm_array_recipe_runs_the_cpu_default_suite_in_three_shards_and_merges_to_one_run(tmp_path):
+    """benchmarks/slurm_array.sh (docs/ci.md's SLURM recipe) as three array tasks at once,
+    as SLURM would start them (SLURM_ARRAY_TASK_ID / _COUNT / SLURM_ARRAY_JOB_ID set, no
+    SLURM needed), then its merge step: the merged set holds exactly the cases of one run
+    of the CPU default suite, each once (a full extra run would double this test's time)."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
     from tflabench.suite import default_suite_path, expand_cases, load_suite
 
-    # other commits may land in a shared checkout between the runs; one run = one revision
-    monkeypatch.setattr(environment, "git_revision", lambda path=None: "f" * 40)
+    root = Path(__file__).resolve().parent.parent
+    script = root / "benchmarks" / "slurm_array.sh"
     suite = default_suite_path()
+    env = dict(os.environ, TFLABENCH=f"{sys.executable} -m tflabench", TFLABENCH_RESULTS=str(tmp_path),
+               TFLABENCH_VENV=str(tmp_path / "no-venv"), SLURM_ARRAY_JOB_ID="4242", SLURM_ARRAY_TASK_COUNT="3",
+               # other commits may land in a shared checkout between the tasks; one run = one revision
+               TFLABENCH_GIT_REVISION="f" * 40,
+               PYTHONPATH=os.pathsep.join([str(root), str(root / "kernels"), os.environ.get("PYTHONPATH", "")]))
+    tasks = [subprocess.Popen(["bash", str(script), str(suite), "--no-plots"], cwd=tmp_path,
+                              env=dict(env, SLURM_ARRAY_TASK_ID=str(k)), stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True) for k in (1, 2, 3)]
+    for task in tasks:
+        output = task.communicate(timeout=600)[0]
+        assert task.returncode == 0, output
+    shard_dirs = [_result_dir(tmp_path / "shards" / "4242" / str(k)) for k in (1, 2, 3)]
+    merged_dir = tmp_path / "merged-4242"
+    done = subprocess.run(["bash", str(script), "--merge", "4242"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stdout + done.stderr
+    outside = subprocess.run(["bash", str(script), str(suite)], cwd=tmp_path, capture_output=True, text=True,
+                             env={k: v for k, v in env.items() if not k.startswith("SLURM_")}, timeout=60)
+    assert outside.returncode != 0 and "sbatch --array" in outside.stderr  # not an array task: refused
     runner = CliRunner()
-    shard_dirs = []
-    for k in (1, 2, 3):
-        result = runner.invoke(app, ["run", str(suite), "--no-progress", "--no-plots", "--shard", f"{k}/3",
-                                     "--out", str(tmp_path / f"shard{k}")])
-        assert result.exit_code == 0, result.output
-        shard_dirs.append(_result_dir(tmp_path / f"shard{k}"))
 
     shard_sets = [load_results(d) for d in shard_dirs]
     assert [s.metadata["shard"] for s in shard_sets] == ["1/3", "2/3", "3/3"]
     assert all(len(s.rows) > 0 for s in shard_sets)  # the split leaves no shard empty here
 
-    result = runner.invoke(app, ["merge", *map(str, shard_dirs), "--out", str(tmp_path / "merged")])
-    assert result.exit_code == 0, result.output
-    merged = load_results(tmp_path / "merged")
+    merged = load_results(merged_dir)
     one_run = {c.case_id for c in expand_cases(load_suite(suite), device="cpu")}
     assert merged.rows["case_id"].is_unique
     assert set(merged.rows["case_id"]) == one_run

@@ -1,0 +1,53 @@
+#!/bin/bash
+# Run one suite as a SLURM job array, one shard per array task, then merge the shards.
+#
+#   mkdir -p logs
+#   JOB=$(sbatch --parsable --array=1-8 benchmarks/slurm_array.sh suites/h100_7b.yaml)
+#   sbatch --dependency=afterany:$JOB benchmarks/slurm_array.sh --merge "$JOB"
+#
+# Array task K of N runs `tflabench run SUITE --shard K/N` into
+# $TFLABENCH_RESULTS/shards/<job>/<K>/<suite>/<timestamp>/; options after SUITE go to
+# `tflabench run` (e.g. --gpus all for a node of several GPUs per task). The merge job
+# joins them into $TFLABENCH_RESULTS/merged-<job>/ and names a missing shard (afterany
+# starts it even when a task failed). The array must be one contiguous range (1-N or
+# 0-(N-1)); every task needs the same checkout, software and GPU model (merge refuses
+# otherwise: add `#SBATCH --constraint=...` where the cluster mixes GPUs).
+#
+# Environment: TFLABENCH_RESULTS (default results), TFLABENCH_VENV (a virtual
+# environment to activate, default .venv when it exists), TFLABENCH (the command,
+# default tflabench).
+#SBATCH --job-name=tflabench
+#SBATCH --gres=gpu:1
+#SBATCH --cpus-per-task=8
+#SBATCH --time=04:00:00
+#SBATCH --output=logs/%x-%A_%a.out
+set -euo pipefail
+RESULTS=${TFLABENCH_RESULTS:-results}
+VENV=${TFLABENCH_VENV:-.venv}
+if [ -f "$VENV/bin/activate" ]; then
+    # shellcheck disable=SC1091
+    source "$VENV/bin/activate"
+fi
+read -r -a TFLABENCH <<< "${TFLABENCH:-tflabench}"
+
+if [ "${1:-}" = "--merge" ]; then
+    JOB=${2:?usage: slurm_array.sh --merge JOB_ID}
+    shopt -s nullglob
+    SHARDS=("$RESULTS/shards/$JOB"/*/*/*/)
+    if [ ${#SHARDS[@]} -eq 0 ]; then
+        echo "slurm_array.sh: no shard results under $RESULTS/shards/$JOB/" >&2
+        exit 2
+    fi
+    exec "${TFLABENCH[@]}" merge "${SHARDS[@]}" --out "$RESULTS/merged-$JOB"
+fi
+
+SUITE=${1:?usage: sbatch --array=1-N slurm_array.sh SUITE.yaml [tflabench run options]}
+shift
+N=${SLURM_ARRAY_TASK_COUNT:?not a SLURM array task: submit with sbatch --array=1-N}
+K=$(( SLURM_ARRAY_TASK_ID - ${SLURM_ARRAY_TASK_MIN:-1} + 1 ))
+if [ "$K" -lt 1 ] || [ "$K" -gt "$N" ]; then
+    echo "slurm_array.sh: array task $SLURM_ARRAY_TASK_ID is not in one contiguous range of $N tasks" >&2
+    exit 2
+fi
+exec "${TFLABENCH[@]}" run "$SUITE" --shard "$K/$N" --no-progress \
+    --out "$RESULTS/shards/$SLURM_ARRAY_JOB_ID/$K" "$@"
