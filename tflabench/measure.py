@@ -22,6 +22,11 @@ too). Method (paper App. E.3; ``docs/harness.md``):
    ``backward`` of a fixed output gradient; gradients are set to None before each call,
    outside the timed region. Statistics: median, mean, min, max, quartiles (linear
    interpolation, numpy's default) and every sample.
+5. **Kernel profile** (``run --profile``, after the timings, never inside them): a few
+   calls under ``torch.profiler`` (:func:`tflabench.kernel_profile.capture`): the time of
+   each kernel launched (CUDA) or operator run (CPU), per pass.
+
+A CUDA row also records the GPU it ran on (:func:`gpu_columns`).
 """
 
 from __future__ import annotations
@@ -356,6 +361,20 @@ def is_oom(exc: BaseException) -> bool:
     return "out of memory" in text and ("cuda" in text or "hip" in text or "device" in text)
 
 
+def gpu_columns() -> dict:
+    """The row's ``gpu_index`` (the current CUDA device as ``CUDA_VISIBLE_DEVICES`` names it
+    on the host, its position where the variable is unset) and ``gpu_name`` (the driver's
+    name of the model). Call only where CUDA is available."""
+    import os
+
+    import torch
+
+    position = torch.cuda.current_device()
+    entries = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+    index = entries[position] if position < len(entries) else str(position)
+    return {"gpu_index": index, "gpu_name": torch.cuda.get_device_name(position)}
+
+
 def measure_case(case) -> dict:
     """Run one timing :class:`tflabench.suite.Case` in this process (a case with ``verify``
     set is :func:`tflabench.verify_case.verify_case`'s); returns the outcome columns
@@ -381,6 +400,8 @@ def measure_case(case) -> dict:
 
     if case.device.startswith("cuda") and not torch.cuda.is_available():
         return {**out, "status": "unavailable", "reason": "no CUDA device visible to torch"}
+    if case.device.startswith("cuda"):
+        out.update(gpu_columns())
     reason = backend.available(params)
     if reason is None:
         reason = backend.unsupported_mode(params, case.mode)
@@ -440,6 +461,18 @@ def measure_case(case) -> dict:
     out["ms_samples"] = json.dumps(out["ms_samples"])
     note = backend.note(params, device)
     out.update(backend.run_plan(params, shape, case.mode, dtype, device))
+    if case.profile:
+        from tflabench.kernel_profile import capture
+
+        try:
+            if grad:
+                profile = capture(lambda: backend.forward(params, inputs), lambda o: o.backward(grad_out),
+                                  device, before_each=clear_grads)
+            else:
+                profile = capture(lambda: backend.forward(params, inputs), None, device)
+            out["kernel_profile"] = json.dumps(profile, sort_keys=True)
+        except Exception as exc:  # the profiler must not lose the measurement
+            note = "; ".join(x for x in (note, f"no kernel profile ({type(exc).__name__}: {exc})") if x)
     return {**out, "status": "ok", "reason": note}
 
 

@@ -236,6 +236,9 @@ class Case:
     #: ``tflabench verify`` only: JSON of the case's regime spec, initial state and name;
     #: None for ``run`` cases (its ``name`` is the row's ``numerics_case`` column).
     verify: str | None = None
+    #: ``run --profile``: after the timings, profile the kernels of a few calls
+    #: (:func:`tflabench.kernel_profile.capture`; the row's ``kernel_profile`` column).
+    profile: bool = False
 
     @property
     def numerics_case(self) -> str | None:

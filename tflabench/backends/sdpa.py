@@ -70,9 +70,12 @@ def attention_model_kind(causal: bool) -> tuple[str, dict] | None:
 
 #: Attention kernels by name: cuDNN (``..._sdpa_..._fprop_...``), PyTorch's FlashAttention
 #: (``flash_fwd_kernel``, ``flash_bwd_dot_do_o_kernel``), memory-efficient (``fmha_cutlassF``),
-#: FlashAttention 3/4 (``flash`` in the name), and the math path's matrix products and
-#: softmax: all of it is attention's parallel form (one part per pass).
-ATTENTION_KERNEL_PARTS = ((r"(?i)sdpa|fmha|flash|attention|attn|softmax|gemm|xmma|cutlass", "parallel"),)
+#: FlashAttention 3/4 (``flash`` in the name), and the math path's matrix products (cuBLAS
+#: ``gemm`` / ``nvjet`` kernels; ``aten::bmm`` on the CPU) and softmax: all of it is
+#: attention's parallel form (one part per pass). Copies and fills are ``other``.
+ATTENTION_KERNEL_PARTS = (
+    (r"(?i)sdpa|fmha|flash|attention|attn|softmax|gemm|xmma|cutlass|nvjet|bmm|matmul", "parallel"),
+)
 
 
 class SdpaBackend(Backend):

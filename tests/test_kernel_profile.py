@@ -1,0 +1,146 @@
+"""run --profile and its report: kernel times captured by torch's profiler (operators on
+the CPU), mapped to the model's parts by each backend, each part against its own bound;
+the model's parts and the physical floor."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from tflabench.backends import get_backend
+from tflabench.backends.base import Shape
+from tflabench.errors import UserError
+from tflabench.kernel_profile import OTHER, breakdown, capture, parse_profile
+from tflabench.model import counts_for_case
+from tflabench.model.floor import compulsory_bytes, physical_floor
+from tflabench.model.parts import row_part, split_parts
+
+FIG4 = dict(B=8, NH=16, T=8192, d_qk=128, d_hv=256)  # Figure 4's heads at B*S = 65,536
+
+
+def test_capture_on_the_cpu_records_each_operator_per_pass_and_per_call():
+    import torch
+
+    w = torch.randn(32, 32, requires_grad=True)
+    x = torch.randn(16, 32, requires_grad=True)
+
+    def clear():
+        w.grad = x.grad = None
+
+    prof = capture(lambda: (x @ w).sum(), lambda out: out.backward(), "cpu", steps=3, before_each=clear)
+    assert prof["source"] == "cpu operators" and prof["steps"] == 3
+    calls = {(k["pass"], k["name"]): k["calls"] for k in prof["kernels"]}
+    assert calls[("fwd", "aten::mm")] == 1.0        # one product per forward call
+    assert calls[("bwd", "aten::mm")] == 2.0        # dx and dw per backward call
+    assert all(k["ms"] >= 0 for k in prof["kernels"])
+    assert {k["pass"] for k in prof["kernels"]} == {"fwd", "bwd"}
+    assert w.grad is not None and torch.allclose(w.grad, x.detach().sum(0)[:, None].expand(32, 32))
+    forward_only = capture(lambda: (x @ w).sum(), None, "cpu", steps=1)
+    assert {k["pass"] for k in forward_only["kernels"]} == {"fwd"}
+    with pytest.raises(ValueError, match="steps"):
+        capture(lambda: None, None, "cpu", steps=0)
+
+
+def test_corrupt_profile_is_one_user_error():
+    assert parse_profile(None) is None and parse_profile(float("nan")) is None
+    for bad in ("not json", json.dumps({"kernels": [{"pass": "up", "name": "k", "ms": 1, "calls": 1}]}),
+                json.dumps({"source": "cpu operators"})):
+        with pytest.raises(UserError, match="kernel_profile"):
+            parse_profile(bad)
+
+
+def test_model_parts_split_the_counts_and_flops_labels_them():
+    c = counts_for_case("mlstm_sig", "fwdbw", L=128, **FIG4)
+    parts = split_parts("mlstm_sig", c)
+    assert list(parts) == [("fwd", "recurrent"), ("fwd", "parallel"), ("bwd", "recurrent"), ("bwd", "parallel")]
+    assert sum(p.flops for p in parts.values()) == pytest.approx(c.flops)
+    assert sum(p.bytes for p in parts.values()) == pytest.approx(c.bytes)
+    assert set(parts[("fwd", "recurrent")].flop_rows) == {"fwd_gates", "fwd_numerator", "fwd_denominator"}
+    assert set(parts[("bwd", "recurrent")].byte_rows) == {"bwd_state_recompute", "bwd_state_gradients"}
+    assert row_part("mlstm_exp", "fwd_recurrent_store") == "recurrent"
+    assert row_part("mlstm_exp", "bwd_qkv_gradients") == "parallel"
+    att = split_parts("attention_causal", counts_for_case("attention_causal", "fwdbw", **FIG4))
+    assert list(att) == [("fwd", "parallel"), ("bwd", "parallel")]
+    ssd = split_parts("mamba2_ssd", counts_for_case("mamba2_ssd", "fwd", **FIG4))
+    assert list(ssd) == [("fwd", "whole")]
+
+
+def test_physical_floor_is_the_compulsory_traffic_and_lies_below_the_model():
+    # Figure 4, bf16 activations, float32 gates: 1,544 bytes per token and head forward,
+    # 4,120 forward+backward (q, k, v, gates read in both passes, h written, dh read,
+    # dq, dk, dv, di, df written)
+    tokens_heads = FIG4["B"] * FIG4["T"] * FIG4["NH"]
+    fwd = compulsory_bytes("mlstm_sig", "fwd", **FIG4, bytes_qkv=2, bytes_gate=4)
+    both = compulsory_bytes("mlstm_sig", "fwdbw", **FIG4, bytes_qkv=2, bytes_gate=4)
+    assert sum(fwd.values()) == 1544 * tokens_heads and sum(both.values()) == 4120 * tokens_heads
+    for mode in ("fwd", "fwdbw"):
+        floor = physical_floor("mlstm_sig", mode, **FIG4, bytes_qkv=2, bytes_gate=4)
+        for L in (16, 64, 128, 256):
+            model = counts_for_case("mlstm_sig", mode, L=L, **FIG4)
+            assert floor.flops <= model.flops and floor.bytes < model.bytes
+    att = physical_floor("attention_causal", "fwd", **FIG4)
+    assert att.flops == pytest.approx(counts_for_case("attention_causal", "fwd", **FIG4).flops)
+    assert physical_floor("mamba2_ssd", "fwd", **FIG4) is None
+
+
+def _row(backend: str, params: dict, mode: str, kernels: list[tuple[str, str, float]], **shape) -> dict:
+    b = get_backend(backend)
+    p = b.parse_params(params)
+    sh = {**dict(batch=8, seq_len=8192, heads=16, d_qk=128, d_hv=256, dtype="bfloat16"), **shape}
+    return {"backend": backend, "params": json.dumps(p.model_dump()), "mode": mode, "status": "ok",
+            "ms_median": 5.0, **sh,
+            "kernel_profile": json.dumps({"source": "cuda kernels", "steps": 5, "kernels": [
+                {"pass": pa, "name": n, "ms": ms, "calls": 1.0} for pa, n, ms in kernels]})}
+
+
+def test_breakdown_sets_each_part_of_our_kernels_against_its_own_bound():
+    alpha, beta = 800e12, 4.27e12
+    row = _row("tfla", {"variant": "sig"}, "fwdbw", [
+        ("fwd", "_gates_kernel", 0.05), ("fwd", "_recurrent_fw_kernel", 0.4), ("fwd", "_parallel_fw_kernel", 0.6),
+        ("bwd", "_recurrent_fw_kernel", 0.4), ("bwd", "_recurrent_bw_kernel", 0.5),
+        ("bwd", "_dq_kernel", 1.0), ("bwd", "_dkv_kernel", 1.5),
+        ("fwd", "void at::native::vectorized_elementwise_kernel<4>", 0.02)])
+    b = breakdown(row, alpha, beta)
+    assert [p.label for p in b.parts] == ["fwd recurrent", "fwd parallel", "bwd recurrent", "bwd parallel", OTHER]
+    assert b.part("fwd recurrent").ms == pytest.approx(0.45) and b.part("bwd parallel").ms == pytest.approx(2.5)
+    assert b.kernel_ms == pytest.approx(4.47) and b.measured_ms == 5.0
+    model = split_parts("mlstm_sig", counts_for_case("mlstm_sig", "fwdbw", L=128, **FIG4))
+    for (pass_, part), counts in model.items():
+        got = b.part(f"{pass_} {part}")
+        assert (got.flops, got.bytes) == (pytest.approx(counts.flops), pytest.approx(counts.bytes))
+        assert got.bound_ms == pytest.approx(max(counts.flops / alpha, counts.bytes / beta) * 1e3)
+        assert got.fraction == pytest.approx(got.bound_ms / got.ms)
+    assert b.part(OTHER).bound_ms is None
+    total = counts_for_case("mlstm_sig", "fwdbw", L=128, **FIG4)
+    assert b.bound_ms == pytest.approx(max(total.flops / alpha, total.bytes / beta) * 1e3)
+    assert b.floor_ms == pytest.approx(4120 * 8 * 8192 * 16 / beta * 1e3)  # bytes bind at Figure 4
+    assert b.floor_ms < b.bound_ms and "bytes bind" in b.floor_note
+
+
+def test_fused_walk_and_peers_map_to_their_parts_and_unknown_kernels_to_other():
+    walk = breakdown(_row("tfla", {"variant": "sig", "chunk_size": 64}, "fwd", [("fwd", "_sig_walk_fw_kernel", 0.8)]),
+                     800e12, 4.27e12)
+    fwd = counts_for_case("mlstm_sig", "fwd", L=64, **FIG4)
+    (part,) = walk.parts
+    assert part.label == "fwd whole" and part.flops == pytest.approx(fwd.flops) and part.bytes == pytest.approx(fwd.bytes)
+    peer = breakdown(_row("mlstm_kernels", {"variant": "sig"}, "fwd", [
+        ("fwd", "mlstm_siging_chunkwise__recurrent_fw_C_kernel", 0.5),
+        ("fwd", "mlstm_siging_chunkwise__parallel_fw_Hintra_kernel", 1.0),
+        ("fwd", "triton_poi_fused_cumsum_0", 0.1)]))
+    assert [(p.label, p.ms) for p in peer.parts] == [("fwd recurrent", 0.5), ("fwd parallel", 1.0), (OTHER, 0.1)]
+    assert all(p.bound_ms is None for p in peer.parts) and peer.floor_ms is None  # no ceilings given
+    att = breakdown(_row("sdpa", {"impl": "cudnn"}, "fwdbw", [
+        ("fwd", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x128", 3.0),
+        ("bwd", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_7_64x128x128", 7.0),
+        ("bwd", "Memset (Device)", 0.01)], heads=32, d_qk=128, d_hv=128), 800e12, 4.27e12)
+    assert [p.label for p in att.parts] == ["fwd parallel", "bwd parallel", OTHER]
+    assert att.part("fwd parallel").bound_ms > 0 and att.floor_ms is not None
+    unknown = breakdown({**_row("tfla", {}, "fwd", [("fwd", "_parallel_fw_kernel", 1.0)]), "backend": "gone"})
+    assert [p.label for p in unknown.parts] == [OTHER]
+
+
+def test_rows_without_profile_have_no_breakdown():
+    row = _row("tfla", {}, "fwd", [])
+    row["kernel_profile"] = None
+    assert breakdown(row) is None
