@@ -86,3 +86,71 @@ def test_gpu_index_is_text(tmp_path, value):
     row.update(status="ok", gpu_index=value)
     rs = load_results(write_results(tmp_path / "set", [row], {"suite": "s"}))
     assert rs.rows["gpu_index"].tolist() == ["1"]
+
+
+def test_run_with_gpus_on_a_machine_without_gpus_is_refused_with_exit_2(monkeypatch, tmp_path):
+    from typer.testing import CliRunner
+
+    from tflabench import worker_pool
+    from tflabench.cli import app
+
+    monkeypatch.setattr(worker_pool, "gpu_info", lambda: GpuInfo([], None))
+    for option in ("0,1", "all"):
+        result = CliRunner().invoke(app, ["run", "--gpus", option, "--out", str(tmp_path), "--no-progress"])
+        assert result.exit_code == 2, result.output
+        assert "no GPU visible" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert "Traceback" not in result.output
+    assert not any(tmp_path.iterdir())  # nothing was started
+
+
+KILLED = '''
+import os, signal, torch
+
+def good(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+def killed_on_gpu_1(q, k, v):
+    # the worker of the slot pinned to GPU "1" dies by SIGKILL in its first case (once)
+    marker = os.environ["KILL_MARKER"]
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "1" and not os.path.exists(marker):
+        open(marker, "w").close()
+        os.kill(os.getpid(), signal.SIGKILL)
+    return good(q, k, v)
+'''
+
+
+def test_a_worker_killed_on_one_gpu_loses_only_its_case_and_the_other_gpu_goes_on(tmp_path, monkeypatch):
+    """Two fake GPU slots on the CPU (the pool's slots are CUDA_VISIBLE_DEVICES values; a
+    CPU worker pinned to "1" runs like one on GPU 1): SIGKILL of the worker on slot "1"
+    makes that one case a crash row; every other case is measured, and slot "0"'s worker
+    runs on, the same process throughout."""
+    import yaml
+
+    from tflabench.suite import expand_cases, load_suite
+    from tflabench.suite_run import run_suite
+
+    kfile = tmp_path / "killed_kernels.py"
+    kfile.write_text(KILLED)
+    monkeypatch.setenv("KILL_MARKER", str(tmp_path / "killed"))
+    data = {"name": "two_gpus", "device": "cpu", "dtype": "float32", "modes": ["fwd"],
+            "timing": {"warmup": 1, "iterations": 2, "timeout_s": 60}, "numerics": {"max_seq_len": 32},
+            "model": {"embedding_dim": 32}, "sweep": {"batch": 1, "seq_len": [8, 16, 32, 64, 128, 256]},
+            "kernels": [{"backend": "custom", "label": "killed",
+                         "params": {"function": f"{kfile}:killed_on_gpu_1", "layout": "attention", "heads": 2}}]}
+    (tmp_path / "two_gpus.yaml").write_text(yaml.safe_dump(data))
+    loaded = load_suite(tmp_path / "two_gpus.yaml")
+    result = run_suite(loaded, out_root=tmp_path / "results", gpus=["0", "1"], progress=False,
+                       max_kernel_failures=0)
+
+    assert sorted(r["case_id"] for r in result.rows) == sorted(c.case_id for c in expand_cases(loaded))
+    crashed = [r for r in result.rows if r["status"] == "crash"]
+    assert len(crashed) == 1 and "SIGKILL" in crashed[0]["reason"]
+    assert {r["status"] for r in result.rows if r is not crashed[0]} == {"ok"}
+    assert result.rows.index(crashed[0]) < len(result.rows) - 1  # cases were measured after the kill
+
+    def pids(slot):
+        log = (result.directory / "logs" / f"worker-{slot}.log").read_text()
+        return [line.split(" pid=")[1].split()[0] for line in log.splitlines() if line.startswith("--- case")]
+
+    assert len(pids(0)) >= 2 and len(set(pids(0))) == 1  # slot 0's worker went on, never restarted
+    assert pids(1)  # slot 1 ran the killed case

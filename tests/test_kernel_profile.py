@@ -11,7 +11,7 @@ import pytest
 from tflabench.backends import get_backend
 from tflabench.backends.base import Shape
 from tflabench.errors import UserError
-from tflabench.kernel_profile import OTHER, breakdown, capture, parse_profile
+from tflabench.kernel_profile import breakdown, breakdowns, capture, parse_profile
 from tflabench.model import counts_for_case
 from tflabench.model.floor import compulsory_bytes, physical_floor
 from tflabench.model.parts import row_part, split_parts
@@ -102,7 +102,7 @@ def test_breakdown_sets_each_part_of_our_kernels_against_its_own_bound():
         ("bwd", "_dq_kernel", 1.0), ("bwd", "_dkv_kernel", 1.5),
         ("fwd", "void at::native::vectorized_elementwise_kernel<4>", 0.02)])
     b = breakdown(row, alpha, beta)
-    assert [p.label for p in b.parts] == ["fwd recurrent", "fwd parallel", "bwd recurrent", "bwd parallel", OTHER]
+    assert [p.label for p in b.parts] == ["fwd recurrent", "fwd parallel", "fwd other", "bwd recurrent", "bwd parallel"]
     assert b.part("fwd recurrent").ms == pytest.approx(0.45) and b.part("bwd parallel").ms == pytest.approx(2.5)
     assert b.kernel_ms == pytest.approx(4.47) and b.measured_ms == 5.0
     model = split_parts("mlstm_sig", counts_for_case("mlstm_sig", "fwdbw", L=128, **FIG4))
@@ -111,7 +111,7 @@ def test_breakdown_sets_each_part_of_our_kernels_against_its_own_bound():
         assert (got.flops, got.bytes) == (pytest.approx(counts.flops), pytest.approx(counts.bytes))
         assert got.bound_ms == pytest.approx(max(counts.flops / alpha, counts.bytes / beta) * 1e3)
         assert got.fraction == pytest.approx(got.bound_ms / got.ms)
-    assert b.part(OTHER).bound_ms is None
+    assert b.part("fwd other").bound_ms is None and b.part("fwd other").ms == pytest.approx(0.02)
     total = counts_for_case("mlstm_sig", "fwdbw", L=128, **FIG4)
     assert b.bound_ms == pytest.approx(max(total.flops / alpha, total.bytes / beta) * 1e3)
     assert b.floor_ms == pytest.approx(4120 * 8 * 8192 * 16 / beta * 1e3)  # bytes bind at Figure 4
@@ -128,19 +128,23 @@ def test_fused_walk_and_peers_map_to_their_parts_and_unknown_kernels_to_other():
         ("fwd", "mlstm_siging_chunkwise__recurrent_fw_C_kernel", 0.5),
         ("fwd", "mlstm_siging_chunkwise__parallel_fw_Hintra_kernel", 1.0),
         ("fwd", "triton_poi_fused_cumsum_0", 0.1)]))
-    assert [(p.label, p.ms) for p in peer.parts] == [("fwd recurrent", 0.5), ("fwd parallel", 1.0), (OTHER, 0.1)]
+    assert [(p.label, p.ms) for p in peer.parts] == [("fwd recurrent", 0.5), ("fwd parallel", 1.0), ("fwd other", 0.1)]
     assert all(p.bound_ms is None for p in peer.parts) and peer.floor_ms is None  # no ceilings given
     att = breakdown(_row("sdpa", {"impl": "cudnn"}, "fwdbw", [
         ("fwd", "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x128x128", 3.0),
         ("bwd", "cudnn_generated_fort_native_sdpa_sm90_flash_bprop_wgmma_f16_knob_7_64x128x128", 7.0),
         ("bwd", "Memset (Device)", 0.01)], heads=32, d_qk=128, d_hv=128), 800e12, 4.27e12)
-    assert [p.label for p in att.parts] == ["fwd parallel", "bwd parallel", OTHER]
+    assert [p.label for p in att.parts] == ["fwd parallel", "bwd parallel", "bwd other"]
     assert att.part("fwd parallel").bound_ms > 0 and att.floor_ms is not None
     unknown = breakdown({**_row("tfla", {}, "fwd", [("fwd", "_parallel_fw_kernel", 1.0)]), "backend": "gone"})
-    assert [p.label for p in unknown.parts] == [OTHER]
+    assert [p.label for p in unknown.parts] == ["fwd other"]
 
 
-def test_rows_without_profile_have_no_breakdown():
+def test_rows_without_profile_keep_the_bound_and_the_floor_only():
     row = _row("tfla", {}, "fwd", [])
     row["kernel_profile"] = None
-    assert breakdown(row) is None
+    b = breakdown(row, 800e12, 4.27e12)
+    assert b.source is None and b.parts == [] and b.kernel_ms is None
+    assert b.floor_ms == pytest.approx(1544 * 8 * 8192 * 16 / 4.27e12 * 1e3) and b.bound_ms > b.floor_ms
+    assert breakdowns([{**row, "status": "ok"}, {**row, "status": "crash"}], 800e12, 4.27e12)[0].row["status"] == "ok"
+    assert breakdowns([{**row, "backend": "gone"}]) == []  # nothing to show

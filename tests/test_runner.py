@@ -204,14 +204,18 @@ def test_each_case_tunes_at_its_own_shape(tmp_path):
 
 def test_gpus_option_is_parsed_or_refused(monkeypatch):
     from tflabench import worker_pool
-    from tflabench.environment import GpuInfo
+    from tflabench.environment import GpuDevice, GpuInfo
 
-    monkeypatch.setattr(worker_pool, "gpu_info", lambda: GpuInfo(["NVIDIA H200"] * 4, "570.86"))
+    four = GpuInfo([GpuDevice(str(i), "NVIDIA H200") for i in range(4)], "580", "nvidia-smi")
+    monkeypatch.setattr(worker_pool, "gpu_info", lambda: four)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     assert parse_gpus(None) is None
     assert parse_gpus("0,1") == ["0", "1"]
     assert parse_gpus(" 3 ") == ["3"]
     assert parse_gpus("all") == ["0", "1", "2", "3"]
-    for bad in ("0,0", "a,b", "1;2", "-1"):
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "2,3")
+    assert parse_gpus("all") == ["2", "3"]  # the GPUs this process may use
+    for bad in ("0,0", "a,b", "1;2", "-1", "4", "1,7"):
         with pytest.raises(UserError, match="--gpus"):
             parse_gpus(bad)
     with pytest.raises(UserError, match="GPU 4 does not exist here; 4 visible"):

@@ -128,7 +128,10 @@ def gpu_info() -> GpuInfo:
         import torch
 
         if torch.cuda.is_available():
-            devices = [GpuDevice(str(i), torch.cuda.get_device_name(i)) for i in range(torch.cuda.device_count())]
+            # torch numbers the visible GPUs from 0; name each as CUDA_VISIBLE_DEVICES does
+            entries = [e.strip() for e in os.environ.get("CUDA_VISIBLE_DEVICES", "").split(",") if e.strip()]
+            devices = [GpuDevice(entries[i] if i < len(entries) else str(i), torch.cuda.get_device_name(i))
+                       for i in range(torch.cuda.device_count())]
             return GpuInfo(devices, None, "torch")
     except Exception:  # pragma: no cover - broken CUDA setups
         pass

@@ -13,7 +13,7 @@ Two halves:
   through its backend's :attr:`~tflabench.backends.base.Backend.KERNEL_PARTS`: per pass
   (``fwd``, ``bwd``) the ``recurrent`` and ``parallel`` kernels of a chunkwise kernel, or
   ``whole`` (a fused kernel, or a model without the split); kernels no pattern names
-  are ``other``. Each part's time stands beside its model FLOPs, bytes and roofline bound
+  are the pass's ``other``. Each part's time stands beside its model FLOPs, bytes and roofline bound
   ``max(FLOPs / alpha, bytes / beta)`` (:mod:`tflabench.model.parts`), and the case beside
   the model's bound and its physical floor (:mod:`tflabench.model.floor`).
 
@@ -152,26 +152,27 @@ class PartTime:
     """One part of a case's time.
 
     Attributes:
-        pass_: ``fwd`` or ``bwd`` (None for :data:`OTHER`).
-        part: ``recurrent``, ``parallel``, ``whole`` or :data:`OTHER`.
+        pass_: ``fwd`` or ``bwd``.
+        part: ``recurrent``, ``parallel``, ``whole`` or :data:`OTHER` (kernels no pattern of
+            the backend names: copies, fills, casts, a peer's helpers).
         ms: kernel time per call, ms.
-        kernels: (name, ms) of its kernels, largest first.
+        kernels: (name, ms, launches) per call of its kernels, largest first.
         flops, bytes: the model's counts of the part (None: no model part).
         bound_ms: ``max(flops / alpha, bytes / beta)`` in ms (None without counts or ceilings).
     """
 
-    pass_: str | None
+    pass_: str
     part: str
     ms: float
-    kernels: list[tuple[str, float]]
+    kernels: list[tuple[str, float, float]]
     flops: float | None = None
     bytes: float | None = None
     bound_ms: float | None = None
 
     @property
     def label(self) -> str:
-        """``fwd recurrent``, ..., ``other``."""
-        return self.part if self.pass_ is None else f"{self.pass_} {self.part}"
+        """``fwd recurrent``, ..., ``bwd other``."""
+        return f"{self.pass_} {self.part}"
 
     @property
     def fraction(self) -> float | None:
@@ -181,23 +182,24 @@ class PartTime:
 
 @dataclasses.dataclass
 class CaseBreakdown:
-    """A profiled case: its row, measured median, kernel time and the parts.
+    """A case: its row, measured median, and where it has a profile its kernel time by part.
 
     Attributes:
         row: the result row (dict).
-        source: the profile's ``source``.
+        source: the profile's ``source`` (None: the row has no profile).
         measured_ms: the row's ``ms_median``.
-        kernel_ms: the profiled kernels' time per call (all parts).
-        parts: :class:`PartTime` per part, passes in order, :data:`OTHER` last.
+        kernel_ms: the profiled kernels' time per call (all parts; None without profile).
+        parts: :class:`PartTime` per part, passes in order, each pass's :data:`OTHER` last
+            (empty without profile).
         bound_ms: the model's roofline bound of the whole call (None without counts or ceilings).
         floor_ms: the physical floor (None where the model has no floor or no ceilings).
         floor_note: what the floor is made of (bytes, FLOPs, which binds).
     """
 
     row: dict
-    source: str
+    source: str | None
     measured_ms: float | None
-    kernel_ms: float
+    kernel_ms: float | None
     parts: list[PartTime]
     bound_ms: float | None
     floor_ms: float | None
@@ -242,38 +244,37 @@ def _model(row: dict):
     return backend, params, (found[0] if found else None), counts, shape
 
 
-def breakdown(row: dict, alpha: float | None = None, beta: float | None = None) -> CaseBreakdown | None:
-    """A row's profile split by model part (module docstring); None for a row without a
-    profile. ``alpha`` (FLOP/s) and ``beta`` (byte/s): the ceilings of the bounds and the
-    floor (None: times only). Raises UserError for a corrupt profile."""
+def breakdown(row: dict, alpha: float | None = None, beta: float | None = None) -> CaseBreakdown:
+    """A row's profile split by model part (module docstring), beside the model's bound and
+    the physical floor; a row without a profile has no parts. ``alpha`` (FLOP/s) and
+    ``beta`` (byte/s): the ceilings of the bounds and the floor (None: times only).
+    Raises UserError for a corrupt profile."""
     from tflabench.model.floor import physical_floor
     from tflabench.model.parts import PARTS, PASSES, split_parts
 
     profile = parse_profile(row.get("kernel_profile"))
-    if profile is None:
-        return None
     backend, params, kind, counts, shape = _model(row)
     model_parts = split_parts(kind, counts) if counts is not None and kind is not None else {}
-    times: dict[tuple[str | None, str], list[tuple[str, float]]] = {}
-    for k in profile["kernels"]:
+    times: dict[tuple[str | None, str], list[tuple[str, float, float]]] = {}
+    for k in (profile or {}).get("kernels", []):
         pass_, name, ms = k["pass"], k["name"], float(k["ms"])
         part = backend.kernel_part(params, name) if backend is not None else None
         if part is None:
-            key: tuple[str | None, str] = (None, OTHER)
+            key: tuple[str | None, str] = (pass_, OTHER)
         elif not model_parts or (pass_, part) in model_parts:
             key = (pass_, part)
         else:  # the model does not split this pass (or the kernel fuses both parts)
             key = (pass_, "whole")
-        times.setdefault(key, []).append((name, ms))
+        times.setdefault(key, []).append((name, ms, float(k["calls"])))
 
-    order = [(p, q) for p in PASSES for q in PARTS] + [(None, OTHER)]
+    order = [(p, q) for p in PASSES for q in (*PARTS, OTHER)]
     parts = []
     for key in order:
         if key not in times:
             continue
         kernels = sorted(times[key], key=lambda item: -item[1])
-        pt = PartTime(key[0], key[1], sum(ms for _, ms in kernels), kernels)
-        if key[0] is not None and model_parts:
+        pt = PartTime(key[0], key[1], sum(k[1] for k in kernels), kernels)
+        if key[1] != OTHER and model_parts:
             if key in model_parts:
                 c = model_parts[key]
                 pt.flops, pt.bytes = c.flops, c.bytes
@@ -295,20 +296,22 @@ def breakdown(row: dict, alpha: float | None = None, beta: float | None = None) 
             if floor_ms is not None:
                 binds = "bytes" if floor.bytes / beta >= floor.flops / alpha else "FLOPs"
                 floor_note += f" ({binds} bind)"
-    return CaseBreakdown(row=row, source=str(profile.get("source")), measured_ms=_number(row.get("ms_median")),
-                         kernel_ms=sum(p.ms for p in parts), parts=parts, bound_ms=bound,
-                         floor_ms=floor_ms, floor_note=floor_note)
+    return CaseBreakdown(row=row, source=None if profile is None else str(profile.get("source")),
+                         measured_ms=_number(row.get("ms_median")),
+                         kernel_ms=None if profile is None else sum(p.ms for p in parts), parts=parts,
+                         bound_ms=bound, floor_ms=floor_ms, floor_note=floor_note)
 
 
 def breakdowns(rows, alpha: float | None = None, beta: float | None = None) -> list[CaseBreakdown]:
-    """:func:`breakdown` of every profiled ``ok`` row (a DataFrame or row dicts), in row order."""
+    """:func:`breakdown` of every ``ok`` row (a DataFrame or row dicts) that has a profile,
+    a model bound or a floor, in row order."""
     records = rows.to_dict("records") if hasattr(rows, "to_dict") else [dict(r) for r in rows]
     out = []
     for row in records:
         if row.get("status") != "ok":
             continue
         found = breakdown(row, alpha, beta)
-        if found is not None:
+        if found.source is not None or found.bound_ms is not None or found.floor_ms is not None:
             out.append(found)
     return out
 

@@ -118,6 +118,7 @@ def run_suite(
     console=None,
     progress: bool = True,
     triton_cache: str | Path | None = None,
+    profile: bool = False,
 ) -> RunResult:
     """Run a validated suite end to end: expand, (shard), skip measured cases when
     resuming, run every case in workers with a progress bar, write the result set
@@ -137,6 +138,8 @@ def run_suite(
         console: rich Console for the progress bar (default: stderr).
         triton_cache: ``--triton-cache DIR`` (:func:`tflabench.triton_cache.configure`), set up
             once every check has passed.
+        profile: after each case's timings, profile its kernels (the ``kernel_profile``
+            column: :mod:`tflabench.kernel_profile`).
 
     The result set is locked while the run writes it (:class:`~tflabench.results.ResultSetLock`).
     A resume checks that the suite describes the same measurement
@@ -184,6 +187,8 @@ def _run_suite(loaded: LoadedSuite, state: dict, *, out_root, resume, gpus, shar
         k, n = parse_shard(shard)
         cases = select_shard(cases, k, n, case_cost)
         shard_text = format_shard(k, n)
+    if profile:
+        cases = [dataclasses.replace(c, profile=True) for c in cases]
 
     env = environment.collect()
     ceil = _ceilings(env.get("gpu_name") if dev == "cuda" else None, ceilings)
@@ -255,6 +260,8 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, state: dict
         "suite": suite.name, "suite_path": str(loaded.path), "suite_sha256": loaded.sha256,
         "date": date, **env, "shard": shard_text, "ceilings": ceil,
         "device": dev, "gpus": gpus, "cpu_threads": threads,
+        "gpus_used": environment.gpus_used(gpus) if dev == "cuda" else [],
+        "profile": any(c.profile for c in cases),
         "compare": suite.compare.model_dump(exclude_none=True),
         "only": list(only) if only else None,
         "measurement": conditions,

@@ -22,7 +22,11 @@ def _styled(status, colour: dict):
 
 def summary_table(frame, title: str | None = None):
     """A rich Table of result rows (kernel, mode, shape, status, ms_median, peak GiB,
-    first-call s, numerics error and its tensor, TFLOP/s, reason), in row order."""
+    first-call s, numerics error and its tensor, TFLOP/s, reason), in row order; with a
+    ``GPU`` column (index, and the model where they differ) when the rows ran on several GPUs."""
+    gpus = {(r.get("gpu_index"), r.get("gpu_name")) for r in frame.to_dict("records") if r.get("gpu_index")}
+    show_gpu = len(gpus) > 1
+    mixed = len({name for _, name in gpus}) > 1
     table = Table(title=title, show_lines=False)
     for col, kw in (("kernel", {}), ("mode", {}), ("B", {"justify": "right"}), ("S", {"justify": "right"}),
                     ("NH x d_qk/d_hv", {}), ("L", {"justify": "right"}), ("status", {}),
@@ -30,6 +34,8 @@ def summary_table(frame, title: str | None = None):
                     ("1st call s", {"justify": "right"}), ("err", {"justify": "right"}),
                     ("TFLOP/s", {"justify": "right"}), ("reason", {"overflow": "fold", "max_width": 60})):
         table.add_column(col, **kw)
+    if show_gpu:
+        table.add_column("GPU")
     colour = {"ok": "green", "wrong": "red", "crash": "red", "timeout": "yellow", "oom": "yellow",
               "error": "red", "unavailable": "dim", "not_run": "yellow"}
 
@@ -49,6 +55,8 @@ def summary_table(frame, title: str | None = None):
             fmt(r.get("first_call_s"), ".2f"),
             L(" ".join(x for x in (fmt(r.get("numerics_err"), ".1e"), str(r.get("numerics_worst") or "")) if x)),
             fmt(r.get("tflops_per_s"), ".3g"), L(str(r.get("reason") or "")[:160]),
+            *([L(" ".join(str(x) for x in (r.get("gpu_index"), r.get("gpu_name") if mixed else None) if x))]
+              if show_gpu else []),
         )
     return table
 
@@ -109,4 +117,70 @@ def sweep_table(sweeps):
     return t
 
 
-__all__ = ["summary_table", "verify_table", "distance_table", "sweep_table"]
+def _ms_and_fraction(ms, bound) -> str:
+    """``0.412 (0.61)``: a time in ms and, in brackets, ``bound / ms``."""
+    if ms is None:
+        return ""
+    if bound is None or not ms:
+        return f"{ms:.3f}"
+    return f"{ms:.3f} ({bound / ms:.2f})"
+
+
+def profile_table(cases, title: str | None = None):
+    """A rich Table of :class:`tflabench.kernel_profile.CaseBreakdown` objects, one row per
+    case: the measured median, the profiled kernels' time, each model part's time with
+    ``(bound / time)`` against the part's own roofline bound, the model's bound of the whole
+    call and the physical floor, each with ``(bound / measured median)``."""
+    labels: list[str] = []
+    for case in cases:
+        labels.extend(p.label for p in case.parts if p.label not in labels)
+    order = [f"{pa} {pt}" for pa in ("fwd", "bwd") for pt in ("recurrent", "parallel", "whole", "other")]
+    labels = [lb for lb in order if lb in labels]
+    profiled = any(case.kernel_ms is not None for case in cases)
+    default = ("where the time goes: ms per call, (bound / time) against each part's own bound" if profiled
+               else "each case against the model's bound and the physical floor: ms, (bound / measured)")
+    t = Table(title=title or default,
+              caption=("parts: the model's (docs/model.md); a part's bound: its model FLOPs and bytes at the "
+                       "ceilings; " if profiled else "")
+              + "floor: the fewest bytes and FLOPs any implementation needs (docs/model.md)")
+    for col in ("kernel", "mode", "S", "L", "ms median", *(["kernels ms"] if profiled else []), *labels,
+                "model bound", "floor"):
+        t.add_column(col, justify="left" if col in ("kernel", "mode") else "right")
+    for case in cases:
+        r = case.row
+        chunk = r.get("chunk_size")
+        cells = [L(str(r.get("kernel"))), str(r.get("mode")), f"{int(r['seq_len'])}",
+                 "" if chunk is None or chunk != chunk else f"{int(chunk)}",
+                 "" if case.measured_ms is None else f"{case.measured_ms:.3f}"]
+        if profiled:
+            cells.append("" if case.kernel_ms is None else f"{case.kernel_ms:.3f}")
+        for label in labels:
+            part = case.part(label)
+            cells.append("" if part is None else _ms_and_fraction(part.ms, part.bound_ms))
+        for bound in (case.bound_ms, case.floor_ms):
+            cells.append("" if bound is None else (
+                f"{bound:.3f}" if not case.measured_ms else f"{bound:.3f} ({bound / case.measured_ms:.2f})"))
+        t.add_row(*cells)
+    return t
+
+
+def kernels_table(case, top: int = 12):
+    """A rich Table of one profiled case's kernels (the ``top`` largest of each part): part,
+    kernel name, ms and launches per call, share of the kernel time."""
+    r = case.row
+    t = Table(title=L(f"{r.get('kernel')} {r.get('mode')} S={int(r['seq_len'])}: {case.source} per call"))
+    for col in ("part", "kernel", "ms", "launches", "share"):
+        t.add_column(col, justify="left" if col in ("part", "kernel") else "right",
+                     overflow="fold" if col == "kernel" else "ellipsis")
+    for part in case.parts:
+        for name, ms, calls in part.kernels[:top]:
+            share = f"{100 * ms / case.kernel_ms:.1f} %" if case.kernel_ms else ""
+            t.add_row(part.label, L(name), f"{ms:.4f}", f"{calls:g}", share)
+        if len(part.kernels) > top:
+            rest = part.kernels[top:]
+            t.add_row(part.label, f"({len(rest)} more)", f"{sum(k[1] for k in rest):.4f}",
+                      f"{sum(k[2] for k in rest):g}", "")
+    return t
+
+
+__all__ = ["summary_table", "verify_table", "distance_table", "sweep_table", "profile_table", "kernels_table"]

@@ -46,7 +46,7 @@ from typing import Callable
 from tflabench import results as R
 from tflabench import triton_cache
 from tflabench.backends import get_backend
-from tflabench.environment import gpu_info
+from tflabench.environment import gpu_info, gpus_used, visible_gpus
 from tflabench.errors import UserError
 from tflabench.suite import Case
 
@@ -414,30 +414,33 @@ class _Worker:
 
 
 def parse_gpus(text: str | None) -> list[str] | None:
-    """``--gpus``: None (one worker, default device), ``all`` (every visible GPU) or a comma
-    list of GPU indices (``0,1``). Returns the list of ``CUDA_VISIBLE_DEVICES`` values.
+    """``--gpus``: None (one worker, default device), ``all`` (every GPU this process may
+    use, ``CUDA_VISIBLE_DEVICES`` applied) or a comma list of GPU indices (``0,1``) of this
+    host. Returns the list of ``CUDA_VISIBLE_DEVICES`` values, one worker slot each.
 
-    Raises:
-        UserError: anything else, a repeated index, or GPUs asked for where none (or fewer)
-            are visible (``nvidia-smi``, else torch).
-    """
+    Raises UserError for anything else, on a machine without GPUs, and for an index that
+    names no GPU of this host."""
     if text is None or str(text).strip() == "":
         return None
     text = str(text).strip()
-    if text != "all":
-        parts = [p.strip() for p in text.split(",")]
-        if not parts or not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
-            raise UserError(f"--gpus={text!r}: give 'all' or distinct GPU indices separated by commas (e.g. 0,1)")
-    n = len(gpu_info().names)
-    if n == 0:
+    info = gpu_info()
+    if text == "all":
+        visible = visible_gpus(info)
+        if not visible:
+            raise UserError("--gpus='all': no GPU is visible here (nvidia-smi and torch see none); "
+                            "leave --gpus out to run on this machine's CPU")
+        return [d.index for d in visible]
+    parts = [p.strip() for p in text.split(",")]
+    if not parts or not all(p.isdigit() for p in parts) or len(set(parts)) != len(parts):
+        raise UserError(f"--gpus={text!r}: give 'all' or distinct GPU indices separated by commas (e.g. 0,1)")
+    if not info.devices:
         raise UserError(f"--gpus={text!r}: no GPU is visible here (nvidia-smi and torch see none); "
                         "leave --gpus out to run on this machine's CPU")
-    if text == "all":
-        return [str(i) for i in range(n)]
-    missing = [p for p in parts if int(p) >= n]
-    if missing:
-        raise UserError(f"--gpus={text!r}: GPU {missing[0]} does not exist here; {n} visible "
-                        f"(indices 0-{n - 1})")
+    known = [d.index for d in info.devices]
+    unknown = [p for p in parts if p not in known]
+    if unknown:
+        raise UserError(f"--gpus={text!r}: GPU {unknown[0]} does not exist here; {len(known)} visible "
+                        f"({', '.join(known)}; or --gpus all)")
     return parts
 
 
@@ -477,6 +480,11 @@ def run_cases(
     """Run ``cases`` in worker processes, appending each row to ``directory/rows.jsonl`` as
     it completes; returns the rows in completion order.
 
+    Each slot runs its own worker, pinned to its GPU; a slot whose worker dies or hangs
+    records that one case (``crash`` / ``timeout``), starts a new worker and goes on, and the
+    other slots never wait for it. A CUDA row names the GPU it ran on (``gpu_index``,
+    ``gpu_name``: the worker's, or the slot's where the worker died).
+
     Args:
         gpus: one worker slot per entry (its ``CUDA_VISIBLE_DEVICES``); None: one slot.
         max_kernel_failures: after this many consecutive ``crash`` / ``timeout`` rows of one
@@ -505,6 +513,9 @@ def run_cases(
     flops_per_s = (ceilings or {}).get("flops_per_s")
     bytes_per_s = (ceilings or {}).get("bytes_per_s")
     failures: dict[tuple, list[dict]] = collections.defaultdict(list)  # consecutive crash/timeout
+    # the GPU each slot's worker runs on, for the rows (also those of a worker that died)
+    on_gpu = any(c.device.startswith("cuda") for c in cases)
+    slot_gpu = dict(enumerate(gpus_used(gpus))) if on_gpu else {}
 
     def given_up(case: Case) -> dict | None:
         streak = failures[(case.backend, case.kernel, case.params)]
@@ -575,6 +586,10 @@ def run_cases(
                 if key in R.COLUMNS and (key not in R.IDENTITY_COLUMNS
                                          or (key == "chunk_size" and row.get(key) is None)):
                     row[key] = value
+            if case.device.startswith("cuda") and row.get("status") != "unavailable":
+                where = slot_gpu.get(slot) or {}  # the worker's own columns win; a dead one has none
+                row["gpu_index"] = row.get("gpu_index") or where.get("index")
+                row["gpu_name"] = row.get("gpu_name") or where.get("name")
             R.fill_model_columns(row, flops_per_s, bytes_per_s)
             with lock:
                 streak = failures[(case.backend, case.kernel, case.params)]

@@ -52,6 +52,10 @@ def run(
         "skips the autotuning (e.g. FLA chunk_gla's minutes per shape), but a case then runs with the "
         "config tuned for an earlier case of the same tuning key (fla's keys leave out B and S). "
         "Without it every case tunes at its own shape. first_call_s shows what a run paid."),
+    profile: bool = typer.Option(
+        False, "--profile", help="After each case's timings, record the time of every kernel it launched "
+        "(torch.profiler: CUDA kernels on a GPU, operators on the CPU), forward and backward apart; "
+        "`tflabench report` splits it over the model's parts, each against its own bound."),
 ) -> None:
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
     from tflabench.suite import default_suite_path
@@ -61,7 +65,7 @@ def run(
     with interruptible(lambda stop: _interrupted_line(stop, path)):
         _run_and_report(path, resume=resume, out=out, shard=shard, gpus=gpus, only=only,
                         max_kernel_failures=max_kernel_failures, ceilings=ceilings, device=device,
-                        progress=progress, plots=plots, triton_cache=triton_cache)
+                        progress=progress, plots=plots, triton_cache=triton_cache, profile=profile)
 
 
 class _AfterRun(KeyboardInterrupt):
@@ -90,7 +94,7 @@ def _interrupted_line(stop: KeyboardInterrupt, suite_path: Path) -> str:
 
 
 def _run_and_report(path: Path, *, resume, out, shard, gpus, only, max_kernel_failures, ceilings, device,
-                    progress, plots, triton_cache) -> Path:
+                    progress, plots, triton_cache, profile=False) -> Path:
     """``run``'s body: check the options, run the suite, print the table, draw the figures."""
     from tflabench.suite import load_suite
     from tflabench.suite_run import run_suite
@@ -109,7 +113,8 @@ def _run_and_report(path: Path, *, resume, out, shard, gpus, only, max_kernel_fa
             parse_shard(shard)
         result = run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
                            only=comma_list("--only", only), max_kernel_failures=max_kernel_failures,
-                           ceilings=ceilings, device=device, progress=progress, triton_cache=triton_cache)
+                           ceilings=ceilings, device=device, progress=progress, triton_cache=triton_cache,
+                           profile=profile)
     try:
         _report_run(loaded, result, plots)
     except KeyboardInterrupt:
@@ -191,11 +196,16 @@ def report(
         None, "--gpu", help="GPU key or name whose roofline to use, one (default: the set's GPU)."),
     causal_factor: float = typer.Option(
         0.66, "--causal-factor", help="F_causal of the chunk-sweep model curve (0.66: the paper's figures)."),
+    kernels: int = typer.Option(
+        0, "--kernels", min=0, help="For a set measured with `run --profile`: also list each case's N "
+        "largest kernels per model part (0: none)."),
 ) -> None:
-    """Print a result set's table, its distance to the roofline bound and (for chunk-size
-    sweeps) predicted vs measured optimal chunk size; redraw its figures; optionally write
-    one self-contained HTML file. With --no-plots no figure file is written (an HTML
-    report still embeds its figures, drawn in a temporary directory)."""
+    """Print a result set's table, its distance to the roofline bound, each case's time by
+    model part (sets measured with `run --profile`) beside the model's bound and the
+    physical floor, and (for chunk-size sweeps) predicted vs measured optimal chunk size;
+    redraw its figures; optionally write one self-contained HTML file. With --no-plots no
+    figure file is written (an HTML report still embeds its figures, drawn in a temporary
+    directory)."""
     import tempfile
 
     with user_errors():
@@ -203,7 +213,9 @@ def report(
         from tflabench.outputs import check_writable
         from tflabench.report_html import check_html_path, html_report, write_html_report
         from tflabench.results import load_results
-        from tflabench.tables import distance_table, summary_table, sweep_table, verify_table
+        from tflabench.kernel_profile import breakdowns
+        from tflabench.tables import (distance_table, kernels_table, profile_table, summary_table, sweep_table,
+                                      verify_table)
 
         if not 0.5 <= causal_factor <= 1.0:
             raise UserError(f"--causal-factor={causal_factor!r} is not valid; F_causal must lie in [0.5, 1]")
@@ -250,6 +262,13 @@ def report(
                     con.print(distance_table(distance))
                 if sweeps:
                     con.print(sweep_table(sweeps))
+            alpha, beta = (model_gpu.flops_per_s, model_gpu.bytes_per_s) if model_gpu is not None else (None, None)
+            cases = breakdowns(rs.rows, alpha, beta)
+            if any(c.source is not None for c in cases) or (cases and model_gpu is not None):
+                con.print(profile_table(cases))
+                for case in cases if kernels else []:
+                    if case.source is not None:
+                        con.print(kernels_table(case, top=kernels))
 
         def draw(directory: Path) -> list[Path]:
             if verify_set:
