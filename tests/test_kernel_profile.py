@@ -148,3 +148,37 @@ def test_rows_without_profile_keep_the_bound_and_the_floor_only():
     assert b.floor_ms == pytest.approx(1544 * 8 * 8192 * 16 / 4.27e12 * 1e3) and b.bound_ms > b.floor_ms
     assert breakdowns([{**row, "status": "ok"}, {**row, "status": "crash"}], 800e12, 4.27e12)[0].row["status"] == "ok"
     assert breakdowns([{**row, "backend": "gone"}]) == []  # nothing to show
+
+
+def test_run_profile_on_the_cpu_records_operators_and_report_splits_them_by_part(tmp_path):
+    """`tflabench run --profile` of a CPU suite (torch SDPA math, forward and
+    forward+backward): each row holds its operators by pass; `report` prints the time by
+    part (the attention's matrix products and softmax are its parallel part)."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from tflabench.cli import app
+    from tflabench.results import load_results
+
+    data = {"name": "profile_cpu", "device": "cpu", "dtype": "float32", "modes": ["fwd", "fwdbw"],
+            "timing": {"warmup": 1, "iterations": 3, "timeout_s": 120}, "numerics": {"max_seq_len": 64},
+            "model": {"embedding_dim": 64}, "sweep": {"batch": 1, "seq_len": [64]},
+            "kernels": [{"backend": "sdpa", "label": "sdpa math", "params": {"impl": "math", "heads": 2, "d_hv": 32}}]}
+    (tmp_path / "profile_cpu.yaml").write_text(yaml.safe_dump(data))
+    runner = CliRunner()
+    result = runner.invoke(app, ["run", str(tmp_path / "profile_cpu.yaml"), "--profile", "--no-progress",
+                                 "--no-plots", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    (directory,) = [p.parent for p in (tmp_path / "out").glob("*/*/metadata.json")]
+    rs = load_results(directory)
+    assert rs.metadata["profile"] is True and set(rs.rows["status"]) == {"ok"}
+    for row in rs.rows.to_dict("records"):
+        prof = parse_profile(row["kernel_profile"])
+        assert prof["source"] == "cpu operators"
+        passes = {k["pass"] for k in prof["kernels"]}
+        assert passes == ({"fwd"} if row["mode"] == "fwd" else {"fwd", "bwd"})
+        assert any(k["name"] == "aten::bmm" for k in prof["kernels"])
+    report = runner.invoke(app, ["report", str(directory), "--no-plots", "--kernels", "2"])
+    assert report.exit_code == 0, report.output
+    assert "fwd parallel" in report.output and "bwd parallel" in report.output
+    assert "aten::bmm" in report.output  # --kernels lists the largest operators
