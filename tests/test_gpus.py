@@ -82,8 +82,10 @@ def test_merge_keeps_the_gpus_of_every_shard(tmp_path):
 
 @pytest.mark.parametrize("value", [1, "1"])
 def test_gpu_index_is_text(tmp_path, value):
-    row = new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd")
-    row.update(status="ok", gpu_index=value)
+    row = new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
+                  dtype="bfloat16", device="cuda", batch=1, seq_len=128, heads=2, d_qk=64, d_hv=64,
+                  chunk_size=None, embedding_dim=128)
+    row.update(status="ok", gpu_index=value, ms_median=1.0, n_iter=1, ms_samples=[1.0])
     rs = load_results(write_results(tmp_path / "set", [row], {"suite": "s"}))
     assert rs.rows["gpu_index"].tolist() == ["1"]
 
@@ -98,7 +100,7 @@ def test_run_with_gpus_on_a_machine_without_gpus_is_refused_with_exit_2(monkeypa
     for option in ("0,1", "all"):
         result = CliRunner().invoke(app, ["run", "--gpus", option, "--out", str(tmp_path), "--no-progress"])
         assert result.exit_code == 2, result.output
-        assert "no GPU visible" in result.stderr and len(result.stderr.strip().splitlines()) == 1
+        assert "no GPU is visible here" in result.stderr and len(result.stderr.strip().splitlines()) == 1
         assert "Traceback" not in result.output
     assert not any(tmp_path.iterdir())  # nothing was started
 

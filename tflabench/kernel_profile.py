@@ -237,7 +237,7 @@ def _model(row: dict):
     try:
         shape = Shape(int(row["batch"]), int(row["seq_len"]), int(row["heads"]), int(row["d_qk"]),
                       int(row["d_hv"]), str(row.get("dtype") or "bfloat16"))
-        found = backend.model_kind(params, shape)
+        found = backend.model_kind(params, shape, str(row.get("mode")))
         counts = backend.model_breakdown(params, shape, str(row.get("mode")))
     except Exception:  # no shape or no model for it: times without bounds
         return backend, params, None, None, None

@@ -159,7 +159,7 @@ def run_suite(
     try:
         return _run_suite(loaded, state, out_root=out_root, resume=resume, gpus=gpus, shard=shard, only=only,
                           max_kernel_failures=max_kernel_failures, ceilings=ceilings, device=device,
-                          console=console, progress=progress, triton_cache=triton_cache)
+                          console=console, progress=progress, triton_cache=triton_cache, profile=profile)
     except KeyboardInterrupt:
         directory = state["directory"]
         if directory is not None and state["created"]:  # stopped inside write_metadata: the file decides
@@ -175,7 +175,7 @@ def run_suite(
 
 
 def _run_suite(loaded: LoadedSuite, state: dict, *, out_root, resume, gpus, shard, only, max_kernel_failures,
-               ceilings, device, console, progress, triton_cache) -> RunResult:
+               ceilings, device, console, progress, triton_cache, profile=False) -> RunResult:
     """:func:`run_suite` itself; ``state`` records the result set and whether it was written."""
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
