@@ -11,7 +11,7 @@ import pytest
 from tflabench.backends import get_backend
 from tflabench.backends.base import Shape
 from tflabench.errors import UserError
-from tflabench.kernel_profile import breakdown, breakdowns, capture, parse_profile
+from tflabench.kernel_profile import breakdown, breakdowns, parse_profile
 from tflabench.model import counts_for_case
 from tflabench.model.floor import compulsory_bytes, physical_floor
 from tflabench.model.parts import row_part, split_parts
@@ -19,27 +19,51 @@ from tflabench.model.parts import row_part, split_parts
 FIG4 = dict(B=8, NH=16, T=8192, d_qk=128, d_hv=256)  # Figure 4's heads at B*S = 65,536
 
 
+CAPTURE = """
+import json, torch
+from tflabench.kernel_profile import capture
+
+w = torch.randn(32, 32, requires_grad=True)
+x = torch.randn(16, 32, requires_grad=True)
+
+def clear():
+    w.grad = x.grad = None
+
+both = capture(lambda: (x @ w).sum(), lambda out: out.backward(), "cpu", steps=3, before_each=clear)
+grad_ok = bool(torch.allclose(w.grad, x.detach().sum(0)[:, None].expand(32, 32)))
+forward_only = capture(lambda: (x @ w).sum(), None, "cpu", steps=1)
+try:
+    capture(lambda: None, None, "cpu", steps=0)
+    refused = False
+except ValueError:
+    refused = True
+print(json.dumps({"both": both, "forward_only": forward_only, "grad_ok": grad_ok, "refused": refused}))
+"""
+
+
 def test_capture_on_the_cpu_records_each_operator_per_pass_and_per_call():
-    import torch
+    # in its own process, as in a worker: running torch's profiler imports torch._dynamo and
+    # with it triton, outside the interpreter mode the kernel tests of this process set later
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
 
-    w = torch.randn(32, 32, requires_grad=True)
-    x = torch.randn(16, 32, requires_grad=True)
-
-    def clear():
-        w.grad = x.grad = None
-
-    prof = capture(lambda: (x @ w).sum(), lambda out: out.backward(), "cpu", steps=3, before_each=clear)
+    root = Path(__file__).resolve().parent.parent
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(root / "kernels"), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", CAPTURE], capture_output=True, text=True, env=env, timeout=300)
+    assert done.returncode == 0, done.stderr
+    got = json.loads(done.stdout.strip().splitlines()[-1])
+    prof = got["both"]
     assert prof["source"] == "cpu operators" and prof["steps"] == 3
     calls = {(k["pass"], k["name"]): k["calls"] for k in prof["kernels"]}
     assert calls[("fwd", "aten::mm")] == 1.0        # one product per forward call
     assert calls[("bwd", "aten::mm")] == 2.0        # dx and dw per backward call
     assert all(k["ms"] >= 0 for k in prof["kernels"])
     assert {k["pass"] for k in prof["kernels"]} == {"fwd", "bwd"}
-    assert w.grad is not None and torch.allclose(w.grad, x.detach().sum(0)[:, None].expand(32, 32))
-    forward_only = capture(lambda: (x @ w).sum(), None, "cpu", steps=1)
-    assert {k["pass"] for k in forward_only["kernels"]} == {"fwd"}
-    with pytest.raises(ValueError, match="steps"):
-        capture(lambda: None, None, "cpu", steps=0)
+    assert got["grad_ok"]                           # the backward ran once per call, gradients cleared
+    assert {k["pass"] for k in got["forward_only"]["kernels"]} == {"fwd"}
+    assert got["refused"]
 
 
 def test_corrupt_profile_is_one_user_error():
