@@ -154,7 +154,7 @@ class PartTime:
     Attributes:
         pass_: ``fwd`` or ``bwd``.
         part: ``recurrent``, ``parallel``, ``whole`` or :data:`OTHER` (kernels no pattern of
-            the backend names: copies, fills, casts, a peer's helpers).
+            the backend names: copies, fills, casts, a peer's utility kernels).
         ms: kernel time per call, ms.
         kernels: (name, ms, launches) per call of its kernels, largest first.
         flops, bytes: the model's counts of the part (None: no model part).
