@@ -261,6 +261,7 @@ def test_workers_use_the_thread_count_recorded_in_the_metadata(tmp_path, monkeyp
                        out_root=tmp_path / "out", progress=False)
     rs = R.load_results(result.directory)
     threads = rs.metadata["cpu_threads"]
+    assert rs.metadata["cpu_allocator"]["library"]
     (row,) = rs.rows.to_dict("records")
     assert f"threads={threads['per_worker']} omp={threads['per_worker']}" in row["reason"]
 
@@ -309,3 +310,70 @@ def test_kernel_that_keeps_crashing_has_its_remaining_cases_recorded_not_run(tmp
     assert [r["status"] for r in again.rows] == ["crash", "crash"]
     rows = R.load_results(result.directory).rows
     assert sorted(rows.loc[rows["kernel"] == "aborts", "status"]) == ["crash", "crash", "crash"]
+
+
+def test_a_worker_log_closed_twice_or_underneath_raises_nothing(tmp_path):
+    # An interrupted run kills every worker while their slot threads close them too: the
+    # second close of the log pipe must not turn Ctrl-C / SIGTERM into a traceback.
+    import multiprocessing
+    import os
+    import threading
+
+    from tflabench.worker_pool import _LogPump
+
+    reader, writer = multiprocessing.Pipe(duplex=False)
+    pump = _LogPump(reader, tmp_path / "worker.log")
+    os.write(writer.fileno(), b"hello\n")
+    writer.close()
+    os.close(reader.fileno())          # closed underneath, as by the other closer
+    errors = []
+
+    def close():
+        try:
+            pump.close()
+        except Exception as exc:  # noqa: BLE001 - the test collects what a closer raised
+            errors.append(exc)
+
+    closers = [threading.Thread(target=close) for _ in range(4)]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join()
+    close()
+    assert errors == []
+    assert (tmp_path / "worker.log").read_bytes().startswith(b"hello")
+
+
+def test_cpu_workers_keep_freed_buffers_in_the_heap(tmp_path):
+    # With glibc's defaults a 4 MiB buffer gets its own mmap (and page faults on every
+    # call that allocates it again); a CPU worker's allocator keeps it in the heap.
+    import platform
+    import subprocess
+    import sys
+
+    from tflabench.worker_pool import CPU_MALLOC_SETTINGS, cpu_allocator
+
+    if platform.libc_ver()[0] != "glibc":
+        assert cpu_allocator()["mallopt"] is None
+        return
+    assert cpu_allocator() == {"library": "glibc", "mallopt": CPU_MALLOC_SETTINGS}
+    probe = textwrap.dedent("""
+        import ctypes, sys
+        from tflabench.worker_pool import steady_allocator
+        libc = ctypes.CDLL(None)
+        class Info(ctypes.Structure):
+            _fields_ = [(n, ctypes.c_size_t) for n in
+                        ("arena", "ordblks", "smblks", "hblks", "hblkhd", "usmblks", "fsmblks",
+                         "uordblks", "fordblks", "keepcost")]
+        libc.mallinfo2.restype = Info
+        libc.malloc.restype = ctypes.c_void_p
+        if sys.argv[1] == "steady":
+            assert steady_allocator()
+        before = libc.mallinfo2().hblkhd
+        p = libc.malloc(4 << 20)
+        print(libc.mallinfo2().hblkhd - before)
+        libc.free(ctypes.c_void_p(p))
+    """)
+    mapped = {mode: int(subprocess.run([sys.executable, "-c", probe, mode], capture_output=True, text=True,
+                                       check=True).stdout) for mode in ("default", "steady")}
+    assert mapped["default"] >= 4 << 20 and mapped["steady"] == 0

@@ -30,7 +30,7 @@ from tflabench.backends.base import Shape
 from tflabench.errors import UserError
 from tflabench.shard import format_shard, parse_shard, select_shard
 from tflabench.suite import Case, LoadedSuite, expand_cases, require_device, resolve_device
-from tflabench.worker_pool import RunInterrupted, cpu_threads, run_cases
+from tflabench.worker_pool import RunInterrupted, cpu_allocator, cpu_threads, run_cases
 
 
 @dataclasses.dataclass
@@ -262,6 +262,7 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, state: dict
         "device": dev, "gpus": gpus, "cpu_threads": threads,
         "gpus_used": environment.gpus_used(gpus) if dev == "cuda" else [],
         "profile": any(c.profile for c in cases),
+        "cpu_allocator": cpu_allocator() if dev == "cpu" else None,
         "compare": suite.compare.model_dump(exclude_none=True),
         "only": list(only) if only else None,
         "measurement": conditions,

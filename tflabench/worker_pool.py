@@ -31,10 +31,12 @@ does around the pool (the suite, resume, metadata, the result table) is
 from __future__ import annotations
 
 import collections
+import ctypes
 import faulthandler
 import gc
 import multiprocessing
 import os
+import platform
 import signal
 import sys
 import threading
@@ -110,6 +112,43 @@ def cpu_threads(workers: int = 1, environ=None) -> dict:
             "set_by": "tflabench: (cores - 1) // workers"}
 
 
+#: glibc malloc settings of every CPU worker (``mallopt``), so that the tensors a case
+#: allocates and frees on each call reuse the heap instead of fresh ``mmap`` pages: with
+#: glibc's defaults every call of a CPU kernel that frees a buffer above the (moving) mmap
+#: threshold pays its page faults again, and a case's median then depends on where that
+#: threshold happened to stand in its process (the same case read 1.4 ms in one worker
+#: and 4 ms in the next). Bytes; the keys are glibc's ``mallopt`` parameter names.
+CPU_MALLOC_SETTINGS: dict[str, int] = {
+    "M_MMAP_THRESHOLD": 32 << 20,   # glibc's largest: only buffers above 32 MiB get their own mmap
+    "M_TRIM_THRESHOLD": 256 << 20,  # keep up to 256 MiB of freed heap instead of returning it
+    "M_TOP_PAD": 64 << 20,          # grow the heap in steps of 64 MiB
+}
+_MALLOPT_PARAM = {"M_TRIM_THRESHOLD": -1, "M_TOP_PAD": -2, "M_MMAP_THRESHOLD": -3}
+
+
+def cpu_allocator() -> dict:
+    """What CPU workers do to the C allocator (recorded in the result set's metadata as
+    ``cpu_allocator``): ``{"library", "mallopt"}`` with :data:`CPU_MALLOC_SETTINGS` on
+    glibc, ``{"library", "mallopt": None}`` elsewhere (the allocator is left as it is)."""
+    library = platform.libc_ver()[0] or "unknown"
+    return {"library": library, "mallopt": dict(CPU_MALLOC_SETTINGS) if library == "glibc" else None}
+
+
+def steady_allocator() -> bool:
+    """Apply :data:`CPU_MALLOC_SETTINGS` to this process's glibc malloc (``mallopt``).
+
+    Returns True when every setting was taken; False on another C library or when glibc
+    refused one (the process then keeps its defaults for that setting).
+    """
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    try:
+        libc = ctypes.CDLL(None)
+    except OSError:  # pragma: no cover - no dynamic loader
+        return False
+    return all(libc.mallopt(_MALLOPT_PARAM[name], value) == 1 for name, value in CPU_MALLOC_SETTINGS.items())
+
+
 def _worker_main(conn, output, gpu: str | None, parent_pid: int, device: str, threads: int = 0) -> None:
     """Worker loop: receive case dicts, send back outcome dicts, until None or EOF.
 
@@ -118,7 +157,8 @@ def _worker_main(conn, output, gpu: str | None, parent_pid: int, device: str, th
     (``CUDA_VISIBLE_DEVICES``); on the CPU, Triton kernels run in Triton's interpreter
     (``TRITON_INTERPRET=1``, set before anything imports triton).
     ``threads`` (> 0): the width of the worker's CPU thread pools (:func:`cpu_threads`),
-    set before torch loads and with ``torch.set_num_threads``.
+    set before torch loads and with ``torch.set_num_threads``. CPU workers also set the C
+    allocator for steady timings (:func:`steady_allocator`).
     """
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
@@ -127,6 +167,7 @@ def _worker_main(conn, output, gpu: str | None, parent_pid: int, device: str, th
             os.environ[name] = str(threads)
     if device == "cpu":
         os.environ.setdefault("TRITON_INTERPRET", "1")
+        steady_allocator()
     scope = triton_cache.prepare_worker(os.environ)
     os.dup2(output.fileno(), 1)
     os.dup2(output.fileno(), 2)
@@ -309,7 +350,13 @@ class _LogPump:
                 self._closed = True
                 self._file.close()
         if not self._thread.is_alive():
-            self._reader.close()
+            with self._lock:  # the slot thread and an interrupted run may both close a worker
+                if self._reader is not None:
+                    reader, self._reader = self._reader, None
+                    try:
+                        reader.close()
+                    except OSError:  # already closed underneath: nothing left to release
+                        pass
 
 
 class _Worker:
@@ -625,5 +672,5 @@ def run_cases(
     return done_rows
 
 
-__all__ = ["RunInterrupted", "run_cases", "parse_gpus", "cpu_threads", "usable_cores", "THREAD_VARIABLES", "REASON_LINES", "RESTART_AFTER", "RESTART_AFTER_ON_GPU",
+__all__ = ["RunInterrupted", "run_cases", "parse_gpus", "cpu_threads", "cpu_allocator", "steady_allocator", "CPU_MALLOC_SETTINGS", "usable_cores", "THREAD_VARIABLES", "REASON_LINES", "RESTART_AFTER", "RESTART_AFTER_ON_GPU",
            "WORKER_START_TIMEOUT_S"]
