@@ -116,6 +116,13 @@ VARIANTS = {
                       ("_q128_w8", {"lim_B_DQK": 128, "lim_num_warps": 8}),
                       ("_w8", {"lim_num_warps": 8}), ("_st2", {"lim_num_stages": 2}),
                       ("_v128_w8", {"lim_B_DHV": 128, "lim_num_warps": 8}))},
+    # dK and dV of a key/value tile in one program (chunkwise_parallel_bw._dkv_fused_kernel):
+    # on and off against the default, query tile 32 or 64, warps, stages
+    "bw_fdkv": ({}, {"FUSED_DKV": True}, {}),
+    "bw_no_fdkv": ({}, {"FUSED_DKV": False}, {}),
+    "bw_fdkv_q64": ({}, {"FUSED_DKV": True, "DKV_B_LQ": 64}, {}),
+    "bw_fdkv_w4": ({}, {"FUSED_DKV": True, "DKV_num_warps": 4}, {}),
+    "bw_fdkv_st1": ({}, {"FUSED_DKV": True, "DKV_num_stages": 1}, {}),
 }
 
 FIELDS = ["tag", "shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
@@ -133,6 +140,7 @@ def parse_args(argv=None):
     ap.add_argument("--variant-chunks", default="128,256", help="chunk sizes for --variants")
     ap.add_argument("--variant-modes", default="fwd", help="modes for --variants")
     ap.add_argument("--variant-impls", default="sig", help="impls for --variants")
+    ap.add_argument("--variant-shapes", default="", help="shapes for --variants (default: --shapes)")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--sweep", default="", help="'rec', 'fw' or 'rec,fw': time one kernel of the "
                     "tiled forward alone over a grid of tile configs (see sweep())")
@@ -531,7 +539,7 @@ def main(argv=None):
                     b.measure(shape, impl, L, mode)
     if args.variants:
         names = list(VARIANTS) if args.variants == "all" else args.variants.split(",")
-        for shape in shapes:
+        for shape in (args.variant_shapes.split(",") if args.variant_shapes else shapes):
             for mode in args.variant_modes.split(","):
                 for L in [int(c) for c in args.variant_chunks.split(",")]:
                     for impl in args.variant_impls.split(","):

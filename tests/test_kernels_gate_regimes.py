@@ -148,6 +148,19 @@ def test_every_kernel_is_finite_and_accurate_in_every_gate_regime(name, regime, 
     check_kernel(name, regime, L, S)
 
 
+@pytest.mark.parametrize("L,S", LENGTHS)
+@pytest.mark.parametrize("regime", list(REGIMES))
+@pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
+def test_fused_dkv_kernel_in_every_gate_regime(name, regime, L, S, monkeypatch):
+    """dK and dV in one program (BW_OVERRIDE["FUSED_DKV"]), with several key/value and query
+    tiles per chunk where L allows, TMA tiles, d_hv 24 (not a power of two)."""
+    from tfla.triton import chunkwise_parallel_bw
+    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE",
+                        {"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": 16, "DKV_B_LKV": 16})
+    assert chunkwise_parallel_bw.bw_config(L, 16, 24, torch.float32)["FUSED_DKV"] is True
+    check_kernel(name, regime, L, S)
+
+
 @pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
 @pytest.mark.parametrize("L,S", [(256, 300), (1024, 100)])
 def test_large_chunks_on_ragged_sequences(name, L, S):
@@ -228,6 +241,13 @@ BACKWARD_OPTIONS = {
     # dQ, dK, dV of a chunk in one program (limit_chunk's backward kernel after xl_chunk's
     # forward)
     "fused": ({"bw_USE_TMA": True, "bw_SCALE_DH": True}, {"FUSED": True}),
+    # dK and dV of a key/value tile in one program (the whole head dimensions), with TMA
+    # tiles; then smaller query than key/value tiles, and larger, through pointers
+    "fused_dkv": ({"bw_USE_TMA": True, "bw_SCALE_DH": True}, {"FUSED_DKV": True, "USE_TMA": True}),
+    "fused_dkv_lq_lt_lkv": ({}, {"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": 16,
+                                 "DKV_B_LKV": 32}),
+    "fused_dkv_lq_gt_lkv_ptr": ({}, {"FUSED_DKV": True, "USE_TMA": False, "DKV_B_LQ": 32,
+                                     "DKV_B_LKV": 16}),
 }
 
 

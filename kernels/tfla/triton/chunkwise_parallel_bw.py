@@ -178,6 +178,59 @@ def _dkv_kernel(
             tl.store(KDK + bh * S_pad + cols, rowsum)
 
 
+@triton.jit
+def _dkv_fused_kernel(
+    Q, K, V, DH, QD, KD, VD, DHD, DCD, DKD, DVD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st,
+    DK, DV, KDK, S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+    B_DQK: tl.constexpr, B_DHV: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    # dK and dV of one key/value tile together (whole head dimensions: B_DQK >= d_qk,
+    # B_DHV >= d_hv): K, V and dC_k are read once, and per query tile on or after the
+    # diagonal the gate matrix Dᵀ (row scale included), P = K Qᵀ ⊙ Dᵀ and dP = V dH̃ᵀ ⊙ Dᵀ
+    # are formed once each:
+    #   dK = ā ⊙ (V dC_kᵀ) + dP Q,   dV = ā ⊙ (K dC_k) + P dH̃   (scale inside the row scale)
+    _, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), 1, L // B_LKV, NC)
+    S_pad = NC * L
+    s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
+    s0 = c * L + pid_kv * B_LKV
+    cols = c * L + s_loc
+    b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
+    k_blk = load_tile(KD, K, bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
+    v_blk = load_tile(VD, V, bh, s0, 0, S, d_hv, B_LKV, B_DHV, USE_TMA)
+    dk = tl.zeros((B_LKV, B_DQK), dtype=tl.float32)
+    dv = tl.zeros((B_LKV, B_DHV), dtype=tl.float32)
+    # intra over query tiles on or after the diagonal
+    j0 = (pid_kv * B_LKV) // B_LQ
+    for j in range(j0, L // B_LQ):
+        r_loc = j * B_LQ + tl.arange(0, B_LQ)
+        r0 = c * L + j * B_LQ
+        rows = c * L + r_loc
+        b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
+                                       scale, eps, IS_EXP, NORMALIZE)
+        q_blk = load_tile(QD, Q, bh, r0, 0, S, d_qk, B_LQ, B_DQK, USE_TMA)
+        dh_blk = load_tile(DHD, DH, bh, r0, 0, S, d_hv, B_LQ, B_DHV, USE_TMA)
+        d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
+        d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
+        d_mat = tl.exp(d_log) * rs[None, :]
+        p = tl.dot(k_blk, tl.trans(q_blk), input_precision=DOT_PREC) * d_mat
+        dv = tl.dot(p.to(dh_blk.dtype), dh_blk, dv, input_precision=DOT_PREC)
+        dp = tl.dot(v_blk, tl.trans(dh_blk), input_precision=DOT_PREC) * d_mat
+        dk = tl.dot(dp.to(q_blk.dtype), q_blk, dk, input_precision=DOT_PREC)
+    # inter: ā ⊙ (V dC_kᵀ), ā ⊙ (K dC_k), dC_k in the (BNH·(N_c+1), d_qk, d_hv) view (after
+    # the loop: Triton 3.6 fails to pipeline the loop's tile loads when K and V also feed a
+    # dot before it)
+    dc_blk = load_tile(DCD, DC_st, bh * (NC + 1) + c + 1, 0, 0, d_qk, d_hv, B_DQK, B_DHV,
+                       USE_TMA).to(k_blk.dtype)
+    dv += tl.dot(k_blk, dc_blk, input_precision=DOT_PREC) * a_bar[:, None]
+    store_tile(DVD, DV, dv.to(DV.dtype.element_ty), bh, s0, 0, S, d_hv, B_LKV, B_DHV, USE_TMA)
+    dk += tl.dot(v_blk, tl.trans(dc_blk), input_precision=DOT_PREC) * a_bar[:, None]
+    store_tile(DKD, DK, dk.to(DK.dtype.element_ty), bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
+    k_row = load_tile(KD, K, bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
+    tl.store(KDK + bh * S_pad + cols, tl.sum(k_row.to(tl.float32) * dk, 1))
+
+
 def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
@@ -197,10 +250,14 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
         B_DQK=max(16, min(cap, _p2(d_qk))),
         B_DHV=max(16, min(cap, _p2(d_hv))),
         num_warps=4, num_stages=2, USE_TMA=dtype in (torch.bfloat16, torch.float16),
+        # dK and dV in one launch (_dkv_fused_kernel), where the whole head dimensions fit
+        # one tile (d_qk, d_hv <= 256); its own tiles, warps and stages
+        FUSED_DKV=False, DKV_B_LQ=32, DKV_B_LKV=64, DKV_num_warps=8, DKV_num_stages=2,
     )
     cfg.update(BW_OVERRIDE)
-    cfg["B_LQ"] = min(cfg["B_LQ"], L)
-    cfg["B_LKV"] = min(cfg["B_LKV"], L)
+    for key in ("B_LQ", "B_LKV", "DKV_B_LQ", "DKV_B_LKV"):
+        cfg[key] = min(cfg[key], L)
+    cfg["FUSED_DKV"] = bool(cfg["FUSED_DKV"]) and max(_p2(d_qk), _p2(d_hv)) <= 256
     return cfg
 
 
@@ -225,7 +282,8 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
     atomic = n_dqk > 1
     alloc = torch.zeros if atomic else torch.empty
     qdq = alloc((BNH, NC * L), device=q.device, dtype=torch.float32)
-    kdk = alloc((BNH, NC * L), device=q.device, dtype=torch.float32)
+    kdk = (torch.empty if cfg["FUSED_DKV"] else alloc)((BNH, NC * L), device=q.device,
+                                                        dtype=torch.float32)
     dq = torch.empty_like(q)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
@@ -245,6 +303,19 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
         b_vec, i_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
         S, NC, d_qk, d_hv, scale, eps, B_DQK=bqk, B_DHV=bhv, NUM_DHV=n_dhv,
         ATOMIC_ROWSUM=atomic, **common)
+    if cfg["FUSED_DKV"]:
+        flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], _p2(d_qk), _p2(d_hv)
+        tma_f = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
+                                                      blocks=(flq, flkv, fqk, fhv))
+        Df = lambda t, *blk: descriptor(t, (1, *blk), tma_f)  # noqa: E731
+        _dkv_fused_kernel[((L // flkv) * NC * BNH,)](
+            q, k, v, dh, Df(q, flq, fqk), Df(k, flkv, fqk), Df(v, flkv, fhv), Df(dh, flq, fhv),
+            Df(dC_view, fqk, fhv), Df(dk, flkv, fqk), Df(dv, flkv, fhv),
+            b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
+            S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=flq, B_LKV=flkv, B_DQK=fqk, B_DHV=fhv,
+            IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec, USE_TMA=tma_f,
+            num_warps=cfg["DKV_num_warps"], num_stages=cfg["DKV_num_stages"])
+        return dq, dk, dv, qdq, kdk
     _dkv_kernel[(n_dqk * (L // blkv) * NC * BNH,)](
         v, dh, q, k, D(v, blkv, bhv), D(dh, blq, bhv), D(q, blq, bqk), D(k, blkv, bqk),
         D(dC_view, bqk, bhv), D(dk, blkv, bqk),
