@@ -86,3 +86,53 @@ def test_regression_exp_chunk256_16bit_gates_compile_at_every_warps_count():
     assert results["bf16 L256 exp w1"] == "ok"
     failed = {k: v for k, v in results.items() if v != "ok"}
     assert not failed, failed
+
+
+_CHILD_DKV = r"""
+import json, sys
+import torch, triton
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from tfla.triton import chunkwise_parallel_bw as bw
+
+def compile_fused(L, d_qk, d_hv, is_exp):
+    cfg = bw.bw_config(L, d_qk, d_hv, torch.bfloat16)
+    blq, blkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], triton.next_power_of_2(d_qk), triton.next_power_of_2(d_hv)
+    td = lambda a, b: f"tensordesc<bf16[1,{a},{b}]>"
+    sig = dict(Q="*bf16", K="*bf16", V="*bf16", DH="*bf16", QD=td(blq, fqk), KD=td(blkv, fqk),
+               VD=td(blkv, fhv), DHD=td(blq, fhv), DCD=td(fqk, fhv), DKD=td(blkv, fqk),
+               DVD=td(blkv, fhv), B_vec="*fp32", I_vec="*fp32", A_vec="*fp32", MI_vec="*fp32",
+               M_st="*fp32", NOUT="*fp32", DC_st="*bf16", DK="*bf16", DV="*bf16", KDK="*fp32",
+               S="i32", NC="i32", d_qk="i32", d_hv="i32", scale="fp32", eps="fp32")
+    cst = dict(L=L, B_LQ=blq, B_LKV=blkv, B_DQK=fqk, B_DHV=fhv, IS_EXP=is_exp,
+               NORMALIZE=is_exp, DOT_PREC="tf32", USE_TMA=True)
+    sig.update({k: "constexpr" for k in cst})
+    src = ASTSource(fn=bw._dkv_fused_kernel, signature=sig, constexprs=cst)
+    try:
+        triton.compile(src, target=GPUTarget("cuda", 90, 128),
+                       options={"num_warps": cfg["DKV_num_warps"], "num_stages": cfg["DKV_num_stages"]})
+        return "ok" if cfg["FUSED_DKV"] else "not the default"
+    except Exception as e:
+        return (str(e).strip().splitlines() or ["?"])[0][:200]
+
+print(json.dumps({f"L{L} {q}/{v} {'exp' if e else 'sig'}": compile_fused(L, q, v, e)
+                  for L, q, v, e in json.loads(sys.argv[1])}))
+"""
+
+
+def test_fused_dkv_kernel_compiles_for_sm90_where_it_is_the_default():
+    """The one-launch dK/dV kernel with TMA tiles and pipelined query tiles compiles for sm_90
+    at every shape where ``bw_config`` makes it the default. Regression: with the inter-chunk
+    products K dC_k and V dC_kᵀ before the query loop, Triton 3.6 aborted in its TMA lowering
+    pass at 2 stages ("cannot RAUW a value with itself"); the kernel adds them after the loop."""
+    configs = [[L, q, v, e] for L, q, v in ((128, 128, 256), (256, 128, 256), (128, 64, 128))
+               for e in (False, True)]
+    env = dict(os.environ, TRITON_INTERPRET="0",
+               PYTHONPATH=os.pathsep.join([str(KERNELS), os.environ.get("PYTHONPATH", "")]))
+    proc = subprocess.run([sys.executable, "-c", _CHILD_DKV, json.dumps(configs)], env=env,
+                          capture_output=True, text=True, timeout=900)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    results = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert len(results) == len(configs)
+    failed = {k: v for k, v in results.items() if v != "ok"}
+    assert not failed, failed

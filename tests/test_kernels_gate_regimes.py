@@ -315,6 +315,29 @@ def test_backward_kernel_defaults_by_dtype(monkeypatch):
     assert opts(torch.bfloat16) == (False, True)
 
 
+def test_fused_dkv_defaults_where_measured(monkeypatch):
+    """dK and dV in one launch by default for 16-bit inputs at Figure 4's heads (L 128, 256)
+    and the small heads (L 128) only, where it measured faster (docs/kernels.md B4); never
+    where the head dimensions exceed one 256-column tile, even when asked for."""
+    from tfla.triton import chunkwise_parallel_bw
+    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {})
+    cfg = chunkwise_parallel_bw.bw_config
+    bf16 = torch.bfloat16
+    fig4 = cfg(128, 128, 256, bf16)
+    assert fig4["FUSED_DKV"] is True and (fig4["DKV_B_LQ"], fig4["DKV_num_warps"]) == (64, 8)
+    assert cfg(256, 128, 256, torch.float16)["FUSED_DKV"] is True
+    small = cfg(128, 64, 128, bf16)
+    assert small["FUSED_DKV"] is True and small["DKV_num_warps"] == 4
+    for L, d_qk, d_hv, dtype in [(64, 128, 256, bf16), (64, 64, 128, bf16), (256, 64, 128, bf16),
+                                 (128, 256, 512, bf16), (128, 128, 256, torch.float32)]:
+        assert cfg(L, d_qk, d_hv, dtype)["FUSED_DKV"] is False, (L, d_qk, d_hv, dtype)
+    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {"FUSED_DKV": True})
+    assert cfg(128, 256, 512, bf16)["FUSED_DKV"] is False
+    assert cfg(64, 64, 128, bf16)["FUSED_DKV"] is True
+    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {"FUSED_DKV": False})
+    assert cfg(128, 128, 256, bf16)["FUSED_DKV"] is False
+
+
 def test_launch_retries_with_fewer_stages_and_remembers_the_depth():
     """common.launch (used by the forward kernels): a launch whose pipelined tiles do not fit
     in shared memory is retried with fewer stages, and the depth that fitted is kept per

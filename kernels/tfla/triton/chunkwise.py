@@ -5,7 +5,8 @@ Used by :func:`tfla.mlstm_exp` (mLSTMexp ``xl_chunk``), :func:`tfla.mlstm_sig` (
 (``limit_chunk``, both variants). Forward (docs/tfla-tiling.md 4.1): the recurrent
 kernel (chunk states, b, m^comb), then the parallel H kernel. Backward: the recurrent dC
 kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three launches as in the paper's
-Table 1; limit_chunk: one fused kernel per chunk), then the gate gradients (docs/tfla-kernels.md 3.4)
+Table 1, or dQ and one dK/dV launch where ``bw_config`` says so; limit_chunk: one fused
+kernel per chunk), then the gate gradients (docs/tfla-kernels.md 3.4)
 from the fp32 row sums q·dq and k·dk. :func:`run_sig_walk` is the host side of mLSTMsig's
 forward walk (``sig_walk_fw``), for the calls its rule takes.
 

@@ -5,7 +5,10 @@ docs/tfla-kernels.md 3.3 (per-chunk gradients) and 4.5 (tiled loops). One progra
 - dQ: (d_qk block, query tile, chunk·b·head), loops over kv tiles up to the diagonal;
 - dK: (d_qk block, kv tile, chunk·b·head), loops over query tiles from the diagonal on;
 - dV: (d_hv block, kv tile, chunk·b·head), same loop as dK: one kernel, ``_dkv_kernel``,
-  serves both (the constexpr OUT_K swaps the roles of d_qk and d_hv).
+  serves both (the constexpr OUT_K swaps the roles of d_qk and d_hv);
+- or dK and dV together (``_dkv_fused_kernel``, where ``bw_config`` sets FUSED_DKV): one
+  program per (kv tile, chunk·b·head) with the whole head dimensions, which reads K, V and
+  dC_k once and forms K Qᵀ ⊙ Dᵀ and V dH̃ᵀ ⊙ Dᵀ once per query tile.
 
 No kernel has an online max: D is rebuilt from b, ī and the saved m^comb. The normaliser
 1/(n_out + eps) is applied as a row (query) scale in fp32 after each dot. dQ and dK also
@@ -239,9 +242,25 @@ def _p2(x: int) -> int:
 BW_OVERRIDE: dict = {}
 
 
+def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
+    """Where dK and dV run as one launch by default (docs/kernels.md, tuning rule B4): 16-bit
+    inputs at the head shapes and chunk sizes where it was measured faster, with the tiles
+    measured there; elsewhere the two launches of ``_dkv_kernel``."""
+    if dtype not in (torch.bfloat16, torch.float16):
+        return {}
+    heads = (_p2(d_qk), _p2(d_hv))
+    if heads == (128, 256) and L in (128, 256):
+        return dict(FUSED_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=8)
+    if heads == (64, 128) and L == 128:
+        return dict(FUSED_DKV=True, DKV_B_LQ=32, DKV_B_LKV=64, DKV_num_warps=4)
+    return {}
+
+
 def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
-    """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B3);
-    USE_TMA: tiles and stores through tensor descriptors, on for 16-bit inputs."""
+    """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B4);
+    USE_TMA: tiles and stores through tensor descriptors, on for 16-bit inputs; FUSED_DKV:
+    dK and dV in one launch (``_dkv_fused_kernel``, its tiles DKV_*), only where d_qk and
+    d_hv fit one tile of at most 256 columns. BW_OVERRIDE wins over every default."""
     fp32 = dtype == torch.float32
     b_l = min(64, L)
     cap = 64 if fp32 else 128
@@ -254,6 +273,7 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
         # one tile (d_qk, d_hv <= 256); its own tiles, warps and stages
         FUSED_DKV=False, DKV_B_LQ=32, DKV_B_LKV=64, DKV_num_warps=8, DKV_num_stages=2,
     )
+    cfg.update(_fused_dkv_rule(L, d_qk, d_hv, dtype))
     cfg.update(BW_OVERRIDE)
     for key in ("B_LQ", "B_LKV", "DKV_B_LQ", "DKV_B_LKV"):
         cfg[key] = min(cfg[key], L)
