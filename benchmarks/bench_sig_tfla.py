@@ -123,6 +123,15 @@ VARIANTS = {
     "bw_fdkv_q64": ({}, {"FUSED_DKV": True, "DKV_B_LQ": 64}, {}),
     "bw_fdkv_w4": ({}, {"FUSED_DKV": True, "DKV_num_warps": 4}, {}),
     "bw_fdkv_st1": ({}, {"FUSED_DKV": True, "DKV_num_stages": 1}, {}),
+    # query/key tiles and warps of the one-launch kernel at L 64 and 128 (run 5)
+    **{f"bw_fdkv_{n}": ({}, {"FUSED_DKV": True, **o}, {}) for n, o in (
+        ("q64_w8", {"DKV_B_LQ": 64, "DKV_num_warps": 8}),
+        ("q32_w8", {"DKV_B_LQ": 32, "DKV_num_warps": 8}),
+        ("q32_w8_st1", {"DKV_B_LQ": 32, "DKV_num_warps": 8, "DKV_num_stages": 1}),
+        ("q64_w4", {"DKV_B_LQ": 64, "DKV_num_warps": 4}),
+        ("q32_w4", {"DKV_B_LQ": 32, "DKV_num_warps": 4}),
+        ("q32_kv32_w4", {"DKV_B_LQ": 32, "DKV_B_LKV": 32, "DKV_num_warps": 4}))},
+    "bw_dq_w8": ({}, {"num_warps": 8}, {}),
 }
 
 FIELDS = ["tag", "shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",

@@ -125,7 +125,7 @@ def test_fused_dkv_kernel_compiles_for_sm90_where_it_is_the_default():
     at every shape where ``bw_config`` makes it the default. Regression: with the inter-chunk
     products K dC_k and V dC_kᵀ before the query loop, Triton 3.6 aborted in its TMA lowering
     pass at 2 stages ("cannot RAUW a value with itself"); the kernel adds them after the loop."""
-    configs = [[L, q, v, e] for L, q, v in ((128, 128, 256), (256, 128, 256), (128, 64, 128))
+    configs = [[L, q, v, e] for L, q, v in ((128, 128, 256), (256, 128, 256), (128, 64, 128), (64, 64, 128))
                for e in (False, True)]
     env = dict(os.environ, TRITON_INTERPRET="0",
                PYTHONPATH=os.pathsep.join([str(KERNELS), os.environ.get("PYTHONPATH", "")]))

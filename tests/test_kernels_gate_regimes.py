@@ -151,12 +151,14 @@ def test_every_kernel_is_finite_and_accurate_in_every_gate_regime(name, regime, 
 @pytest.mark.parametrize("L,S", LENGTHS)
 @pytest.mark.parametrize("regime", list(REGIMES))
 @pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
-def test_fused_dkv_kernel_in_every_gate_regime(name, regime, L, S, monkeypatch):
-    """dK and dV in one program (BW_OVERRIDE["FUSED_DKV"]), with several key/value and query
-    tiles per chunk where L allows, TMA tiles, d_hv 24 (not a power of two)."""
+@pytest.mark.parametrize("tile", [16, 64])
+def test_fused_dkv_kernel_in_every_gate_regime(tile, name, regime, L, S, monkeypatch):
+    """dK and dV in one program (BW_OVERRIDE["FUSED_DKV"]), TMA tiles, d_hv 24 (not a power
+    of two): 16-row query and key tiles (several per chunk where L allows) and 64-row ones
+    (the default tiles of B4, one pair per chunk up to L 64)."""
     from tfla.triton import chunkwise_parallel_bw
     monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE",
-                        {"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": 16, "DKV_B_LKV": 16})
+                        {"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": tile, "DKV_B_LKV": tile})
     assert chunkwise_parallel_bw.bw_config(L, 16, 24, torch.float32)["FUSED_DKV"] is True
     check_kernel(name, regime, L, S)
 
@@ -248,6 +250,9 @@ BACKWARD_OPTIONS = {
                                  "DKV_B_LKV": 32}),
     "fused_dkv_lq_gt_lkv_ptr": ({}, {"FUSED_DKV": True, "USE_TMA": False, "DKV_B_LQ": 32,
                                      "DKV_B_LKV": 16}),
+    # the small heads' default tiles (64-row query and key tiles: one tile pair per chunk at L 64)
+    "fused_dkv_lq64_lkv64": ({}, {"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": 64,
+                                  "DKV_B_LKV": 64}),
 }
 
 
@@ -317,7 +322,7 @@ def test_backward_kernel_defaults_by_dtype(monkeypatch):
 
 def test_fused_dkv_defaults_where_measured(monkeypatch):
     """dK and dV in one launch by default for 16-bit inputs at Figure 4's heads (L 128, 256)
-    and the small heads (L 128) only, where it measured faster (docs/kernels.md B4); never
+    and the small heads (L 64, 128) only, where it measured faster (docs/kernels.md B4); never
     where the head dimensions exceed one 256-column tile, even when asked for."""
     from tfla.triton import chunkwise_parallel_bw
     monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {})
@@ -326,9 +331,10 @@ def test_fused_dkv_defaults_where_measured(monkeypatch):
     fig4 = cfg(128, 128, 256, bf16)
     assert fig4["FUSED_DKV"] is True and (fig4["DKV_B_LQ"], fig4["DKV_num_warps"]) == (64, 8)
     assert cfg(256, 128, 256, torch.float16)["FUSED_DKV"] is True
-    small = cfg(128, 64, 128, bf16)
-    assert small["FUSED_DKV"] is True and small["DKV_num_warps"] == 4
-    for L, d_qk, d_hv, dtype in [(64, 128, 256, bf16), (64, 64, 128, bf16), (256, 64, 128, bf16),
+    for L in (64, 128):
+        small = cfg(L, 64, 128, bf16)
+        assert small["FUSED_DKV"] is True and (small["DKV_B_LQ"], small["DKV_num_warps"]) == (64, 4)
+    for L, d_qk, d_hv, dtype in [(64, 128, 256, bf16), (256, 64, 128, bf16),
                                  (128, 256, 512, bf16), (128, 128, 256, torch.float32)]:
         assert cfg(L, d_qk, d_hv, dtype)["FUSED_DKV"] is False, (L, d_qk, d_hv, dtype)
     monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {"FUSED_DKV": True})

@@ -251,8 +251,8 @@ def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     heads = (_p2(d_qk), _p2(d_hv))
     if heads == (128, 256) and L in (128, 256):
         return dict(FUSED_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=8)
-    if heads == (64, 128) and L == 128:
-        return dict(FUSED_DKV=True, DKV_B_LQ=32, DKV_B_LKV=64, DKV_num_warps=4)
+    if heads == (64, 128) and L in (64, 128):
+        return dict(FUSED_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=4)
     return {}
 
 
