@@ -325,6 +325,7 @@ def test_a_worker_log_closed_twice_or_underneath_raises_nothing(tmp_path):
     pump = _LogPump(reader, tmp_path / "worker.log")
     os.write(writer.fileno(), b"hello\n")
     writer.close()
+    pump._thread.join(10)              # the pump has copied "hello" and seen the end of the pipe
     os.close(reader.fileno())          # closed underneath, as by the other closer
     errors = []
 
