@@ -82,7 +82,7 @@ class TflaBackend(Backend):
     KERNEL_PARTS = (
         (r"_sig_walk_fw_kernel", "whole"),
         (r"_gates_kernel|_recurrent_fw_kernel|_recurrent_bw_kernel", "recurrent"),
-        (r"_parallel_fw_kernel|_dq_kernel|_dkv_kernel|_limit_bw_kernel", "parallel"),
+        (r"_parallel_fw_kernel|_dq_kernel|_dkv_kernel|_dkv_fused_kernel|_limit_bw_kernel", "parallel"),
     )
 
     def chunk_size(self, params: TflaParams) -> int | None:
