@@ -170,7 +170,7 @@ EXTRA = _extra()
 SMOKE = (
     Case("sig", "xl_chunk", 16, "float32", "bfloat16", 16, 24, 45, "float32", True, True, True,
          "large"),
-    Case("sig", "xl_chunk", 64, "bfloat16", "float32", 16, 24, 23, "", True, False, False,
+    Case("sig", "xl_chunk", 64, "bfloat16", "float32", 16, 24, 77, "", True, False, False,
          "large"),
     Case("sig", "limit_chunk", 32, "float32", "float16", 16, 24, 45, "", False, False, True,
          "small"),
@@ -344,9 +344,28 @@ def storage_floors(pairs: dict, dtype: str) -> dict[str, float]:
     return floors
 
 
+def path(case: Case, device: str) -> str:
+    """What the dispatch runs for this case (``tfla.plan``): "two_level L128", "walk L64",
+    "limit_chunk L32"."""
+    import torch
+
+    import tfla
+
+    q = torch.empty(B, NH, case.S, case.d_qk, dtype=getattr(torch, case.dtype), device="meta")
+    v = torch.empty(B, NH, case.S, case.d_hv, dtype=q.dtype, device="meta")
+    p = tfla.plan(case.variant, q, v, chunk_size=case.chunk, algorithm=case.algorithm,
+                  grad=case.grad, normalize=case.normalize and case.variant == "sig",
+                  return_last_state=case.last_state, device=device)
+    return f"{p.algorithm} L{p.chunk_size}"
+
+
 def _row(case: Case, regime: str | None, problem: str | None, errors: dict,
          raised: dict | None = None) -> dict:
-    row = {"config": case.label, **dataclasses.asdict(case), "regime": regime or "",
+    try:
+        ran = path(case, "cpu" if _GRID.get("cpu") else "cuda")
+    except Exception as exc:  # noqa: BLE001
+        ran = _first_line(exc)
+    row = {"config": case.label, **dataclasses.asdict(case), "path": ran, "regime": regime or "",
            "status": "fail" if problem else "ok", "error": problem or ""}
     row.update({f"err_{n}": errors.get(n, "") for n in TENSORS})
     row["budget_raised"] = json.dumps(raised or {}, sort_keys=True) if raised else ""
@@ -412,6 +431,7 @@ def _set_up_compile_only() -> None:
 
 
 def _set_up(mode: str) -> None:
+    _GRID["cpu"] = mode != "gpu"
     if mode == "compile":
         _set_up_compile_only()
     elif mode == "smoke":

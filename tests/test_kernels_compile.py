@@ -1,5 +1,8 @@
-"""The chunk-gates kernel compiles for sm_90 at every chunk size and gate dtype the public
-functions accept (no GPU needed: ``triton.compile`` with a ``GPUTarget``).
+"""Every Triton kernel the dispatch can launch compiles for sm_90 (no GPU needed:
+``triton.compile`` with a ``GPUTarget``): the chunk-gates kernel at every chunk size, gate
+dtype and warps count, and every launch of the public functions over the matrix of
+``benchmarks/kernel_matrix.py`` (variant, algorithm, chunk 16-1024, q/k/v and gate dtypes,
+head dimensions, initial and last state, normaliser), compiled instead of launched.
 
 Regression: ``tfla.mlstm_exp(..., chunk_size=256)`` with bfloat16 or float16 gate
 pre-activations failed on Hopper with ``PassManager::run failed``
@@ -14,13 +17,18 @@ suite import the same modules for the interpreter.
 """
 from __future__ import annotations
 
+import csv
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-KERNELS = Path(__file__).resolve().parents[1] / "kernels"
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = ROOT / "kernels"
+MATRIX = ROOT / "benchmarks" / "kernel_matrix.py"
 CHUNKS = (16, 32, 64, 128, 256, 512, 1024)
 GATE_DTYPES = ("fp32", "bf16", "fp16")
 
@@ -135,4 +143,66 @@ def test_fused_dkv_kernel_compiles_for_sm90_where_it_is_the_default():
     results = json.loads(proc.stdout.strip().splitlines()[-1])
     assert len(results) == len(configs)
     failed = {k: v for k, v in results.items() if v != "ok"}
+    assert not failed, failed
+
+
+@pytest.fixture(scope="module")
+def compile_matrix(tmp_path_factory):
+    """``kernel_matrix.py --compile-only`` in two worker processes with an empty Triton cache
+    (so every specialisation is compiled here): (exit status, output, rows, summary)."""
+    tmp = tmp_path_factory.mktemp("compile_matrix")
+    env = dict(os.environ, TRITON_CACHE_DIR=str(tmp / "triton"),
+               PYTHONPATH=os.pathsep.join([str(ROOT), str(KERNELS),
+                                           os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, str(MATRIX), "--compile-only", "--jobs", "2",
+                           "--quiet", "--out", str(tmp / "out")], env=env, cwd=ROOT,
+                          capture_output=True, text=True, timeout=1800)
+    assert (tmp / "out" / "summary.json").exists(), proc.stdout[-3000:] + proc.stderr[-3000:]
+    with open(tmp / "out" / "kernel_matrix.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    summary = json.loads((tmp / "out" / "summary.json").read_text())
+    return proc.returncode, proc.stdout + proc.stderr, rows, summary
+
+
+def test_every_configuration_of_the_dispatch_compiles_for_sm90(compile_matrix):
+    rc, output, rows, summary = compile_matrix
+    failed = [f"{r['config']} ({r['path']}): {r['error']}" for r in rows if r["status"] != "ok"]
+    assert not failed, f"{len(failed)} configurations fail to compile for sm_90:\n" + "\n".join(failed)
+    assert rc == 0, output[-3000:]
+    assert summary["rows"] == summary["cases"] == len(rows)
+    # every launch compiled (a specialisation seen twice compiles once)
+    assert 0 < summary["distinct_compiles"] <= summary["launches"]
+    # the matrix reaches every value of every axis
+    for variant in ("sig", "exp"):
+        mine = [r for r in rows if r["variant"] == variant]
+        for dtype in ("float32", "bfloat16", "float16"):
+            xl = {r["chunk"] for r in mine if r["dtype"] == dtype and r["algorithm"] == "xl_chunk"}
+            assert xl >= {str(L) for L in CHUNKS} | {"auto"}, (variant, dtype, xl)
+            limit = {r["chunk"] for r in mine if r["dtype"] == dtype
+                     and r["algorithm"] == "limit_chunk"}
+            assert limit == {"16", "32", "64", "128"}, (variant, dtype, limit)
+            for L in CHUNKS:      # each chunk meets every gate dtype
+                assert {r["gate_dtype"] for r in mine if r["chunk"] == str(L)} == \
+                    {"float32", "bfloat16", "float16"}, (variant, L)
+        assert {r["initial_state"] for r in mine} == {"", "float32", "float16", "bfloat16"}
+        assert {r["last_state"] for r in mine} == {"True", "False"}
+        heads = {(int(r["d_qk"]), int(r["d_hv"])) for r in mine}
+        assert {(64, 128), (128, 256), (256, 512), (48, 96), (160, 192), (33, 65)} <= heads
+        paths = {r["path"].split()[0] for r in mine}
+        assert paths == ({"two_level", "limit_chunk", "walk"} if variant == "sig"
+                         else {"two_level", "limit_chunk"}), paths
+    assert {r["normalize"] for r in rows if r["variant"] == "sig"} == {"True", "False"}
+    assert (1024, 1024) in {(int(r["d_qk"]), int(r["d_hv"])) for r in rows}
+
+
+def test_regression_exp_chunk256_16bit_gates_compile_through_the_public_function(compile_matrix):
+    """The reported call, ``tfla.mlstm_exp(..., chunk_size=256)`` with bfloat16 or float16
+    gates, forward and backward, for every q/k/v dtype: every kernel it launches compiles."""
+    rows = [r for r in compile_matrix[2] if r["variant"] == "exp" and r["chunk"] == "256"
+            and r["algorithm"] == "xl_chunk" and r["gate_dtype"] in ("bfloat16", "float16")]
+    assert {(r["dtype"], r["gate_dtype"]) for r in rows} >= {
+        ("bfloat16", "bfloat16"), ("bfloat16", "float16"), ("float16", "bfloat16")}
+    assert {r["path"] for r in rows} == {"two_level L256"}
+    failed = [f"{r['config']}: {r['error']}" for r in rows if r["status"] != "ok"]
     assert not failed, failed
