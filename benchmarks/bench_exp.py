@@ -25,7 +25,6 @@ Writes speed.csv, numerics.csv and env.json under --out and prints tables.
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import statistics
@@ -92,39 +91,17 @@ def make_inputs(B, S, *, dtype=None, gate_dtype=None, i_mean=0.0, seed=0,
 
 # ---------------------------------------------------------------- implementations
 
-class with_overrides:
-    """fn run with tuning overrides of our kernels. The overrides must hold during the
-    backward too: :func:`bench_one` enters ``fn.active()`` around forward and backward."""
+class with_tuning:
+    """fn run under a ``tfla.triton.tuning.Tuning`` (its fields as keyword arguments); the
+    call's backward keeps it (the kernel configuration carries it)."""
 
-    def __init__(self, fn, *, fw_xl=None, fw_limit=None, bw=None, limit_bw=None, state=None,
-                 tuning=None):
+    def __init__(self, fn, **fields):
         self.fn = fn
-        self.spec = dict(fw_xl=fw_xl, fw_limit=fw_limit, bw=bw, limit_bw=limit_bw, state=state,
-                         tuning=tuning)
-
-    @contextlib.contextmanager
-    def active(self):
-        from tfla.triton import chunkwise, chunkwise_parallel_bw, chunkwise_parallel_fw, chunkwise_recurrent
-        from tfla.triton import limit_parallel_bw
-        sp = self.spec
-        targets = [(chunkwise_parallel_fw.FW_OVERRIDE["xl"], sp["fw_xl"]),
-                   (chunkwise_parallel_fw.FW_OVERRIDE["limit"], sp["fw_limit"]),
-                   (chunkwise_parallel_bw.BW_OVERRIDE, sp["bw"]),
-                   (limit_parallel_bw.LIMIT_BW_OVERRIDE, sp["limit_bw"]),
-                   (chunkwise_recurrent.STATE_OVERRIDE, sp["state"]), (chunkwise.TUNING, sp["tuning"])]
-        saved = [dict(d) for d, _ in targets]
-        try:
-            for d, o in targets:
-                if o:
-                    d.update(o)
-            yield
-        finally:
-            for (d, _), old in zip(targets, saved):
-                d.clear()
-                d.update(old)
+        self.fields = fields
 
     def __call__(self, *a):
-        with self.active():
+        from tfla.triton.tuning import Tuning, use_tuning
+        with use_tuning(Tuning(**self.fields)):
             return self.fn(*a)
 
 
@@ -136,44 +113,44 @@ def variants():
     lim64 = lambda q, k, v, i, f: tfla.mlstm_exp(q, k, v, i, f, chunk_size=64,  # noqa: E731
                                                  algorithm="limit_chunk")
     return {
-        "v xl L128 fw 128x64 dhv128 w8": with_overrides(
-            xl128, fw_xl={"B_LQ": 128, "B_LKV": 64, "B_DHV": 128, "num_warps": 8}),
-        "v xl L128 fw 128x64 dhv64 w8": with_overrides(
-            xl128, fw_xl={"B_LQ": 128, "B_LKV": 64, "B_DHV": 64, "num_warps": 8}),
-        "v xl L128 fw 128x128 dhv64 w8": with_overrides(
-            xl128, fw_xl={"B_LQ": 128, "B_LKV": 128, "B_DHV": 64, "num_warps": 8}),
-        "v xl L128 rec 128x64 w8": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 64,
+        "v xl L128 fw 128x64 dhv128 w8": with_tuning(
+            xl128, fw={"B_LQ": 128, "B_LKV": 64, "B_DHV": 128, "num_warps": 8}),
+        "v xl L128 fw 128x64 dhv64 w8": with_tuning(
+            xl128, fw={"B_LQ": 128, "B_LKV": 64, "B_DHV": 64, "num_warps": 8}),
+        "v xl L128 fw 128x128 dhv64 w8": with_tuning(
+            xl128, fw={"B_LQ": 128, "B_LKV": 128, "B_DHV": 64, "num_warps": 8}),
+        "v xl L128 rec 128x64 w8": with_tuning(xl128, state={"B_DQK": 128, "B_DHV": 64,
                                                                 "num_warps": 8}),
-        "v xl L128 rec 128x128 w8": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 128,
+        "v xl L128 rec 128x128 w8": with_tuning(xl128, state={"B_DQK": 128, "B_DHV": 128,
                                                                  "num_warps": 8}),
-        "v xl L128 fw 128x64 dhv128 w8 + rec 128x64": with_overrides(
-            xl128, fw_xl={"B_LQ": 128, "B_LKV": 64, "B_DHV": 128, "num_warps": 8},
+        "v xl L128 fw 128x64 dhv128 w8 + rec 128x64": with_tuning(
+            xl128, fw={"B_LQ": 128, "B_LKV": 64, "B_DHV": 128, "num_warps": 8},
             state={"B_DQK": 128, "B_DHV": 64, "num_warps": 8}),
-        "v xl L256 fw 128x64 dhv128 w8": with_overrides(
-            xl256, fw_xl={"B_LQ": 128, "B_LKV": 64, "B_DHV": 128, "num_warps": 8}),
-        "v xl L128 recompute states": with_overrides(xl128, tuning={"recompute_states": True}),
-        "v xl L128 fw stages3": with_overrides(xl128, fw_xl={"num_stages": 3}),
-        "v xl L128 fw B_dhv256 w8": with_overrides(xl128, fw_xl={"B_DHV": 256, "num_warps": 8}),
-        "v xl L128 bw stages1": with_overrides(xl128, bw={"num_stages": 1}),
-        "v xl L128 bw B_dhv64": with_overrides(xl128, bw={"B_DHV": 64}),
-        "v xl L128 rec stages2": with_overrides(xl128, state={"num_stages": 2}),
-        "v xl L128 rec 128x32 w4": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 32,
+        "v xl L256 fw 128x64 dhv128 w8": with_tuning(
+            xl256, fw={"B_LQ": 128, "B_LKV": 64, "B_DHV": 128, "num_warps": 8}),
+        "v xl L128 recompute states": with_tuning(xl128, recompute_states=True),
+        "v xl L128 fw stages3": with_tuning(xl128, fw={"num_stages": 3}),
+        "v xl L128 fw B_dhv256 w8": with_tuning(xl128, fw={"B_DHV": 256, "num_warps": 8}),
+        "v xl L128 bw stages1": with_tuning(xl128, bw={"num_stages": 1}),
+        "v xl L128 bw B_dhv64": with_tuning(xl128, bw={"B_DHV": 64}),
+        "v xl L128 rec stages2": with_tuning(xl128, state={"num_stages": 2}),
+        "v xl L128 rec 128x32 w4": with_tuning(xl128, state={"B_DQK": 128, "B_DHV": 32,
                                                                 "num_warps": 4}),
-        "v xl L128 rec 128x32 w8": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 32,
+        "v xl L128 rec 128x32 w8": with_tuning(xl128, state={"B_DQK": 128, "B_DHV": 32,
                                                                 "num_warps": 8}),
-        "v xl L128 rec 64x128 w8": with_overrides(xl128, state={"B_DQK": 64, "B_DHV": 128,
+        "v xl L128 rec 64x128 w8": with_tuning(xl128, state={"B_DQK": 64, "B_DHV": 128,
                                                                 "num_warps": 8}),
-        "v xl L128 rec 128x64 w4": with_overrides(xl128, state={"B_DQK": 128, "B_DHV": 64,
+        "v xl L128 rec 128x64 w4": with_tuning(xl128, state={"B_DQK": 128, "B_DHV": 64,
                                                                 "num_warps": 4}),
-        "v xl L128 rec 128x64 w8 stages2": with_overrides(
+        "v xl L128 rec 128x64 w8 stages2": with_tuning(
             xl128, state={"B_DQK": 128, "B_DHV": 64, "num_warps": 8, "num_stages": 2}),
-        "v xl L128 rec 64x64 (version 2)": with_overrides(
+        "v xl L128 rec 64x64 (version 2)": with_tuning(
             xl128, state={"B_DQK": 64, "B_DHV": 64, "num_warps": 4}),
-        "v lim L64 rec 64x64 (version 2)": with_overrides(
+        "v lim L64 rec 64x64 (version 2)": with_tuning(
             lim64, state={"B_DQK": 64, "B_DHV": 64, "num_warps": 4}),
-        "v xl L256 rec piece64": with_overrides(xl256, state={"PIECE": 64}),
-        "v lim L64 bw w8": with_overrides(lim64, limit_bw={"num_warps": 8}),
-        "v lim L64 bw 32x32": with_overrides(lim64, limit_bw={"B_DQK": 32, "B_DHV": 32}),
+        "v xl L256 rec piece64": with_tuning(xl256, state={"PIECE": 64}),
+        "v lim L64 bw w8": with_tuning(lim64, limit_bw={"num_warps": 8}),
+        "v lim L64 bw 32x32": with_tuning(lim64, limit_bw={"B_DQK": 32, "B_DHV": 32}),
     }
 
 
@@ -207,8 +184,7 @@ def impls(include_sig_xl=True):
 
 def breakdown(rows, S=8192, n=10):
     """Per-kernel times (median of n) of our exp kernels at one S (Figure-4 sizes)."""
-    from tfla.triton import chunkwise as X
-    from tfla.triton.chunkwise import Config, kernels
+    from tfla.triton.chunkwise import kernels
     rec, pfw, pbw, lbw, _ = kernels()
     B = TOKENS // S
     q, k, v, i, f = make_inputs(B, S)
@@ -218,7 +194,6 @@ def breakdown(rows, S=8192, n=10):
     dh = torch.randn_like(vf)
     print(f"\nper-kernel breakdown, S={S} (ms, median of {n})")
     for name, L, limit in (("xl L128", 128, False), ("xl L256", 256, False), ("limit L64", 64, True)):
-        cfg = Config.make(variant="exp", normalize=True, eps=1e-6, L=L, limit=limit)
         gates = rec.chunk_gates(i_f, f_f, L=L, is_exp=True)
         states = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], None, None, None, L=L, is_exp=True)
         h, n_out = pfw.parallel_fw(qf, kf, vf, gates[0], gates[2], gates[3], states[0], states[1], states[2],
@@ -244,7 +219,6 @@ def breakdown(rows, S=8192, n=10):
             print(f"{name:10s} {part:24s} {statistics.median(ms):7.3f}")
         del gates, states, h, n_out, dC
         torch.cuda.empty_cache()
-    _ = X
 
 
 # ---------------------------------------------------------------- timing
@@ -275,12 +249,6 @@ def bench_one(fn, S, mode):
             h.backward(dh)
             for x in inputs:
                 x.grad = None
-    if isinstance(fn, with_overrides):
-        inner = call
-
-        def call():
-            with fn.active():
-                inner()
     first_s = first_call_seconds(call, DEV)
     ms = time_call(call)
     mem = peak_memory_bytes(call, DEV)

@@ -19,10 +19,9 @@ one process, peers in the same process. Compile/autotune is the untimed first ca
 ``--tag`` names it in the rows; ``--profile fig4:128,...`` adds each kernel's CUDA time in one
 fwd+bwd call (torch.profiler) as rows ``prof:<kernel>``.
 
-Tuning variants (``--variants``) set chunkwise_parallel_fw.FW_OVERRIDE["xl"],
-chunkwise_parallel_bw.BW_OVERRIDE, chunkwise_recurrent.STATE_OVERRIDE and
-sig_walk_fw.WALK_OVERRIDE for one measurement; a forward variant's row also gives max |Δh|
-against the default configuration (diff_vs_default).
+Tuning variants (``--variants``) run one measurement under a ``tfla.triton.tuning.Tuning``
+(``use_tuning``; docs/kernels.md, "Overriding the rules"); a forward variant's row also gives
+max |Δh| against the default configuration (diff_vs_default).
 ``--breakdown`` times the tiled forward's three launches (gates, recurrent, H) apart.
 
     python3 benchmarks/bench_sig_tfla.py --out DIR [--shapes fig4,b7,small] [--chunks 64,128,256,512]
@@ -58,80 +57,81 @@ SHAPES = {
 }
 SMOKE_SHAPES = {"tiny": dict(B=1, NH=2, d_qk=16, d_hv=32, S=100)}
 
-#: tuning variants: name -> (fw override, bw override, state override[, walk override])
+#: tuning variants: name -> the fields of a tfla.triton.tuning.Tuning (family -> overrides)
 VARIANTS = {
-    "fw_q128": ({"B_LQ": 128, "B_LKV": 64, "num_warps": 8}, {}, {}),
-    "fw_dhv64": ({"B_DHV": 64}, {}, {}),
-    "fw_dhv256_w8": ({"B_DHV": 256, "num_warps": 8}, {}, {}),
-    "fw_w8": ({"num_warps": 8}, {}, {}),
-    "fw_st3": ({"num_stages": 3}, {}, {}),
-    "fw_kv32": ({"B_LKV": 32}, {}, {}),
-    "rec_64x64": ({}, {}, {"B_DQK": 64, "B_DHV": 64}),
-    "rec_st2": ({}, {}, {"num_stages": 2}),
-    "rec_acc_in_c": ({}, {}, {"ACC_IN_C": True}),
+    "fw_q128": {"fw": {"B_LQ": 128, "B_LKV": 64, "num_warps": 8}},
+    "fw_dhv64": {"fw": {"B_DHV": 64}},
+    "fw_dhv256_w8": {"fw": {"B_DHV": 256, "num_warps": 8}},
+    "fw_w8": {"fw": {"num_warps": 8}},
+    "fw_st3": {"fw": {"num_stages": 3}},
+    "fw_kv32": {"fw": {"B_LKV": 32}},
+    "rec_64x64": {"state": {"B_DQK": 64, "B_DHV": 64}},
+    "rec_st2": {"state": {"num_stages": 2}},
+    "rec_acc_in_c": {"state": {"ACC_IN_C": True}},
     # version 5 (git log) made TMA tiles (both forward kernels) and V-side gate scaling (state
     # kernel) the 16-bit default; run 5a measured them switched on one by one against the
     # version-4 defaults (its rows name them rec_sv, rec_tma, rec_tma_sv, fw_tma, tma_sv, ...).
     # These switch them off again, one by one, against the current defaults:
-    "rec_scale_k": ({}, {}, {"SCALE_V": False}),
-    "rec_ptr": ({}, {}, {"USE_TMA": False}),
-    "fw_ptr": ({"USE_TMA": False}, {}, {}),
-    "ptr_scale_k": ({"USE_TMA": False}, {}, {"USE_TMA": False, "SCALE_V": False}),   # version 4
+    "rec_scale_k": {"state": {"SCALE_V": False}},
+    "rec_ptr": {"state": {"USE_TMA": False}},
+    "fw_ptr": {"fw": {"USE_TMA": False}},
+    "ptr_scale_k": {"fw": {"USE_TMA": False}, "state": {"USE_TMA": False, "SCALE_V": False}},  # version 4
     # version 8: the inter-chunk product Q̄ C_{k-1} inside the key/value loop, one d_qk slice
     # of C_{k-1} per iteration, so that its loads are pipelined with K and V instead of
     # waited for before the loop (chunkwise_parallel_fw.inter_slice)
-    "fw_iil": ({"INTER_IN_LOOP": True}, {}, {}),
-    "fw_no_iil": ({"INTER_IN_LOOP": False}, {}, {}),   # the default before version 8
-    "fw_iil_st3": ({"INTER_IN_LOOP": True, "num_stages": 3}, {}, {}),
-    "fw_iil_kv32_st3": ({"INTER_IN_LOOP": True, "B_LKV": 32, "num_stages": 3}, {}, {}),
-    "fw_kv32_st3": ({"B_LKV": 32, "num_stages": 3}, {}, {}),
-    # version 9: the forward walk (sig_walk_fw.WALK_OVERRIDE, a fourth element) at L 64
-    "no_walk": ({}, {}, {}, {"enabled": False}),
-    "walk_dhv64": ({}, {}, {}, {"B_DHV": 64}),
-    "walk_dhv128": ({}, {}, {}, {"B_DHV": 128}),
-    "walk_st3": ({}, {}, {}, {"num_stages": 3}),
-    "walk_w8": ({}, {}, {}, {"num_warps": 8}),
-    "walk_st1": ({}, {}, {}, {"num_stages": 1}),
-    "walk_mr168_st1": ({}, {}, {}, {"maxnreg": 168, "num_stages": 1}),
-    "walk_mr128_st1": ({}, {}, {}, {"maxnreg": 128, "num_stages": 1}),
-    "walk_any_grid": ({}, {}, {}, {"MIN_PROGRAMS_PER_SM": 0}),
+    "fw_iil": {"fw": {"INTER_IN_LOOP": True}},
+    "fw_no_iil": {"fw": {"INTER_IN_LOOP": False}},   # the default before version 8
+    "fw_iil_st3": {"fw": {"INTER_IN_LOOP": True, "num_stages": 3}},
+    "fw_iil_kv32_st3": {"fw": {"INTER_IN_LOOP": True, "B_LKV": 32, "num_stages": 3}},
+    "fw_kv32_st3": {"fw": {"B_LKV": 32, "num_stages": 3}},
+    # version 9: the forward walk (Tuning.walk) at L 64
+    "no_walk": {"walk": {"enabled": False}},
+    "walk_dhv64": {"walk": {"B_DHV": 64}},
+    "walk_dhv128": {"walk": {"B_DHV": 128}},
+    "walk_st3": {"walk": {"num_stages": 3}},
+    "walk_w8": {"walk": {"num_warps": 8}},
+    "walk_st1": {"walk": {"num_stages": 1}},
+    "walk_mr168_st1": {"walk": {"maxnreg": 168, "num_stages": 1}},
+    "walk_mr128_st1": {"walk": {"maxnreg": 128, "num_stages": 1}},
+    "walk_any_grid": {"walk": {"MIN_PROGRAMS_PER_SM": 0}},
     # register caps (walk_config caps d_qk > 64 at 240 without the last state; runs 15-17)
-    "walk_uncapped": ({}, {}, {}, {"maxnreg": None}),
-    **{f"walk_mr{r}": ({}, {}, {}, {"maxnreg": r}) for r in (168, 184, 200, 216, 224, 232, 240, 248)},
+    "walk_uncapped": {"walk": {"maxnreg": None}},
+    **{f"walk_mr{r}": {"walk": {"maxnreg": r}} for r in (168, 184, 200, 216, 224, 232, 240, 248)},
     # backward (fwd+bwd rows): TMA tiles in the state-gradient kernel (bwrec_*, with the row
     # scale on dH: _sdh) and in dQ / dK / dV (bwpar_tma); tiles, warps, stages
-    "bw_tma": ({}, {"USE_TMA": True}, {"bw_USE_TMA": True, "bw_SCALE_DH": True}),
-    "bwrec_tma": ({}, {}, {"bw_USE_TMA": True}),
-    "bwrec_tma_sdh": ({}, {}, {"bw_USE_TMA": True, "bw_SCALE_DH": True}),
-    "bwpar_tma": ({}, {"USE_TMA": True}, {}),
-    "bw_w8": ({}, {"num_warps": 8}, {}),
-    "bw_st3": ({}, {"num_stages": 3}, {}),
-    "bw_lkv32": ({}, {"B_LKV": 32}, {}),
-    "bw_dhv64": ({}, {"B_DHV": 64}, {}),
-    "bwrec_64x64": ({}, {}, {"bw_B_DQK": 64, "bw_B_DHV": 64}),
-    "bwrec_st2": ({}, {}, {"bw_num_stages": 2}),
+    "bw_tma": {"bw": {"USE_TMA": True}, "state_bw": {"USE_TMA": True, "SCALE_DH": True}},
+    "bwrec_tma": {"state_bw": {"USE_TMA": True}},
+    "bwrec_tma_sdh": {"state_bw": {"USE_TMA": True, "SCALE_DH": True}},
+    "bwpar_tma": {"bw": {"USE_TMA": True}},
+    "bw_w8": {"bw": {"num_warps": 8}},
+    "bw_st3": {"bw": {"num_stages": 3}},
+    "bw_lkv32": {"bw": {"B_LKV": 32}},
+    "bw_dhv64": {"bw": {"B_DHV": 64}},
+    "bwrec_64x64": {"state_bw": {"B_DQK": 64, "B_DHV": 64}},
+    "bwrec_st2": {"state_bw": {"num_stages": 2}},
     # dQ, dK, dV of a chunk in one program (limit_parallel_bw) with TMA state-gradient tiles
-    **{f"bw_fused{n}": ({}, {"FUSED": True, **lim}, {"bw_USE_TMA": True, "bw_SCALE_DH": True})
-       for n, lim in (("", {}), ("_q128", {"lim_B_DQK": 128}),
-                      ("_q128_w8", {"lim_B_DQK": 128, "lim_num_warps": 8}),
-                      ("_w8", {"lim_num_warps": 8}), ("_st2", {"lim_num_stages": 2}),
-                      ("_v128_w8", {"lim_B_DHV": 128, "lim_num_warps": 8}))},
+    **{f"bw_fused{n}": {"bw": {"FUSED": True}, "limit_bw": lim,
+                        "state_bw": {"USE_TMA": True, "SCALE_DH": True}}
+       for n, lim in (("", {}), ("_q128", {"B_DQK": 128}),
+                      ("_q128_w8", {"B_DQK": 128, "num_warps": 8}),
+                      ("_w8", {"num_warps": 8}), ("_st2", {"num_stages": 2}),
+                      ("_v128_w8", {"B_DHV": 128, "num_warps": 8}))},
     # dK and dV of a key/value tile in one program (chunkwise_parallel_bw._dkv_fused_kernel):
     # on and off against the default, query tile 32 or 64, warps, stages
-    "bw_fdkv": ({}, {"FUSED_DKV": True}, {}),
-    "bw_no_fdkv": ({}, {"FUSED_DKV": False}, {}),
-    "bw_fdkv_q64": ({}, {"FUSED_DKV": True, "DKV_B_LQ": 64}, {}),
-    "bw_fdkv_w4": ({}, {"FUSED_DKV": True, "DKV_num_warps": 4}, {}),
-    "bw_fdkv_st1": ({}, {"FUSED_DKV": True, "DKV_num_stages": 1}, {}),
+    "bw_fdkv": {"bw": {"FUSED_DKV": True}},
+    "bw_no_fdkv": {"bw": {"FUSED_DKV": False}},
+    "bw_fdkv_q64": {"bw": {"FUSED_DKV": True, "DKV_B_LQ": 64}},
+    "bw_fdkv_w4": {"bw": {"FUSED_DKV": True, "DKV_num_warps": 4}},
+    "bw_fdkv_st1": {"bw": {"FUSED_DKV": True, "DKV_num_stages": 1}},
     # query/key tiles and warps of the one-launch kernel at L 64 and 128 (run 5)
-    **{f"bw_fdkv_{n}": ({}, {"FUSED_DKV": True, **o}, {}) for n, o in (
+    **{f"bw_fdkv_{n}": {"bw": {"FUSED_DKV": True, **o}} for n, o in (
         ("q64_w8", {"DKV_B_LQ": 64, "DKV_num_warps": 8}),
         ("q32_w8", {"DKV_B_LQ": 32, "DKV_num_warps": 8}),
         ("q32_w8_st1", {"DKV_B_LQ": 32, "DKV_num_warps": 8, "DKV_num_stages": 1}),
         ("q64_w4", {"DKV_B_LQ": 64, "DKV_num_warps": 4}),
         ("q32_w4", {"DKV_B_LQ": 32, "DKV_num_warps": 4}),
         ("q32_kv32_w4", {"DKV_B_LQ": 32, "DKV_B_LKV": 32, "DKV_num_warps": 4}))},
-    "bw_dq_w8": ({}, {"num_warps": 8}, {}),
+    "bw_dq_w8": {"bw": {"num_warps": 8}},
 }
 
 FIELDS = ["tag", "shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
@@ -239,29 +239,13 @@ class Bench:
 
     @contextlib.contextmanager
     def variant(self, name):
-        from tfla.triton import (chunkwise_parallel_bw, chunkwise_parallel_fw, chunkwise_recurrent,
-                                 limit_parallel_bw, sig_walk_fw)
-        fw, bw, st, wk = (tuple(VARIANTS[name]) + ({},))[:4] if name else ({}, {}, {}, {})
-        old = (dict(chunkwise_parallel_fw.FW_OVERRIDE["xl"]), dict(chunkwise_parallel_bw.BW_OVERRIDE),
-               dict(chunkwise_recurrent.STATE_OVERRIDE), dict(sig_walk_fw.WALK_OVERRIDE))
-        chunkwise_parallel_fw.FW_OVERRIDE["xl"].update(fw)
-        chunkwise_parallel_bw.BW_OVERRIDE.update({k: v for k, v in bw.items()
-                                                  if not k.startswith("lim_")})
-        limit_parallel_bw.LIMIT_BW_OVERRIDE.update({k[4:]: v for k, v in bw.items()
-                                                    if k.startswith("lim_")})
-        chunkwise_recurrent.STATE_OVERRIDE.update(st)
-        sig_walk_fw.WALK_OVERRIDE.update(wk)
-        try:
+        """Calls inside run with the Tuning of VARIANTS[name] (none for "": the rules)."""
+        if not name:
             yield
-        finally:
-            sig_walk_fw.WALK_OVERRIDE.clear()
-            sig_walk_fw.WALK_OVERRIDE.update(old[3])
-            chunkwise_parallel_fw.FW_OVERRIDE["xl"] = old[0]
-            chunkwise_parallel_bw.BW_OVERRIDE.clear()
-            chunkwise_parallel_bw.BW_OVERRIDE.update(old[1])
-            chunkwise_recurrent.STATE_OVERRIDE.clear()
-            chunkwise_recurrent.STATE_OVERRIDE.update(old[2])
-            limit_parallel_bw.LIMIT_BW_OVERRIDE.clear()
+            return
+        from tfla.triton.tuning import Tuning, use_tuning
+        with use_tuning(Tuning(**VARIANTS[name])):
+            yield
 
     # ------------------------------------------------------------ one measurement
     def measure(self, shape_name, impl, L, mode, variant=""):
@@ -439,7 +423,7 @@ def sweep(b, shape_name, L, which):
     then the best one with other pipeline depths / pieces / d_qk blocks (stage B)."""
     torch = b.torch
     from tflabench.measure import time_callable
-    from tfla.triton import chunkwise_parallel_fw, chunkwise_recurrent
+    from tfla.triton.tuning import Tuning
     shp = (SMOKE_SHAPES if b.smoke else SHAPES)[shape_name]
     rec, pfw, (q, k, v, i, f) = b.flat_inputs(shape_name)
     results = []
@@ -452,17 +436,16 @@ def sweep(b, shape_name, L, which):
             with torch.no_grad():
                 gates = rec.chunk_gates(i, f, L=L, is_exp=False)
                 if which == "rec":
-                    chunkwise_recurrent.STATE_OVERRIDE.clear()
-                    chunkwise_recurrent.STATE_OVERRIDE.update(cfg)
                     fn = lambda: rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None,  # noqa: E731
-                                                  None, None, L=L, is_exp=False, with_n=False)
+                                                  None, None, L=L, is_exp=False, with_n=False,
+                                                  tuning=Tuning(state=cfg))
                 else:
                     st = rec.recurrent_fw(k, v, gates[1], gates[4], gates[5], None, None, None,
                                           L=L, is_exp=False, with_n=False)
-                    chunkwise_parallel_fw.FW_OVERRIDE["xl"] = dict(cfg)
                     fn = lambda: pfw.parallel_fw(q, k, v, gates[0], gates[2], gates[3], st[0],  # noqa: E731
                                                  st[1], st[2], L=L, is_exp=False,
-                                                 normalize=False, eps=1e-6, limit=False)
+                                                 normalize=False, eps=1e-6, limit=False,
+                                                 tuning=Tuning(fw=cfg))
                 fn()
                 b.sync()
                 ms = time_callable(fn, device=b.dev, warmup=3, iterations=10)
@@ -471,9 +454,6 @@ def sweep(b, shape_name, L, which):
                 results.append((statistics.median(ms), cfg))
         except Exception as e:  # noqa: BLE001
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"
-        finally:
-            chunkwise_recurrent.STATE_OVERRIDE.clear()
-            chunkwise_parallel_fw.FW_OVERRIDE["xl"] = {}
         b.emit(row)
 
     for cfg in (_rec_grid if which == "rec" else _fw_grid)(shp, L):

@@ -29,6 +29,7 @@ os.environ["TRITON_INTERPRET"] = "1"   # read by triton when the kernel modules 
 import tfla  # noqa: E402
 from tfla.reference import mlstm_chunkwise, mlstm_recurrent  # noqa: E402
 from tfla.triton import common  # noqa: E402
+from tfla.triton.tuning import Tuning, use_tuning  # noqa: E402
 
 #: (i mean, i std, f mean, f std): from saturated-closed to saturated-open gates
 REGIMES = {
@@ -152,15 +153,15 @@ def test_every_kernel_is_finite_and_accurate_in_every_gate_regime(name, regime, 
 @pytest.mark.parametrize("regime", list(REGIMES))
 @pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
 @pytest.mark.parametrize("tile", [16, 64])
-def test_fused_dkv_kernel_in_every_gate_regime(tile, name, regime, L, S, monkeypatch):
-    """dK and dV in one program (BW_OVERRIDE["FUSED_DKV"]), TMA tiles, d_hv 24 (not a power
+def test_fused_dkv_kernel_in_every_gate_regime(tile, name, regime, L, S):
+    """dK and dV in one program (Tuning.bw FUSED_DKV), TMA tiles, d_hv 24 (not a power
     of two): 16-row query and key tiles (several per chunk where L allows) and 64-row ones
     (the default tiles of B4, one pair per chunk up to L 64)."""
     from tfla.triton import chunkwise_parallel_bw
-    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE",
-                        {"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": tile, "DKV_B_LKV": tile})
-    assert chunkwise_parallel_bw.bw_config(L, 16, 24, torch.float32)["FUSED_DKV"] is True
-    check_kernel(name, regime, L, S)
+    tuning = Tuning(bw={"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": tile, "DKV_B_LKV": tile})
+    assert chunkwise_parallel_bw.bw_config(L, 16, 24, torch.float32, tuning)["FUSED_DKV"] is True
+    with use_tuning(tuning):
+        check_kernel(name, regime, L, S)
 
 
 @pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
@@ -197,7 +198,7 @@ def test_issue11_nan_gradients_on_a_partial_last_chunk_with_short_memory(name, L
 
 
 #: forward-kernel options of the bf16 GPU path, forced here on float32 in the interpreter:
-#: (STATE_OVERRIDE of the state kernel, FW_OVERRIDE["xl"] of the H kernel)
+#: (Tuning.state of the state kernel, Tuning.fw of the H kernel)
 FORWARD_OPTIONS = {
     # the step's tl.dot accumulates into ḡ·C (one register tile less); PIECE 32 covers the
     # chunk-in-pieces branch
@@ -220,68 +221,64 @@ FORWARD_OPTIONS = {
 @pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
 @pytest.mark.parametrize("L,S", [(16, 45), (64, 150)])
 @pytest.mark.parametrize("option", list(FORWARD_OPTIONS))
-def test_forward_kernel_options(name, L, S, option, monkeypatch):
+def test_forward_kernel_options(name, L, S, option):
     """Each option of the forward kernels gives the same h, last state and gradients up to
     round-off, in a saturated regime and a standard one, on ragged sequences."""
-    from tfla.triton import chunkwise_parallel_fw, chunkwise_recurrent
     state, fw = FORWARD_OPTIONS[option]
     state = {k: (min(L, v) if k == "PIECE" else v) for k, v in state.items()}
-    monkeypatch.setattr(chunkwise_recurrent, "STATE_OVERRIDE", state)
-    monkeypatch.setattr(chunkwise_parallel_fw, "FW_OVERRIDE", {"xl": dict(fw), "limit": {}})
-    for regime in ("short_memory", "input_wide"):
-        check_kernel(name, regime, L, S, d_qk=32)
+    with use_tuning(Tuning(state=state, fw=fw)):
+        for regime in ("short_memory", "input_wide"):
+            check_kernel(name, regime, L, S, d_qk=32)
 
 
-#: backward-kernel options, forced on float32 in the interpreter: (STATE_OVERRIDE keys of the
-#: backward state kernel, BW_OVERRIDE of the dQ / dK / dV kernels)
+#: backward-kernel options, forced on float32 in the interpreter: the Tuning fields of the
+#: state kernels (state, state_bw) and of the dQ / dK / dV kernels (bw)
 BACKWARD_OPTIONS = {
     # TMA tiles and dC_k stores, the row scale on dH instead of Q; TMA in dQ / dK / dV
-    "tma_scale_dh": ({"bw_USE_TMA": True, "bw_SCALE_DH": True}, {"USE_TMA": True}),
+    "tma_scale_dh": dict(state_bw={"USE_TMA": True, "SCALE_DH": True}, bw={"USE_TMA": True}),
     # the same with several head-dimension blocks and pieces (atomic row sums)
-    "tma_tiled": ({"bw_USE_TMA": True, "PIECE": 16, "bw_B_DQK": 16, "bw_B_DHV": 16},
-                  {"USE_TMA": True, "B_LQ": 32, "B_LKV": 16, "B_DQK": 16, "B_DHV": 16}),
+    "tma_tiled": dict(state={"PIECE": 16}, state_bw={"USE_TMA": True, "B_DQK": 16, "B_DHV": 16},
+                      bw={"USE_TMA": True, "B_LQ": 32, "B_LKV": 16, "B_DQK": 16, "B_DHV": 16}),
     # dQ, dK, dV of a chunk in one program (limit_chunk's backward kernel after xl_chunk's
     # forward)
-    "fused": ({"bw_USE_TMA": True, "bw_SCALE_DH": True}, {"FUSED": True}),
+    "fused": dict(state_bw={"USE_TMA": True, "SCALE_DH": True}, bw={"FUSED": True}),
     # dK and dV of a key/value tile in one program (the whole head dimensions), with TMA
     # tiles; then smaller query than key/value tiles, and larger, through pointers
-    "fused_dkv": ({"bw_USE_TMA": True, "bw_SCALE_DH": True}, {"FUSED_DKV": True, "USE_TMA": True}),
-    "fused_dkv_lq_lt_lkv": ({}, {"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": 16,
-                                 "DKV_B_LKV": 32}),
-    "fused_dkv_lq_gt_lkv_ptr": ({}, {"FUSED_DKV": True, "USE_TMA": False, "DKV_B_LQ": 32,
-                                     "DKV_B_LKV": 16}),
+    "fused_dkv": dict(state_bw={"USE_TMA": True, "SCALE_DH": True},
+                      bw={"FUSED_DKV": True, "USE_TMA": True}),
+    "fused_dkv_lq_lt_lkv": dict(bw={"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": 16,
+                                    "DKV_B_LKV": 32}),
+    "fused_dkv_lq_gt_lkv_ptr": dict(bw={"FUSED_DKV": True, "USE_TMA": False, "DKV_B_LQ": 32,
+                                        "DKV_B_LKV": 16}),
     # the small heads' default tiles (64-row query and key tiles: one tile pair per chunk at L 64)
-    "fused_dkv_lq64_lkv64": ({}, {"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": 64,
-                                  "DKV_B_LKV": 64}),
+    "fused_dkv_lq64_lkv64": dict(bw={"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": 64,
+                                     "DKV_B_LKV": 64}),
 }
 
 
 @pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
 @pytest.mark.parametrize("L,S", [(16, 45), (64, 150)])
 @pytest.mark.parametrize("option", list(BACKWARD_OPTIONS))
-def test_backward_kernel_options(name, L, S, option, monkeypatch):
+def test_backward_kernel_options(name, L, S, option):
     """Each option of the backward kernels gives the same gradients up to round-off, in a
     saturated regime and a standard one, on ragged sequences."""
-    from tfla.triton import chunkwise_parallel_bw, chunkwise_recurrent
-    state, bw = BACKWARD_OPTIONS[option]
-    state = {k: (min(L, v) if k == "PIECE" else v) for k, v in state.items()}
-    monkeypatch.setattr(chunkwise_recurrent, "STATE_OVERRIDE", state)
-    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", dict(bw))
-    for regime in ("short_memory", "input_wide"):
-        check_kernel(name, regime, L, S, d_qk=32)
+    fields = dict(BACKWARD_OPTIONS[option])
+    if "state" in fields:
+        fields["state"] = {k: (min(L, v) if k == "PIECE" else v) for k, v in fields["state"].items()}
+    with use_tuning(Tuning(**fields)):
+        for regime in ("short_memory", "input_wide"):
+            check_kernel(name, regime, L, S, d_qk=32)
 
 
-def test_forward_kernel_defaults_by_dtype(monkeypatch):
+def test_forward_kernel_defaults_by_dtype():
     """TMA and V-side scaling are the 16-bit xl_chunk default (measured on the H200), off for
     float32 and for limit_chunk's H kernel (not measured there); overrides win."""
     from tfla.triton import chunkwise_parallel_fw, chunkwise_recurrent
-    monkeypatch.setattr(chunkwise_recurrent, "STATE_OVERRIDE", {})
-    monkeypatch.setattr(chunkwise_parallel_fw, "FW_OVERRIDE", {"xl": {}, "limit": {}})
 
-    def state_opts(dtype):
+    def state_opts(dtype, tuning=Tuning()):
         k, v = torch.zeros(2, 64, 32, dtype=dtype), torch.zeros(2, 64, 64, dtype=dtype)
         C_st = torch.zeros(2, 2, 32, 64, dtype=dtype)
-        return chunkwise_recurrent.fw_state_options(k, v, C_st, 32, 64, 64)
+        return chunkwise_recurrent.fw_state_options(k, v, C_st, 32, 64, 64, tuning)
 
     assert state_opts(torch.bfloat16) == (True, True)
     assert state_opts(torch.float32) == (False, False)
@@ -296,36 +293,31 @@ def test_forward_kernel_defaults_by_dtype(monkeypatch):
     assert fw(256, 128, 256, torch.bfloat16, limit=False, is_exp=False)["INTER_IN_LOOP"] is False
     assert fw(128, 128, 256, torch.bfloat16, limit=False, is_exp=True)["INTER_IN_LOOP"] is False
     assert fw(128, 64, 128, torch.bfloat16, limit=False, is_exp=False)["INTER_IN_LOOP"] is False
-    chunkwise_recurrent.STATE_OVERRIDE["USE_TMA"] = False
-    assert state_opts(torch.bfloat16) == (False, True)
+    assert state_opts(torch.bfloat16, Tuning(state={"USE_TMA": False})) == (False, True)
 
 
-def test_backward_kernel_defaults_by_dtype(monkeypatch):
+def test_backward_kernel_defaults_by_dtype():
     """TMA tiles (state-gradient kernel with the row scale on dH; dQ / dK / dV) are the
     16-bit default (measured on the H200), off for float32; overrides win."""
     from tfla.triton import chunkwise_parallel_bw, chunkwise_recurrent
-    monkeypatch.setattr(chunkwise_recurrent, "STATE_OVERRIDE", {})
-    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {})
 
-    def opts(dtype):
+    def opts(dtype, tuning=Tuning()):
         q, dh = torch.zeros(2, 64, 32, dtype=dtype), torch.zeros(2, 64, 64, dtype=dtype)
         return chunkwise_recurrent.bw_state_options(q, dh, torch.zeros(2, 2, 32, 64, dtype=dtype),
-                                                    32, 64, 64)
+                                                    32, 64, 64, tuning)
 
     assert opts(torch.bfloat16) == (True, True)
     assert opts(torch.float32) == (False, False)
     assert chunkwise_parallel_bw.bw_config(64, 128, 256, torch.float16)["USE_TMA"] is True
     assert chunkwise_parallel_bw.bw_config(64, 128, 256, torch.float32)["USE_TMA"] is False
-    chunkwise_recurrent.STATE_OVERRIDE["bw_USE_TMA"] = False
-    assert opts(torch.bfloat16) == (False, True)
+    assert opts(torch.bfloat16, Tuning(state_bw={"USE_TMA": False})) == (False, True)
 
 
-def test_fused_dkv_defaults_where_measured(monkeypatch):
+def test_fused_dkv_defaults_where_measured():
     """dK and dV in one launch by default for 16-bit inputs at Figure 4's heads (L 128, 256)
     and the small heads (L 64, 128) only, where it measured faster (docs/kernels.md B4); never
     where the head dimensions exceed one 256-column tile, even when asked for."""
     from tfla.triton import chunkwise_parallel_bw
-    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {})
     cfg = chunkwise_parallel_bw.bw_config
     bf16 = torch.bfloat16
     fig4 = cfg(128, 128, 256, bf16)
@@ -337,11 +329,10 @@ def test_fused_dkv_defaults_where_measured(monkeypatch):
     for L, d_qk, d_hv, dtype in [(64, 128, 256, bf16), (256, 64, 128, bf16),
                                  (128, 256, 512, bf16), (128, 128, 256, torch.float32)]:
         assert cfg(L, d_qk, d_hv, dtype)["FUSED_DKV"] is False, (L, d_qk, d_hv, dtype)
-    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {"FUSED_DKV": True})
-    assert cfg(128, 256, 512, bf16)["FUSED_DKV"] is False
-    assert cfg(64, 64, 128, bf16)["FUSED_DKV"] is True
-    monkeypatch.setattr(chunkwise_parallel_bw, "BW_OVERRIDE", {"FUSED_DKV": False})
-    assert cfg(128, 128, 256, bf16)["FUSED_DKV"] is False
+    on, off = Tuning(bw={"FUSED_DKV": True}), Tuning(bw={"FUSED_DKV": False})
+    assert cfg(128, 256, 512, bf16, on)["FUSED_DKV"] is False
+    assert cfg(64, 64, 128, bf16, on)["FUSED_DKV"] is True
+    assert cfg(128, 128, 256, bf16, off)["FUSED_DKV"] is False
 
 
 def test_launch_retries_with_fewer_stages_and_remembers_the_depth():

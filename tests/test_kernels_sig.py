@@ -20,6 +20,7 @@ os.environ["TRITON_INTERPRET"] = "1"   # read by triton when the kernel modules 
 
 import tfla  # noqa: E402
 from tfla.reference import mlstm_chunkwise, mlstm_recurrent  # noqa: E402
+from tfla.triton.tuning import Tuning, use_tuning  # noqa: E402
 
 
 @pytest.fixture(autouse=True)
@@ -232,8 +233,8 @@ def test_forward_walk_takes_exactly_the_calls_of_its_rule(monkeypatch):
     assert n_walks(normalize=True)[0] == 0
     assert n_walks(chunk_size=128)[0] == 0
     assert n_walks(q=q.float(), k=k.float(), v=v.float())[0] == 0
-    monkeypatch.setitem(sig_walk_fw.WALK_OVERRIDE, "enabled", False)
-    assert n_walks()[0] == 0
+    with use_tuning(Tuning(walk={"enabled": False})):
+        assert n_walks()[0] == 0
 
 
 def test_walk_config_rule():

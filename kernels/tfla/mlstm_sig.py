@@ -95,12 +95,12 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
     from tfla.triton.chunkwise import Config, effective_chunk, run, run_sig_walk
 
     L = effective_chunk(q.shape[2], chunk_size)
+    cfg = Config.make(variant="sig", normalize=normalize, eps=EPS, L=L, limit=False)
     if not (normalize or grad):
         L_walk = effective_chunk(q.shape[2], WALK_CHUNK) if auto else L
-        out = run_sig_walk(q, k, v, i, f, C0, n0, L_walk, return_last_state)
+        out = run_sig_walk(q, k, v, i, f, C0, n0, L_walk, return_last_state, cfg.tuning)
         if out is not None:
             return out
-    cfg = Config.make(variant="sig", normalize=normalize, eps=EPS, L=L, limit=False)
     return run(q, k, v, i, f, C0, n0, None, cfg, return_last_state)
 
 

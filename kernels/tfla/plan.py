@@ -96,12 +96,13 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
     if variant == "sig" and not (grad or normalize):
         from tfla.triton.chunkwise import kernels
         from tfla.triton.common import num_sms
+        from tfla.triton.tuning import active_tuning
 
         walk = kernels()[4]
         bnh = batch_heads if batch_heads is not None else B * NH
         L_walk = effective_chunk(S, WALK_CHUNK if chunk_size == "auto" else L)
         if walk.walk_config(L_walk, d_qk, d_hv, bnh, q.dtype, num_sms(device),
-                            return_last_state) is not None:
+                            return_last_state, active_tuning()) is not None:
             return Plan(L_walk, "walk")
     return Plan(effective_chunk(S, L), "two_level")
 

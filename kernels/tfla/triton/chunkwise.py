@@ -25,6 +25,7 @@ import torch
 import triton
 
 from tfla.triton.common import num_sms
+from tfla.triton.tuning import DEFAULT, Tuning, active_tuning
 
 _MODULES = (
     "tfla.triton.chunkwise_recurrent",
@@ -53,34 +54,35 @@ def kernels():
     return tuple(mods)
 
 
-# Defaults that benchmarks may change. recompute_states: rerun the gate and recurrent
-# kernels in the backward (as the peer does) instead of keeping the chunk states (in the
-# input dtype) and gate vectors from the forward; keeping them is ~1.7 ms faster at the
-# Figure-4 setting with the same peak (docs/kernels.md, tuning rule B1).
-TUNING: dict = {"recompute_states": False}
-
-
 @dataclass(frozen=True)
 class Config:
-    """What a call computes. variant "exp" | "sig"; L the chunk size actually used (a power of
-    two >= 16); limit: the one-level limit_chunk kernels; recompute_states: see TUNING."""
+    """What a call computes and how. variant "exp" | "sig"; L the chunk size actually used (a
+    power of two >= 16); limit: the one-level limit_chunk kernels; tuning: the overrides of
+    the tuning rules that every launch of the call (forward and backward) takes
+    (:class:`tfla.triton.tuning.Tuning`; the default overrides nothing)."""
 
     variant: str
     normalize: bool
     eps: float
     L: int
     limit: bool
-    recompute_states: bool = True
+    tuning: Tuning = DEFAULT
 
     @classmethod
     def make(cls, *, variant: str, normalize: bool, eps: float, L: int, limit: bool) -> "Config":
-        """A Config with the TUNING default for recompute_states."""
+        """A Config with the Tuning active now (:func:`tfla.triton.tuning.use_tuning`)."""
         return cls(variant=variant, normalize=normalize, eps=eps, L=L, limit=limit,
-                   recompute_states=TUNING["recompute_states"])
+                   tuning=active_tuning())
 
     @property
     def is_exp(self) -> bool:
         return self.variant == "exp"
+
+    @property
+    def recompute_states(self) -> bool:
+        """Rerun the gate and state kernels in the backward instead of keeping the chunk
+        states and gate vectors from the forward (off: docs/kernels.md, rule B1)."""
+        return self.tuning.recompute_states
 
 
 def effective_chunk(S: int, chunk_size: int) -> int:
@@ -106,11 +108,11 @@ def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, with_n: bool = True)
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=cfg.is_exp)
     b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch = gates
     states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp,
-                              with_n=with_n or cfg.normalize)
+                              with_n=with_n or cfg.normalize, tuning=cfg.tuning)
     C_st, n_st, m_st, _ = states
     h, n_out = pfw.parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, L=cfg.L,
                                is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
-                               limit=cfg.limit)
+                               limit=cfg.limit, tuning=cfg.tuning)
     return h, n_out, states, gates
 
 
@@ -158,7 +160,8 @@ class ChunkwiseFunction(torch.autograd.Function):
         if cfg.recompute_states:
             gates = rec.chunk_gates(i_f, f_f, L=cfg.L, is_exp=cfg.is_exp)
             C_st, _, m_st, _ = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], C0f, n0f,
-                                                m0f, L=cfg.L, is_exp=cfg.is_exp, with_n=False)
+                                                m0f, L=cfg.L, is_exp=cfg.is_exp, with_n=False,
+                                                tuning=cfg.tuning)
             gates = gates[:4]
         else:
             C_st, m_st = saved[10:12]
@@ -170,12 +173,12 @@ class ChunkwiseFunction(torch.autograd.Function):
         dCf = _flat(dC_last.float(), d_qk, d_hv) if dC_last is not None else None
         dC_st, dC_0 = rec.recurrent_bw(qf, b_vec, mi_vec, m_st, n_out, dhf, dCf, L=cfg.L,
                                        is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
-                                       d_hv=d_hv)
-        fused = cfg.limit or pbw.fused_bw(cfg.L, d_qk, d_hv, qf.dtype)
+                                       d_hv=d_hv, tuning=cfg.tuning)
+        fused = cfg.limit or pbw.fused_bw(cfg.L, d_qk, d_hv, qf.dtype, cfg.tuning)
         par = lbw.limit_parallel_bw if fused else pbw.parallel_bw
         dq, dk, dv, qdq, kdk = par(qf, kf, vf, gates, m_st, n_out, C_st, dC_st, dhf,
                                    L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
-                                   eps=cfg.eps)
+                                   eps=cfg.eps, tuning=cfg.tuning)
         del C_st, dC_st
         # gate gradients (docs/tfla-kernels.md 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
         qdq = qdq[:, :S]
@@ -220,14 +223,16 @@ def run(q, k, v, i, f, C0, n0, m0, cfg: Config, return_last: bool):
     return h, (C_last, n_last)
 
 
-def run_sig_walk(q, k, v, i, f, C0, n0, L: int, return_last: bool):
+def run_sig_walk(q, k, v, i, f, C0, n0, L: int, return_last: bool, tuning: Tuning = DEFAULT):
     """mLSTMsig's forward walk (``sig_walk_fw``, no gradients, no normaliser) where
-    ``walk_config``'s rule takes the call: h or (h, (C_S, n_S)) as :func:`run` returns them;
-    None where the rule does not take it (the caller then runs :func:`run`)."""
+    ``walk_config``'s rule (with ``tuning``'s overrides) takes the call: h or (h, (C_S, n_S))
+    as :func:`run` returns them; None where the rule does not take it (the caller then runs
+    :func:`run`)."""
     walk = kernels()[4]
     B, NH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    cfg = walk.walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device), return_last)
+    cfg = walk.walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device), return_last,
+                           tuning)
     if cfg is None:
         return None
     out_dtype = q.dtype

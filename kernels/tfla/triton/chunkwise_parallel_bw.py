@@ -25,6 +25,7 @@ import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
 from tfla.triton.common import can_use_tma, chunk_tile_pid, descriptor, load_tile, store_tile
+from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -238,10 +239,6 @@ def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
-# Tuning overrides for benchmarks, merged into bw_config.
-BW_OVERRIDE: dict = {}
-
-
 def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     """Where dK and dV run as one launch by default (docs/kernels.md, tuning rule B4): 16-bit
     inputs at the head shapes and chunk sizes where it was measured faster, with the tiles
@@ -256,11 +253,13 @@ def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     return {}
 
 
-def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
+def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
+              tuning: Tuning = DEFAULT) -> dict:
     """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B4);
     USE_TMA: tiles and stores through tensor descriptors, on for 16-bit inputs; FUSED_DKV:
     dK and dV in one launch (``_dkv_fused_kernel``, its tiles DKV_*), only where d_qk and
-    d_hv fit one tile of at most 256 columns. BW_OVERRIDE wins over every default."""
+    d_hv fit one tile of at most 256 columns. ``tuning.bw``'s keys win over every default
+    (FUSED is :func:`fused_bw`'s)."""
     fp32 = dtype == torch.float32
     b_l = min(64, L)
     cap = 64 if fp32 else 128
@@ -274,27 +273,29 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
         FUSED_DKV=False, DKV_B_LQ=32, DKV_B_LKV=64, DKV_num_warps=8, DKV_num_stages=2,
     )
     cfg.update(_fused_dkv_rule(L, d_qk, d_hv, dtype))
-    cfg.update(BW_OVERRIDE)
+    cfg.update((k, v) for k, v in tuning.bw.items() if k != "FUSED")
     for key in ("B_LQ", "B_LKV", "DKV_B_LQ", "DKV_B_LKV"):
         cfg[key] = min(cfg[key], L)
     cfg["FUSED_DKV"] = bool(cfg["FUSED_DKV"]) and max(_p2(d_qk), _p2(d_hv)) <= 256
     return cfg
 
 
-def fused_bw(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> bool:
+def fused_bw(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
+             tuning: Tuning = DEFAULT) -> bool:
     """Whether xl_chunk's backward runs the one-program-per-chunk kernel of limit_chunk
     (``limit_parallel_bw``: dQ, dK, dV of a chunk from its L x L matrices held on chip)
-    instead of the three tiled kernels here; BW_OVERRIDE["FUSED"] wins."""
-    return bool(BW_OVERRIDE.get("FUSED", False)) and L <= 128
+    instead of the three tiled kernels here: off unless ``tuning.bw["FUSED"]`` (L <= 128)."""
+    return bool(tuning.bw.get("FUSED", False)) and L <= 128
 
 
 def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
-                is_exp: bool, normalize: bool, eps: float):
-    """dq, dk, dv (input dtype) and the fp32 row sums q·dq, k·dk (BNH, N_c*L)."""
+                is_exp: bool, normalize: bool, eps: float, tuning: Tuning = DEFAULT):
+    """dq, dk, dv (input dtype) and the fp32 row sums q·dq, k·dk (BNH, N_c*L). ``tuning``:
+    overrides of :func:`bw_config`'s rules."""
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
-    cfg = bw_config(L, d_qk, d_hv, q.dtype)
+    cfg = bw_config(L, d_qk, d_hv, q.dtype, tuning)
     prec = dot_precision(q.dtype)
     scale = d_qk ** -0.5
     n_dqk = triton.cdiv(d_qk, cfg["B_DQK"])

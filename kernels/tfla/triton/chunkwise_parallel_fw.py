@@ -26,6 +26,7 @@ import triton.language as tl
 from tfla.triton.chunkwise_recurrent import dot_precision
 from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, launch, load_tile,
                                 store_tile)
+from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -150,15 +151,12 @@ def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
-# Tuning overrides for benchmarks: {"xl": {...}, "limit": {...}} merged into fw_config.
-FW_OVERRIDE: dict = {"xl": {}, "limit": {}}
-
 # pipeline depth that fitted in shared memory, per launch configuration (common.launch)
 _FIT: dict = {}
 
 
 def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
-              is_exp: bool = True) -> dict:
+              is_exp: bool = True, tuning: Tuning = DEFAULT) -> dict:
     """Tile sizes and warps of the H kernel (docs/kernels.md, tuning rules H1-H6).
 
     limit_chunk: B_Lhq = B_Lkv = L (the whole chunk). xl_chunk: 64 x 64 tiles (L >= 64).
@@ -190,6 +188,8 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     descriptors (H200, forward with the state kernel's TMA, docs/kernels.md rule H6: mLSTMsig
     Figure-4 heads L 128 1.08 vs 1.22 ms, mLSTMexp 1.40 vs 1.53; limit_chunk was not measured and
     keeps pointers).
+
+    ``tuning.fw`` (xl_chunk) or ``tuning.fw_limit`` (limit_chunk) keys win.
     """
     fp32 = dtype == torch.float32
     b_l = L if limit else min(64, L)
@@ -212,7 +212,7 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
             # one key tile per chunk: a longer chunk would pipeline two 128 x 256 K and V
             # tiles and need 450 KB of shared memory (measured failure at L 256-1024)
             cfg.update(B_LQ=128, B_LKV=128, B_DQK=256, B_DHV=256, num_warps=8, num_stages=2)
-    cfg.update(FW_OVERRIDE["limit" if limit else "xl"])
+    cfg.update(tuning.fw_limit if limit else tuning.fw)
     if limit:
         cfg["B_LQ"] = cfg["B_LKV"] = L
     cfg["B_LQ"] = min(cfg["B_LQ"], L)
@@ -232,12 +232,13 @@ def inter_slice(cfg: dict, d_qk: int) -> int:
 
 
 def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_exp: bool,
-                normalize: bool, eps: float, limit: bool):
-    """h (BNH, S, d_hv) in the input dtype and n_out (BNH, N_c*L) fp32 (unset if not normalised)."""
+                normalize: bool, eps: float, limit: bool, tuning: Tuning = DEFAULT):
+    """h (BNH, S, d_hv) in the input dtype and n_out (BNH, N_c*L) fp32 (unset if not
+    normalised). ``tuning``: overrides of :func:`fw_config`'s rules."""
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
-    cfg = fw_config(L, d_qk, d_hv, q.dtype, limit, is_exp)
+    cfg = fw_config(L, d_qk, d_hv, q.dtype, limit, is_exp, tuning)
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
     grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)

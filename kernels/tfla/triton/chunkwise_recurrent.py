@@ -31,6 +31,7 @@ import triton.language as tl
 
 from tfla.triton.common import (can_use_tma, descriptor, launch, load_tile, num_sms, split_pid,
                                 store_tile)
+from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -296,17 +297,13 @@ def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
-# Tuning overrides for benchmarks (keys B_DQK, B_DHV, num_warps, num_stages, MIN_PROGRAMS, PIECE,
-# ACC_IN_C, USE_TMA, SCALE_V).
-STATE_OVERRIDE: dict = {}
-
 # pipeline depth that fitted in shared memory, per launch configuration (common.launch)
 _FIT: dict = {}
 
 
 def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
                  dtype: torch.dtype = torch.bfloat16, step: int = 128,
-                 sig_forward: bool = False) -> tuple[int, int, int, int]:
+                 sig_forward: bool = False, tuning: Tuning = DEFAULT) -> tuple[int, int, int, int]:
     """(B_dqk, B_dhv, num_warps, num_stages) of the recurrent kernels.
 
     These kernels are sequential over the chunks, and each step is short, so a step's
@@ -330,15 +327,18 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     32 heads, 64/128, S 4096, L 128 (0.271 ms vs 0.302 for the 32 x 128 / 2 stages that was
     best with pointer loads). Other sig shapes keep these defaults: at d_qk 128 / 256 they
     were within 1 % of the best measured (docs/kernels.md, rule S4).
+
+    ``tuning.state``'s keys win (a block, warps or stages override also turns S4 off).
     """
+    over = tuning.state
     if (sig_forward and d_qk <= 64 and step >= 128 and dtype != torch.float32
             and d_hv >= 128
-            and not any(k in STATE_OVERRIDE for k in ("B_DQK", "B_DHV", "num_warps", "num_stages"))):
+            and not any(k in over for k in ("B_DQK", "B_DHV", "num_warps", "num_stages"))):
         return max(16, min(64, _p2(d_qk))), 128, 4, 3
     cap = 64 if dtype == torch.float32 else 128
     b_qk = max(16, min(cap, _p2(d_qk)))
     b_hv = max(16, min(cap, _p2(d_hv)))
-    min_programs = STATE_OVERRIDE.get("MIN_PROGRAMS", n_sms // 2)
+    min_programs = over.get("MIN_PROGRAMS", n_sms // 2)
 
     def programs(a, b):
         return triton.cdiv(d_qk, a) * triton.cdiv(d_hv, b) * BNH
@@ -351,32 +351,35 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
             b_qk //= 2
         else:
             b_hv //= 2
-    b_qk = STATE_OVERRIDE.get("B_DQK", b_qk)
-    b_hv = STATE_OVERRIDE.get("B_DHV", b_hv)
+    b_qk = over.get("B_DQK", b_qk)
+    b_hv = over.get("B_DHV", b_hv)
     size = b_qk * b_hv
     default_warps = 8 if size >= 128 * 64 else 4 if size >= 64 * 64 else 2
-    warps = STATE_OVERRIDE.get("num_warps", default_warps)
-    return b_qk, b_hv, warps, STATE_OVERRIDE.get("num_stages", 3)
+    warps = over.get("num_warps", default_warps)
+    return b_qk, b_hv, warps, over.get("num_stages", 3)
 
 
-def fw_state_options(k, v, C_st, b_qk: int, b_hv: int, P: int) -> tuple[bool, bool]:
+def fw_state_options(k, v, C_st, b_qk: int, b_hv: int, P: int,
+                     tuning: Tuning = DEFAULT) -> tuple[bool, bool]:
     """(USE_TMA, SCALE_V) of the forward state kernel, both variants.
 
     Default: both on for 16-bit inputs (TMA only where the tensors allow it), off for fp32
-    (not measured there); STATE_OVERRIDE's keys win. Measured on the H200, bf16, forward ms,
+    (not measured there); ``tuning.state``'s keys win. Measured on the H200, bf16, forward ms,
     state kernel with both vs pointer loads of ā-scaled K (docs/kernels.md,
     rule S3): mLSTMsig Figure-4 heads L 128 1.22 vs 1.41 (the whole forward; 1.08 with the
     H kernel's TMA too), 7B heads 1.88 vs 2.33; mLSTMexp 1.53 vs 1.61, 2.77 vs 2.91.
     """
     half = k.dtype in (torch.bfloat16, torch.float16)
-    use_tma = STATE_OVERRIDE.get("USE_TMA", half) and can_use_tma(
+    over = tuning.state
+    use_tma = over.get("USE_TMA", half) and can_use_tma(
         k, v, C_st, blocks=(P, b_qk, b_hv))
-    return bool(use_tma), bool(STATE_OVERRIDE.get("SCALE_V", half))
+    return bool(use_tma), bool(over.get("SCALE_V", half))
 
 
-def piece(L: int) -> int:
-    """Positions per tl.dot in the recurrent kernels: the whole chunk up to 128."""
-    return min(L, STATE_OVERRIDE.get("PIECE", 128))
+def piece(L: int, tuning: Tuning = DEFAULT) -> int:
+    """Positions per tl.dot in the recurrent kernels: the whole chunk up to 128
+    (``tuning.state["PIECE"]`` wins)."""
+    return min(L, tuning.state.get("PIECE", 128))
 
 
 def gates_num_warps(L: int) -> int:
@@ -403,7 +406,7 @@ def chunk_gates(i, f, *, L: int, is_exp: bool):
 
 
 def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool,
-                 with_n: bool = True):
+                 with_n: bool = True, tuning: Tuning = DEFAULT):
     """Chunk states from the chunk gates.
 
     k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous, input dtype; C0 (BNH, d_qk, d_hv),
@@ -411,7 +414,8 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     dtype (the copies the parallel kernels read), n_st (BNH, N_c+1, d_qk) and m_st
     (BNH, N_c+1) fp32, and C_last (BNH, d_qk, d_hv) fp32. ``with_n`` False: n is neither
     carried nor stored (n_st is left unset; for callers that read no normaliser state:
-    mLSTMsig without normalisation and without the last state).
+    mLSTMsig without normalisation and without the last state). ``tuning``: overrides of
+    the rules (``tuning.state``).
     """
     BNH, S, d_qk = k.shape
     d_hv = v.shape[-1]
@@ -421,14 +425,14 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     n_st = torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32)
     m_st = torch.empty((BNH, NC + 1), device=dev, dtype=torch.float32)
     C_last = torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32)
-    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(k.device), k.dtype, piece(L),
-                                             sig_forward=not is_exp)
+    P = piece(L, tuning)
+    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(k.device), k.dtype, P,
+                                             sig_forward=not is_exp, tuning=tuning)
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     dummy = m_st
-    P = piece(L)
-    use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P)
+    use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P, tuning)
     C_view = C_st.view(BNH * (NC + 1), d_qk, d_hv)
-    acc_in_c = STATE_OVERRIDE.get("ACC_IN_C", False)
+    acc_in_c = tuning.state.get("ACC_IN_C", False)
     # keyed by everything that shapes the compiled kernel, so that one shape's retry never
     # lowers another's pipeline depth
     fit = _FIT.setdefault((L, P, b_qk, b_hv, warps, stages, use_tma, scale_v, is_exp, with_n,
@@ -441,7 +445,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
         m0 if m0 is not None else dummy,
         C_st, n_st, m_st, C_last,
         S, NC, d_qk, d_hv,
-        L=L, PIECE=piece(L), B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp,
+        L=L, PIECE=P, B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp,
         HAS_C0=C0 is not None, HAS_N0=n0 is not None, HAS_M0=m0 is not None,
         DOT_PREC=dot_precision(k.dtype), WITH_N=with_n,
         ACC_IN_C=acc_in_c, USE_TMA=use_tma, SCALE_V=scale_v,
@@ -450,37 +454,40 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     return C_st, n_st, m_st, C_last
 
 
-def bw_state_options(q, dh, dC_st, b_qk: int, b_hv: int, P: int) -> tuple[bool, bool]:
+def bw_state_options(q, dh, dC_st, b_qk: int, b_hv: int, P: int,
+                     tuning: Tuning = DEFAULT) -> tuple[bool, bool]:
     """(USE_TMA, SCALE_DH) of the backward state kernel: both on for 16-bit inputs (TMA only
-    where the tensors allow it), off for fp32 (not measured there); STATE_OVERRIDE's keys
-    ``bw_USE_TMA`` / ``bw_SCALE_DH`` win. Measured on the H200 (docs/kernels.md, Tuning
-    rules B3)."""
+    where the tensors allow it), off for fp32 (not measured there); ``tuning.state_bw``'s
+    keys win. Measured on the H200 (docs/kernels.md, Tuning rules B3)."""
     half = q.dtype in (torch.bfloat16, torch.float16)
-    use_tma = STATE_OVERRIDE.get("bw_USE_TMA", half) and can_use_tma(
-        q, dh, dC_st, blocks=(P, b_qk, b_hv))
-    return bool(use_tma), bool(STATE_OVERRIDE.get("bw_SCALE_DH", half))
+    over = tuning.state_bw
+    use_tma = over.get("USE_TMA", half) and can_use_tma(q, dh, dC_st, blocks=(P, b_qk, b_hv))
+    return bool(use_tma), bool(over.get("SCALE_DH", half))
 
 
 def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: bool,
-                 normalize: bool, eps: float, d_hv: int):
+                 normalize: bool, eps: float, d_hv: int, tuning: Tuning = DEFAULT):
     """State gradients: dC_st (BNH, N_c+1, d_qk, d_hv) in the input dtype (slot N_c =
     dC_last or 0) and dC_0 (BNH, d_qk, d_hv) fp32.
 
     q (BNH, S, d_qk), dh (BNH, S, d_hv) contiguous in the input dtype; gate vectors as
-    returned by :func:`chunk_gates`; n_out (BNH, N_c*L) fp32 from the forward.
+    returned by :func:`chunk_gates`; n_out (BNH, N_c*L) fp32 from the forward. ``tuning``:
+    overrides of the rules (``tuning.state``, then ``tuning.state_bw``).
     """
     BNH, S, d_qk = q.shape
     NC = triton.cdiv(S, L)
     dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
     dC_0 = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
-    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(q.device), q.dtype, piece(L))
-    b_qk = STATE_OVERRIDE.get("bw_B_DQK", b_qk)
-    b_hv = STATE_OVERRIDE.get("bw_B_DHV", b_hv)
-    warps = STATE_OVERRIDE.get("bw_num_warps", warps)
-    stages = STATE_OVERRIDE.get("bw_num_stages", stages)
+    P = piece(L, tuning)
+    b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(q.device), q.dtype, P,
+                                             tuning=tuning)
+    over = tuning.state_bw
+    b_qk = over.get("B_DQK", b_qk)
+    b_hv = over.get("B_DHV", b_hv)
+    warps = over.get("num_warps", warps)
+    stages = over.get("num_stages", stages)
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
-    P = piece(L)
-    use_tma, scale_dh = bw_state_options(q, dh, dC_st, b_qk, b_hv, P)
+    use_tma, scale_dh = bw_state_options(q, dh, dC_st, b_qk, b_hv, P, tuning)
     dC_view = dC_st.view(BNH * (NC + 1), d_qk, d_hv)
     fit = _FIT.setdefault(("bw", L, P, b_qk, b_hv, warps, stages, use_tma, scale_dh, is_exp,
                            normalize, dC_last is not None, q.dtype), {})

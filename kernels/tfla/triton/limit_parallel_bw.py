@@ -15,6 +15,7 @@ import triton
 import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
+from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -140,27 +141,25 @@ def _p2(x: int) -> int:
     return triton.next_power_of_2(max(int(x), 1))
 
 
-# Tuning overrides for benchmarks, merged into limit_bw_config.
-LIMIT_BW_OVERRIDE: dict = {}
-
-
-def limit_bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
+def limit_bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
+                    tuning: Tuning = DEFAULT) -> dict:
     """Head-dim blocks and warps of the limit_chunk backward (heuristic, docs/kernels.md, tuning
-    rule B2)."""
+    rule B2); ``tuning.limit_bw``'s keys win."""
     cap = 32 if (dtype == torch.float32 or L >= 128) else 64
     cfg = dict(B_DQK=max(16, min(cap, _p2(d_qk))), B_DHV=max(16, min(cap, _p2(d_hv))),
                num_warps=8 if L >= 128 else 4, num_stages=1)
-    cfg.update(LIMIT_BW_OVERRIDE)
+    cfg.update(tuning.limit_bw)
     return cfg
 
 
 def limit_parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
-                      is_exp: bool, normalize: bool, eps: float):
-    """dq, dk, dv (input dtype) and fp32 row sums q·dq, k·dk (BNH, N_c*L) for limit_chunk."""
+                      is_exp: bool, normalize: bool, eps: float, tuning: Tuning = DEFAULT):
+    """dq, dk, dv (input dtype) and fp32 row sums q·dq, k·dk (BNH, N_c*L) for limit_chunk.
+    ``tuning``: overrides of :func:`limit_bw_config`'s rule."""
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
-    cfg = limit_bw_config(L, d_qk, d_hv, q.dtype)
+    cfg = limit_bw_config(L, d_qk, d_hv, q.dtype, tuning)
     qdq = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
     kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
     dq = torch.empty_like(q)

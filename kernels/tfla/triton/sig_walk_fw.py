@@ -27,6 +27,7 @@ import triton.language as tl
 
 from tfla.triton.chunkwise_recurrent import dot_precision
 from tfla.triton.common import can_use_tma, descriptor, launch, load_tile, store_tile
+from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
 
@@ -89,16 +90,12 @@ def _sig_walk_fw_kernel(
         tl.store(N_last + bh * d_qk + offs_k, n, mask=(offs_k < d_qk) & (offs_k * 0 + pid_v == 0))
 
 
-# Tuning overrides for benchmarks: "enabled" (False: never walk), B_DHV, num_warps,
-# num_stages, maxnreg, MIN_PROGRAMS_PER_SM.
-WALK_OVERRIDE: dict = {}
-
 # pipeline depth that fitted in shared memory, per launch configuration (common.launch)
 _FIT: dict = {}
 
 
 def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
-                n_sms: int = 0, with_last: bool = False) -> dict | None:
+                n_sms: int = 0, with_last: bool = False, tuning: Tuning = DEFAULT) -> dict | None:
     """The walk's launch configuration for one call, or None where the parallel kernels run.
 
     The rule (measured on the H200, bf16, forward; docs/kernels.md, rules W1-W5):
@@ -117,11 +114,11 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     with the last state 1.155 against 1.192. Not measured faster, so not taken: L 128 (8 warps: 1.09 / 1.24 ms), d_qk 256
     (B 8, 8 heads, 256 / 512: 1.99 against 1.60), fp32 inputs; a grid of one program per SM
     (Figure 4's heads at S 32768, B 2: 1.29 ms against 1.14 for the parallel kernels at
-    L 128).
+    L 128). ``tuning.walk``'s keys win (``enabled`` False: never walk).
 
     Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg) for :func:`sig_walk_fw`, or None.
     """
-    over = WALK_OVERRIDE
+    over = tuning.walk
     if not over.get("enabled", True):
         return None
     if (L != 64 or d_qk > 128 or d_hv > 256 or dtype not in (torch.bfloat16, torch.float16)):

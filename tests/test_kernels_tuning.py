@@ -1,0 +1,159 @@
+"""The tuning overrides (tfla/triton/tuning.py): one frozen Tuning, carried by the kernel
+configuration from the public functions to every launch, forward and backward.
+
+The defaults themselves (which tiles, warps and options each rule picks) are asserted by the
+rule tests of test_kernels_exp, test_kernels_sig and test_kernels_gate_regimes; here: the
+default Tuning changes none of them, and an override reaches the kernel it names."""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+import torch
+
+os.environ["TRITON_INTERPRET"] = "1"   # read by triton when the kernel modules are imported
+
+import tfla  # noqa: E402
+from tfla.triton.chunkwise import Config, kernels  # noqa: E402
+from tfla.triton.tuning import DEFAULT, Tuning, active_tuning, use_tuning  # noqa: E402
+
+DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+CHUNKS = (16, 64, 128, 256, 1024)
+HEADS = (16, 48, 64, 128, 160, 256, 512)
+
+
+def test_tuning_is_frozen_hashable_and_validates_its_keys():
+    t = Tuning(fw={"B_DHV": 64, "num_warps": 8}, walk={"enabled": False})
+    assert t == Tuning(fw={"num_warps": 8, "B_DHV": 64}, walk={"enabled": False})
+    assert hash(t) == hash(Tuning(fw={"num_warps": 8, "B_DHV": 64}, walk={"enabled": False}))
+    assert t != DEFAULT and DEFAULT == Tuning() and len(DEFAULT.fw) == 0
+    assert dict(t.fw) == {"B_DHV": 64, "num_warps": 8} and t.fw.get("B_LQ", 7) == 7
+    with pytest.raises(AttributeError):
+        t.fw = {}
+    with pytest.raises(TypeError):
+        t.fw["B_DHV"] = 32
+    with pytest.raises(ValueError, match=r"Tuning\.state: got key\(s\) 'bw_USE_TMA'; allowed: "):
+        Tuning(state={"bw_USE_TMA": True})
+
+
+def test_use_tuning_nests_and_restores():
+    inner = Tuning(recompute_states=True)
+    outer = Tuning(state={"PIECE": 32})
+    assert active_tuning() is DEFAULT
+    with use_tuning(outer):
+        with use_tuning(inner):
+            assert active_tuning() is inner
+            assert Config.make(variant="exp", normalize=True, eps=1e-6, L=64,
+                               limit=False).recompute_states
+        assert active_tuning() is outer
+    assert active_tuning() is DEFAULT
+    assert not Config.make(variant="exp", normalize=True, eps=1e-6, L=64, limit=False).recompute_states
+    with pytest.raises(TypeError, match="expected tfla.triton.tuning.Tuning"):
+        with use_tuning({"fw": {}}):
+            pass
+
+
+def test_the_default_tuning_is_every_rule_unchanged():
+    """Tuning() overrides nothing: each configuration function returns what its rule gives
+    without the argument, over a grid of chunks, head sizes and dtypes."""
+    rec, pfw, pbw, lbw, walk = kernels()
+    t = Tuning()
+    for L, d_qk, d_hv, dt in itertools.product(CHUNKS, HEADS, HEADS, DTYPES):
+        for limit, is_exp in itertools.product((False, True), repeat=2):
+            assert pfw.fw_config(L, d_qk, d_hv, dt, limit, is_exp, t) == \
+                pfw.fw_config(L, d_qk, d_hv, dt, limit, is_exp)
+        assert pbw.bw_config(L, d_qk, d_hv, dt, t) == pbw.bw_config(L, d_qk, d_hv, dt)
+        assert not pbw.fused_bw(L, d_qk, d_hv, dt, t)
+        assert lbw.limit_bw_config(L, d_qk, d_hv, dt, t) == lbw.limit_bw_config(L, d_qk, d_hv, dt)
+        for bnh, n_sms, last in itertools.product((1, 128, 512), (0, 132), (False, True)):
+            assert walk.walk_config(L, d_qk, d_hv, bnh, dt, n_sms, last, t) == \
+                walk.walk_config(L, d_qk, d_hv, bnh, dt, n_sms, last)
+        for bnh, n_sms, sig in itertools.product((2, 32, 1 << 30), (0, 132), (False, True)):
+            step = rec.piece(L, t)
+            assert step == rec.piece(L) == min(L, 128)
+            assert rec.state_blocks(d_qk, d_hv, bnh, n_sms, dt, step, sig, t) == \
+                rec.state_blocks(d_qk, d_hv, bnh, n_sms, dt, step, sig)
+
+
+def test_each_family_overrides_its_configuration():
+    rec, pfw, pbw, lbw, walk = kernels()
+    bf16 = torch.bfloat16
+    t = Tuning(state={"B_DQK": 32, "num_stages": 2, "PIECE": 64}, fw={"B_DHV": 32},
+               fw_limit={"num_warps": 2}, bw={"B_LKV": 16, "FUSED": True},
+               limit_bw={"B_DQK": 16}, walk={"B_DHV": 32, "maxnreg": None})
+    assert rec.state_blocks(128, 256, 128, 132, bf16, 128, tuning=t)[0::3] == (32, 2)
+    # a block override turns off the sig-forward rule (S4) too
+    assert rec.state_blocks(64, 128, 512, 132, bf16, 128, True, t)[:2] == (32, 128)
+    assert rec.piece(256, t) == 64 and rec.piece(32, t) == 32
+    assert pfw.fw_config(128, 128, 256, bf16, False, True, t)["B_DHV"] == 32
+    assert pfw.fw_config(128, 128, 256, bf16, True, True, t)["num_warps"] == 2
+    assert pfw.fw_config(128, 128, 256, bf16, True, True, t)["B_DHV"] == 64      # fw: xl only
+    cfg = pbw.bw_config(128, 128, 256, bf16, t)
+    assert cfg["B_LKV"] == 16 and "FUSED" not in cfg
+    assert pbw.fused_bw(128, 128, 256, bf16, t) and not pbw.fused_bw(256, 128, 256, bf16, t)
+    assert lbw.limit_bw_config(64, 128, 256, bf16, t)["B_DQK"] == 16
+    w = walk.walk_config(64, 128, 256, 512, bf16, 132, False, t)
+    assert w["B_DHV"] == 32 and w["maxnreg"] is None          # None: uncapped (the rule: 240)
+    assert walk.walk_config(64, 128, 256, 512, bf16, 132, False, Tuning(walk={"enabled": False})) \
+        is None
+
+
+class _Spy:
+    """Stands in for a @triton.jit kernel: records the keyword arguments of each launch."""
+
+    def __init__(self, kernel, log):
+        self.kernel, self.log = kernel, log
+        self.__name__ = kernel.__name__
+
+    def __getitem__(self, grid):
+        def run(*args, **kw):
+            self.log.append((self.__name__, kw))
+            return self.kernel[grid](*args, **kw)
+        return run
+
+
+def test_an_override_reaches_the_launches_of_forward_and_backward(monkeypatch):
+    """Under use_tuning, a call's launches take the overrides, and so does its backward when
+    it runs after the block has closed (the kernel configuration carries the Tuning)."""
+    rec, pfw, pbw, _, _ = kernels()
+    log = []
+    for mod, name in ((rec, "_recurrent_fw_kernel"), (rec, "_recurrent_bw_kernel"),
+                      (pfw, "_parallel_fw_kernel"), (pbw, "_dq_kernel"), (pbw, "_dkv_kernel")):
+        monkeypatch.setattr(mod, name, _Spy(getattr(mod, name), log))
+    g = torch.Generator().manual_seed(0)
+    q, k = torch.randn(2, 1, 2, 40, 32, generator=g)
+    v = torch.randn(1, 2, 40, 32, generator=g)
+    i, f = torch.randn(2, 1, 2, 40, generator=g)
+
+    def launches(tuning):
+        log.clear()
+        xs = [x.clone().requires_grad_(True) for x in (q, k, v, i, f)]
+        with use_tuning(tuning):
+            h = tfla.mlstm_exp(*xs, chunk_size=32)
+        h.sum().backward()
+        return {name: kw for name, kw in log}, h.detach(), [x.grad for x in xs]
+
+    base, h0, g0 = launches(Tuning())
+    assert base["_parallel_fw_kernel"]["B_DHV"] == 32 and base["_recurrent_bw_kernel"]["B_DHV"] == 32
+    t = Tuning(state={"B_DHV": 16}, state_bw={"B_DQK": 16}, fw={"B_DHV": 16},
+               bw={"B_LQ": 16, "B_LKV": 16, "B_DQK": 16})
+    got, h1, g1 = launches(t)
+    assert got["_recurrent_fw_kernel"]["B_DHV"] == 16
+    assert got["_recurrent_bw_kernel"]["B_DHV"] == 16 and got["_recurrent_bw_kernel"]["B_DQK"] == 16
+    assert got["_parallel_fw_kernel"]["B_DHV"] == 16
+    assert got["_dq_kernel"]["B_LKV"] == 16 and got["_dq_kernel"]["B_DQK"] == 16
+    assert got["_dkv_kernel"]["B_LQ"] == 16
+    # other tiles, the same function: h and the gradients agree to float32 round-off
+    assert torch.allclose(h1, h0, rtol=1e-4, atol=1e-5)
+    for a, b in zip(g1, g0):
+        assert torch.allclose(a, b, rtol=1e-3, atol=1e-4)
+
+
+def test_plan_follows_the_active_walk_override():
+    q = torch.empty(16, 32, 4096, 64, dtype=torch.bfloat16, device="meta")
+    v = torch.empty(16, 32, 4096, 128, dtype=torch.bfloat16, device="meta")
+    assert tfla.plan("sig", q, v, grad=False, device="cpu").algorithm == "walk"
+    with use_tuning(Tuning(walk={"enabled": False})):
+        assert tfla.plan("sig", q, v, grad=False, device="cpu").algorithm == "two_level"
