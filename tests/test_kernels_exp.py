@@ -236,6 +236,30 @@ def test_float16_inputs_give_float16_outputs_and_gradients(interpret):
     assert_close(errors(out, ref, inputs, dC), relF=5e-3, maxnorm=2e-2, df=2e-2)
 
 
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32])
+def test_float16_gates_with_open_input_gates_overflow_only_where_the_true_value_does(
+        interpret, dtype):
+    """ĩ ~ N(30, 5) in float16 gates, random-sign q, k: the normaliser |q̂·n| nearly cancels in
+    some rows (exp(-m) ~ 1e-12 gives it no floor), so true gradients exceed float16's
+    65504. Every gate-derived quantity and di, df are computed in float32 and rounded once
+    on return: a non-finite value may sit only where the float64 reference, rounded to
+    the dtype the tensor is returned in, overflows too, with the same sign."""
+    inputs, init, dh, dC = make_case(4, S=200, d_qk=48, d_hv=96,
+                                     regime="large_positive_input_gate", positive_qk=False)
+    q, k, v, i, f = inputs
+    inputs = (q.to(dtype), k.to(dtype), v.to(dtype), i.half(), f.half())
+    dh, dC = dh * 64, dC * 64      # a loss 64 times larger: some of di, df, dq, dk past 65504
+    ref = reference(inputs, init, dh, dC)
+    out = run(xl(128), inputs, init, dh, dC)
+    overflow = 0
+    for name, a, r in zip(NAMES, out, ref):
+        rounded = r.detach().to(a.dtype)
+        assert torch.equal(torch.isfinite(a), torch.isfinite(rounded)), name
+        assert torch.equal(a[torch.isinf(a)], rounded[torch.isinf(a)]), name
+        overflow += int(torch.isinf(rounded).sum())
+    assert overflow > 0     # the case reaches float16's range
+
+
 def test_cpu_tensors_without_interpreter_run_the_reference(monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     (q, k, v, i, f), init, _, _ = make_case(11, S=33)
