@@ -338,7 +338,8 @@ def test_fused_dkv_defaults_where_measured():
 def test_launch_retries_with_fewer_stages_and_remembers_the_depth():
     """common.launch (used by the forward kernels): a launch whose pipelined tiles do not fit
     in shared memory is retried with fewer stages, and the depth that fitted is kept per
-    launch configuration, so the next call starts there; one stage that does not fit raises."""
+    kernel and compile-time configuration, so the next call starts there while another
+    configuration keeps its own depth; one stage that does not fit raises."""
     from triton.runtime.errors import OutOfResources
 
     calls = []
@@ -352,18 +353,23 @@ def test_launch_retries_with_fewer_stages_and_remembers_the_depth():
         def __getitem__(self, grid):
             def run(*args, num_stages, **kw):
                 calls.append(num_stages)
-                if num_stages > self.fits_at:
+                if num_stages > self.fits_at + kw.get("EXTRA", 0):
                     raise OutOfResources(300000, 232448, "shared memory")
                 return num_stages
             return run
 
-    memo = {}
-    assert common.launch(FakeKernel(1), (1,), memo, num_stages=3) == 1
-    assert calls == [3, 2, 1] and memo["stages_fake"] == 1
+    kernel = FakeKernel(1)
+    x = torch.zeros(2)
+    assert common.launch(kernel, (1,), x, num_stages=3, B=64) == 1
+    assert calls == [3, 2, 1]
     calls.clear()
-    assert common.launch(FakeKernel(1), (1,), memo, num_stages=3) == 1 and calls == [1]
+    assert common.launch(kernel, (1,), x, num_stages=3, B=64) == 1 and calls == [1]
+    calls.clear()      # another configuration (constexprs, tensor dtypes) starts at its own depth
+    assert common.launch(kernel, (1,), x, num_stages=3, B=64, EXTRA=1) == 2 and calls == [3, 2]
+    calls.clear()
+    assert common.launch(kernel, (1,), x.half(), num_stages=3, B=64) == 1 and calls == [3, 2, 1]
     with pytest.raises(OutOfResources):
-        common.launch(FakeKernel(0), (1,), {}, num_stages=2)
+        common.launch(FakeKernel(0), (1,), num_stages=2)
 
 
 def walk_h(inputs, C0, n0, L):

@@ -10,18 +10,11 @@ block; backward: one program per chunk computing dQ, dK and dV). Registers bound
 
 from __future__ import annotations
 
-import os
-
 from tfla.checks import (check_chunk_size, check_choice, check_eps, check_initial_state,
                          check_kernel_dtype, check_qkvif)
 
 MAX_CHUNK = 128
 MIN_CHUNK = 16
-
-
-def interpret_mode() -> bool:
-    """True when TRITON_INTERPRET=1: CPU tensors then run the Triton kernels (interpreter)."""
-    return os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 def mlstm_limit_chunk(q, k, v, i, f, *, variant="sig", chunk_size=64, normalize=False, eps=1e-6,
@@ -72,6 +65,8 @@ def mlstm_limit_chunk(q, k, v, i, f, *, variant="sig", chunk_size=64, normalize=
     else:
         normalize = True
     C0, n0, m0 = check_initial_state(initial_state, dims, q.device, variant=variant)
+    from tfla.triton.common import interpret_mode
+
     if q.device.type == "cpu" and not interpret_mode():
         from tfla.reference import mlstm_chunkwise
         return mlstm_chunkwise(q, k, v, i, f, variant=variant, chunk_size=L,

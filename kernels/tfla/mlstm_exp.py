@@ -9,7 +9,6 @@ from __future__ import annotations
 
 from tfla.checks import (check_chunk_size, check_choice, check_eps, check_initial_state,
                          check_kernel_dtype, check_qkvif)
-from tfla.limit_chunk import interpret_mode
 
 ALGORITHMS = ("xl_chunk", "limit_chunk")
 
@@ -68,6 +67,8 @@ def mlstm_exp(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", eps=1e-
     eps = check_eps(eps)
     L = check_chunk_size(chunk_size, minimum=16, power_of_two=True)
     C0, n0, m0 = check_initial_state(initial_state, dims, q.device, variant="exp")
+    from tfla.triton.common import interpret_mode
+
     if q.device.type == "cpu" and not interpret_mode():
         from tfla.reference import mlstm_chunkwise
         return mlstm_chunkwise(q, k, v, i, f, variant="exp", chunk_size=L, eps=eps,

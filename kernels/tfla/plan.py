@@ -89,9 +89,10 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
     device = torch.device(device) if device is not None else q.device
     if device.type != "cuda" and not interpret_mode():
         return Plan(L, "reference")
-    if algorithm == "limit_chunk":
-        return Plan(min(L, max(16, _p2(S))), "limit_chunk")
     from tfla.triton.chunkwise import effective_chunk
+
+    if algorithm == "limit_chunk":
+        return Plan(effective_chunk(S, L), "limit_chunk")
 
     if variant == "sig" and not (grad or normalize):
         from tfla.triton.chunkwise import kernels
@@ -118,7 +119,3 @@ def resolve_chunk(chunk_size, variant: str, *, d_qk: int, grad: bool, dtype,
             return 64
         return auto_chunk(variant, d_qk=d_qk, grad=grad, dtype=dtype)
     return check_chunk_size(chunk_size, minimum=16, power_of_two=True)
-
-
-def _p2(x: int) -> int:
-    return 1 << max(0, int(x) - 1).bit_length()

@@ -23,8 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.chunkwise_recurrent import dot_precision
-from tfla.triton.common import can_use_tma, chunk_tile_pid, descriptor, load_tile, store_tile
+from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, dot_precision,
+                                gate_exponent, head_block, load_tile, pow2,
+                                store_tile, tile_rows)
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
@@ -61,6 +62,18 @@ def _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP: tl.const
 
 
 @triton.jit
+def _store_rowsum(ROWSUM, bh, S_pad, rows, x_blk, acc, ATOMIC: tl.constexpr):
+    """The fp32 row sums of x ⊙ acc (q·dq or k·dk, before acc is rounded) at positions rows
+    of b·head bh of ROWSUM (BNH, S_pad), added atomically where several programs (d_qk blocks)
+    share a row."""
+    rowsum = tl.sum(x_blk.to(tl.float32) * acc, 1)
+    if ATOMIC:
+        tl.atomic_add(ROWSUM + bh * S_pad + rows, rowsum)
+    else:
+        tl.store(ROWSUM + bh * S_pad + rows, rowsum)
+
+
+@triton.jit
 def _dq_kernel(
     Q, K, V, QD, KD, VD, CD, DHD, DQD, B_vec, I_vec, MI_vec, M_st, NOUT, C_st, DH, DQ, QDQ,
     S, NC, d_qk, d_hv, scale, eps,
@@ -71,9 +84,7 @@ def _dq_kernel(
 ):
     pid_k, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_qk, B_DQK), L // B_LQ, NC)
     S_pad = NC * L
-    r_loc = pid_q * B_LQ + tl.arange(0, B_LQ)
-    r0 = c * L + pid_q * B_LQ
-    rows = c * L + r_loc
+    r_loc, r0, rows = tile_rows(c, pid_q, L, B_LQ)
     k0 = pid_k * B_DQK
     b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
                                    IS_EXP, NORMALIZE)
@@ -88,9 +99,7 @@ def _dq_kernel(
     # intra: (dH̃ Vᵀ ⊙ D) K · scale
     n_kv = ((pid_q + 1) * B_LQ) // B_LKV
     for j in range(n_kv):
-        s_loc = j * B_LKV + tl.arange(0, B_LKV)
-        s0 = c * L + j * B_LKV
-        cols = c * L + s_loc
+        s_loc, s0, cols = tile_rows(c, j, L, B_LKV)
         ds = tl.zeros((B_LQ, B_LKV), dtype=tl.float32)
         for vb in range(NUM_DHV):
             dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
@@ -98,18 +107,13 @@ def _dq_kernel(
             ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
         i_kv = tl.load(I_vec + bh * S_pad + cols)
         b_kv = tl.load(B_vec + bh * S_pad + cols)
-        d_log = (b_q[:, None] - b_kv[None, :] + i_kv[None, :]) - mc_q[:, None]
-        d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
+        d_log = gate_exponent(b_q, mc_q, b_kv, i_kv, r_loc, s_loc, False)
         ds = ds * tl.exp(d_log) * rs[:, None]
         k_blk = load_tile(KD, K, bh, s0, k0, S, d_qk, B_LKV, B_DQK, USE_TMA)
         acc = tl.dot(ds.to(k_blk.dtype), k_blk, acc, input_precision=DOT_PREC)
     q_blk = load_tile(QD, Q, bh, r0, k0, S, d_qk, B_LQ, B_DQK, USE_TMA)
     store_tile(DQD, DQ, acc.to(DQ.dtype.element_ty), bh, r0, k0, S, d_qk, B_LQ, B_DQK, USE_TMA)
-    rowsum = tl.sum(q_blk.to(tl.float32) * acc, 1)
-    if ATOMIC_ROWSUM:
-        tl.atomic_add(QDQ + bh * S_pad + rows, rowsum)
-    else:
-        tl.store(QDQ + bh * S_pad + rows, rowsum)
+    _store_rowsum(QDQ, bh, S_pad, rows, q_blk, acc, ATOMIC_ROWSUM)
 
 
 @triton.jit
@@ -135,9 +139,7 @@ def _dkv_kernel(
         D_RED = d_qk
     pid_o, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(D_OUT, B_OUT), L // B_LKV, NC)
     S_pad = NC * L
-    s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
-    s0 = c * L + pid_kv * B_LKV
-    cols = c * L + s_loc
+    s_loc, s0, cols = tile_rows(c, pid_kv, L, B_LKV)
     o0 = pid_o * B_OUT
     b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
     # inter: ā ⊙ (X dC_k (dK: transposed))
@@ -156,9 +158,7 @@ def _dkv_kernel(
     # intra: (X Yᵀ ⊙ Dᵀ) Z · scale over query tiles on or after the diagonal
     j0 = (pid_kv * B_LKV) // B_LQ
     for j in range(j0, L // B_LQ):
-        r_loc = j * B_LQ + tl.arange(0, B_LQ)
-        r0 = c * L + j * B_LQ
-        rows = c * L + r_loc
+        r_loc, r0, rows = tile_rows(c, j, L, B_LQ)
         b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
                                        scale, eps, IS_EXP, NORMALIZE)
         st = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
@@ -166,8 +166,7 @@ def _dkv_kernel(
             x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
             y_blk = load_tile(YD, Y, bh, r0, rb * B_RED, S, D_RED, B_LQ, B_RED, USE_TMA)
             st = tl.dot(x_blk, tl.trans(y_blk), st, input_precision=DOT_PREC)
-        d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
-        d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
+        d_log = gate_exponent(b_q, mc_q, b_kv, i_kv, r_loc, s_loc, True)
         st = st * tl.exp(d_log) * rs[None, :]
         z_blk = load_tile(ZD, Z, bh, r0, o0, S, D_OUT, B_LQ, B_OUT, USE_TMA)
         acc = tl.dot(st.to(z_blk.dtype), z_blk, acc, input_precision=DOT_PREC)
@@ -175,11 +174,7 @@ def _dkv_kernel(
         k_blk = load_tile(KD, K, bh, s0, o0, S, d_qk, B_LKV, B_OUT, USE_TMA)
     store_tile(DXD, DX, acc.to(DX.dtype.element_ty), bh, s0, o0, S, D_OUT, B_LKV, B_OUT, USE_TMA)
     if OUT_K:
-        rowsum = tl.sum(k_blk.to(tl.float32) * acc, 1)
-        if ATOMIC_ROWSUM:
-            tl.atomic_add(KDK + bh * S_pad + cols, rowsum)
-        else:
-            tl.store(KDK + bh * S_pad + cols, rowsum)
+        _store_rowsum(KDK, bh, S_pad, cols, k_blk, acc, ATOMIC_ROWSUM)
 
 
 @triton.jit
@@ -197,9 +192,7 @@ def _dkv_fused_kernel(
     #   dK = ā ⊙ (V dC_kᵀ) + dP Q,   dV = ā ⊙ (K dC_k) + P dH̃   (scale inside the row scale)
     _, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), 1, L // B_LKV, NC)
     S_pad = NC * L
-    s_loc = pid_kv * B_LKV + tl.arange(0, B_LKV)
-    s0 = c * L + pid_kv * B_LKV
-    cols = c * L + s_loc
+    s_loc, s0, cols = tile_rows(c, pid_kv, L, B_LKV)
     b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
     k_blk = load_tile(KD, K, bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
     v_blk = load_tile(VD, V, bh, s0, 0, S, d_hv, B_LKV, B_DHV, USE_TMA)
@@ -208,15 +201,12 @@ def _dkv_fused_kernel(
     # intra over query tiles on or after the diagonal
     j0 = (pid_kv * B_LKV) // B_LQ
     for j in range(j0, L // B_LQ):
-        r_loc = j * B_LQ + tl.arange(0, B_LQ)
-        r0 = c * L + j * B_LQ
-        rows = c * L + r_loc
+        r_loc, r0, rows = tile_rows(c, j, L, B_LQ)
         b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
                                        scale, eps, IS_EXP, NORMALIZE)
         q_blk = load_tile(QD, Q, bh, r0, 0, S, d_qk, B_LQ, B_DQK, USE_TMA)
         dh_blk = load_tile(DHD, DH, bh, r0, 0, S, d_hv, B_LQ, B_DHV, USE_TMA)
-        d_log = (b_q[None, :] - b_kv[:, None] + i_kv[:, None]) - mc_q[None, :]
-        d_log = tl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
+        d_log = gate_exponent(b_q, mc_q, b_kv, i_kv, r_loc, s_loc, True)
         d_mat = tl.exp(d_log) * rs[None, :]
         p = tl.dot(k_blk, tl.trans(q_blk), input_precision=DOT_PREC) * d_mat
         dv = tl.dot(p.to(dh_blk.dtype), dh_blk, dv, input_precision=DOT_PREC)
@@ -235,17 +225,13 @@ def _dkv_fused_kernel(
     tl.store(KDK + bh * S_pad + cols, tl.sum(k_row.to(tl.float32) * dk, 1))
 
 
-def _p2(x: int) -> int:
-    return triton.next_power_of_2(max(int(x), 1))
-
-
 def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     """Where dK and dV run as one launch by default (docs/kernels.md, tuning rule B4): 16-bit
     inputs at the head shapes and chunk sizes where it was measured faster, with the tiles
     measured there; elsewhere the two launches of ``_dkv_kernel``."""
     if dtype not in (torch.bfloat16, torch.float16):
         return {}
-    heads = (_p2(d_qk), _p2(d_hv))
+    heads = (pow2(d_qk), pow2(d_hv))
     if heads == (128, 256) and L in (128, 256):
         return dict(FUSED_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=8)
     if heads == (64, 128) and L in (64, 128):
@@ -265,8 +251,8 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
     cap = 64 if fp32 else 128
     cfg = dict(
         B_LQ=b_l, B_LKV=b_l,
-        B_DQK=max(16, min(cap, _p2(d_qk))),
-        B_DHV=max(16, min(cap, _p2(d_hv))),
+        B_DQK=head_block(d_qk, cap),
+        B_DHV=head_block(d_hv, cap),
         num_warps=4, num_stages=2, USE_TMA=dtype in (torch.bfloat16, torch.float16),
         # dK and dV in one launch (_dkv_fused_kernel), where the whole head dimensions fit
         # one tile (d_qk, d_hv <= 256); its own tiles, warps and stages
@@ -276,7 +262,7 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
     cfg.update((k, v) for k, v in tuning.bw.items() if k != "FUSED")
     for key in ("B_LQ", "B_LKV", "DKV_B_LQ", "DKV_B_LKV"):
         cfg[key] = min(cfg[key], L)
-    cfg["FUSED_DKV"] = bool(cfg["FUSED_DKV"]) and max(_p2(d_qk), _p2(d_hv)) <= 256
+    cfg["FUSED_DKV"] = bool(cfg["FUSED_DKV"]) and max(pow2(d_qk), pow2(d_hv)) <= 256
     return cfg
 
 
@@ -325,7 +311,7 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
         S, NC, d_qk, d_hv, scale, eps, B_DQK=bqk, B_DHV=bhv, NUM_DHV=n_dhv,
         ATOMIC_ROWSUM=atomic, **common)
     if cfg["FUSED_DKV"]:
-        flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], _p2(d_qk), _p2(d_hv)
+        flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], pow2(d_qk), pow2(d_hv)
         tma_f = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
                                                       blocks=(flq, flkv, fqk, fhv))
         Df = lambda t, *blk: descriptor(t, (1, *blk), tma_f)  # noqa: E731

@@ -23,9 +23,9 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.chunkwise_recurrent import dot_precision
-from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, launch, load_tile,
-                                store_tile)
+from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, dot_precision,
+                                gate_exponent, head_block, launch, load_tile,
+                                store_tile, tile_rows)
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
@@ -47,9 +47,7 @@ def _parallel_fw_kernel(
     pid_v, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), L // B_LQ, NC)
     S_pad = NC * L
 
-    r_loc = pid_q * B_LQ + tl.arange(0, B_LQ)          # position inside the chunk
-    r0 = c * L + pid_q * B_LQ
-    rows = c * L + r_loc
+    r_loc, r0, rows = tile_rows(c, pid_q, L, B_LQ)      # positions inside the chunk, in S
     offs_dk = tl.arange(0, B_DQK)
 
     b_q = tl.load(B_vec + bh * S_pad + rows)
@@ -99,9 +97,7 @@ def _parallel_fw_kernel(
     # intra-chunk part over key/value tiles on or below the diagonal
     n_kv = ((pid_q + 1) * B_LQ) // B_LKV
     for j in range(n_kv):
-        s_loc = j * B_LKV + tl.arange(0, B_LKV)
-        s0 = c * L + j * B_LKV
-        cols = c * L + s_loc
+        s_loc, s0, cols = tile_rows(c, j, L, B_LKV)
         if INTER_IN_LOOP:
             # slice j of Q̄ C_{k-1} (Q̄ = b̄·scale ⊙ Q in the dot dtype): rows j·B_CS.. of C_{k-1};
             # B_DQK / B_CS <= n_kv slices cover d_qk, later ones lie past d_qk and load zeros
@@ -128,8 +124,7 @@ def _parallel_fw_kernel(
                 s = tl.dot(q_blk, tl.trans(k_blk), s, input_precision=DOT_PREC)
         i_kv = tl.load(I_vec + bh * S_pad + cols)                  # ī, -inf beyond S
         b_kv = tl.load(B_vec + bh * S_pad + cols)
-        d_log = (b_q[:, None] - b_kv[None, :] + i_kv[None, :]) - mc_q[:, None]
-        d_log = tl.where(r_loc[:, None] >= s_loc[None, :], d_log, float("-inf"))
+        d_log = gate_exponent(b_q, mc_q, b_kv, i_kv, r_loc, s_loc, False)
         s_bar = s * scale * tl.exp(d_log)
         if NORMALIZE:
             den += tl.sum(s_bar, 1)
@@ -145,14 +140,6 @@ def _parallel_fw_kernel(
         acc = acc / (n_out + eps)[:, None]
         tl.store(NOUT + bh * S_pad + rows, n_out, mask=(rows * 0 + pid_v) == 0)
     store_tile(HD, H, acc.to(H.dtype.element_ty), bh, r0, v0, S, d_hv, B_LQ, B_DHV, USE_TMA)
-
-
-def _p2(x: int) -> int:
-    return triton.next_power_of_2(max(int(x), 1))
-
-
-# pipeline depth that fitted in shared memory, per launch configuration (common.launch)
-_FIT: dict = {}
 
 
 def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
@@ -193,16 +180,15 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     """
     fp32 = dtype == torch.float32
     b_l = L if limit else min(64, L)
-    b_qk = max(16, min(64 if fp32 else 128, _p2(d_qk)))
-    b_hv = max(16, min(32 if (fp32 and b_l >= 128) else 64 if (fp32 or b_l >= 128) else 128,
-                       _p2(d_hv)))
+    b_qk = head_block(d_qk, 64 if fp32 else 128)
+    b_hv = head_block(d_hv, 32 if (fp32 and b_l >= 128) else 64 if (fp32 or b_l >= 128) else 128)
     warps = 8 if b_l * b_hv >= 128 * 128 or b_l >= 128 else 4
     cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2,
                USE_TMA=(not limit) and dtype in (torch.bfloat16, torch.float16),
                INTER_IN_LOOP=False)
     if not (is_exp or limit or fp32) and L >= 64:
         if d_qk <= 64:
-            cfg.update(B_LQ=64, B_LKV=32, B_DHV=max(16, min(128, _p2(d_hv))), num_warps=4,
+            cfg.update(B_LQ=64, B_LKV=32, B_DHV=head_block(d_hv, 128), num_warps=4,
                        num_stages=2)
         elif d_qk <= 128 and d_hv >= 256 and L >= 128:
             # one query tile per chunk at L 128: the inter-chunk product runs in the loop
@@ -248,15 +234,12 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
         q, k, v, C_st, h, blocks=(b_lq, b_lkv, b_qk, b_hv))
     C_view = C_st.view(-1, d_qk, d_hv)
     num_dqk = triton.cdiv(d_qk, b_qk)
-    # keyed by everything that shapes the compiled kernel (see chunkwise_recurrent._FIT)
-    fit = _FIT.setdefault((L, b_lq, b_lkv, b_qk, b_hv, num_dqk, cfg["num_warps"], cfg["num_stages"],
-                           use_tma, is_exp, normalize, b_cs, q.dtype), {})
     QD, CD = descriptor(q, (1, b_lq, b_qk), use_tma), descriptor(C_view, (1, b_qk, b_hv), use_tma)
     # the d_qk-slice views of Q and C_{k-1} (INTER_IN_LOOP; else unused, the full ones passed)
     QSD = descriptor(q, (1, b_lq, b_cs), use_tma) if 0 < b_cs < b_qk else QD
     CSD = descriptor(C_view, (1, b_cs, b_hv), use_tma) if b_cs else CD
     launch(
-        _parallel_fw_kernel, grid, fit,
+        _parallel_fw_kernel, grid,
         q, k, v, QD, descriptor(k, (1, b_lkv, b_qk), use_tma),
         descriptor(v, (1, b_lkv, b_hv), use_tma), CD,
         descriptor(h, (1, b_lq, b_hv), use_tma), QSD, CSD,

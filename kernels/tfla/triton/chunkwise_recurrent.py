@@ -29,8 +29,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import (can_use_tma, descriptor, launch, load_tile, num_sms, split_pid,
-                                store_tile)
+from tfla.triton.common import (can_use_tma, descriptor, dot_precision, head_block,
+                                launch, load_tile, num_sms, split_pid, store_tile)
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
@@ -91,6 +91,24 @@ def _gates_kernel(
 
 
 @triton.jit
+def _state_tile(pid, d_qk, d_hv, B_DQK: tl.constexpr, B_DHV: tl.constexpr):
+    """The C block of a state kernel's program (1-D grid: d_hv block fastest, then d_qk
+    block, then b·head): pid_v, pid_k, b·head (int64), the first row k0 and column v0, the
+    row offsets and their mask, the block's mask and element offsets in a (d_qk, d_hv) state."""
+    pid_v, pid_k, bh = split_pid(pid, tl.cdiv(d_hv, B_DHV), tl.cdiv(d_qk, B_DQK))
+    bh = bh.to(tl.int64)
+    k0 = pid_k * B_DQK
+    v0 = pid_v * B_DHV
+    offs_k = k0 + tl.arange(0, B_DQK)
+    offs_v = v0 + tl.arange(0, B_DHV)
+    mask_k = offs_k < d_qk
+    mask_v = offs_v < d_hv
+    mask_kv = mask_k[:, None] & mask_v[None, :]
+    c_offs = offs_k[:, None] * d_hv + offs_v[None, :]
+    return pid_v, pid_k, bh, k0, v0, offs_k, mask_k, mask_kv, c_offs
+
+
+@triton.jit
 def _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, t0, S, S_pad, m_new, k0, v0, d_qk, d_hv,
               PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
               WITH_N: tl.constexpr, USE_TMA: tl.constexpr, SCALE_V: tl.constexpr,
@@ -133,17 +151,9 @@ def _recurrent_fw_kernel(
     # into ḡ·C itself instead of a fresh tile added afterwards (one 128 x 128 fp32 tile of
     # registers less per thread). USE_TMA: K, V tiles and the C_k stores go through tensor
     # descriptors KD, VD (BNH, S, d) and CD (BNH·(N_c+1), d_qk, d_hv); else pointers.
-    pid_v, pid_k, bh = split_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), tl.cdiv(d_qk, B_DQK))
-    bh = bh.to(tl.int64)
     S_pad = NC * L
-    k0 = pid_k * B_DQK
-    v0 = pid_v * B_DHV
-    offs_k = k0 + tl.arange(0, B_DQK)
-    offs_v = v0 + tl.arange(0, B_DHV)
-    mask_k = offs_k < d_qk
-    mask_v = offs_v < d_hv
-    mask_kv = mask_k[:, None] & mask_v[None, :]
-    c_offs = offs_k[:, None] * d_hv + offs_v[None, :]
+    pid_v, pid_k, bh, k0, v0, offs_k, mask_k, mask_kv, c_offs = _state_tile(
+        tl.program_id(0), d_qk, d_hv, B_DQK, B_DHV)
     n_base = bh * (NC + 1) * d_qk
     st_row = bh * (NC + 1)          # C_k is "row" st_row + k of the (BNH·(N_c+1), d_qk, d_hv) view
     # which programs store n and m, as block masks (triton 3.9's interpreter rejects a
@@ -244,17 +254,9 @@ def _recurrent_bw_kernel(
 ):
     # USE_TMA: Q, dH tiles and the dC_k stores go through tensor descriptors QD, DHD
     # (BNH, S, d) and DCD (BNH·(N_c+1), d_qk, d_hv); else pointers.
-    pid_v, pid_k, bh = split_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), tl.cdiv(d_qk, B_DQK))
-    bh = bh.to(tl.int64)
     S_pad = NC * L
-    k0 = pid_k * B_DQK
-    v0 = pid_v * B_DHV
-    offs_k = k0 + tl.arange(0, B_DQK)
-    offs_v = v0 + tl.arange(0, B_DHV)
-    mask_k = offs_k < d_qk
-    mask_v = offs_v < d_hv
-    mask_kv = mask_k[:, None] & mask_v[None, :]
-    c_offs = offs_k[:, None] * d_hv + offs_v[None, :]
+    _, _, bh, k0, v0, _, _, mask_kv, c_offs = _state_tile(tl.program_id(0), d_qk, d_hv, B_DQK,
+                                                          B_DHV)
     st_row = bh * (NC + 1)          # dC_k is "row" st_row + k of the (BNH·(N_c+1), d_qk, d_hv) view
     if HAS_DC_LAST:
         dC = tl.load(DC_last + bh * d_qk * d_hv + c_offs, mask=mask_kv, other=0.0).to(tl.float32)
@@ -286,19 +288,6 @@ def _recurrent_bw_kernel(
         store_tile(DCD, DC_st, dC.to(DC_st.dtype.element_ty), st_row + c, k0, v0, d_qk, d_hv,
                    B_DQK, B_DHV, USE_TMA)
     tl.store(DC_0 + bh * d_qk * d_hv + c_offs, dC, mask=mask_kv)
-
-
-def dot_precision(dtype: torch.dtype) -> str:
-    """tl.dot input precision: exact fp32 ("ieee") for fp32 inputs, else the tensor-core default."""
-    return "ieee" if dtype == torch.float32 else "tf32"
-
-
-def _p2(x: int) -> int:
-    return triton.next_power_of_2(max(int(x), 1))
-
-
-# pipeline depth that fitted in shared memory, per launch configuration (common.launch)
-_FIT: dict = {}
 
 
 def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
@@ -334,10 +323,10 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     if (sig_forward and d_qk <= 64 and step >= 128 and dtype != torch.float32
             and d_hv >= 128
             and not any(k in over for k in ("B_DQK", "B_DHV", "num_warps", "num_stages"))):
-        return max(16, min(64, _p2(d_qk))), 128, 4, 3
+        return head_block(d_qk, 64), 128, 4, 3
     cap = 64 if dtype == torch.float32 else 128
-    b_qk = max(16, min(cap, _p2(d_qk)))
-    b_hv = max(16, min(cap, _p2(d_hv)))
+    b_qk = head_block(d_qk, cap)
+    b_hv = head_block(d_hv, cap)
     min_programs = over.get("MIN_PROGRAMS", n_sms // 2)
 
     def programs(a, b):
@@ -433,12 +422,8 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P, tuning)
     C_view = C_st.view(BNH * (NC + 1), d_qk, d_hv)
     acc_in_c = tuning.state.get("ACC_IN_C", False)
-    # keyed by everything that shapes the compiled kernel, so that one shape's retry never
-    # lowers another's pipeline depth
-    fit = _FIT.setdefault((L, P, b_qk, b_hv, warps, stages, use_tma, scale_v, is_exp, with_n,
-                           acc_in_c, C0 is not None, n0 is not None, m0 is not None, k.dtype), {})
     launch(
-        _recurrent_fw_kernel, grid, fit,
+        _recurrent_fw_kernel, grid,
         k, v, descriptor(k, (1, P, b_qk), use_tma), descriptor(v, (1, P, b_hv), use_tma),
         descriptor(C_view, (1, b_qk, b_hv), use_tma), a_vec, g_ch, amax_ch,
         C0 if C0 is not None else dummy, n0 if n0 is not None else dummy,
@@ -489,10 +474,8 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
     grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
     use_tma, scale_dh = bw_state_options(q, dh, dC_st, b_qk, b_hv, P, tuning)
     dC_view = dC_st.view(BNH * (NC + 1), d_qk, d_hv)
-    fit = _FIT.setdefault(("bw", L, P, b_qk, b_hv, warps, stages, use_tma, scale_dh, is_exp,
-                           normalize, dC_last is not None, q.dtype), {})
     launch(
-        _recurrent_bw_kernel, grid, fit,
+        _recurrent_bw_kernel, grid,
         q, dh, descriptor(q, (1, P, b_qk), use_tma), descriptor(dh, (1, P, b_hv), use_tma),
         descriptor(dC_view, (1, b_qk, b_hv), use_tma),
         b_vec, mi_vec, m_st, n_out, dC_last if dC_last is not None else dC_0, dC_st, dC_0,

@@ -1,22 +1,27 @@
-"""Pieces shared by the TFLA Triton kernels: the interpreter workaround, the SM count, program
-ids of the flattened grids, tile access through TMA descriptors or pointers, and a launch
+"""Pieces shared by the TFLA Triton kernels: the interpreter switch and workaround, the SM
+count, the dot precision and block sizes, program ids and positions of the flattened grids,
+the intra-chunk gate matrix, tile access through TMA descriptors or pointers, and a launch
 that fits shared memory."""
 
 from __future__ import annotations
 
 import functools
-import os
 
 import torch
 import triton
 import triton.language as tl
 
-__all__ = ["interpret_mode", "num_sms", "split_pid", "chunk_tile_pid", "load_tile", "store_tile",
+__all__ = ["interpret_mode", "num_sms", "dot_precision", "pow2", "head_block", "split_pid",
+           "chunk_tile_pid", "tile_rows", "gate_exponent", "load_tile", "store_tile",
            "can_use_tma", "descriptor", "launch"]
 
+
 def interpret_mode() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0").lower() in ("1", "true", "yes", "on")
+    """True when the environment sets TRITON_INTERPRET (parsed as Triton parses it: 1, true,
+    yes, on): CPU tensors then run the Triton kernels (in Triton's interpreter) instead of
+    the PyTorch reference. The environment, not ``triton.knobs.runtime.interpret``: a harness
+    may compile the kernels (knob off) while CPU tensors still take the Triton path."""
+    return bool(triton.knobs.getenv_bool("TRITON_INTERPRET", False))
 
 
 def _fix_interpreter_index() -> None:
@@ -64,6 +69,23 @@ def _sm_count(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def dot_precision(dtype: torch.dtype) -> str:
+    """tl.dot input precision: exact fp32 ("ieee") for fp32 inputs, else the tensor-core
+    default (docs/tfla-tiling.md 4.10)."""
+    return "ieee" if dtype == torch.float32 else "tf32"
+
+
+def pow2(x: int) -> int:
+    """The smallest power of two >= x (1 for x <= 1)."""
+    return triton.next_power_of_2(max(int(x), 1))
+
+
+def head_block(d: int, cap: int) -> int:
+    """A block of a head dimension d: its power of two, at least 16 (the smallest tl.dot
+    side) and at most ``cap``."""
+    return max(16, min(cap, pow2(d)))
+
+
 # ---------------------------------------------------------------- program ids
 
 @triton.jit
@@ -80,6 +102,37 @@ def chunk_tile_pid(pid, n_blk, n_tile, NC):
     chunk's tiles run next to each other (L2 reuse)."""
     blk, tile, cbh = split_pid(pid, n_blk, n_tile)
     return blk, tile, cbh % NC, (cbh // NC).to(tl.int64)
+
+
+@triton.jit
+def tile_rows(c, j, L: tl.constexpr, B: tl.constexpr):
+    """(positions inside the chunk, first sequence position, sequence positions) of tile j
+    (B rows) of chunk c (L rows)."""
+    loc = j * B + tl.arange(0, B)
+    return loc, c * L + j * B, c * L + loc
+
+
+# ---------------------------------------------------------------- the intra-chunk gate matrix
+
+@triton.jit
+def gate_exponent(b_q, m_q, b_kv, i_kv, r_loc, s_loc, KV_ROWS: tl.constexpr):
+    """The exponent of the intra-chunk gate matrix of a query tile (rows r_loc of the chunk)
+    and a key/value tile (s_loc): log D̃_rs - m_r = (b_r - b_s) + ī_s - m_r, and -inf above
+    the diagonal (s > r; docs/tfla-kernels.md 2.4). The difference b_r - b_s is formed first
+    (pitfall 8). m_q: the stabiliser per query row (m^comb; 0 for mLSTMsig), or None for
+    none. KV_ROWS: the transposed tile (key/value rows, query columns), as dK and dV take it.
+    """
+    if KV_ROWS:
+        d_log = b_q[None, :] - b_kv[:, None] + i_kv[:, None]
+        if m_q is not None:
+            d_log = d_log - m_q[None, :]
+        causal = r_loc[None, :] >= s_loc[:, None]
+    else:
+        d_log = b_q[:, None] - b_kv[None, :] + i_kv[None, :]
+        if m_q is not None:
+            d_log = d_log - m_q[:, None]
+        causal = r_loc[:, None] >= s_loc[None, :]
+    return tl.where(causal, d_log, float("-inf"))
 
 
 # ---------------------------------------------------------------- tile access (TMA or pointers)
@@ -138,23 +191,30 @@ def descriptor(t, block_shape, use_tma: bool):
     return TensorDescriptor.from_tensor(t, block_shape=list(block_shape))
 
 
-def launch(kernel, grid, memo: dict, *args, num_stages: int, **kwargs):
+#: the pipeline depth that fitted in shared memory, per kernel and compile-time configuration
+#: (what :func:`launch` learnt; a property of the GPU and the compiled kernel)
+_FITTED: dict = {}
+
+
+def launch(kernel, grid, *args, num_stages: int, **kwargs):
     """kernel[grid](*args, num_stages=..., **kwargs); if its tiles do not fit in shared
     memory at that pipelining depth, retry with fewer stages, and remember the depth that
-    fitted in ``memo`` (a dict kept per launch configuration by the caller) so that only the
-    first call of a shape pays for the retry.
+    fitted for this kernel and compile-time configuration (its keyword arguments and the
+    dtypes of its tensors), so that only the first call of a configuration pays for the
+    retry and one configuration's retry never lowers another's depth.
 
     Raises:
         triton.runtime.errors.OutOfResources: the tiles do not fit even with one stage.
     """
     from triton.runtime.errors import OutOfResources
 
-    key = "stages_" + getattr(kernel, "__name__", str(id(kernel)))
-    ns = min(num_stages, memo.get(key, num_stages))
+    key = (kernel, num_stages, tuple(sorted(kwargs.items())),
+           tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    ns = _FITTED.get(key, num_stages)
     while True:
         try:
             out = kernel[grid](*args, num_stages=ns, **kwargs)
-            memo[key] = ns
+            _FITTED[key] = ns
             return out
         except OutOfResources:
             if ns <= 1:

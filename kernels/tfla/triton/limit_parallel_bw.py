@@ -14,10 +14,32 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.chunkwise_recurrent import dot_precision
+from tfla.triton.common import dot_precision, gate_exponent, head_block
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _load_block(X, rows, cols, D, mask):
+    """The (rows, cols) block of a row-major matrix of D columns at X; 0 where mask is off."""
+    return tl.load(X + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
+
+
+@triton.jit
+def _chunk_gram(A, B, t, ok, D, L: tl.constexpr, B_D: tl.constexpr, NUM: tl.constexpr,
+                DOT_PREC: tl.constexpr):
+    """A Bᵀ (L x L, fp32) over rows t of two row-major (S, D) tensors at A and B (one b·head),
+    in NUM blocks of B_D columns; zeros past S (``ok``) and D."""
+    acc = tl.zeros((L, L), dtype=tl.float32)
+    offs_d = tl.arange(0, B_D)
+    for kb in range(NUM):
+        offs = kb * B_D + offs_d
+        m = ok[:, None] & (offs < D)[None, :]
+        a_blk = _load_block(A, t, offs, D, m)
+        b_blk = _load_block(B, t, offs, D, m)
+        acc = tl.dot(a_blk, tl.trans(b_blk), acc, input_precision=DOT_PREC)
+    return acc
 
 
 @triton.jit
@@ -60,25 +82,12 @@ def _limit_bw_kernel(
         rs = scale / (tl.load(NOUT + bh * S_pad + t) + eps)
     else:
         rs = b * 0.0 + scale
-    d_log = (b[:, None] - b[None, :] + ig[None, :]) - mc[:, None]
-    d_log = tl.where(loc[:, None] >= loc[None, :], d_log, float("-inf"))
+    d_log = gate_exponent(b, mc, b, ig, loc, loc, False)
     dmat = tl.exp(d_log) * rs[:, None]          # D with the query-row factor scale/(n_out+eps)
 
     # S = Q Kᵀ and dS̄ = dH Vᵀ over the whole chunk
-    s = tl.zeros((L, L), dtype=tl.float32)
-    for kb in range(NUM_DQK):
-        offs_k = kb * B_DQK + offs_dk
-        mk = ok[:, None] & (offs_k < d_qk)[None, :]
-        q_blk = tl.load(q_base + t[:, None] * d_qk + offs_k[None, :], mask=mk, other=0.0)
-        k_blk = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :], mask=mk, other=0.0)
-        s = tl.dot(q_blk, tl.trans(k_blk), s, input_precision=DOT_PREC)
-    ds = tl.zeros((L, L), dtype=tl.float32)
-    for vb in range(NUM_DHV):
-        offs_v = vb * B_DHV + offs_dv
-        mv = ok[:, None] & (offs_v < d_hv)[None, :]
-        dh_blk = tl.load(dh_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
-        v_blk = tl.load(v_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
-        ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
+    s = _chunk_gram(q_base, k_base, t, ok, d_qk, L, B_DQK, NUM_DQK, DOT_PREC)
+    ds = _chunk_gram(dh_base, v_base, t, ok, d_hv, L, B_DHV, NUM_DHV, DOT_PREC)
     ds = (ds * dmat).to(Q.dtype.element_ty)       # dS ⊙ D · scale / (n_out + eps)
     s_bar = (s * dmat).to(Q.dtype.element_ty)     # S̄ · 1/(n_out + eps)  (scale included)
 
@@ -90,19 +99,19 @@ def _limit_bw_kernel(
         offs_k = kb * B_DQK + offs_dk
         mask_k = offs_k < d_qk
         mk = ok[:, None] & mask_k[None, :]
-        q_blk = tl.load(q_base + t[:, None] * d_qk + offs_k[None, :], mask=mk, other=0.0)
-        k_blk = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :], mask=mk, other=0.0)
+        q_blk = _load_block(q_base, t, offs_k, d_qk, mk)
+        k_blk = _load_block(k_base, t, offs_k, d_qk, mk)
         inter_q = tl.zeros((L, B_DQK), dtype=tl.float32)
         inter_k = tl.zeros((L, B_DQK), dtype=tl.float32)
         for vb in range(NUM_DHV):
             offs_v = vb * B_DHV + offs_dv
             mask_v = offs_v < d_hv
             mv = ok[:, None] & mask_v[None, :]
-            dh_blk = tl.load(dh_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
-            v_blk = tl.load(v_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
+            dh_blk = _load_block(dh_base, t, offs_v, d_hv, mv)
+            v_blk = _load_block(v_base, t, offs_v, d_hv, mv)
             cm = mask_k[:, None] & mask_v[None, :]
-            c_blk = tl.load(c_base + offs_k[:, None] * d_hv + offs_v[None, :], mask=cm, other=0.0)
-            dc_blk = tl.load(dc_base + offs_k[:, None] * d_hv + offs_v[None, :], mask=cm, other=0.0)
+            c_blk = _load_block(c_base, offs_k, offs_v, d_hv, cm)
+            dc_blk = _load_block(dc_base, offs_k, offs_v, d_hv, cm)
             inter_q = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), inter_q,
                              input_precision=DOT_PREC)
             inter_k = tl.dot(v_blk, tl.trans(dc_blk.to(v_blk.dtype)), inter_k,
@@ -126,19 +135,13 @@ def _limit_bw_kernel(
         for kb in range(NUM_DQK):
             offs_k = kb * B_DQK + offs_dk
             mask_k = offs_k < d_qk
-            k_blk = tl.load(k_base + t[:, None] * d_qk + offs_k[None, :],
-                            mask=ok[:, None] & mask_k[None, :], other=0.0)
-            dc_blk = tl.load(dc_base + offs_k[:, None] * d_hv + offs_v[None, :],
-                             mask=mask_k[:, None] & mask_v[None, :], other=0.0)
+            k_blk = _load_block(k_base, t, offs_k, d_qk, ok[:, None] & mask_k[None, :])
+            dc_blk = _load_block(dc_base, offs_k, offs_v, d_hv, mask_k[:, None] & mask_v[None, :])
             inter_v = tl.dot(k_blk, dc_blk.to(k_blk.dtype), inter_v, input_precision=DOT_PREC)
-        dh_blk = tl.load(dh_base + t[:, None] * d_hv + offs_v[None, :], mask=mv, other=0.0)
+        dh_blk = _load_block(dh_base, t, offs_v, d_hv, mv)
         dv = tl.dot(tl.trans(s_bar), dh_blk, inter_v * a_bar[:, None], input_precision=DOT_PREC)
         tl.store(DV + bh * S * d_hv + t[:, None] * d_hv + offs_v[None, :],
                  dv.to(DV.dtype.element_ty), mask=mv)
-
-
-def _p2(x: int) -> int:
-    return triton.next_power_of_2(max(int(x), 1))
 
 
 def limit_bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
@@ -146,7 +149,7 @@ def limit_bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
     """Head-dim blocks and warps of the limit_chunk backward (heuristic, docs/kernels.md, tuning
     rule B2); ``tuning.limit_bw``'s keys win."""
     cap = 32 if (dtype == torch.float32 or L >= 128) else 64
-    cfg = dict(B_DQK=max(16, min(cap, _p2(d_qk))), B_DHV=max(16, min(cap, _p2(d_hv))),
+    cfg = dict(B_DQK=head_block(d_qk, cap), B_DHV=head_block(d_hv, cap),
                num_warps=8 if L >= 128 else 4, num_stages=1)
     cfg.update(tuning.limit_bw)
     return cfg

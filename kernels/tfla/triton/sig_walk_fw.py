@@ -25,8 +25,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.chunkwise_recurrent import dot_precision
-from tfla.triton.common import can_use_tma, descriptor, launch, load_tile, store_tile
+from tfla.triton.common import (can_use_tma, descriptor, dot_precision, gate_exponent, head_block,
+                                launch, load_tile, pow2, store_tile)
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
@@ -74,8 +74,7 @@ def _sig_walk_fw_kernel(
         acc = tl.dot(q, C.to(q.dtype), input_precision=DOT_PREC) * (tl.exp(b) * scale)[:, None]
         # intra-chunk part; every exponent is <= 0 on and below the diagonal
         s = tl.dot(q, tl.trans(k), input_precision=DOT_PREC)
-        d_log = tl.where(rows[:, None] >= rows[None, :],
-                         (b[:, None] - b[None, :]) + ii[None, :], float("-inf"))
+        d_log = gate_exponent(b, None, b, ii, rows, rows, False)
         s_bar = s * (tl.exp(d_log) * scale)
         acc = tl.dot(s_bar.to(v.dtype), v, acc, input_precision=DOT_PREC)
         store_tile(HD, H, acc.to(H.dtype.element_ty), bh, t0, v0, S, d_hv, L, B_DHV, USE_TMA)
@@ -88,10 +87,6 @@ def _sig_walk_fw_kernel(
     if WITH_LAST:
         tl.store(C_last + c_offs, C, mask=mask_c)
         tl.store(N_last + bh * d_qk + offs_k, n, mask=(offs_k < d_qk) & (offs_k * 0 + pid_v == 0))
-
-
-# pipeline depth that fitted in shared memory, per launch configuration (common.launch)
-_FIT: dict = {}
 
 
 def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
@@ -123,8 +118,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
         return None
     if (L != 64 or d_qk > 128 or d_hv > 256 or dtype not in (torch.bfloat16, torch.float16)):
         return None
-    b_hv = over.get("B_DHV",
-                    min(128 if d_qk <= 64 else 64, max(16, triton.next_power_of_2(d_hv))))
+    b_hv = over.get("B_DHV", head_block(d_hv, 128 if d_qk <= 64 else 64))
     programs = triton.cdiv(d_hv, b_hv) * BNH
     if n_sms and programs < over.get("MIN_PROGRAMS_PER_SM", 2) * n_sms:
         return None
@@ -153,15 +147,13 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     if with_last:
         C_last = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
         n_last = torch.empty((BNH, d_qk), device=q.device, dtype=torch.float32)
-    b_qk = max(16, triton.next_power_of_2(d_qk))
+    b_qk = max(16, pow2(d_qk))
     use_tma = q.dtype in (torch.bfloat16, torch.float16) and can_use_tma(
         q, k, v, h, blocks=(L, b_qk, B_DHV))
     grid = (triton.cdiv(d_hv, B_DHV) * BNH,)
-    fit = _FIT.setdefault((L, b_qk, B_DHV, num_warps, num_stages, use_tma, C0 is not None,
-                           n0 is not None, with_last, maxnreg, q.dtype), {})
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     launch(
-        _sig_walk_fw_kernel, grid, fit,
+        _sig_walk_fw_kernel, grid,
         q, k, v, h, descriptor(q, (1, L, b_qk), use_tma), descriptor(k, (1, L, b_qk), use_tma),
         descriptor(v, (1, L, B_DHV), use_tma), descriptor(h, (1, L, B_DHV), use_tma),
         b_vec, a_vec, i_vec, g_ch, C0 if C0 is not None else h, n0 if n0 is not None else h,
