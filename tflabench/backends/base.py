@@ -132,19 +132,24 @@ class HeadLayoutParams(BackendParams):
     p_qk: float = 1.0
 
 
-def resolve_layout(params: Any, embedding_dim: int) -> tuple[int, int, int]:
+def resolve_layout(params: Any, embedding_dim: int, default_heads: int | None = None) -> tuple[int, int, int]:
     """(heads, d_qk, d_hv) from :class:`HeadLayoutParams` fields and the embedding dimension.
 
+    ``default_heads``: the family's number of heads when neither ``heads`` nor ``d_hv`` is
+    set (paper App. E.3; e.g. 32 for attention, 16 for the mLSTM); None: one must be set.
+
     Raises UserError naming the field when the layout cannot be resolved (neither
-    ``heads`` nor ``d_hv`` given, a non-divisible embedding dimension, a non-integer
-    ``p_qk * d_hv``, or a value < 1).
+    ``heads`` nor ``d_hv`` given and no ``default_heads``, a non-divisible embedding
+    dimension, a non-integer ``p_qk * d_hv``, or a value < 1).
     """
     heads = getattr(params, "heads", None)
     d_hv = getattr(params, "d_hv", None)
     d_qk = getattr(params, "d_qk", None)
     p_qk = getattr(params, "p_qk", 1.0)
     if heads is None and d_hv is None:
-        raise UserError("heads / d_hv: neither is set; set heads or d_hv (the other is embedding_dim / it)")
+        if default_heads is None:
+            raise UserError("heads / d_hv: neither is set; set heads or d_hv (the other is embedding_dim / it)")
+        heads = default_heads
     if heads is None:
         if embedding_dim % d_hv:
             raise UserError(f"d_hv: {d_hv} does not divide embedding_dim {embedding_dim}; set heads as well")
@@ -178,6 +183,9 @@ class Backend:
         install_hint: what to install when unavailable (e.g. ``pip install fla-core``).
         modes: the modes it can ever run; others are reported unavailable.
         Params: pydantic model of what a suite may set (subclass of :class:`BackendParams`).
+        default_heads: the family's number of heads when a suite sets neither ``heads``
+            nor ``d_hv`` (paper App. E.3), for the default :meth:`layout`; None: one must
+            be set.
     """
 
     name: ClassVar[str] = ""
@@ -186,6 +194,7 @@ class Backend:
     install_hint: ClassVar[str] = ""
     modes: ClassVar[tuple[str, ...]] = MODES
     Params: ClassVar[type[BackendParams]] = BackendParams
+    default_heads: ClassVar[int | None] = None
     #: ``run --profile``: (regular expression, part) pairs naming the model part
     #: (``recurrent``, ``parallel`` or ``whole``: :data:`tflabench.model.parts.PARTS`) of
     #: the kernels this backend launches; the first pattern found in a kernel's name
@@ -200,8 +209,9 @@ class Backend:
 
     def layout(self, params: BackendParams, embedding_dim: int) -> tuple[int, int, int]:
         """(heads, d_qk, d_hv) for an embedding dimension (default: :func:`resolve_layout`
-        on :class:`HeadLayoutParams` fields). Raises UserError naming the field."""
-        return resolve_layout(params, embedding_dim)
+        on :class:`HeadLayoutParams` fields with :attr:`default_heads`). Raises UserError
+        naming the field."""
+        return resolve_layout(params, embedding_dim, self.default_heads)
 
     def chunk_size(self, params: BackendParams) -> int | None:
         """The chunk size L the kernel runs with, for the row's ``chunk_size`` column

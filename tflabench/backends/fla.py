@@ -374,10 +374,8 @@ class FlaBackend(Backend):
         """(heads, d_qk, d_hv) with the op's defaults (paper App. E.3). Raises UserError
         naming the field."""
         heads, p_qk = FLA_DEFAULT_LAYOUT[params.op]
-        update: dict[str, Any] = {"p_qk": p_qk if params.p_qk is None else params.p_qk}
-        if params.heads is None and params.d_hv is None:
-            update["heads"] = heads
-        return resolve_layout(params.model_copy(update=update), embedding_dim)
+        params = params.model_copy(update={"p_qk": p_qk if params.p_qk is None else params.p_qk})
+        return resolve_layout(params, embedding_dim, default_heads=heads)
 
     def chunk_size(self, params: FlaParams) -> int:
         """The chunk length fla runs (default 64; chunk_gla and the fused forms: 64 for T >= 64)."""

@@ -24,7 +24,7 @@ from typing import Any, Literal
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, attention_inputs, attention_reference
 from tflabench.backends.base import find_spec as _find_spec
-from tflabench.backends.sdpa import ATTENTION_KERNEL_PARTS, attention_layout, attention_model_kind
+from tflabench.backends.sdpa import ATTENTION_DEFAULT_HEADS, ATTENTION_KERNEL_PARTS, attention_model_kind
 
 #: FA3 interfaces in the order ``interface="auto"`` tries them: module -> has a backward.
 FA3_INTERFACES: dict[str, bool] = {
@@ -104,6 +104,7 @@ class _FlashAttnBase(Backend):
 
     family = "attention"
     Params = FlashAttnParams
+    default_heads = ATTENTION_DEFAULT_HEADS
     KERNEL_PARTS = ATTENTION_KERNEL_PARTS
 
     def _module(self, params) -> str | None:  # pragma: no cover - overridden
@@ -115,10 +116,6 @@ class _FlashAttnBase(Backend):
         if module == "fa3_fwd_interface":
             _alias_fa3_fwd_config()
         return importlib.import_module(module).flash_attn_func
-
-    def layout(self, params, embedding_dim: int) -> tuple[int, int, int]:
-        """(heads, d_qk, d_hv): 32 heads of embedding_dim / 32 unless set (paper App. E.3)."""
-        return attention_layout(params, embedding_dim)
 
     def available(self, params) -> str | None:
         """None when the module is installed, imports, and a CUDA GPU is present; else the

@@ -31,7 +31,7 @@ from typing import Any
 from pydantic import model_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.backends.fla import gla_reference, lightning_log_decay
 from tflabench.errors import UserError
@@ -84,14 +84,12 @@ class LightningBackend(Backend):
                    "fixed decay per head, no chunk state in HBM; 32 heads of 128 by default")
     install_hint = INSTALL_HINT
     Params = LightningParams
+    default_heads = 32
 
     def layout(self, params: LightningParams, embedding_dim: int) -> tuple[int, int, int]:
         """(heads, d_qk, d_hv): 32 heads of embedding / 32 unless set (paper Figure 13).
         Raises UserError naming the field when a head dimension is one the kernel cannot take."""
-        update: dict[str, Any] = {}
-        if params.heads is None and params.d_hv is None:
-            update["heads"] = 32
-        heads, d_qk, d_hv = resolve_layout(params.model_copy(update=update), embedding_dim)
+        heads, d_qk, d_hv = super().layout(params, embedding_dim)
         for field, d in (("d_qk", d_qk), ("d_hv", d_hv)):
             if d not in SUPPORTED_HEAD_DIMS:
                 raise UserError(f"{field}: lightning_attn takes head dimensions "

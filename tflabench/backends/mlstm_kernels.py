@@ -45,7 +45,6 @@ from tflabench.backends.base import (
     mlstm_last_state,
     mlstm_reference,
     mlstm_reference_state,
-    resolve_layout,
 )
 
 #: (variant, algorithm) -> (peer module, function, peer registry name).
@@ -151,18 +150,13 @@ class MlstmKernelsBackend(Backend):
                    "16 heads, d_qk 128, d_hv 256 by default")
     install_hint = INSTALL_HINT
     Params = MlstmKernelsParams
+    default_heads = MLSTM_DEFAULT_HEADS
     #: The peer's Triton kernels name their kind (``mlstm_chunkwise__recurrent_fw_C_kernel``,
     #: ``..._parallel_bw_dQ_kernel``, ``mlstm_siging_chunkwise__...``).
     KERNEL_PARTS = (
         (r"chunkwise__recurrent_", "recurrent"),
         (r"chunkwise__parallel_", "parallel"),
     )
-
-    def layout(self, params: MlstmKernelsParams, embedding_dim: int) -> tuple[int, int, int]:
-        """(heads, d_qk, d_hv): 16 heads, d_qk = 0.5 d_hv unless set (paper App. E.3)."""
-        if params.heads is None and params.d_hv is None:
-            params = params.model_copy(update={"heads": MLSTM_DEFAULT_HEADS})
-        return resolve_layout(params, embedding_dim)
 
     def chunk_size(self, params: MlstmKernelsParams) -> int:
         """L requested (default 128 xl_chunk, 64 limit_chunk); for xl_chunk at S < 128 the

@@ -20,7 +20,6 @@ from tflabench.backends.base import (
     Shape,
     attention_inputs,
     attention_reference,
-    resolve_layout,
 )
 
 #: impl name -> ``torch.nn.attention.SDPBackend`` member name.
@@ -54,14 +53,6 @@ class SdpaParams(HeadLayoutParams):
 ATTENTION_DEFAULT_HEADS = 32
 
 
-def attention_layout(params: HeadLayoutParams, embedding_dim: int) -> tuple[int, int, int]:
-    """(heads, d_qk, d_hv) of the attention backends: :func:`resolve_layout` with 32 heads
-    when neither ``heads`` nor ``d_hv`` is set (paper App. E.3: 32 heads of 128 at 4096)."""
-    if params.heads is None and params.d_hv is None:
-        params = params.model_copy(update={"heads": ATTENTION_DEFAULT_HEADS})
-    return resolve_layout(params, embedding_dim)
-
-
 def attention_model_kind(causal: bool) -> tuple[str, dict] | None:
     """The model kind of causal attention (FlashAttention accounting, ``tflabench.model``
     kind ``attention_causal``); None for non-causal, which the model does not count."""
@@ -86,12 +77,8 @@ class SdpaBackend(Backend):
     description = "torch SDPA (flash | cudnn | efficient | math), causal; 32 heads of 128 by default"
     install_hint = "pip install torch (flash/cudnn/efficient need a CUDA build and GPU)"
     Params = SdpaParams
+    default_heads = ATTENTION_DEFAULT_HEADS
     KERNEL_PARTS = ATTENTION_KERNEL_PARTS
-
-    def layout(self, params: SdpaParams, embedding_dim: int) -> tuple[int, int, int]:
-        """(heads, d_qk, d_hv): 32 heads of embedding_dim / 32 unless heads or d_hv is set
-        (paper App. E.3). Raises UserError naming the field."""
-        return attention_layout(params, embedding_dim)
 
     def available(self, params: SdpaParams) -> str | None:
         """None when torch has the chosen implementation here. ``cudnn`` and ``efficient``
