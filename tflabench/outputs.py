@@ -12,17 +12,11 @@ UserError too.
 
 from __future__ import annotations
 
-import errno
 import os
 import tempfile
 from pathlib import Path
 
-from tflabench.errors import UserError
-
-
-def _reason(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno or 0)
-    return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
+from tflabench.errors import UserError, io_reason
 
 
 def check_writable(path: str | os.PathLike, what: str) -> Path:
@@ -49,7 +43,7 @@ def check_writable(path: str | os.PathLike, what: str) -> Path:
         with tempfile.TemporaryFile(dir=parent):
             pass
     except OSError as exc:
-        raise UserError(f"{where}: cannot be written ({_reason(exc)}); choose a writable path") from None
+        raise UserError(f"{where}: cannot be written ({io_reason(exc)}); choose a writable path") from None
     return p
 
 
@@ -82,5 +76,5 @@ def write_text(path: str | os.PathLike, text: str, what: str, append: bool = Fal
                 pass
             raise
     except OSError as exc:
-        raise UserError(f"{what} {str(p)!r}: cannot be written ({_reason(exc)}); choose a writable path") from None
+        raise UserError(f"{what} {str(p)!r}: cannot be written ({io_reason(exc)}); choose a writable path") from None
     return p

@@ -41,7 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from tflabench.errors import UserError
+from tflabench.errors import UserError, io_reason, read_text
 from tflabench.model.analysis import place_on_roofline
 
 #: Identity columns: what a case *is*. ``case_id`` is a hash of all the others.
@@ -371,11 +371,6 @@ class ResultWriteError(UserError):
     how to go on."""
 
 
-def _io_reason(exc: OSError) -> str:
-    name = errno.errorcode.get(exc.errno or 0)
-    return f"{exc.strerror or exc}" + (f" ({name})" if name else "")
-
-
 def _write_all(fd: int, data: bytes) -> None:
     """``os.write`` until every byte of ``data`` is written (raises OSError)."""
     view = memoryview(data)
@@ -426,7 +421,7 @@ def _atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
             tmp.unlink()
         except OSError:
             pass
-        raise ResultWriteError(f"cannot write {path}: {_io_reason(exc)}; free space or fix the "
+        raise ResultWriteError(f"cannot write {path}: {io_reason(exc)}; free space or fix the "
                                "directory's permissions, then write it again") from None
     except BaseException:
         try:
@@ -483,7 +478,7 @@ class RowWriter:
             created = not self.path.exists()
             self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
         except OSError as exc:
-            raise ResultWriteError(f"cannot write {self.path}: {_io_reason(exc)}; choose a writable "
+            raise ResultWriteError(f"cannot write {self.path}: {io_reason(exc)}; choose a writable "
                                    "output directory (--out) or fix its permissions") from None
         if created:
             _fsync_dir(self.directory)
@@ -506,7 +501,7 @@ class RowWriter:
             except OSError:
                 pass
             raise ResultWriteError(
-                f"cannot write {self.path}: {_io_reason(exc)}; the rows written before it are kept "
+                f"cannot write {self.path}: {io_reason(exc)}; the rows written before it are kept "
                 "(this case's measurement is lost); free space, then finish the run with --resume "
                 f"{self.directory}") from None
         self.rows_written += 1
@@ -588,7 +583,7 @@ def write_results(
     try:
         directory.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise ResultWriteError(f"cannot create {directory}: {_io_reason(exc)}; choose a writable directory") from None
+        raise ResultWriteError(f"cannot create {directory}: {io_reason(exc)}; choose a writable directory") from None
     full = [complete_row(r) for r in rows]
     data = b"".join(_row_line(row) for row in full)
     _atomic_write(directory / ROWS_FILE, lambda tmp: tmp.write_bytes(data))
@@ -659,7 +654,7 @@ def _scan_rows(path: Path) -> _Scan:
     try:
         data = path.read_bytes()
     except OSError as exc:
-        raise UserError(f"{path}: cannot be read ({_io_reason(exc)})") from None
+        raise UserError(f"{path}: cannot be read ({io_reason(exc)})") from None
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends in a newline
     for lineno, raw in enumerate(lines, 1):
@@ -831,7 +826,7 @@ def new_result_directory(root: str | os.PathLike, suite: str, now: _dt.datetime 
         except FileExistsError:
             n += 1
         except OSError as exc:
-            raise ResultWriteError(f"cannot create a result set under {str(root)!r}: {_io_reason(exc)}; "
+            raise ResultWriteError(f"cannot create a result set under {str(root)!r}: {io_reason(exc)}; "
                                    "choose a writable --out directory") from None
 
 
@@ -934,7 +929,7 @@ class ResultSetLock:
             else:  # pragma: no cover - lost the race to take over five times
                 raise UserError(f"result set {self.directory} is being locked by another run; try again")
         except OSError as exc:
-            raise ResultWriteError(f"cannot lock result set {self.directory}: {_io_reason(exc)}; "
+            raise ResultWriteError(f"cannot lock result set {self.directory}: {io_reason(exc)}; "
                                    "choose a writable output directory (--out) or fix its permissions") from None
         finally:
             try:
@@ -1043,14 +1038,7 @@ def read_metadata(directory: str | os.PathLike) -> dict:
     if not path.exists() and not path.is_symlink():
         return {}
     fix = "the file was edited or damaged (moved away, report and compare read the rows without it; a resume needs it)"
-    try:
-        text = path.read_bytes().decode("utf-8")
-    except IsADirectoryError:
-        raise UserError(f"{path}: is a directory, not a file; {fix}") from None
-    except OSError as exc:
-        raise UserError(f"{path}: cannot be read ({_io_reason(exc)})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{path}: not UTF-8 text; {fix}") from None
+    text = read_text(path, str(path), fix=fix)
     try:
         metadata = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:

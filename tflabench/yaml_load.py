@@ -15,10 +15,11 @@ merged one, as YAML specifies. Import-light: only PyYAML.
 
 from __future__ import annotations
 
+import stat
 from pathlib import Path
 from typing import Any
 
-from tflabench.errors import UserError
+from tflabench.errors import UserError, read_text
 
 #: Most values (scalars, lists, mappings) a document may hold once every alias is expanded.
 #: A hand-written suite holds a few hundred; 100,000 leaves room for generated ones.
@@ -117,18 +118,12 @@ def load_yaml(path: str | Path, what: str = "") -> Any:
     p = Path(path)
     where = what or str(p)
     try:
-        size = p.stat().st_size
-        if p.is_dir():
-            raise UserError(f"{where}: is a directory, not a YAML file")
-        if size > MAX_FILE_BYTES:
-            raise UserError(f"{where}: {size} bytes; a YAML file here may hold at most {MAX_FILE_BYTES} bytes")
-        text = p.read_bytes().decode("utf-8")
-    except FileNotFoundError:
-        raise UserError(f"{where}: file does not exist") from None
-    except OSError as exc:
-        raise UserError(f"{where}: cannot be read ({exc.strerror or exc})") from None
-    except UnicodeDecodeError:
-        raise UserError(f"{where}: not UTF-8 text") from None
+        st = p.stat()
+    except OSError:
+        st = None  # read_text says why
+    if st is not None and not stat.S_ISDIR(st.st_mode) and st.st_size > MAX_FILE_BYTES:
+        raise UserError(f"{where}: {st.st_size} bytes; a YAML file here may hold at most {MAX_FILE_BYTES} bytes")
+    text = read_text(p, where, what="a YAML file")
     loader = _strict_loader()(text)
     try:
         node = loader.get_single_node()
