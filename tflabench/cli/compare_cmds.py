@@ -14,25 +14,26 @@ import typer
 from tflabench.cli import app, echo_warnings, user_errors
 
 
+def _override(flag: str, help: str):
+    """An option overriding one threshold of :class:`tflabench.compare.Thresholds`; not
+    given (None), the threshold comes from --thresholds, the suite, or its default."""
+    return typer.Option(None, flag, help=help)
+
+
 @app.command()
 def compare(
     base: Path = typer.Argument(..., help="Reference result set (directory or one of its files)."),
     new: Path = typer.Argument(..., help="Result set to judge against BASE."),
-    time_threshold: Optional[float] = typer.Option(
-        None, "--time-threshold", help="Smallest relative change of the median time reported (default 0.03 = 3 %)."
-    ),
-    alpha: Optional[float] = typer.Option(
-        None, "--alpha", help="Significance level of the Mann-Whitney U test on per-iteration samples (default 0.01)."
-    ),
-    min_samples: Optional[int] = typer.Option(
-        None, "--min-samples", help="Fewest samples per side for the test; fewer: IQR rule (default 5)."
-    ),
-    mem_threshold: Optional[float] = typer.Option(
-        None, "--mem-threshold", help="Smallest relative change of peak_mem_bytes reported (default 0.05)."
-    ),
-    mem_floor_bytes: Optional[int] = typer.Option(
-        None, "--mem-floor-bytes", help="Smallest absolute change of peak_mem_bytes reported (default 1 MiB)."
-    ),
+    time_threshold: Optional[float] = _override(
+        "--time-threshold", "Smallest relative change of the median time reported (default 0.03 = 3 %)."),
+    alpha: Optional[float] = _override(
+        "--alpha", "Significance level of the Mann-Whitney U test on per-iteration samples (default 0.01)."),
+    min_samples: Optional[int] = _override(
+        "--min-samples", "Fewest samples per side for the test; fewer: IQR rule (default 5)."),
+    mem_threshold: Optional[float] = _override(
+        "--mem-threshold", "Smallest relative change of peak_mem_bytes reported (default 0.05)."),
+    mem_floor_bytes: Optional[int] = _override(
+        "--mem-floor-bytes", "Smallest absolute change of peak_mem_bytes reported (default 1 MiB)."),
     thresholds_file: Optional[Path] = typer.Option(
         None, "--thresholds", help="YAML file of thresholds (same names, e.g. time_threshold: 0.05); "
         "overrides the suite's, overridden by options."
