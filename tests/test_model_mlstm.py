@@ -63,33 +63,23 @@ REC_SUMS = (49740, 49218, 49772, 49226)
 
 COLUMNS = [("exp", FOps()), ("sig", FOps()), ("exp", PRIMES), ("sig", PRIMES)]
 
-
-@pytest.mark.parametrize("col", range(4))
-def test_chunkwise_rows_match_exact_fixtures_O9(col):
-    variant, F = COLUMNS[col]
+O9_FIXTURES = {  # formulation: (settings, rows, sums)
     # T = L = 64: one chunk, so the per-call rows are the per-chunk rows of Table 8
-    c = mlstm_counts(variant, "chunkwise", T=64, L=64, F_ops=F, **FIX)
-    for row, vals in CHUNK_ROWS.items():
-        assert c.flop_rows[row] == vals[col], row
-    assert c.flops == CHUNK_SUMS[col]
+    "chunkwise": (dict(T=64, L=64), CHUNK_ROWS, CHUNK_SUMS),
+    "parallel": (dict(T=256), PAR_ROWS, PAR_SUMS),
+    "recurrent": (dict(T=1), REC_ROWS, REC_SUMS),
+}
 
 
 @pytest.mark.parametrize("col", range(4))
-def test_parallel_rows_match_exact_fixtures_O9(col):
+@pytest.mark.parametrize("formulation", list(O9_FIXTURES))
+def test_rows_match_exact_fixtures_O9(formulation, col):
     variant, F = COLUMNS[col]
-    c = mlstm_counts(variant, "parallel", T=256, F_ops=F, **FIX)
-    for row, vals in PAR_ROWS.items():
+    settings, rows, sums = O9_FIXTURES[formulation]
+    c = mlstm_counts(variant, formulation, F_ops=F, **settings, **FIX)
+    for row, vals in rows.items():
         assert c.flop_rows[row] == vals[col], row
-    assert c.flops == PAR_SUMS[col]
-
-
-@pytest.mark.parametrize("col", range(4))
-def test_recurrent_rows_match_exact_fixtures_O9(col):
-    variant, F = COLUMNS[col]
-    c = mlstm_counts(variant, "recurrent", T=1, F_ops=F, **FIX)
-    for row, vals in REC_ROWS.items():
-        assert c.flop_rows[row] == vals[col], row
-    assert c.flops == REC_SUMS[col]
+    assert c.flops == sums[col]
 
 
 def test_bytes_match_tables_9_11_13_O9():
