@@ -132,6 +132,14 @@ VARIANTS = {
         ("q32_w4", {"DKV_B_LQ": 32, "DKV_num_warps": 4}),
         ("q32_kv32_w4", {"DKV_B_LQ": 32, "DKV_B_LKV": 32, "DKV_num_warps": 4}))},
     "bw_dq_w8": {"bw": {"num_warps": 8}},
+    # dQ with query tiles of 128 rows (one per chunk at L 128: C_{k-1} read once per chunk
+    # instead of once per 64-row tile); key tiles, warps, stages, d_hv block
+    **{f"bw_dq_{n}": {"bw": {"B_LQ": 128, **o}} for n, o in (
+        ("q128_w8", {"num_warps": 8}),
+        ("q128_w4", {"num_warps": 4}),
+        ("q128_w8_st3", {"num_warps": 8, "num_stages": 3}),
+        ("q128_kv32_w8", {"B_LKV": 32, "num_warps": 8}),
+        ("q128_dhv64_w8", {"B_DHV": 64, "num_warps": 8}))},
 }
 
 FIELDS = ["tag", "shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
@@ -289,6 +297,15 @@ class Bench:
                     call()
                     self.sync()
                     row["peak_mem_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
+                if variant and mode == "fwdbw" and impl in ("sig", "sig_last", "exp"):
+                    call()
+                    g_var = [x.grad.float().clone() for x in xs]
+            if variant and mode == "fwdbw" and impl in ("sig", "sig_last", "exp"):
+                # the same for the gradients: the largest over q, k, v, i, f of max |Δ| / max |g|
+                call()
+                diff = max(((gv - x.grad.float()).abs().max() / x.grad.float().abs().max()).item()
+                           for gv, x in zip(g_var, xs))
+                row["diff_vs_default"] = f"{diff:.2e}"
             if variant and mode == "fwd" and impl in ("sig", "sig_last", "exp"):
                 # a variant is only worth its time if it computes the same h: max |Δ| against
                 # the default configuration on the same inputs, relative to max |h|
