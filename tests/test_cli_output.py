@@ -77,6 +77,25 @@ def test_help_of_every_command_reads_plainly_and_is_not_cut():
                     assert opt in text, (name, opt)
 
 
+
+def test_an_option_has_the_same_short_name_in_every_command_that_takes_it():
+    """One convention per concept: where one command gives a long option a short name
+    (``--seq-len`` / ``-T``), every command with that option gives it the same one."""
+    shorts: dict[str, dict[str, frozenset]] = {}
+    for name, cmd in get_command(app).commands.items():
+        for p in cmd.params:
+            opts = [*p.opts, *p.secondary_opts]
+            for long in (o for o in opts if o.startswith("--")):
+                shorts.setdefault(long, {})[name] = frozenset(o for o in opts if not o.startswith("--"))
+    checked = 0
+    for long, by_command in shorts.items():
+        names = set(by_command.values())
+        if any(names - {frozenset()}):
+            checked += 1
+            assert len(names) == 1, (long, {c: sorted(s) for c, s in by_command.items()})
+    assert checked >= 2  # -L and -T at least
+
+
 # ------------------------------------------------------------------ the README against --help
 
 

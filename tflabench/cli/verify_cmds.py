@@ -84,7 +84,7 @@ def verify(
     only: Optional[list[str]] = typer.Option(
         None, "--only", help="Only kernels whose label or backend matches one of these globs, comma-separated."),
     regime: Optional[list[str]] = typer.Option(None, "--regime", help="Only these regimes, comma-separated."),
-    seq_len: Optional[list[str]] = typer.Option(None, "--seq-len", help="These lengths instead, comma-separated."),
+    seq_len: Optional[list[str]] = typer.Option(None, "--seq-len", "-T", help="These lengths instead, comma-separated."),
     dtype: Optional[list[str]] = typer.Option(None, "--dtype", help="These dtypes instead, comma-separated."),
     mode: Optional[list[str]] = typer.Option(None, "--mode", help="fwd, fwdbw or both, comma-separated."),
     initial_state: Optional[list[str]] = typer.Option(
