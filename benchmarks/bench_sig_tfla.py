@@ -264,6 +264,9 @@ class Bench:
             row["error"] = "skipped: budget"
             return self.emit(row)
         shp = (SMOKE_SHAPES if self.smoke else SHAPES)[shape_name]
+        # a variant is only worth its time if it computes the same h (fwd) or gradients
+        # (fwdbw) as the default configuration on the same inputs: diff_vs_default
+        checked = bool(variant) and impl in ("sig", "sig_last", "exp")
         try:
             with self.variant(variant):
                 fn, layout = self.kernel(impl, L)
@@ -283,7 +286,7 @@ class Bench:
                 call()
                 self.sync()
                 row["first_call_s"] = round(time.time() - t0, 2)
-                if variant and mode == "fwd" and impl in ("sig", "sig_last", "exp"):
+                if checked and mode == "fwd":
                     with torch.no_grad():
                         h_var = fn(*xs)
                 ms = time_callable(call, device=self.dev, warmup=self.args.warmup,
@@ -297,22 +300,19 @@ class Bench:
                     call()
                     self.sync()
                     row["peak_mem_gib"] = round((torch.cuda.max_memory_allocated() - base) / 2**30, 3)
-                if variant and mode == "fwdbw" and impl in ("sig", "sig_last", "exp"):
-                    call()
-                    g_var = [x.grad.float().clone() for x in xs]
-            if variant and mode == "fwdbw" and impl in ("sig", "sig_last", "exp"):
-                # the same for the gradients: the largest over q, k, v, i, f of max |Δ| / max |g|
+                if checked and mode == "fwdbw":
+                    g_var = [x.grad.float().clone() for x in xs]  # the last call's gradients
+            if checked and mode == "fwd":
+                # max |Δh| relative to max |h|
+                with torch.no_grad():
+                    h_def = fn(*xs).float()
+                row["diff_vs_default"] = f"{((h_var.float() - h_def).abs().max() / h_def.abs().max()).item():.2e}"
+            elif checked:
+                # the largest over q, k, v, i, f of max |Δg| relative to max |g|
                 call()
                 diff = max(((gv - x.grad.float()).abs().max() / x.grad.float().abs().max()).item()
                            for gv, x in zip(g_var, xs))
                 row["diff_vs_default"] = f"{diff:.2e}"
-            if variant and mode == "fwd" and impl in ("sig", "sig_last", "exp"):
-                # a variant is only worth its time if it computes the same h: max |Δ| against
-                # the default configuration on the same inputs, relative to max |h|
-                with torch.no_grad():
-                    h_def = fn(*xs).float()
-                diff = (h_var.float() - h_def).abs().max() / h_def.abs().max()
-                row["diff_vs_default"] = f"{diff.item():.2e}"
         except Exception as e:  # noqa: BLE001 - a failing kernel is a row, the run goes on
             row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:200]}"
             traceback.print_exc(limit=3)

@@ -77,7 +77,6 @@ def test_help_of_every_command_reads_plainly_and_is_not_cut():
                     assert opt in text, (name, opt)
 
 
-
 def test_an_option_has_the_same_short_name_in_every_command_that_takes_it():
     """One convention per concept: where one command gives a long option a short name
     (``--seq-len`` / ``-T``), every command with that option gives it the same one."""
