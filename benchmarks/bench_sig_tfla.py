@@ -94,6 +94,9 @@ VARIANTS = {
     "walk_mr168_st1": {"walk": {"maxnreg": 168, "num_stages": 1}},
     "walk_mr128_st1": {"walk": {"maxnreg": 128, "num_stages": 1}},
     "walk_any_grid": {"walk": {"MIN_PROGRAMS_PER_SM": 0}},
+    # the walk as the forward of fwd+bwd under "auto" (impl sig_auto; rule W6) off: the
+    # two-level forward at L 128
+    "no_train_walk": {"walk": {"train": False}},
     # register caps (walk_config caps d_qk > 64 at 240 without the last state; runs 15-17)
     "walk_uncapped": {"walk": {"maxnreg": None}},
     **{f"walk_mr{r}": {"walk": {"maxnreg": r}} for r in (168, 184, 200, 216, 224, 232, 240, 248)},
@@ -170,7 +173,8 @@ def parse_args(argv=None):
                     help="checkout whose kernels/ (package tfla) is measured; one per process")
     ap.add_argument("--tag", default="", help="names the checkout in every row (e.g. new, base)")
     ap.add_argument("--profile", default="",
-                    help="comma list of shape:chunk[:variant]: per-kernel CUDA time of one fwd+bwd call "
+                    help="comma list of shape:chunk[:variant] (chunk auto: impl sig_auto): "
+                         "per-kernel CUDA time of one fwd+bwd call "
                          "(torch.profiler, mean of 5 calls) as rows impl=prof:<kernel>")
     return ap.parse_args(argv)
 
@@ -520,7 +524,10 @@ def main(argv=None):
     for item in filter(None, args.profile.split(",")):
         shape, L, *var = item.split(":")
         try:
-            b.profile(shape, int(L), *var)
+            if L == "auto":      # chunk_size "auto" (impl sig_auto)
+                b.profile(shape, 0, *var, impl="sig_auto")
+            else:
+                b.profile(shape, int(L), *var)
         except Exception:  # noqa: BLE001 - a failed profile is reported, the run goes on
             traceback.print_exc(limit=3)
     shapes = ["tiny"] if args.smoke else args.shapes.split(",")

@@ -12,7 +12,8 @@ of their values meets every variant, chunk and dtype: gate dtype (float32, bfloa
 float16), initial state (none, or C0 and n0 (and m0) in float32 or in q's dtype), last
 state, normaliser (mLSTMsig), a sequence ending in a partial chunk, one shorter than the
 chunk, or whole chunks, and the grid (see below). :data:`EXTRA` adds the largest head
-mLSTMsig accepts (1024) and the reported defect (mLSTMexp, chunk 256, 16-bit gates). Each
+mLSTMsig accepts (1024), the reported defect (mLSTMexp, chunk 256, 16-bit gates) and
+mLSTMsig's training walk (with gradients under "auto" on a full grid). Each
 case calls the public function and its backward, so the algorithm and every launch
 configuration come from the dispatch itself.
 
@@ -161,7 +162,17 @@ def _extra() -> tuple[Case, ...]:
     defect = [Case("exp", "xl_chunk", 256, dt, gdt, 64, 128, S, "", False, True, True, "large")
               for dt, gdt, S in (("bfloat16", "bfloat16", 512), ("bfloat16", "float16", 293),
                                  ("float16", "bfloat16", 293), ("float32", "float16", 512))]
-    return tuple(big + defect)
+    # mLSTMsig with gradients under "auto" on a full grid: the forward walk storing the chunk
+    # states of L 128 (every second chunk of 64, the last one after the loop at S 165; every
+    # chunk at S 40) before the two-level backward (docs/kernels.md, rule W6)
+    train_walk = [Case("sig", "xl_chunk", "auto", dt, gdt, dq, dv, S, init, last, False, True,
+                       "large")
+                  for dt, gdt, dq, dv, S, init, last in (
+                      ("bfloat16", "float32", 128, 256, 165, "bfloat16", True),
+                      ("float16", "bfloat16", 48, 96, 256, "float32", False),
+                      ("bfloat16", "float16", 64, 128, 40, "", False),
+                      ("float16", "float32", 96, 192, 200, "", True))]
+    return tuple(big + defect + train_walk)
 
 
 EXTRA = _extra()

@@ -22,6 +22,8 @@ import tfla  # noqa: E402
 from tfla.reference import mlstm_chunkwise, mlstm_recurrent  # noqa: E402
 from tfla.triton.tuning import Tuning, use_tuning  # noqa: E402
 
+from gate_regimes import VERIFICATION_REGIMES  # noqa: E402
+
 
 @pytest.fixture(autouse=True)
 def _interpret(monkeypatch):
@@ -230,6 +232,15 @@ def test_forward_walk_takes_exactly_the_calls_of_its_rule(monkeypatch):
                                         variant="sig", return_last_state=True)
     assert n == 1 and maxnorm(h_last, ref) < 5e-3
     assert maxnorm(C_S, C_ref) < 5e-3 and maxnorm(n_S, n_ref) < 5e-3
+    # with gradients under "auto", the walk is the forward and stores the chunk states of
+    # the backward's L 128 after every second chunk of 64
+    n, h_train = n_walks(grad=True, chunk_size="auto")
+    assert n == 1 and calls[0]["L"] == 64 and calls[0]["states_every"] == 2
+    assert maxnorm(h_train.detach(), ref) < 5e-3
+    with use_tuning(Tuning(walk={"train": False})):
+        assert n_walks(grad=True, chunk_size="auto")[0] == 0
+        assert n_walks(chunk_size="auto")[0] == 1
+    assert n_walks(grad=True, chunk_size="auto", normalize=True)[0] == 0
     assert n_walks(normalize=True)[0] == 0
     assert n_walks(chunk_size=128)[0] == 0
     assert n_walks(q=q.float(), k=k.float(), v=v.float())[0] == 0
@@ -293,3 +304,54 @@ def test_forward_walk_at_wide_heads_matches_float64(monkeypatch):
     assert [kw["maxnreg"] for kw in seen] == [240, None] and seen[0]["B_DHV"] == 64
     assert maxnorm(h, ref) < 5e-3 and maxnorm(h2, ref) < 5e-3
     assert maxnorm(C_S, C_ref) < 5e-3 and maxnorm(n_S, n_ref) < 5e-3
+
+
+@pytest.mark.parametrize("regime", sorted(VERIFICATION_REGIMES))
+@pytest.mark.parametrize("S", [150, 200, 40])
+def test_training_walk_matches_float64_in_every_gate_regime(monkeypatch, regime, S):
+    """A call with gradients under chunk_size="auto" runs the forward walk at L 64, which
+    stores the chunk states of the backward's L (128; at S 40, L 64) after every second
+    chunk (every chunk at S 40), then the two-level backward: h, the last state and every
+    gradient against the float64 recurrence, in every gate regime (saturating forget gates,
+    huge and tiny input gates), from an initial state, with a gradient on the last state, on
+    sequences that end in a partial chunk: S 150 ends inside the third chunk of 64, so the
+    last stored state comes after the loop; S 200 after an even number of chunks; S 40 is
+    shorter than one chunk. bfloat16 (float32's exponent range): in float16 the input
+    gates of the strongly negative regime (σ(ĩ) ~ 1e-13) underflow in ā ⊙ V on every path.
+    """
+    from tfla.triton import sig_walk_fw
+
+    seen = []
+    real = sig_walk_fw.sig_walk_fw
+    monkeypatch.setattr(sig_walk_fw, "sig_walk_fw", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    i_mean, i_std, f_mean, f_std = VERIFICATION_REGIMES[regime]
+    errs = run_case(S=S, L="auto", d_qk=16, d_hv=24, dtype=torch.bfloat16, initial=True,
+                    i_mean=i_mean, i_std=i_std, f_mean=f_mean, f_std=f_std, seed=5)
+    assert [(kw["L"], kw["states_every"], kw["with_last"]) for kw in seen] == \
+        [(64, 1 if S <= 64 else 2, True)]
+    check(errs, 3e-2)
+
+
+@pytest.mark.parametrize("d_qk", [48, 96])
+def test_training_walk_without_the_last_state_matches_float64(d_qk):
+    """The training walk without the last state and without an initial state: h and dq, dk,
+    dv, di, df against the float64 recurrence, as the two-level forward at the same L gives
+    them; at d_qk 96 in the walk's register-capped configuration (64-wide d_hv blocks)."""
+    g = torch.Generator().manual_seed(6)
+    q, k = torch.randn(2, 1, 2, 150, d_qk, generator=g).half()
+    v = torch.randn(1, 2, 150, 64, generator=g).half()
+    i, f = torch.randn(2, 1, 2, 150, generator=g)
+    f = f + 1.0
+    dh = torch.randn(1, 2, 150, 64, generator=g)
+    xr = [x.double().requires_grad_() for x in (q, k, v, i, f)]
+    hr = mlstm_recurrent(*xr, variant="sig")
+    grads_r = torch.autograd.grad(hr, xr, dh.double())
+    for chunk in ("auto", 128):
+        xs = [x.clone().requires_grad_() for x in (q, k, v, i, f)]
+        assert tfla.plan("sig", xs[0], xs[2], chunk_size=chunk, grad=True).algorithm == \
+            ("walk_two_level" if chunk == "auto" else "two_level")
+        h = tfla.mlstm_sig(*xs, chunk_size=chunk)
+        grads = torch.autograd.grad(h, xs, dh.half())
+        assert maxnorm(h, hr.detach()) < 5e-3, chunk
+        for name, a, b in zip(("dq", "dk", "dv", "di", "df"), grads, grads_r):
+            assert torch.isfinite(a).all() and maxnorm(a, b) < 1e-2, (chunk, name, maxnorm(a, b))

@@ -11,6 +11,7 @@ os.environ["TRITON_INTERPRET"] = "1"   # read by triton when the kernel modules 
 
 import tfla  # noqa: E402
 from tfla.plan import auto_chunk, resolve_chunk  # noqa: E402
+from tfla.triton.tuning import Tuning, use_tuning  # noqa: E402
 
 
 def _qv(B=1, NH=2, S=100, d_qk=16, d_hv=32, dtype=torch.float32, device="cpu"):
@@ -46,14 +47,22 @@ def test_plan_on_the_cpu_is_the_reference(monkeypatch):
     assert (p.chunk_size, p.algorithm) == (128, "reference")
 
 
-def test_plan_names_the_walk_only_without_gradients(monkeypatch):
-    """In the interpreter (no SM bound) a 16-bit mLSTMsig call without gradients or the
-    normaliser takes the walk at L 64; with gradients or the normaliser the two-level
-    kernels; the chunk is clamped to the sequence."""
+def test_plan_names_the_walk_and_the_training_walk(monkeypatch):
+    """In the interpreter (no SM bound) a 16-bit mLSTMsig call without the normaliser takes
+    the walk at L 64: without gradients alone, with gradients under "auto" as the forward of
+    the two-level backward at L 128 (``walk_two_level``); with the normaliser or a given
+    chunk size the two-level kernels; the chunk is clamped to the sequence."""
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     q, v = _qv(dtype=torch.bfloat16)
     assert tfla.plan("sig", q, v, grad=False) == tfla.Plan(64, "walk")
-    assert tfla.plan("sig", q, v, grad=True) == tfla.Plan(128, "two_level")
+    assert tfla.plan("sig", q, v, grad=True) == tfla.Plan(128, "walk_two_level")
+    assert tfla.plan("sig", q, v, grad=True, chunk_size=128) == tfla.Plan(128, "two_level")
+    assert tfla.plan("sig", q, v, grad=True, normalize=True) == tfla.Plan(128, "two_level")
+    assert tfla.plan("sig", q.float(), v.float(), grad=True) == tfla.Plan(128, "two_level")
+    with use_tuning(Tuning(walk={"train": False})):
+        assert tfla.plan("sig", q, v, grad=True) == tfla.Plan(128, "two_level")
+    with use_tuning(Tuning(recompute_states=True)):
+        assert tfla.plan("sig", q, v, grad=True) == tfla.Plan(128, "two_level")
     assert tfla.plan("sig", q, v, grad=False, normalize=True) == tfla.Plan(128, "two_level")
     assert tfla.plan("sig", q, v, grad=False, chunk_size=32) == tfla.Plan(32, "two_level")
     assert tfla.plan("exp", q, v, grad=False) == tfla.Plan(128, "two_level")

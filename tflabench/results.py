@@ -68,8 +68,8 @@ IDENTITY_COLUMNS: tuple[str, ...] = (
 #: so that the ids of earlier rows do not change. ``numerics_case``: the verify case
 #: (gate regime, length, initial state) of a ``tflabench verify`` row; None for ``run`` rows.
 OPTIONAL_IDENTITY_COLUMNS: tuple[str, ...] = ("numerics_case",)
-#: ``algorithm``: what the kernel actually ran where the backend says (``tfla``: two_level,
-#: walk, limit_chunk or reference, from ``tfla.plan``); None for other backends.
+#: ``algorithm``: what the kernel actually ran where the backend says (``tfla``: one of
+#: ``tfla.plan.ALGORITHMS``); None for other backends.
 OUTCOME_COLUMNS: tuple[str, ...] = ("status", "reason", "algorithm")
 TIMING_COLUMNS: tuple[str, ...] = (
     "ms_median",

@@ -26,10 +26,11 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
     h_t = C_tᵀ q̂_t / (max(|n_tᵀ q̂_t|, 1) + 1e-6). It is evaluated in the chunkwise form
     (Sec. 3) with chunk size L = ``chunk_size``, by the paper's two-level TFLA Triton kernels
     (shared with mLSTMexp, ``tfla/triton/chunkwise*.py``; docs/kernels.md), except
-    calls without gradients and without the normaliser that
-    :func:`tfla.triton.sig_walk_fw.walk_config` takes (L 64, 16-bit, d_qk <= 128,
-    d_hv <= 256, two or more programs per SM): those run a forward walk that keeps the chunk
-    state on chip (measured faster there on the H200; same h up to rounding).
+    calls without the normaliser that :func:`tfla.triton.sig_walk_fw.walk_config` takes
+    (L 64, 16-bit, d_qk <= 128, d_hv <= 256, two or more programs per SM): without gradients
+    those run a forward walk that keeps the chunk state on chip (measured faster there on the
+    H200; same h up to rounding); with gradients and ``chunk_size="auto"`` the walk is the
+    forward and stores the chunk states of L 128 for the two-level backward (rule W6).
 
     Args:
         q, k: (B, NH, S, d_qk); v: (B, NH, S, d_hv); bfloat16, float16 or float32 on CUDA
@@ -94,8 +95,17 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
     check_kernel_dtype(q)
     from tfla.triton.chunkwise import Config, effective_chunk, run, run_sig_walk
 
-    L = effective_chunk(q.shape[2], chunk_size)
-    cfg = Config.make(variant="sig", normalize=normalize, eps=EPS, L=L, limit=False)
+    S = q.shape[2]
+    L = effective_chunk(S, chunk_size)
+    walk = None
+    if grad and auto and not normalize:
+        from tfla.triton.chunkwise import train_walk_config
+        from tfla.triton.tuning import active_tuning
+
+        walk = train_walk_config(S, L, WALK_CHUNK, dims.d_qk, dims.d_hv,
+                                 q.shape[0] * q.shape[1], q.dtype, q.device,
+                                 return_last_state, active_tuning())
+    cfg = Config.make(variant="sig", normalize=normalize, eps=EPS, L=L, limit=False, walk=walk)
     if not (normalize or grad):
         L_walk = effective_chunk(q.shape[2], WALK_CHUNK) if auto else L
         out = run_sig_walk(q, k, v, i, f, C0, n0, L_walk, return_last_state, cfg.tuning)

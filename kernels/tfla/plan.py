@@ -12,9 +12,11 @@ from dataclasses import dataclass
 __all__ = ["Plan", "plan", "ALGORITHMS"]
 
 #: what ``Plan.algorithm`` can name: the paper's two-level TFLA kernels (``xl_chunk``), the
-#: forward walk of mLSTMsig (chunk states on chip, no gradients), the one-level limit_chunk
-#: kernels, and the PyTorch chunkwise reference (CPU tensors outside Triton's interpreter)
-ALGORITHMS = ("two_level", "walk", "limit_chunk", "reference")
+#: forward walk of mLSTMsig (chunk states on chip, no gradients), the walk as the forward of
+#: a call with gradients (it stores the chunk states of L) before the two-level backward,
+#: the one-level limit_chunk kernels, and the PyTorch chunkwise reference (CPU tensors
+#: outside Triton's interpreter)
+ALGORITHMS = ("two_level", "walk", "walk_two_level", "limit_chunk", "reference")
 
 
 @dataclass(frozen=True)
@@ -37,9 +39,9 @@ def auto_chunk(variant: str, *, d_qk: int, grad: bool, dtype=None) -> int:
     Rule (docs/kernels.md, Tuning rules C1-C2): the two-level kernels run at L 128 in
     every mode, variant, head size and dtype. With gradients, mLSTMsig at d_qk <= 128 ran
     fwd+bwd about 7-12 % faster at L 64 but needed about 1.6x the peak memory (twice the
-    chunk states kept for the backward), so L 64 is not taken there; without gradients
-    mLSTMsig first tries the forward walk at L :data:`WALK_CHUNK` (:func:`plan` says whether
-    it takes the call). ``variant``, ``d_qk``, ``grad`` and ``dtype`` are the rule's inputs.
+    chunk states kept for the backward), so L 64 is not taken there; mLSTMsig first tries
+    the forward walk at L :data:`WALK_CHUNK` (with gradients as the forward of the backward
+    at L 128, storing its chunk states; :func:`plan` says whether it takes the call). ``variant``, ``d_qk``, ``grad`` and ``dtype`` are the rule's inputs.
     """
     return 128
 
@@ -66,7 +68,8 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
         device: the torch.device the call runs on, if not q's (e.g. for a "meta" q).
 
     Returns:
-        :class:`Plan` (chunk_size: int, algorithm: str).
+        :class:`Plan` (chunk_size: int, algorithm: str). For ``walk_two_level`` chunk_size
+        is the backward's L (the walk runs at :data:`WALK_CHUNK` and stores the states of L).
 
     Raises:
         ValueError: an unknown variant or algorithm, or a chunk_size neither "auto" nor a
@@ -94,13 +97,21 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
     if algorithm == "limit_chunk":
         return Plan(effective_chunk(S, L), "limit_chunk")
 
+    bnh = batch_heads if batch_heads is not None else B * NH
+    if variant == "sig" and grad and not normalize and chunk_size == "auto":
+        from tfla.triton.chunkwise import train_walk_config
+        from tfla.triton.tuning import active_tuning
+
+        L_bw = effective_chunk(S, L)
+        if train_walk_config(S, L_bw, WALK_CHUNK, d_qk, d_hv, bnh, q.dtype, device,
+                             return_last_state, active_tuning()) is not None:
+            return Plan(L_bw, "walk_two_level")
     if variant == "sig" and not (grad or normalize):
         from tfla.triton.chunkwise import kernels
         from tfla.triton.common import num_sms
         from tfla.triton.tuning import active_tuning
 
         walk = kernels()[4]
-        bnh = batch_heads if batch_heads is not None else B * NH
         L_walk = effective_chunk(S, WALK_CHUNK if chunk_size == "auto" else L)
         if walk.walk_config(L_walk, d_qk, d_hv, bnh, q.dtype, num_sms(device),
                             return_last_state, active_tuning()) is not None:

@@ -67,12 +67,17 @@ class Config:
     L: int
     limit: bool
     tuning: Tuning = DEFAULT
+    walk: tuple = ()
 
     @classmethod
-    def make(cls, *, variant: str, normalize: bool, eps: float, L: int, limit: bool) -> "Config":
-        """A Config with the Tuning active now (:func:`tfla.triton.tuning.use_tuning`)."""
+    def make(cls, *, variant: str, normalize: bool, eps: float, L: int, limit: bool,
+             walk: dict | None = None) -> "Config":
+        """A Config with the Tuning active now (:func:`tfla.triton.tuning.use_tuning`).
+        ``walk`` (mLSTMsig with gradients, :func:`train_walk_config`'s launch configuration):
+        the forward is the walk at its chunk, storing the chunk states of L for the
+        backward; None: the two-level forward."""
         return cls(variant=variant, normalize=normalize, eps=eps, L=L, limit=limit,
-                   tuning=active_tuning())
+                   tuning=active_tuning(), walk=tuple(sorted((walk or {}).items())))
 
     @property
     def is_exp(self) -> bool:
@@ -116,6 +121,41 @@ def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, with_n: bool = True)
     return h, n_out, states, gates
 
 
+def walk_forward_kernels(q, k, v, i, f, C0, n0, cfg: Config, with_last: bool):
+    """mLSTMsig's forward for a call with gradients as the walk (``sig_walk_fw``, launch
+    configuration ``cfg.walk``), storing the chunk states every L / (the walk's chunk)
+    chunks: the same (h, n_out, states, gates) as :func:`forward_kernels` for the two-level
+    backward at L (n_out and m_st are unread there, unnormalised mLSTMsig; n_st holds only
+    n_S)."""
+    rec, _, _, _, walk = kernels()
+    BNH = q.shape[0]
+    wcfg = dict(cfg.walk)
+    gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=False)
+    h, C_last, n_last, C_st = walk.sig_walk_fw(q, k, v, i, f, C0, n0, **wcfg,
+                                               with_last=with_last,
+                                               states_every=cfg.L // wcfg["L"])
+    m_st = torch.zeros((BNH, C_st.shape[1]), device=q.device, dtype=torch.float32)
+    n_st = n_last[:, None] if with_last else None
+    n_out = torch.empty((1,), device=q.device, dtype=torch.float32)
+    return h, n_out, (C_st, n_st, m_st, C_last), gates
+
+
+def train_walk_config(S: int, L: int, walk_chunk: int, d_qk: int, d_hv: int, BNH: int, dtype,
+                      device, return_last: bool, tuning: Tuning = DEFAULT) -> dict | None:
+    """The walk's launch configuration for an unnormalised mLSTMsig call with gradients at
+    chunk L (the backward's, already clamped to S), or None where the two-level forward
+    runs: the walk at ``walk_chunk`` (``tfla.plan.WALK_CHUNK``, clamped to S) where
+    :func:`sig_walk_fw.walk_config`'s rule takes it (``train=True``; ``dtype`` the caller's
+    q dtype), that chunk divides L, and the backward keeps the forward's states (not
+    ``tuning.recompute_states``)."""
+    walk = kernels()[4]
+    L_walk = effective_chunk(S, walk_chunk)
+    if tuning.recompute_states or L % L_walk:
+        return None
+    return walk.walk_config(L_walk, d_qk, d_hv, BNH, dtype, num_sms(device), return_last,
+                            tuning, train=True)
+
+
 class ChunkwiseFunction(torch.autograd.Function):
     """autograd.Function over the Triton kernels; inputs (B, NH, S, d) / (B, NH, S)."""
 
@@ -127,8 +167,12 @@ class ChunkwiseFunction(torch.autograd.Function):
         i_f, f_f = _flat(i, S), _flat(f, S)
         C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
         m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
-        h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg,
-                                                  with_n=return_last)
+        if cfg.walk:
+            h, n_out, states, gates = walk_forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, cfg,
+                                                           with_last=return_last)
+        else:
+            h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg,
+                                                      with_n=return_last)
         C_st, n_st, m_st, C_last_f = states
         C_last = n_last = m_last = None
         if return_last:

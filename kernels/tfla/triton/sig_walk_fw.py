@@ -1,4 +1,4 @@
-"""mLSTMsig forward "walk": the chunk recurrence kept on chip, for calls without gradients.
+"""mLSTMsig forward "walk": the chunk recurrence kept on chip.
 
 One program = (d_hv block, b·head). It holds its block of the running state C (d_qk x B_DHV,
 fp32) in registers and walks the chunks of its sequence in order, one chunk = one tile of L
@@ -15,8 +15,10 @@ one program per SM; docs/kernels.md, "The forward walk").
 
 Gate vectors come from :func:`tfla.triton.chunkwise_recurrent.chunk_gates` (b, ā's exponent
 a, ī per position, g per chunk), so D̃_rs = (b_r - b_s) + ī_s is formed as in the parallel
-H kernel. The calls it serves: mLSTMsig xl_chunk without gradients and without normalisation,
-with or without the last state (``tfla.mlstm_sig`` decides by :func:`walk_config`).
+H kernel. The calls it serves: mLSTMsig xl_chunk without normalisation, with or without the
+last state (``tfla.mlstm_sig`` decides by :func:`walk_config`): without gradients alone, and
+with gradients under ``chunk_size="auto"`` as the forward of the two-level backward, storing
+the chunk states C_k of the backward's chunk (``states_every``) on the way (rule W6).
 """
 
 from __future__ import annotations
@@ -34,12 +36,18 @@ INTERPRET = bool(triton.knobs.runtime.interpret)
 
 @triton.jit
 def _sig_walk_fw_kernel(
-    Q, K, V, H, QD, KD, VD, HD, B_vec, A_vec, I_vec, G_ch, C0, N0, C_last, N_last,
-    S, NC, d_qk, d_hv, scale,
+    Q, K, V, H, QD, KD, VD, HD, B_vec, A_vec, I_vec, G_ch, C0, N0, C_last, N_last, C_st, CD,
+    S, NC, NC_st, d_qk, d_hv, scale,
     L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr, HAS_C0: tl.constexpr,
     HAS_N0: tl.constexpr, WITH_LAST: tl.constexpr, DOT_PREC: tl.constexpr,
-    USE_TMA: tl.constexpr,
+    USE_TMA: tl.constexpr, STATES_EVERY: tl.constexpr,
 ):
+    # STATES_EVERY R > 0: also store C_0 and the state after every R chunks into the chunk
+    # states C_st (BNH, NC_st + 1, d_qk, d_hv) in the input dtype, the states of chunks of
+    # R·L rows that the two-level backward reads (C_{NC_st} after the loop where R does not
+    # divide NC: the padded chunks past S leave C unchanged); with USE_TMA through the
+    # descriptor CD over its (BNH·(NC_st+1), d_qk, d_hv) view, and h then through pointers
+    # (two TMA store buffers would leave room for one program per SM at d_qk 128)
     # 1-D grid, d_hv block fastest: the programs of one head share its Q and K tiles (L2)
     n_v = tl.cdiv(d_hv, B_DHV)
     pid = tl.program_id(0)
@@ -61,6 +69,10 @@ def _sig_walk_fw_kernel(
         n = tl.load(N0 + bh * d_qk + offs_k, mask=offs_k < d_qk, other=0.0).to(tl.float32)
     else:
         n = tl.zeros((B_DQK,), dtype=tl.float32)
+    st_row = bh * (NC_st + 1)       # C_k is "row" st_row + k of the view
+    if STATES_EVERY > 0:
+        store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row, 0, v0, d_qk, d_hv, B_DQK,
+                   B_DHV, USE_TMA)
     for c in range(NC):
         t0 = c * L
         q = load_tile(QD, Q, bh, t0, 0, S, d_qk, L, B_DQK, USE_TMA)
@@ -77,20 +89,30 @@ def _sig_walk_fw_kernel(
         d_log = gate_exponent(b, None, b, ii, rows, rows, False)
         s_bar = s * (tl.exp(d_log) * scale)
         acc = tl.dot(s_bar.to(v.dtype), v, acc, input_precision=DOT_PREC)
-        store_tile(HD, H, acc.to(H.dtype.element_ty), bh, t0, v0, S, d_hv, L, B_DHV, USE_TMA)
+        store_tile(HD, H, acc.to(H.dtype.element_ty), bh, t0, v0, S, d_hv, L, B_DHV,
+                   USE_TMA and STATES_EVERY == 0)
         # state update: C_k = e^g C_{k-1} + Kᵀ (ā ⊙ V)  (ā = 0 past S)
         a_bar = tl.exp(a)
         v_bar = (v.to(tl.float32) * a_bar[:, None]).to(v.dtype)
         C = tl.dot(tl.trans(k), v_bar, C * tl.exp(g), input_precision=DOT_PREC)
         if WITH_LAST:
             n = n * tl.exp(g) + tl.sum(k.to(tl.float32) * a_bar[:, None], 0)
+        if STATES_EVERY > 0:
+            if (c + 1) % STATES_EVERY == 0:
+                store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + (c + 1) // STATES_EVERY,
+                           0, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
+    if STATES_EVERY > 0:
+        if NC % STATES_EVERY != 0:
+            store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + NC_st, 0, v0, d_qk, d_hv,
+                       B_DQK, B_DHV, USE_TMA)
     if WITH_LAST:
         tl.store(C_last + c_offs, C, mask=mask_c)
         tl.store(N_last + bh * d_qk + offs_k, n, mask=(offs_k < d_qk) & (offs_k * 0 + pid_v == 0))
 
 
 def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
-                n_sms: int = 0, with_last: bool = False, tuning: Tuning = DEFAULT) -> dict | None:
+                n_sms: int = 0, with_last: bool = False, tuning: Tuning = DEFAULT,
+                train: bool = False) -> dict | None:
     """The walk's launch configuration for one call, or None where the parallel kernels run.
 
     The rule (measured on the H200, bf16, forward; docs/kernels.md, rules W1-W5):
@@ -111,10 +133,18 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     (Figure 4's heads at S 32768, B 2: 1.29 ms against 1.14 for the parallel kernels at
     L 128). ``tuning.walk``'s keys win (``enabled`` False: never walk).
 
+    ``train``: the call needs gradients, so the walk also stores the chunk states for the
+    two-level backward (``states_every``; rule W6): the same rule (``tuning.walk["train"]``
+    False: never). Measured on one NVIDIA H100, bf16, fwd+bwd against the two-level forward
+    at L 128 in the same process: Figure 4's heads 4.00 ms against 4.30, at S 512 4.16
+    against 4.52, small heads 3.24 against 3.52. In this mode the kernel writes h with
+    pointer stores: with TMA stores of both h and C_k a program needs 115,736 bytes of
+    shared memory at d_qk 128 and only one fits an SM (4.45 ms).
+
     Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg) for :func:`sig_walk_fw`, or None.
     """
     over = tuning.walk
-    if not over.get("enabled", True):
+    if not over.get("enabled", True) or (train and not over.get("train", True)):
         return None
     if (L != 64 or d_qk > 128 or d_hv > 256 or dtype not in (torch.bfloat16, torch.float16)):
         return None
@@ -128,9 +158,18 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
 
 
 def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: int,
-                num_stages: int, maxnreg: int | None = None, with_last: bool = False):
+                num_stages: int, maxnreg: int | None = None, with_last: bool = False,
+                states_every: int = 0):
     """h (BNH, S, d_hv) in the input dtype: mLSTMsig without normalisation (paper eqs. 22-23);
     with ``with_last`` (h, C_S (BNH, d_qk, d_hv) fp32, n_S (BNH, d_qk) fp32).
+
+    ``states_every`` R > 0 (training): also the chunk states of chunks of R·L rows, C_st
+    (BNH, N + 1, d_qk, d_hv) in the input dtype with N = ceil(S / (R·L)), C_st[:, 0] = C0 (or
+    0), as :func:`tfla.triton.chunkwise_recurrent.recurrent_fw` stores them for the
+    backward; the return value is then (h, C_last, n_last, C_st) (C_last, n_last None
+    without ``with_last``). 16-bit: they are stored through a TMA descriptor (only where
+    due: a branch in the loop) and h through pointers (rule W6); fp32 or where TMA does not
+    apply: pointer stores.
 
     q, k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous in a 16-bit or fp32 dtype; i, f (BNH, S)
     gate pre-activations; C0 (BNH, d_qk, d_hv), n0 (BNH, d_qk) or None. L: the chunk (a power
@@ -143,24 +182,31 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     NC = triton.cdiv(S, L)
     b_vec, a_vec, i_vec, _, g_ch, _ = chunk_gates(i, f, L=L, is_exp=False)
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
-    C_last = n_last = h
+    C_last = n_last = C_st = h
+    NC_st = 0
+    if states_every:
+        NC_st = triton.cdiv(S, states_every * L)
+        C_st = torch.empty((BNH, NC_st + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
     if with_last:
         C_last = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
         n_last = torch.empty((BNH, d_qk), device=q.device, dtype=torch.float32)
     b_qk = max(16, pow2(d_qk))
+    C_view = C_st.view(-1, d_qk, d_hv) if states_every else C_st
     use_tma = q.dtype in (torch.bfloat16, torch.float16) and can_use_tma(
-        q, k, v, h, blocks=(L, b_qk, B_DHV))
+        q, k, v, h, C_view, blocks=(L, b_qk, B_DHV))
     grid = (triton.cdiv(d_hv, B_DHV) * BNH,)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     launch(
         _sig_walk_fw_kernel, grid,
         q, k, v, h, descriptor(q, (1, L, b_qk), use_tma), descriptor(k, (1, L, b_qk), use_tma),
-        descriptor(v, (1, L, B_DHV), use_tma), descriptor(h, (1, L, B_DHV), use_tma),
+        descriptor(v, (1, L, B_DHV), use_tma), descriptor(h, (1, L, B_DHV), use_tma and not states_every),
         b_vec, a_vec, i_vec, g_ch, C0 if C0 is not None else h, n0 if n0 is not None else h,
-        C_last, n_last,
-        S, NC, d_qk, d_hv, d_qk ** -0.5,
+        C_last, n_last, C_st, descriptor(C_view, (1, b_qk, B_DHV), use_tma and states_every),
+        S, NC, NC_st, d_qk, d_hv, d_qk ** -0.5,
         L=L, B_DQK=b_qk, B_DHV=B_DHV, HAS_C0=C0 is not None, HAS_N0=n0 is not None,
         WITH_LAST=with_last, DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma,
-        num_warps=num_warps, num_stages=num_stages, **extra,
+        STATES_EVERY=states_every, num_warps=num_warps, num_stages=num_stages, **extra,
     )
+    if states_every:
+        return (h, C_last, n_last, C_st) if with_last else (h, None, None, C_st)
     return (h, C_last, n_last) if with_last else h

@@ -68,8 +68,10 @@ KEYS = {
            "DKV_B_LQ", "DKV_B_LKV", "DKV_num_warps", "DKV_num_stages", "FUSED"),
     # limit_chunk's backward kernel (also xl_chunk's with bw FUSED)
     "limit_bw": ("B_DQK", "B_DHV", "num_warps", "num_stages"),
-    # mLSTMsig's forward walk; enabled False: never walk
-    "walk": ("enabled", "B_DHV", "num_warps", "num_stages", "maxnreg", "MIN_PROGRAMS_PER_SM"),
+    # mLSTMsig's forward walk; enabled False: never walk; train False: not as the forward of
+    # calls with gradients (where it stores the chunk states for the backward)
+    "walk": ("enabled", "train", "B_DHV", "num_warps", "num_stages", "maxnreg",
+             "MIN_PROGRAMS_PER_SM"),
 }
 
 
