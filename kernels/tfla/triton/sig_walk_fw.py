@@ -47,7 +47,7 @@ def _sig_walk_fw_kernel(
     # R·L rows that the two-level backward reads (C_{NC_st} after the loop where R does not
     # divide NC: the padded chunks past S leave C unchanged); with USE_TMA through the
     # descriptor CD over its (BNH·(NC_st+1), d_qk, d_hv) view, and h then through pointers
-    # (two TMA store buffers would leave room for one program per SM at d_qk 128)
+    # at d_qk > 64 (two TMA store buffers would leave room for one program per SM at d_qk 128)
     # 1-D grid, d_hv block fastest: the programs of one head share its Q and K tiles (L2)
     n_v = tl.cdiv(d_hv, B_DHV)
     pid = tl.program_id(0)
@@ -90,7 +90,7 @@ def _sig_walk_fw_kernel(
         s_bar = s * (tl.exp(d_log) * scale)
         acc = tl.dot(s_bar.to(v.dtype), v, acc, input_precision=DOT_PREC)
         store_tile(HD, H, acc.to(H.dtype.element_ty), bh, t0, v0, S, d_hv, L, B_DHV,
-                   USE_TMA and STATES_EVERY == 0)
+                   USE_TMA and (STATES_EVERY == 0 or B_DQK <= 64))
         # state update: C_k = e^g C_{k-1} + Kᵀ (ā ⊙ V)  (ā = 0 past S)
         a_bar = tl.exp(a)
         v_bar = (v.to(tl.float32) * a_bar[:, None]).to(v.dtype)
@@ -141,8 +141,9 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     False: never). Measured on one NVIDIA H100, bf16, fwd+bwd against the two-level forward
     at L 128 in the same process: Figure 4's heads 4.00 ms against 4.30, at S 512 4.16
     against 4.52, small heads 3.24 against 3.52. In this mode the kernel writes h with
-    pointer stores: with TMA stores of both h and C_k a program needs 115,736 bytes of
-    shared memory at d_qk 128 and only one fits an SM (4.45 ms).
+    pointer stores at d_qk > 64: with TMA stores of both h and C_k a program needs 115,736
+    bytes of shared memory at d_qk 128 and only one fits an SM (4.45 ms); at d_qk <= 64 both
+    through TMA fit two (82,968 bytes) and ran 3.20-3.21 ms at the small heads, 1 % faster.
 
     Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg) for :func:`sig_walk_fw`, or None.
     """
@@ -171,8 +172,8 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     0), as :func:`tfla.triton.chunkwise_recurrent.recurrent_fw` stores them for the
     backward; the return value is then (h, C_last, n_last, C_st) (C_last, n_last None
     without ``with_last``). 16-bit: they are stored through a TMA descriptor (only where
-    due: a branch in the loop) and h through pointers (rule W6); fp32 or where TMA does not
-    apply: pointer stores.
+    due: a branch in the loop) and h through pointers at d_qk > 64 (rule W6); fp32 or where
+    TMA does not apply: pointer stores.
 
     q, k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous in a 16-bit or fp32 dtype; i, f (BNH, S)
     gate pre-activations; C0 (BNH, d_qk, d_hv), n0 (BNH, d_qk) or None. L: the chunk (a power
@@ -202,7 +203,8 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     launch(
         _sig_walk_fw_kernel, grid,
         q, k, v, h, descriptor(q, (1, L, b_qk), use_tma), descriptor(k, (1, L, b_qk), use_tma),
-        descriptor(v, (1, L, B_DHV), use_tma), descriptor(h, (1, L, B_DHV), use_tma and not states_every),
+        descriptor(v, (1, L, B_DHV), use_tma),
+        descriptor(h, (1, L, B_DHV), use_tma and (not states_every or b_qk <= 64)),
         b_vec, a_vec, i_vec, g_ch, C0 if C0 is not None else h, n0 if n0 is not None else h,
         C_last, n_last, C_st, descriptor(C_view, (1, b_qk, B_DHV), use_tma and states_every),
         S, NC, NC_st, d_qk, d_hv, d_qk ** -0.5,
