@@ -175,6 +175,25 @@ def test_resume_skips_cases_already_measured(tmp_path):
     assert sorted(R.load_results(first.directory).rows["seq_len"]) == [16, 32]
 
 
+def test_resume_without_only_finishes_the_runs_selection(tmp_path, capsys):
+    """A run given --only, interrupted, then resumed without --only, measures what is left of
+    that selection (the metadata's ``only``), not the rest of the suite; an explicit --only
+    on the resume chooses again."""
+    loaded = _suite(tmp_path, [("chosen", "good", {}), ("other", "good", {})], seq_len=(16, 32),
+                    name="resume_only_test")
+    first = run_suite(loaded, out_root=tmp_path / "results", only=["chosen"], progress=False)
+    assert {r["kernel"] for r in first.rows} == {"chosen"} and len(first.rows) == 2
+    rows_file = first.directory / "rows.jsonl"
+    rows_file.write_text(rows_file.read_text().splitlines()[0] + "\n")   # killed after one case
+    second = run_suite(loaded, resume=first.directory, progress=False)
+    assert [r["kernel"] for r in second.rows] == ["chosen"] and second.skipped == 1
+    assert "--resume keeps the run's --only chosen" in capsys.readouterr().err
+    meta = json.loads((first.directory / "metadata.json").read_text())
+    assert meta["only"] == ["chosen"]
+    third = run_suite(loaded, resume=first.directory, only=["other"], progress=False)
+    assert {r["kernel"] for r in third.rows} == {"other"} and len(third.rows) == 2
+
+
 def test_resume_refuses_a_result_set_of_another_suite(tmp_path):
     loaded = _suite(tmp_path, [("good", "good", {})], name="one")
     R.write_results(tmp_path / "other", [], {"suite": "another"})

@@ -50,6 +50,20 @@ LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
 LIST_LIMIT = 20
 
 
+def stored_only(directory: str | Path) -> list[str] | None:
+    """The ``--only`` globs that the run of result set ``directory`` was given (its
+    metadata's ``only``), so that a resume without ``--only`` finishes that selection, not
+    the whole suite; None where there were none or the metadata cannot be read (the resume's
+    own checks then report a damaged set)."""
+    try:
+        only = R.read_metadata(directory).get("only")
+    except UserError:
+        return None
+    if isinstance(only, list) and only and all(isinstance(x, str) for x in only):
+        return only
+    return None
+
+
 def measurement(loaded: LoadedSuite, device: str, cases: list[Case]) -> dict:
     """The conditions of a run, JSON-able, for ``metadata.json`` (key ``measurement``).
 

@@ -181,6 +181,10 @@ def _run_suite(loaded: LoadedSuite, state: dict, *, out_root, resume, gpus, shar
     dev = device or resolve_device(suite.device)
     require_device(suite.name, dev)
     all_cases = expand_cases(loaded, device=dev)
+    only_kept = False
+    if resume is not None and not only:
+        only = resume_mod.stored_only(resume)      # finish the selection the run was given
+        only_kept = bool(only)
     cases = select_kernels(all_cases, only)
     shard_text = None
     if shard:
@@ -194,6 +198,9 @@ def _run_suite(loaded: LoadedSuite, state: dict, *, out_root, resume, gpus, shar
     ceil = _ceilings(env.get("gpu_name") if dev == "cuda" else None, ceilings)
     conditions = resume_mod.measurement(loaded, dev, all_cases)
     console = console or Console(stderr=True)
+    if only_kept:
+        _say(console, "note", f"--resume keeps the run's --only {','.join(only)} "
+             "(pass --only to choose others)")
     if resume is not None:
         directory = Path(resume)
         if not (directory / R.ROWS_FILE).exists() and not (directory / R.METADATA_FILE).exists():
