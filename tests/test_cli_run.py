@@ -181,6 +181,32 @@ def test_git_revision_can_be_named_where_the_tree_has_no_git(monkeypatch):
     assert git_revision() == "0123abc"
 
 
+def test_sources_hash_names_the_code_that_ran(tmp_path):
+    """sources_sha256: equal for equal trees wherever they lie, changed by one byte of one
+    .py file or by a renamed file, blind to caches and other files; None without sources.
+    A run records it (the default roots: tflabench and tfla)."""
+    from tflabench.environment import collect, sources_sha256
+
+    def tree(where, text="x = 1\n", name="a.py"):
+        pkg = where / "tfla"
+        (pkg / "triton").mkdir(parents=True)
+        (pkg / name).write_text(text)
+        (pkg / "triton" / "k.py").write_text("y = 2\n")
+        return pkg
+
+    first = sources_sha256([tree(tmp_path / "one")])
+    assert first == sources_sha256([tree(tmp_path / "two")])
+    assert first != sources_sha256([tree(tmp_path / "three", text="x = 2\n")])
+    assert first != sources_sha256([tree(tmp_path / "four", name="b.py")])
+    other = tmp_path / "one" / "tfla"
+    (other / "__pycache__").mkdir()
+    (other / "__pycache__" / "a.cpython-311.py").write_text("junk")
+    (other / "notes.txt").write_text("junk")
+    assert sources_sha256([other]) == first
+    assert sources_sha256([tmp_path / "missing"]) is None
+    assert len(collect()["sources_sha256"]) == 64
+
+
 def test_a_cuda_suite_on_a_cpu_gets_one_suggestion_from_run_and_verify(tmp_path, monkeypatch):
     import torch
 

@@ -1,7 +1,8 @@
 """The environment a run happens in: what every result set records and ``doctor`` checks.
 
 :func:`collect` gives the metadata fields (GPU name and count, driver, CUDA, torch, triton,
-python, peers' versions, git revision, hostname, CPU model, tflabench version) without creating a CUDA
+python, peers' versions, git revision, a hash of the measured sources, hostname, CPU model, tflabench
+version) without creating a CUDA
 context in the calling process (``nvidia-smi`` first; torch's device query only as a
 fallback), so that the runner's parent process leaves the GPU to its workers.
 :func:`known_problems` lists known-bad combinations (seen on an H200 with triton 3.6).
@@ -75,6 +76,34 @@ def git_revision(path: str | Path | None = None) -> str | None:
         return rev.stdout.strip() + ("+dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.TimeoutExpired):
         return None
+
+
+def sources_sha256(roots: list[str | Path] | None = None) -> str | None:
+    """SHA-256 (hex) of the measured code itself: every ``.py`` file under ``roots``
+    (default: the ``tflabench`` package and the ``tfla`` kernels it imports), by relative
+    path and bytes, in sorted order. It names what ran where ``git_revision`` cannot: a
+    copied tree whose git metadata is older than its files reads ``<older commit>+dirty``.
+    None where no root can be found."""
+    import hashlib
+
+    if roots is None:
+        roots = [Path(__file__).resolve().parent]
+        spec = importlib.util.find_spec("tfla")
+        if spec is not None and spec.origin:
+            roots.append(Path(spec.origin).resolve().parent)
+    digest = hashlib.sha256()
+    found = False
+    for root in roots:
+        root = Path(root)
+        if not root.is_dir():
+            continue
+        for path in sorted(root.rglob("*.py")):
+            if "__pycache__" in path.parts:
+                continue
+            found = True
+            digest.update(f"{root.name}/{path.relative_to(root).as_posix()}\n".encode())
+            digest.update(path.read_bytes())
+    return digest.hexdigest() if found else None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -195,7 +224,8 @@ def collect() -> dict:
     """The environment part of ``metadata.json``: ``gpu_name`` (the first GPU this process
     may use, None on CPU), ``gpu_count`` (how many it may use: ``CUDA_VISIBLE_DEVICES``
     applies), ``driver``, ``cuda`` (torch's CUDA build), ``torch``, ``triton``,
-    ``python``, ``peers`` (name -> version), ``git_revision``, ``hostname``, ``cpu``
+    ``python``, ``peers`` (name -> version), ``git_revision``, ``sources_sha256``
+    (:func:`sources_sha256`), ``hostname``, ``cpu``
     (:func:`cpu_name`), ``tflabench``.
     Imports torch (not CUDA-initialising)."""
     info = gpu_info()
@@ -216,6 +246,7 @@ def collect() -> dict:
         "python": platform.python_version(),
         "peers": peer_versions(),
         "git_revision": git_revision(),
+        "sources_sha256": sources_sha256(),
         "hostname": socket.gethostname(),
         "cpu": cpu_name(),
         "tflabench": __version__,

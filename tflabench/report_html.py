@@ -210,7 +210,8 @@ def _environment(rs, counts) -> list[tuple[str, str]]:
                        + (f" ({known('suite_path')})" if known("suite_path") else "")),
              ("date", known("date") or "not recorded"), ("GPU", gpu_line), ("software", software or "not recorded"),
              ("peers", ", ".join(f"{k} {v}" for k, v in sorted((meta.get("peers") or {}).items())) or "none"),
-             ("git", known("git_revision") or "not recorded")]
+             ("git", (known("git_revision") or "not recorded")
+              + (f" (sources sha256 {known('sources_sha256')[:12]})" if known("sources_sha256") else ""))]
     if meta.get("merged_from"):
         missing = meta.get("shards_missing") or []
         lines.append(("merged", f"{len(meta['merged_from'])} shard(s)"

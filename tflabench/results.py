@@ -154,6 +154,7 @@ METADATA_KEYS: tuple[str, ...] = (
     "suite_sha256",
     "date",
     "git_revision",
+    "sources_sha256",
     "hostname",
     "gpu_name",
     "gpu_count",
@@ -173,7 +174,7 @@ METADATA_KEYS: tuple[str, ...] = (
 #: value of another type means the file was edited or damaged, and :func:`read_metadata`
 #: refuses it rather than let a reader trip over it later.
 METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
-    "suite": str, "suite_path": str, "suite_sha256": str, "date": str, "git_revision": str,
+    "suite": str, "suite_path": str, "suite_sha256": str, "date": str, "git_revision": str, "sources_sha256": str,
     "hostname": str, "gpu_name": str, "gpu_count": int, "driver": str, "cuda": str, "torch": str,
     "triton": str, "python": str, "cpu": str, "peers": dict, "tflabench": str, "shard": str,
     "ceilings": dict, "device": str, "gpus": list, "compare": dict, "only": list, "measurement": dict,

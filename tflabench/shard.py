@@ -29,6 +29,7 @@ _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 #: Metadata keys that must agree between shards of one run (beyond the suite itself).
 MERGE_ENVIRONMENT_KEYS = (
     "gpu_name", "driver", "cuda", "torch", "triton", "python", "peers", "tflabench", "git_revision",
+    "sources_sha256",
 )
 
 
