@@ -148,6 +148,16 @@ def test_fused_walk_and_peers_map_to_their_parts_and_unknown_kernels_to_other():
     fwd = counts_for_case("mlstm_sig", "fwd", L=64, **FIG4)
     (part,) = walk.parts
     assert part.label == "fwd whole" and part.flops == pytest.approx(fwd.flops) and part.bytes == pytest.approx(fwd.bytes)
+    # training under auto: the walk and the gate kernels are the forward's whole, the backward
+    # keeps its parts
+    train = breakdown(_row("tfla", {"variant": "sig", "chunk_size": 128}, "fwdbw", [
+        ("fwd", "_sig_walk_fw_kernel", 0.96), ("fwd", "_gates_kernel", 0.02),
+        ("bwd", "_recurrent_bw_kernel", 0.5), ("bwd", "_dkv_fused_kernel", 1.55),
+        ("bwd", "_dq_kernel", 0.91)]), 800e12, 4.27e12)
+    assert [(p.label, round(p.ms, 2)) for p in train.parts] == [
+        ("fwd whole", 0.98), ("bwd recurrent", 0.5), ("bwd parallel", 2.46)]
+    assert sorted(k[0] for k in train.part("fwd whole").kernels) == ["_gates_kernel",
+                                                                      "_sig_walk_fw_kernel"]
     peer = breakdown(_row("mlstm_kernels", {"variant": "sig"}, "fwd", [
         ("fwd", "mlstm_siging_chunkwise__recurrent_fw_C_kernel", 0.5),
         ("fwd", "mlstm_siging_chunkwise__parallel_fw_Hintra_kernel", 1.0),

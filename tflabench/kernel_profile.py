@@ -12,7 +12,8 @@ Two halves:
 - :func:`breakdown` (the parent, ``tflabench report``) maps each kernel to a model part
   through its backend's :attr:`~tflabench.backends.base.Backend.KERNEL_PARTS`: per pass
   (``fwd``, ``bwd``) the ``recurrent`` and ``parallel`` kernels of a chunkwise kernel, or
-  ``whole`` (a fused kernel, or a model without the split); kernels no pattern names
+  ``whole`` (a fused kernel, with the other part kernels of its pass, or a model without
+  the split); kernels no pattern names
   are the pass's ``other``. Each part's time stands beside its model FLOPs, bytes and roofline bound
   ``max(FLOPs / alpha, bytes / beta)`` (:mod:`tflabench.model.parts`), and the case beside
   the model's bound and its physical floor (:mod:`tflabench.model.floor`).
@@ -266,6 +267,11 @@ def breakdown(row: dict, alpha: float | None = None, beta: float | None = None) 
         else:  # the model does not split this pass (or the kernel fuses both parts)
             key = (pass_, "whole")
         times.setdefault(key, []).append((name, ms, float(k["calls"])))
+    # a pass with a fused kernel (mLSTMsig's walk beside its gate kernel): its model parts
+    # are that kernel's together, so every part kernel of the pass counts as the whole
+    for pass_ in {p for p, q in times if q == "whole"}:
+        for part in ("recurrent", "parallel"):
+            times[(pass_, "whole")] += times.pop((pass_, part), [])
 
     order = [(p, q) for p in PASSES for q in (*PARTS, OTHER)]
     parts = []
