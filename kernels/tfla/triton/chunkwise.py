@@ -8,7 +8,8 @@ kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three launches as in the p
 Table 1, or dQ and one dK/dV launch where ``bw_config`` says so; limit_chunk: one fused
 kernel per chunk), then the gate gradients (docs/tfla-kernels.md 3.4)
 from the fp32 row sums q·dq and k·dk. :func:`run_sig_walk` is the host side of mLSTMsig's
-forward walk (``sig_walk_fw``), for the calls its rule takes.
+forward walk (``sig_walk_fw``), for the calls its rule takes, and
+:func:`walk_forward_kernels` the walk as the forward of a call with gradients (rule W6).
 
 Conventions (docs/tfla-kernels.md 1.3-1.5): states (C, n, m) in stabilised form, m_0 = 0 without an
 initial state; the normaliser n_out and the max states are constants in the backward;
