@@ -1,10 +1,10 @@
 """The environment a run happens in: what every result set records and ``doctor`` checks.
 
 :func:`collect` gives the metadata fields (GPU name and count, driver, CUDA, torch, triton,
-python, peers' versions, git revision, a hash of the measured sources, hostname, CPU model, tflabench
-version) without creating a CUDA
-context in the calling process (``nvidia-smi`` first; torch's device query only as a
-fallback), so that the runner's parent process leaves the GPU to its workers.
+python, peers' versions, git revision, a hash of the measured sources, hostname, CPU model,
+tflabench version) without creating a CUDA context in the calling process (``nvidia-smi``
+first; torch's device query only as a fallback), so that the runner's parent process leaves
+the GPU to its workers.
 :func:`known_problems` lists known-bad combinations (seen on an H200 with triton 3.6).
 """
 

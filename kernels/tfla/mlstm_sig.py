@@ -102,12 +102,11 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
         from tfla.triton.chunkwise import train_walk_config
         from tfla.triton.tuning import active_tuning
 
-        walk = train_walk_config(S, L, WALK_CHUNK, dims.d_qk, dims.d_hv,
-                                 q.shape[0] * q.shape[1], q.dtype, q.device,
-                                 return_last_state, active_tuning())
+        walk = train_walk_config(S, L, WALK_CHUNK, dims.d_qk, dims.d_hv, dims.B * dims.NH,
+                                 q.dtype, q.device, return_last_state, active_tuning())
     cfg = Config.make(variant="sig", normalize=normalize, eps=EPS, L=L, limit=False, walk=walk)
     if not (normalize or grad):
-        L_walk = effective_chunk(q.shape[2], WALK_CHUNK) if auto else L
+        L_walk = effective_chunk(S, WALK_CHUNK) if auto else L
         out = run_sig_walk(q, k, v, i, f, C0, n0, L_walk, return_last_state, cfg.tuning)
         if out is not None:
             return out

@@ -41,7 +41,8 @@ def auto_chunk(variant: str, *, d_qk: int, grad: bool, dtype=None) -> int:
     fwd+bwd about 7-12 % faster at L 64 but needed about 1.6x the peak memory (twice the
     chunk states kept for the backward), so L 64 is not taken there; mLSTMsig first tries
     the forward walk at L :data:`WALK_CHUNK` (with gradients as the forward of the backward
-    at L 128, storing its chunk states; :func:`plan` says whether it takes the call). ``variant``, ``d_qk``, ``grad`` and ``dtype`` are the rule's inputs.
+    at L 128, storing its chunk states; :func:`plan` says whether it takes the call).
+    ``variant``, ``d_qk``, ``grad`` and ``dtype`` are the rule's inputs.
     """
     return 128
 
