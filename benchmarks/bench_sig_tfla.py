@@ -94,6 +94,8 @@ VARIANTS = {
     "walk_mr168_st1": {"walk": {"maxnreg": 168, "num_stages": 1}},
     "walk_mr128_st1": {"walk": {"maxnreg": 128, "num_stages": 1}},
     "walk_any_grid": {"walk": {"MIN_PROGRAMS_PER_SM": 0}},
+    # the walk over G sequence segments whatever the grid (rule W7; seg1: the whole walk)
+    **{f"walk_seg{n}": {"walk": {"SEGMENTS": n}} for n in (1, 2, 4, 8, 16)},
     # the walk as the forward of fwd+bwd under "auto" (impl sig_auto; rule W6) off: the
     # two-level forward at L 128
     "no_train_walk": {"walk": {"train": False}},

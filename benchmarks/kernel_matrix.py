@@ -13,14 +13,16 @@ float16), initial state (none, or C0 and n0 (and m0) in float32 or in q's dtype)
 state, normaliser (mLSTMsig), a sequence ending in a partial chunk, one shorter than the
 chunk, or whole chunks, and the grid (see below). :data:`EXTRA` adds the largest head
 mLSTMsig accepts (1024), the reported defect (mLSTMexp, chunk 256, 16-bit gates) and
-mLSTMsig's training walk (with gradients under "auto" on a full grid). Each
+mLSTMsig's training walk (with gradients under "auto" on a full grid) and the walk over
+sequence segments. Each
 case calls the public function and its backward, so the algorithm and every launch
 configuration come from the dispatch itself.
 
 The grid: the dispatch compares a launch's programs with the SM count (the state kernels'
 block halving, the walk's 1.5 programs per SM). ``large`` runs as if the grid filled the
 GPU (SM count 0: no bound, as in Triton's interpreter), ``small`` as a call on a GPU with
-132 SMs (H100 SXM, H200) at B 1, NH 2.
+132 SMs (H100 SXM, H200) at B 1, NH 2, ``few_sms`` on a GPU of 8 SMs, where mLSTMsig's
+walk runs over sequence segments (:data:`EXTRA`).
 
 Modes:
 
@@ -70,6 +72,8 @@ GATE_DTYPES = ("float32", "bfloat16", "float16")
 #: rows: TMA tiles allowed), and an odd pair (pointer loads, no divisibility by 16)
 HEADS = ((64, 128), (128, 256), (256, 512), (48, 96), (160, 192), (33, 65))
 SMALL_GRID_SMS = 132
+#: the SM count of the "few_sms" grid, where the walk runs over sequence segments
+FEW_SMS = 8
 SM90_MAX_SHARED = 232448       # bytes of shared memory one sm_90 block may use (227 KiB)
 B, NH = 1, 2
 #: the compared tensors, in the order of the CSV's error columns
@@ -93,7 +97,7 @@ class Case:
     last_state: bool
     normalize: bool         # mLSTMsig's normaliser (mLSTMexp always normalises)
     grad: bool
-    grid: str               # "large" | "small"
+    grid: str               # "large" | "small" | "few_sms"
 
     @property
     def label(self) -> str:
@@ -107,7 +111,7 @@ class Case:
 
     @property
     def n_sms(self) -> int:
-        return SMALL_GRID_SMS if self.grid == "small" else 0
+        return {"small": SMALL_GRID_SMS, "few_sms": FEW_SMS}.get(self.grid, 0)
 
 
 def lengths(L: int) -> tuple[int, int, int]:
@@ -172,7 +176,16 @@ def _extra() -> tuple[Case, ...]:
                       ("float16", "bfloat16", 48, 96, 256, "float32", False),
                       ("bfloat16", "float16", 64, 128, 40, "", False),
                       ("float16", "float32", 96, 192, 200, "", True))]
-    return tuple(big + defect + train_walk)
+    # the walk over sequence segments (rule W7), on a GPU of FEW_SMS SMs: 8 segments without
+    # gradients (d_hv in one block), 2 as the training walk (a partial last chunk, C0), 2 at
+    # a d_hv of three blocks
+    segments = [Case("sig", "xl_chunk", L, dt, gdt, dq, dv, S, init, False, False, grad,
+                     "few_sms")
+                for L, dt, gdt, dq, dv, S, init, grad in (
+                    ("auto", "bfloat16", "float32", 64, 128, 4096, "", False),
+                    ("auto", "float16", "bfloat16", 128, 256, 2000, "float32", True),
+                    (64, "bfloat16", "float16", 96, 192, 2048, "bfloat16", False))]
+    return tuple(big + defect + train_walk + segments)
 
 
 EXTRA = _extra()
@@ -357,7 +370,7 @@ def storage_floors(pairs: dict, dtype: str) -> dict[str, float]:
 
 def path(case: Case, device: str) -> str:
     """What the dispatch runs for this case (``tfla.plan``): "two_level L128", "walk L64",
-    "limit_chunk L32"."""
+    "walk_segments L64 x8" (the number of segments), "limit_chunk L32"."""
     import torch
 
     import tfla
@@ -367,7 +380,7 @@ def path(case: Case, device: str) -> str:
     p = tfla.plan(case.variant, q, v, chunk_size=case.chunk, algorithm=case.algorithm,
                   grad=case.grad, normalize=case.normalize and case.variant == "sig",
                   return_last_state=case.last_state, device=device)
-    return f"{p.algorithm} L{p.chunk_size}"
+    return f"{p.algorithm} L{p.chunk_size}" + (f" x{p.segments}" if p.segments > 1 else "")
 
 
 def _row(case: Case, regime: str | None, problem: str | None, errors: dict,

@@ -190,8 +190,9 @@ def test_every_configuration_of_the_dispatch_compiles_for_sm90(compile_matrix):
         heads = {(int(r["d_qk"]), int(r["d_hv"])) for r in mine}
         assert {(64, 128), (128, 256), (256, 512), (48, 96), (160, 192), (33, 65)} <= heads
         paths = {r["path"].split()[0] for r in mine}
-        want = {"two_level", "limit_chunk"} | ({"walk", "walk_two_level"} if variant == "sig"
-                                               else set())
+        want = {"two_level", "limit_chunk"} | ({"walk", "walk_two_level", "walk_segments",
+                                                "walk_segments_two_level"}
+                                               if variant == "sig" else set())
         assert paths == want, paths
     assert {r["normalize"] for r in rows if r["variant"] == "sig"} == {"True", "False"}
     assert (1024, 1024) in {(int(r["d_qk"]), int(r["d_hv"])) for r in rows}

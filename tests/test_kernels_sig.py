@@ -268,6 +268,99 @@ def test_walk_config_rule():
     assert walk_config(64, 64, 128, 512, torch.float32, n_sms=132) is None
 
 
+def test_walk_segments_rule():
+    """Under 1.5 programs per SM the walk runs over sequence segments (rule W7): the smallest
+    power of two that reaches the bound, at most 16, where it divides the chunks (in steps of
+    the training walk's R) into segments of at least 8 chunks; not with the last state;
+    SEGMENTS in the Tuning sets the count whatever the grid."""
+    from tfla.triton.sig_walk_fw import walk_config, walk_segments
+
+    bf16 = torch.bfloat16
+    # Figure 4's heads (d_hv 256 in blocks of 64) on 132 SMs: B 1 (S 65536) and B 2 (S 32768)
+    assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536)["segments"] == 4
+    assert walk_config(64, 128, 256, 32, bf16, n_sms=132, S=32768)["segments"] == 2
+    assert walk_config(64, 128, 256, 32, bf16, n_sms=132, S=32768, train=True,
+                       states_every=2)["segments"] == 2
+    assert walk_config(64, 128, 256, 128, bf16, n_sms=132, S=8192)["segments"] == 1
+    assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536, with_last=True) is None
+    assert walk_config(64, 128, 256, 16, bf16, n_sms=132) is None          # S unknown
+    assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536 - 64 * 3) is None  # 1021 chunks
+    assert walk_config(64, 128, 256, 32, bf16, n_sms=132, S=64 * 8) is None   # segments < 8 chunks
+    assert walk_segments(2, 198, S=1 << 20, L=64) is None                   # 16 segments: 32 < 198
+    assert walk_segments(16, 198, S=1 << 20, L=64) == 16
+    assert walk_segments(16, 198, S=1 << 20, L=64, states_every=2) == 16
+    assert walk_segments(300, 198, S=100, L=64) == 1
+    forced = Tuning(walk={"SEGMENTS": 4})
+    assert walk_config(64, 16, 24, 2, bf16, n_sms=0, tuning=forced, S=500)["segments"] == 4
+    assert walk_config(64, 16, 24, 2, bf16, n_sms=0, tuning=forced, S=500, train=True,
+                       states_every=2)["segments"] == 4
+    assert walk_config(64, 16, 24, 2, bf16, n_sms=0, tuning=forced, S=300) is None   # 5 chunks
+    assert walk_config(64, 16, 24, 2, bf16, n_sms=0, tuning=forced, S=500, with_last=True) is None
+
+
+@pytest.mark.parametrize("regime", sorted(VERIFICATION_REGIMES))
+@pytest.mark.parametrize("S,segments", [(500, 4), (1024, 2)])
+def test_segmented_walk_matches_float64_in_every_gate_regime(monkeypatch, regime, S, segments):
+    """The walk over sequence segments (rule W7; forced by the Tuning, as the interpreter has
+    no SM bound): h without gradients, and h with dq, dk, dv, di, df, dC0 as the forward of
+    the two-level backward, against the float64 recurrence from an initial state, in every
+    gate regime; S 500 ends in a partial chunk inside the last segment. Its start states
+    come from the segments before it, so an error in them shows in the later segments' h
+    and in every gradient that flows through the stored chunk states."""
+    from tfla.triton import sig_walk_fw
+
+    seen = []
+    real = sig_walk_fw.sig_walk_fw
+    monkeypatch.setattr(sig_walk_fw, "sig_walk_fw", lambda *a, **kw: seen.append(kw) or real(*a, **kw))
+    i_mean, i_std, f_mean, f_std = VERIFICATION_REGIMES[regime]
+    g = torch.Generator().manual_seed(8)
+    q, k = torch.randn(2, 1, 2, S, 16, generator=g).bfloat16()
+    v = torch.randn(1, 2, S, 24, generator=g).bfloat16()
+    i = i_mean + i_std * torch.randn(1, 2, S, generator=g)
+    f = f_mean + f_std * torch.randn(1, 2, S, generator=g)
+    C0 = torch.randn(1, 2, 16, 24, generator=g)
+    n0 = torch.zeros(1, 2, 16)
+    dh = torch.randn(1, 2, S, 24, generator=g)
+    xr = [x.double().requires_grad_() for x in (q, k, v, i, f, C0)]
+    hr = mlstm_recurrent(*xr[:5], variant="sig", initial_state=(xr[5], n0.double()))
+    grads_r = torch.autograd.grad(hr, xr, dh.double())
+    with use_tuning(Tuning(walk={"SEGMENTS": segments})):
+        with torch.no_grad():
+            assert tfla.plan("sig", q, v, grad=False) == tfla.Plan(64, "walk_segments", segments)
+            h_fwd = tfla.mlstm_sig(q, k, v, i, f, initial_state=(C0, n0))
+        xs = [x.clone().requires_grad_() for x in (q, k, v, i, f, C0)]
+        assert tfla.plan("sig", xs[0], xs[2], grad=True) == \
+            tfla.Plan(128, "walk_segments_two_level", segments)
+        h = tfla.mlstm_sig(*xs[:5], initial_state=(xs[5], n0))
+        grads = torch.autograd.grad(h, xs, dh.bfloat16())
+    assert [(kw["segments"], kw.get("states_every", 0)) for kw in seen] == [(segments, 0), (segments, 2)]
+    assert maxnorm(h_fwd, hr.detach()) < 3e-2 and maxnorm(h, hr.detach()) < 3e-2
+    for name, a, b in zip(("dq", "dk", "dv", "di", "df", "dC0"), grads, grads_r):
+        assert torch.isfinite(a).all() and maxnorm(a, b) < 3e-2, (name, maxnorm(a, b))
+
+
+def test_segmented_walk_equals_the_whole_walk_to_round_off():
+    """In float32 the segmented walk (start states folded from the earlier segments' states
+    from zero) gives the whole walk's h and chunk states to round-off, with slowly decaying
+    forget gates (σ ≈ 0.993) so that every segment's start state carries its predecessors';
+    a segment count that does not divide the chunks raises ValueError."""
+    from tfla.triton.sig_walk_fw import sig_walk_fw
+
+    g = torch.Generator().manual_seed(9)
+    q, k = torch.randn(2, 2, 500, 16, generator=g)
+    v = torch.randn(2, 500, 24, generator=g)
+    i = torch.randn(2, 500, generator=g)
+    f = 5.0 + torch.randn(2, 500, generator=g)
+    C0 = torch.randn(2, 16, 24, generator=g)
+    kw = dict(L=64, B_DHV=16, num_warps=4, num_stages=1, states_every=2)
+    h1, _, _, C1 = sig_walk_fw(q, k, v, i, f, C0, **kw)
+    h4, _, _, C4 = sig_walk_fw(q, k, v, i, f, C0, **kw, segments=4)
+    assert C1.abs()[:, 2:].amin() < C1.abs().max() and C1[:, 1:].abs().max() > 1.0
+    assert maxnorm(h4, h1.double()) < 1e-5 and maxnorm(C4, C1.double()) < 1e-5
+    with pytest.raises(ValueError, match="segments=8"):
+        sig_walk_fw(q, k, v, i, f, C0, **kw, segments=8)
+
+
 @pytest.mark.parametrize("L,S,d_qk,d_hv", [
     (64, 150, 16, 32),      # fw_config: d_qk <= 64 -> 64-row query tiles, 32-row key tiles
     (128, 200, 32, 128),    # + state_blocks(sig_forward): 32 x 128 state blocks, 4 warps

@@ -12,20 +12,24 @@ from dataclasses import dataclass
 __all__ = ["Plan", "plan", "ALGORITHMS"]
 
 #: what ``Plan.algorithm`` can name: the paper's two-level TFLA kernels (``xl_chunk``), the
-#: forward walk of mLSTMsig (chunk states on chip, no gradients), the walk as the forward of
-#: a call with gradients (it stores the chunk states of L) before the two-level backward,
-#: the one-level limit_chunk kernels, and the PyTorch chunkwise reference (CPU tensors
-#: outside Triton's interpreter)
-ALGORITHMS = ("two_level", "walk", "walk_two_level", "limit_chunk", "reference")
+#: forward walk of mLSTMsig (chunk states on chip, no gradients), the walk over sequence
+#: segments (where the grid is small: a pass over K and V gives each segment's start
+#: state), the walk (whole or in segments) as the forward of a call with gradients (it
+#: stores the chunk states of L) before the two-level backward, the one-level limit_chunk
+#: kernels, and the PyTorch chunkwise reference (CPU tensors outside Triton's interpreter)
+ALGORITHMS = ("two_level", "walk", "walk_segments", "walk_two_level",
+              "walk_segments_two_level", "limit_chunk", "reference")
 
 
 @dataclass(frozen=True)
 class Plan:
     """What one call runs: ``chunk_size`` L (the size actually used, after clamping to the
-    sequence) and ``algorithm`` (one of :data:`ALGORITHMS`)."""
+    sequence), ``algorithm`` (one of :data:`ALGORITHMS`) and, for the ``walk_segments``
+    algorithms, the number of sequence segments (1 otherwise)."""
 
     chunk_size: int
     algorithm: str
+    segments: int = 1
 
 
 #: the chunk size at which ``chunk_size="auto"`` first tries mLSTMsig's forward walk
@@ -69,8 +73,9 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
         device: the torch.device the call runs on, if not q's (e.g. for a "meta" q).
 
     Returns:
-        :class:`Plan` (chunk_size: int, algorithm: str). For ``walk_two_level`` chunk_size
-        is the backward's L (the walk runs at :data:`WALK_CHUNK` and stores the states of L).
+        :class:`Plan` (chunk_size: int, algorithm: str, segments: int). For the
+        ``*_two_level`` walks chunk_size is the backward's L (the walk runs at
+        :data:`WALK_CHUNK` and stores the states of L).
 
     Raises:
         ValueError: an unknown variant or algorithm, or a chunk_size neither "auto" nor a
@@ -104,8 +109,11 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
         from tfla.triton.tuning import active_tuning
 
         L_bw = effective_chunk(S, L)
-        if train_walk_config(S, L_bw, WALK_CHUNK, d_qk, d_hv, bnh, q.dtype, device,
-                             return_last_state, active_tuning()) is not None:
+        walk = train_walk_config(S, L_bw, WALK_CHUNK, d_qk, d_hv, bnh, q.dtype, device,
+                                 return_last_state, active_tuning())
+        if walk is not None:
+            if walk["segments"] > 1:
+                return Plan(L_bw, "walk_segments_two_level", walk["segments"])
             return Plan(L_bw, "walk_two_level")
     if variant == "sig" and not (grad or normalize):
         from tfla.triton.chunkwise import kernels
@@ -114,8 +122,11 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
 
         walk = kernels()[4]
         L_walk = effective_chunk(S, WALK_CHUNK if chunk_size == "auto" else L)
-        if walk.walk_config(L_walk, d_qk, d_hv, bnh, q.dtype, num_sms(device),
-                            return_last_state, active_tuning()) is not None:
+        cfg = walk.walk_config(L_walk, d_qk, d_hv, bnh, q.dtype, num_sms(device),
+                               return_last_state, active_tuning(), S=S)
+        if cfg is not None:
+            if cfg["segments"] > 1:
+                return Plan(L_walk, "walk_segments", cfg["segments"])
             return Plan(L_walk, "walk")
     return Plan(effective_chunk(S, L), "two_level")
 

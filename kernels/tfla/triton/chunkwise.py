@@ -154,7 +154,7 @@ def train_walk_config(S: int, L: int, walk_chunk: int, d_qk: int, d_hv: int, BNH
     if tuning.recompute_states or L % L_walk:
         return None
     return walk.walk_config(L_walk, d_qk, d_hv, BNH, dtype, num_sms(device), return_last,
-                            tuning, train=True)
+                            tuning, train=True, S=S, states_every=L // L_walk)
 
 
 class ChunkwiseFunction(torch.autograd.Function):
@@ -277,7 +277,7 @@ def run_sig_walk(q, k, v, i, f, C0, n0, L: int, return_last: bool, tuning: Tunin
     B, NH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     cfg = walk.walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device), return_last,
-                           tuning)
+                           tuning, S=S)
     if cfg is None:
         return None
     out_dtype = q.dtype

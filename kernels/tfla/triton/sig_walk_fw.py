@@ -37,10 +37,10 @@ INTERPRET = bool(triton.knobs.runtime.interpret)
 @triton.jit
 def _sig_walk_fw_kernel(
     Q, K, V, H, QD, KD, VD, HD, B_vec, A_vec, I_vec, G_ch, C0, N0, C_last, N_last, C_st, CD,
-    S, NC, NC_st, d_qk, d_hv, scale,
+    C_seg, G_seg, S, NC, NC_st, NC_seg, d_qk, d_hv, scale,
     L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr, HAS_C0: tl.constexpr,
     HAS_N0: tl.constexpr, WITH_LAST: tl.constexpr, DOT_PREC: tl.constexpr,
-    USE_TMA: tl.constexpr, STATES_EVERY: tl.constexpr,
+    USE_TMA: tl.constexpr, STATES_EVERY: tl.constexpr, SEGMENTS: tl.constexpr,
 ):
     # STATES_EVERY R > 0: also store C_0 and the state after every R chunks into the chunk
     # states C_st (BNH, NC_st + 1, d_qk, d_hv) in the input dtype, the states of chunks of
@@ -48,11 +48,16 @@ def _sig_walk_fw_kernel(
     # divide NC: the padded chunks past S leave C unchanged); with USE_TMA through the
     # descriptor CD over its (BNH·(NC_st+1), d_qk, d_hv) view, and h then through pointers
     # at d_qk > 64 (two TMA store buffers would leave room for one program per SM at d_qk 128)
-    # 1-D grid, d_hv block fastest: the programs of one head share its Q and K tiles (L2)
+    # SEGMENTS > 1: this program walks chunks seg·NC_seg .. (seg+1)·NC_seg - 1 of its
+    # sequence only, from the state at the segment's start, which it folds from the states
+    # of the earlier segments started at zero (C_seg, G_seg: _sig_segment_states_kernel)
+    # 1-D grid, d_hv block fastest, then the segment: the programs of one head share its
+    # Q and K tiles (L2)
     n_v = tl.cdiv(d_hv, B_DHV)
     pid = tl.program_id(0)
     pid_v = pid % n_v
-    bh = (pid // n_v).to(tl.int64)
+    seg = (pid // n_v) % SEGMENTS
+    bh = (pid // (n_v * SEGMENTS)).to(tl.int64)
     S_pad = NC * L
     v0 = pid_v * B_DHV
     rows = tl.arange(0, L)
@@ -69,11 +74,25 @@ def _sig_walk_fw_kernel(
         n = tl.load(N0 + bh * d_qk + offs_k, mask=offs_k < d_qk, other=0.0).to(tl.float32)
     else:
         n = tl.zeros((B_DQK,), dtype=tl.float32)
+    if SEGMENTS > 1:
+        # C at the segment's start: C_{t+1} = e^{G_t} C_t + (segment t's state from zero)
+        for t in range(seg):
+            C = C * tl.exp(tl.load(G_seg + bh * SEGMENTS + t)) + tl.load(
+                C_seg + (bh * SEGMENTS + t) * d_qk * d_hv + offs_k[:, None] * d_hv
+                + offs_v[None, :], mask=mask_c, other=0.0)
+        c_lo = seg * NC_seg
+    else:
+        c_lo = 0
     st_row = bh * (NC_st + 1)       # C_k is "row" st_row + k of the view
     if STATES_EVERY > 0:
-        store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row, 0, v0, d_qk, d_hv, B_DQK,
-                   B_DHV, USE_TMA)
-    for c in range(NC):
+        # C_0 (a later segment's start state is the last state its predecessor stores)
+        if SEGMENTS == 1:
+            store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row, 0, v0, d_qk, d_hv, B_DQK,
+                       B_DHV, USE_TMA)
+        elif seg == 0:
+            store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row, 0, v0, d_qk, d_hv, B_DQK,
+                       B_DHV, USE_TMA)
+    for c in range(c_lo, c_lo + NC_seg):
         t0 = c * L
         q = load_tile(QD, Q, bh, t0, 0, S, d_qk, L, B_DQK, USE_TMA)
         k = load_tile(KD, K, bh, t0, 0, S, d_qk, L, B_DQK, USE_TMA)
@@ -110,9 +129,74 @@ def _sig_walk_fw_kernel(
         tl.store(N_last + bh * d_qk + offs_k, n, mask=(offs_k < d_qk) & (offs_k * 0 + pid_v == 0))
 
 
+@triton.jit
+def _sig_segment_states_kernel(
+    K, V, KD, VD, A_vec, G_ch, C_seg, G_seg, S, NC, NC_seg, d_qk, d_hv,
+    L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr, SEGMENTS: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    # The state after segment seg (chunks seg·NC_seg .. (seg+1)·NC_seg - 1) from a zero state,
+    # C = e^g C + Kᵀ (ā ⊙ V) per chunk as in the walk, into C_seg (BNH, SEGMENTS, d_qk, d_hv)
+    # fp32, and the segment's log decay G = Σ g into G_seg (BNH, SEGMENTS); for the segments
+    # before the last (the last one's state is not needed). Grid: (d_hv block, segment, b·head).
+    n_v = tl.cdiv(d_hv, B_DHV)
+    pid = tl.program_id(0)
+    pid_v = pid % n_v
+    seg = (pid // n_v) % (SEGMENTS - 1)
+    bh = (pid // (n_v * (SEGMENTS - 1))).to(tl.int64)
+    S_pad = NC * L
+    v0 = pid_v * B_DHV
+    rows = tl.arange(0, L)
+    offs_k = tl.arange(0, B_DQK)
+    offs_v = v0 + tl.arange(0, B_DHV)
+    C = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
+    g_sum = 0.0
+    for c in range(seg * NC_seg, (seg + 1) * NC_seg):
+        t0 = c * L
+        k = load_tile(KD, K, bh, t0, 0, S, d_qk, L, B_DQK, USE_TMA)
+        v = load_tile(VD, V, bh, t0, v0, S, d_hv, L, B_DHV, USE_TMA)
+        a = tl.load(A_vec + bh * S_pad + t0 + rows)
+        g = tl.load(G_ch + bh * NC + c)
+        v_bar = (v.to(tl.float32) * tl.exp(a)[:, None]).to(v.dtype)
+        C = tl.dot(tl.trans(k), v_bar, C * tl.exp(g), input_precision=DOT_PREC)
+        g_sum += g
+    mask_c = (offs_k < d_qk)[:, None] & (offs_v < d_hv)[None, :]
+    tl.store(C_seg + (bh * SEGMENTS + seg) * d_qk * d_hv + offs_k[:, None] * d_hv
+             + offs_v[None, :], C, mask=mask_c)
+    tl.store(G_seg + bh * SEGMENTS + seg, g_sum, mask=pid_v == 0)
+
+
+#: the most sequence segments the walk splits a sequence into, and the fewest chunks a
+#: segment may have (rule W7)
+MAX_SEGMENTS = 16
+MIN_SEGMENT_CHUNKS = 8
+
+
+def walk_segments(programs: int, target: float, S: int, L: int, states_every: int = 1,
+                  with_last: bool = False) -> int | None:
+    """The number of sequence segments the walk runs a grid of ``programs`` programs with so
+    that it has at least ``target`` programs (rule W7): the smallest power of two that gets
+    there, at most :data:`MAX_SEGMENTS`, dividing the number of chunks of S (in steps of
+    ``states_every`` chunks) into segments of at least :data:`MIN_SEGMENT_CHUNKS` chunks;
+    1 where the grid is large enough; None where no such count exists (or ``with_last``:
+    the segmented walk carries no normaliser state) and the two-level kernels run."""
+    if programs >= target:
+        return 1
+    if with_last or S <= 0:
+        return None
+    nc = triton.cdiv(S, L)
+    seg = 2
+    while programs * seg < target and seg < MAX_SEGMENTS:
+        seg *= 2
+    if (programs * seg < target or nc % (seg * max(states_every, 1))
+            or nc // seg < MIN_SEGMENT_CHUNKS):
+        return None
+    return seg
+
+
 def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
                 n_sms: int = 0, with_last: bool = False, tuning: Tuning = DEFAULT,
-                train: bool = False) -> dict | None:
+                train: bool = False, S: int = 0, states_every: int = 1) -> dict | None:
     """The walk's launch configuration for one call, or None where the parallel kernels run.
 
     The rule (measured on the H200, bf16, forward; docs/kernels.md, rules W1-W5):
@@ -136,6 +220,13 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     (Figure 4's heads at S 32768, B 2: 1.29 ms against 1.14 for the parallel kernels at
     L 128). ``tuning.walk``'s keys win (``enabled`` False: never walk).
 
+    Where the grid has fewer programs (W7), the walk runs over sequence segments
+    (:func:`walk_segments`; ``S`` the sequence length, 0: unknown, no segments;
+    ``states_every`` the training walk's R), each program walking one segment from a start
+    state that a first pass over K and V (``_sig_segment_states_kernel``) gives; where no
+    segment count applies, None. ``tuning.walk["SEGMENTS"]`` sets the count (None where it
+    does not divide the chunks or with ``with_last``).
+
     ``train``: the call needs gradients, so the walk also stores the chunk states for the
     two-level backward (``states_every``; rule W6): the same rule (``tuning.walk["train"]``
     False: never). Measured on one NVIDIA H100, bf16, fwd+bwd against the two-level forward
@@ -145,7 +236,8 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     bytes of shared memory at d_qk 128 and only one fits an SM (4.45 ms); at d_qk <= 64 both
     through TMA fit two (82,968 bytes) and ran 3.20-3.21 ms at the small heads, 1 % faster.
 
-    Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg) for :func:`sig_walk_fw`, or None.
+    Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg, segments) for
+    :func:`sig_walk_fw`, or None.
     """
     over = tuning.walk
     if not over.get("enabled", True) or (train and not over.get("train", True)):
@@ -154,16 +246,24 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
         return None
     b_hv = over.get("B_DHV", head_block(d_hv, 128 if d_qk <= 64 else 64))
     programs = triton.cdiv(d_hv, b_hv) * BNH
-    if n_sms and programs < over.get("MIN_PROGRAMS_PER_SM", 1.5) * n_sms:
-        return None
+    if "SEGMENTS" in over:
+        segments = over["SEGMENTS"]
+        if segments > 1 and (with_last or S <= 0 or triton.cdiv(S, L) % (segments * max(states_every, 1))):
+            return None
+    else:
+        target = over.get("MIN_PROGRAMS_PER_SM", 1.5) * n_sms
+        segments = walk_segments(programs, target, S, L, states_every, with_last)
+        if segments is None:
+            return None
     cap = 240 if (d_qk > 64 and not with_last) else None
     return dict(L=L, B_DHV=b_hv, num_warps=over.get("num_warps", 4),
-                num_stages=over.get("num_stages", 2), maxnreg=over.get("maxnreg", cap))
+                num_stages=over.get("num_stages", 2), maxnreg=over.get("maxnreg", cap),
+                segments=segments)
 
 
 def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: int,
                 num_stages: int, maxnreg: int | None = None, with_last: bool = False,
-                states_every: int = 0):
+                states_every: int = 0, segments: int = 1):
     """h (BNH, S, d_hv) in the input dtype: mLSTMsig without normalisation (paper eqs. 22-23);
     with ``with_last`` (h, C_S (BNH, d_qk, d_hv) fp32, n_S (BNH, d_qk) fp32).
 
@@ -175,9 +275,18 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     due: a branch in the loop) and h through pointers at d_qk > 64 (rule W6); fp32 or where
     TMA does not apply: pointer stores.
 
+    ``segments`` G > 1 (rule W7): each program walks one of G equal segments of the chunks;
+    a first launch (``_sig_segment_states_kernel``, chunks of 2L where a segment holds an
+    even number of chunks) gives the states after the first G - 1 segments from zero and
+    their log decays, from which each program forms its segment's start state.
+
     q, k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous in a 16-bit or fp32 dtype; i, f (BNH, S)
     gate pre-activations; C0 (BNH, d_qk, d_hv), n0 (BNH, d_qk) or None. L: the chunk (a power
     of two, >= 16; one tile of L rows); the other arguments as :func:`walk_config` returns them.
+
+    Raises:
+        ValueError: ``segments`` > 1 with ``with_last``, or not dividing the chunks of S in
+            steps of ``states_every``.
     """
     from tfla.triton.chunkwise_recurrent import chunk_gates
 
@@ -198,7 +307,18 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     C_view = C_st.view(-1, d_qk, d_hv) if states_every else C_st
     use_tma = q.dtype in (torch.bfloat16, torch.float16) and can_use_tma(
         q, k, v, h, C_view, blocks=(L, b_qk, B_DHV))
-    grid = (triton.cdiv(d_hv, B_DHV) * BNH,)
+    n_v = triton.cdiv(d_hv, B_DHV)
+    C_seg = G_seg = h
+    NC_seg = NC
+    if segments > 1:
+        if with_last or NC % (segments * max(states_every, 1)):
+            raise ValueError(f"sig_walk_fw: segments={segments} needs no last state and a "
+                             f"number of chunks ({NC}) divisible by segments x states_every "
+                             f"({segments} x {max(states_every, 1)})")
+        NC_seg = NC // segments
+        C_seg, G_seg = _segment_states(k, v, i, f, L=L if NC_seg % 2 else 2 * L,
+                                       segments=segments, B_DHV=B_DHV, b_qk=b_qk)
+    grid = (n_v * segments * BNH,)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     launch(
         _sig_walk_fw_kernel, grid,
@@ -207,11 +327,36 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
         descriptor(h, (1, L, B_DHV), use_tma and (not states_every or b_qk <= 64)),
         b_vec, a_vec, i_vec, g_ch, C0 if C0 is not None else h, n0 if n0 is not None else h,
         C_last, n_last, C_st, descriptor(C_view, (1, b_qk, B_DHV), use_tma and states_every),
-        S, NC, NC_st, d_qk, d_hv, d_qk ** -0.5,
+        C_seg, G_seg, S, NC, NC_st, NC_seg, d_qk, d_hv, d_qk ** -0.5,
         L=L, B_DQK=b_qk, B_DHV=B_DHV, HAS_C0=C0 is not None, HAS_N0=n0 is not None,
         WITH_LAST=with_last, DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma,
-        STATES_EVERY=states_every, num_warps=num_warps, num_stages=num_stages, **extra,
+        STATES_EVERY=states_every, SEGMENTS=segments, num_warps=num_warps,
+        num_stages=num_stages, **extra,
     )
     if states_every:
         return (h, C_last, n_last, C_st) if with_last else (h, None, None, C_st)
     return (h, C_last, n_last) if with_last else h
+
+
+def _segment_states(k, v, i, f, *, L: int, segments: int, B_DHV: int, b_qk: int):
+    """The states after each of the first ``segments`` - 1 segments of the sequence, each
+    started from zero (C_seg (BNH, segments, d_qk, d_hv) fp32), and the segments' log decays
+    (G_seg (BNH, segments) fp32), from chunks of L (``_sig_segment_states_kernel``; the last
+    segment's entries are not written)."""
+    from tfla.triton.chunkwise_recurrent import chunk_gates
+
+    BNH, S, d_qk = k.shape
+    d_hv = v.shape[-1]
+    NC = triton.cdiv(S, L)
+    _, a_vec, _, _, g_ch, _ = chunk_gates(i, f, L=L, is_exp=False)
+    C_seg = torch.empty((BNH, segments, d_qk, d_hv), device=k.device, dtype=torch.float32)
+    G_seg = torch.empty((BNH, segments), device=k.device, dtype=torch.float32)
+    use_tma = k.dtype in (torch.bfloat16, torch.float16) and can_use_tma(
+        k, v, blocks=(L, b_qk, B_DHV))
+    n_v = triton.cdiv(d_hv, B_DHV)
+    launch(_sig_segment_states_kernel, (n_v * (segments - 1) * BNH,),
+           k, v, descriptor(k, (1, L, b_qk), use_tma), descriptor(v, (1, L, B_DHV), use_tma),
+           a_vec, g_ch, C_seg, G_seg, S, NC, NC // segments, d_qk, d_hv,
+           L=L, B_DQK=b_qk, B_DHV=B_DHV, SEGMENTS=segments, DOT_PREC=dot_precision(k.dtype),
+           USE_TMA=use_tma, num_warps=4, num_stages=2)
+    return C_seg, G_seg

@@ -69,9 +69,10 @@ KEYS = {
     # limit_chunk's backward kernel (also xl_chunk's with bw FUSED)
     "limit_bw": ("B_DQK", "B_DHV", "num_warps", "num_stages"),
     # mLSTMsig's forward walk; enabled False: never walk; train False: not as the forward of
-    # calls with gradients (where it stores the chunk states for the backward)
+    # calls with gradients (where it stores the chunk states for the backward); SEGMENTS: the
+    # number of sequence segments (1: none), whatever the grid
     "walk": ("enabled", "train", "B_DHV", "num_warps", "num_stages", "maxnreg",
-             "MIN_PROGRAMS_PER_SM"),
+             "MIN_PROGRAMS_PER_SM", "SEGMENTS"),
 }
 
 
