@@ -19,6 +19,10 @@ H kernel. The calls it serves: mLSTMsig xl_chunk without normalisation, with or 
 last state (``tfla.mlstm_sig`` decides by :func:`walk_config`): without gradients alone, and
 with gradients under ``chunk_size="auto"`` as the forward of the two-level backward, storing
 the chunk states C_k of the backward's chunk (``states_every``) on the way (rule W6).
+
+Where the grid is too small (rule W7), one program = (d_hv block, sequence segment, b·head):
+``_sig_segment_states_kernel`` first runs each segment but the last from a zero state, and
+each walk program folds its segment's start state from those states and their decays.
 """
 
 from __future__ import annotations
@@ -179,7 +183,13 @@ def walk_segments(programs: int, target: float, S: int, L: int, states_every: in
     there, at most :data:`MAX_SEGMENTS`, dividing the number of chunks of S (in steps of
     ``states_every`` chunks) into segments of at least :data:`MIN_SEGMENT_CHUNKS` chunks;
     1 where the grid is large enough; None where no such count exists (or ``with_last``:
-    the segmented walk carries no normaliser state) and the two-level kernels run."""
+    the segmented walk carries no normaliser state) and the two-level kernels run.
+
+    Measured on one NVIDIA H100 (132 SMs), bf16, B·S = 65,536, 16 heads, 128 / 256, against
+    the two-level kernels in the same process (``results/reference/h100/walk_segments``):
+    S 65536 (64 programs) G 4 1.200 ms forward, 4.378 forward+backward, against 1.371 /
+    4.494 (G 2 1.987 / 4.959, G 8 1.261 / 4.438); S 32768 (128 programs) G 2 1.160 / 4.245
+    against 1.276 / 4.281 (G 4 1.219 / 4.260)."""
     if programs >= target:
         return 1
     if with_last or S <= 0:
