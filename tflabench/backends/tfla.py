@@ -81,7 +81,8 @@ class TflaBackend(Backend):
     #: δQ/δK/δV kernels the parallel part; mLSTMsig's forward walk computes both.
     KERNEL_PARTS = (
         (r"_sig_walk_fw_kernel", "whole"),
-        (r"_gates_kernel|_recurrent_fw_kernel|_recurrent_bw_kernel", "recurrent"),
+        (r"_gates_kernel|_recurrent_fw_kernel|_recurrent_bw_kernel|_sig_segment_states_kernel",
+         "recurrent"),
         (r"_parallel_fw_kernel|_dq_kernel|_dkv_kernel|_dkv_fused_kernel|_limit_bw_kernel", "parallel"),
     )
 
