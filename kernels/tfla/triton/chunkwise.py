@@ -226,13 +226,8 @@ class ChunkwiseFunction(torch.autograd.Function):
                                    eps=cfg.eps, tuning=cfg.tuning)
         del C_st, dC_st
         # gate gradients (docs/tfla-kernels.md 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
-        qdq = qdq[:, :S]
-        kdk = kdk[:, :S]
-        df_log = torch.flip(torch.cumsum(torch.flip(qdq - kdk, (-1,)), -1), (-1,))
-        if dCf is not None:
-            df_log = df_log + (dCf * C_last_f).sum((-2, -1))[:, None]
-        df = df_log * torch.sigmoid(-f_f.float())
-        di = kdk if cfg.is_exp else kdk * torch.sigmoid(-i_f.float())
+        T = (dCf * C_last_f).sum((-2, -1)) if dCf is not None else None
+        di, df = rec.gate_grads(qdq, kdk, i_f, f_f, T, is_exp=cfg.is_exp)
         i_dtype, f_dtype, C_dtype = ctx.in_dtypes
         has_C0, has_n0, has_m0 = ctx.has
         dC0 = dC_0.reshape(B, NH, d_qk, d_hv).to(C_dtype) if has_C0 else None

@@ -11,6 +11,8 @@
 * :func:`recurrent_fw`: the chunk states C_k, n_k, m_k for k = 0..N_c (eqs. 39-43):
   m_k = max(g_k + m_{k-1}, max_r a_r), C_k = ḡ_k C_{k-1} + (ā ⊙ K)ᵀ V.
 * :func:`recurrent_bw`: the state gradients dC_k for k = N_c..0 (eqs. 63-64, docs/tfla-kernels.md 3.2).
+* :func:`gate_grads`: di and df from the parallel backward's row sums q·dq and k·dk (a
+  reverse cumulative sum over S per b·head, docs/tfla-kernels.md 3.4).
 
 The recurrent kernels parallelise over (d_qk / B_dqk, d_hv / B_dhv, B·NH) and loop over the
 chunks; a chunk longer than ``PIECE`` positions is reduced in pieces (a dot-product loop:
@@ -392,6 +394,50 @@ def chunk_gates(i, f, *, L: int, is_exp: bool):
     _gates_kernel[(NC * BNH,)](i, f, b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch, S, NC,
                                L=L, IS_EXP=is_exp, num_warps=gates_num_warps(L))
     return b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch
+
+
+@triton.jit
+def _gate_grads_kernel(QDQ, KDK, I, F, T, DI, DF, S, S_pad, BLOCK: tl.constexpr,
+                       IS_EXP: tl.constexpr):
+    # one program per b·head, blocks of BLOCK positions from the end: df̄ as a reverse
+    # cumulative sum carried between blocks, then the sigmoid factors (docs/tfla-kernels.md 3.4)
+    bh = tl.program_id(0).to(tl.int64)
+    carry = tl.load(T + bh)
+    n_blocks = tl.cdiv(S, BLOCK)
+    for j in range(n_blocks):
+        offs = (n_blocks - 1 - j) * BLOCK + tl.arange(0, BLOCK)
+        m = offs < S
+        qdq = tl.load(QDQ + bh * S_pad + offs, mask=m, other=0.0)
+        kdk = tl.load(KDK + bh * S_pad + offs, mask=m, other=0.0)
+        x = qdq - kdk
+        df_log = tl.cumsum(x, 0, reverse=True) + carry
+        carry += tl.sum(x, 0)
+        f = tl.load(F + bh * S + offs, mask=m, other=0.0).to(tl.float32)
+        tl.store(DF + bh * S + offs, (df_log * tl.sigmoid(-f)).to(DF.dtype.element_ty), mask=m)
+        if IS_EXP:
+            di = kdk
+        else:
+            di = kdk * tl.sigmoid(-tl.load(I + bh * S + offs, mask=m, other=0.0).to(tl.float32))
+        tl.store(DI + bh * S + offs, di.to(DI.dtype.element_ty), mask=m)
+
+
+def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
+    """The gate gradients (docs/tfla-kernels.md 3.4, paper eqs. 65-66) from the fp32 row sums
+    of the parallel backward: df̄_t = Σ_{u≥t} (q·dq − k·dk)_u + T, df = df̄ · σ(−f̃), and
+    dī = k·dk, di = dī (mLSTMexp) or dī · σ(−ĩ) (mLSTMsig), in one kernel.
+
+    qdq, kdk: (BNH, S_pad ≥ S) fp32, contiguous; i, f: (BNH, S) pre-activations, contiguous,
+    any float dtype; T: (BNH,) fp32 (⟨dC_S, C_S⟩ where the last state has a gradient) or None.
+    Returns di, df (BNH, S) in i's and f's dtypes."""
+    BNH, S = f.shape
+    di = torch.empty((BNH, S), device=f.device, dtype=i.dtype)
+    df = torch.empty((BNH, S), device=f.device, dtype=f.dtype)
+    if T is None:
+        T = torch.zeros((BNH,), device=f.device, dtype=torch.float32)
+    block = min(4096, max(16, triton.next_power_of_2(S)))
+    _gate_grads_kernel[(BNH,)](qdq, kdk, i, f, T, di, df, S, qdq.shape[1], BLOCK=block,
+                               IS_EXP=is_exp, num_warps=4 if block <= 1024 else 8)
+    return di, df
 
 
 def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool,
