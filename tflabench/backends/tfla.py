@@ -76,13 +76,14 @@ class TflaBackend(Backend):
     description = "TFLA mLSTM kernels of this project (mLSTMsig/mLSTMexp, xl_chunk/limit_chunk)"
     install_hint = "part of tflabench: pip install -e ."
     Params = TflaParams
-    #: Our Triton kernels (kernels/tfla/triton): the chunk gates and the state kernels
-    #: (forward, the backward's recompute, δC) are the recurrent part; the output and
-    #: δQ/δK/δV kernels the parallel part; mLSTMsig's forward walk computes both.
+    #: Our Triton kernels (kernels/tfla/triton): the chunk gates, their gradients and the
+    #: state kernels (forward, the walk's segment states, the backward's recompute, δC) are
+    #: the recurrent part; the output and δQ/δK/δV kernels the parallel part; mLSTMsig's
+    #: forward walk computes both.
     KERNEL_PARTS = (
         (r"_sig_walk_fw_kernel", "whole"),
-        (r"_gates_kernel|_recurrent_fw_kernel|_recurrent_bw_kernel|_sig_segment_states_kernel",
-         "recurrent"),
+        (r"_gates_kernel|_gate_grads_kernel|_recurrent_fw_kernel|_recurrent_bw_kernel"
+         r"|_sig_segment_states_kernel", "recurrent"),
         (r"_parallel_fw_kernel|_dq_kernel|_dkv_kernel|_dkv_fused_kernel|_limit_bw_kernel", "parallel"),
     )
 
