@@ -412,3 +412,39 @@ def test_sig_walk_forward_is_finite_and_accurate_in_every_gate_regime(regime, L,
         rel_f32 = ((ref32.double() - ref).norm() / ref.norm()).item()
         assert err <= max(5e-5, 4 * err32) and rel_f <= max(1e-5, 4 * rel_f32), (
             name, err, err32, rel_f)
+
+
+@pytest.mark.parametrize("is_exp", [False, True])
+@pytest.mark.parametrize("S,S_pad,dtype", [(5000, 5120, torch.bfloat16), (9000, 9000, torch.float32),
+                                           (37, 64, torch.float16)])
+def test_gate_grads_kernel_equals_the_reverse_cumulative_sum(is_exp, S, S_pad, dtype):
+    """The gate-gradient kernel (chunkwise_recurrent.gate_grads) against the formula in
+    float64: df = (Σ_{u≥t} (q·dq − k·dk)_u + T) σ(−f̃), di = k·dk (mLSTMexp) or k·dk σ(−ĩ),
+    over sequences of one block, two blocks (5000 > 4096: the sum carried from the later
+    block) and three, with row sums padded past S (the padding must not enter), saturated
+    gates (f̃, ĩ up to ±40) and the last state's term T, in the gates' dtype."""
+    from tfla.triton.chunkwise_recurrent import gate_grads
+
+    g = torch.Generator().manual_seed(12)
+    BNH = 3
+    qdq = torch.randn(BNH, S_pad, generator=g)
+    kdk = torch.randn(BNH, S_pad, generator=g)
+    qdq[:, S:] = 1e6           # padding: never read
+    kdk[:, S:] = -1e6
+    i = (torch.randn(BNH, S, generator=g) * 20).to(dtype)
+    f = (torch.randn(BNH, S, generator=g) * 20).to(dtype)
+    T = torch.randn(BNH, generator=g)
+    di, df = gate_grads(qdq, kdk, i, f, T, is_exp=is_exp)
+    x = (qdq[:, :S] - kdk[:, :S]).double()
+    df_ref = (torch.flip(torch.cumsum(torch.flip(x, (-1,)), -1), (-1,)) + T.double()[:, None]) \
+        * torch.sigmoid(-f.double())
+    di_ref = kdk[:, :S].double() * (1.0 if is_exp else torch.sigmoid(-i.double()))
+    assert di.dtype == df.dtype == dtype and di.shape == df.shape == (BNH, S)
+    tol = {torch.float32: 1e-5, torch.bfloat16: 1e-2, torch.float16: 2e-3}[dtype]
+    scale = x.abs().sum(-1, keepdim=True) + T.double().abs()[:, None]   # the sum's size
+    assert ((df.double() - df_ref).abs() / scale).max() < tol
+    assert ((di.double() - di_ref).abs() / kdk.abs().max()).max() < tol
+    # without T: the sum alone
+    _, df0 = gate_grads(qdq, kdk, i, f, None, is_exp=is_exp)
+    df0_ref = df_ref - T.double()[:, None] * torch.sigmoid(-f.double())
+    assert ((df0.double() - df0_ref).abs() / scale).max() < tol
