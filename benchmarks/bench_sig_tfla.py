@@ -137,6 +137,16 @@ VARIANTS = {
         ("q32_w4", {"DKV_B_LQ": 32, "DKV_num_warps": 4}),
         ("q32_kv32_w4", {"DKV_B_LQ": 32, "DKV_B_LKV": 32, "DKV_num_warps": 4}))},
     "bw_dq_w8": {"bw": {"num_warps": 8}},
+    # where dK and dV run as one launch, the bw tiles, warps and stages act on dQ alone; the
+    # one-launch kernel's stages; the state-gradient kernel's warps and stages
+    "bw_dq_st3": {"bw": {"num_stages": 3}},
+    "bw_dq_st1": {"bw": {"num_stages": 1}},
+    "bw_dq_kv32": {"bw": {"B_LKV": 32}},
+    "bw_dq_dhv64": {"bw": {"B_DHV": 64}},
+    "bw_fdkv_st3": {"bw": {"DKV_num_stages": 3}},
+    "bwrec_w4": {"state_bw": {"num_warps": 4}},
+    "bwrec_w8": {"state_bw": {"num_warps": 8}},
+    "bwrec_st4": {"state_bw": {"num_stages": 4}},
     # dQ with query tiles of 128 rows (one per chunk at L 128: C_{k-1} read once per chunk
     # instead of once per 64-row tile); key tiles, warps, stages, d_hv block
     **{f"bw_dq_{n}": {"bw": {"B_LQ": 128, **o}} for n, o in (
