@@ -430,14 +430,18 @@ def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
     any float dtype; T: (BNH,) fp32 (⟨dC_S, C_S⟩ where the last state has a gradient) or None.
     Returns di, df (BNH, S) in i's and f's dtypes."""
     BNH, S = f.shape
-    di = torch.empty((BNH, S), device=f.device, dtype=i.dtype)
-    df = torch.empty((BNH, S), device=f.device, dtype=f.dtype)
+    # Triton's CPU interpreter rounds to bfloat16 by truncation (the GPU to nearest even):
+    # there the kernel writes float32 and torch rounds
+    trunc = triton.knobs.runtime.interpret
+    out = lambda dt: torch.float32 if trunc and dt == torch.bfloat16 else dt  # noqa: E731
+    di = torch.empty((BNH, S), device=f.device, dtype=out(i.dtype))
+    df = torch.empty((BNH, S), device=f.device, dtype=out(f.dtype))
     if T is None:
         T = torch.zeros((BNH,), device=f.device, dtype=torch.float32)
     block = min(4096, max(16, triton.next_power_of_2(S)))
     _gate_grads_kernel[(BNH,)](qdq, kdk, i, f, T, di, df, S, qdq.shape[1], BLOCK=block,
                                IS_EXP=is_exp, num_warps=4 if block <= 1024 else 8)
-    return di, df
+    return di.to(i.dtype), df.to(f.dtype)
 
 
 def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool,
