@@ -296,6 +296,9 @@ def test_walk_segments_rule():
                        states_every=2)["segments"] == 4
     assert walk_config(64, 16, 24, 2, bf16, n_sms=0, tuning=forced, S=300) is None   # 5 chunks
     assert walk_config(64, 16, 24, 2, bf16, n_sms=0, tuning=forced, S=500, with_last=True) is None
+    for bad in (0, -2, 2.0, True):
+        with pytest.raises(ValueError, match="SEGMENTS"):
+            walk_config(64, 16, 24, 2, bf16, tuning=Tuning(walk={"SEGMENTS": bad}), S=500)
 
 
 @pytest.mark.parametrize("regime", sorted(VERIFICATION_REGIMES))

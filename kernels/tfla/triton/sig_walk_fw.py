@@ -248,6 +248,9 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
 
     Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg, segments) for
     :func:`sig_walk_fw`, or None.
+
+    Raises:
+        ValueError: ``tuning.walk["SEGMENTS"]`` is not an integer >= 1.
     """
     over = tuning.walk
     if not over.get("enabled", True) or (train and not over.get("train", True)):
@@ -258,6 +261,8 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     programs = triton.cdiv(d_hv, b_hv) * BNH
     if "SEGMENTS" in over:
         segments = over["SEGMENTS"]
+        if not isinstance(segments, int) or isinstance(segments, bool) or segments < 1:
+            raise ValueError(f"Tuning.walk SEGMENTS: got {segments!r}; allowed: an integer >= 1")
         if segments > 1 and (with_last or S <= 0 or triton.cdiv(S, L) % (segments * max(states_every, 1))):
             return None
     else:
