@@ -263,7 +263,8 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
         segments = over["SEGMENTS"]
         if not isinstance(segments, int) or isinstance(segments, bool) or segments < 1:
             raise ValueError(f"Tuning.walk SEGMENTS: got {segments!r}; allowed: an integer >= 1")
-        if segments > 1 and (with_last or S <= 0 or triton.cdiv(S, L) % (segments * max(states_every, 1))):
+        step = segments * max(states_every, 1)
+        if segments > 1 and (with_last or S <= 0 or triton.cdiv(S, L) % step):
             return None
     else:
         target = over.get("MIN_PROGRAMS_PER_SM", 1.5) * n_sms
