@@ -432,8 +432,7 @@ def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
     BNH, S = f.shape
     # Triton's CPU interpreter rounds to bfloat16 by truncation (the GPU to nearest even):
     # there the kernel writes float32 and torch rounds
-    trunc = triton.knobs.runtime.interpret
-    out = lambda dt: torch.float32 if trunc and dt == torch.bfloat16 else dt  # noqa: E731
+    out = lambda dt: torch.float32 if INTERPRET and dt == torch.bfloat16 else dt  # noqa: E731
     di = torch.empty((BNH, S), device=f.device, dtype=out(i.dtype))
     df = torch.empty((BNH, S), device=f.device, dtype=out(f.dtype))
     if T is None:

@@ -176,6 +176,14 @@ MAX_SEGMENTS = 16
 MIN_SEGMENT_CHUNKS = 8
 
 
+def _segments_fit(segments: int, S: int, L: int, states_every: int, with_last: bool) -> bool:
+    """Whether the walk can run over ``segments`` sequence segments: no last state (the
+    segmented walk carries no normaliser state) and the chunks of S in equal segments of
+    whole steps of ``states_every`` chunks."""
+    step = segments * max(states_every, 1)
+    return not with_last and S > 0 and triton.cdiv(S, L) % step == 0
+
+
 def walk_segments(programs: int, target: float, S: int, L: int, states_every: int = 1,
                   with_last: bool = False) -> int | None:
     """The number of sequence segments the walk runs a grid of ``programs`` programs with so
@@ -192,14 +200,11 @@ def walk_segments(programs: int, target: float, S: int, L: int, states_every: in
     against 1.276 / 4.281 (G 4 1.219 / 4.260)."""
     if programs >= target:
         return 1
-    if with_last or S <= 0:
-        return None
-    nc = triton.cdiv(S, L)
     seg = 2
     while programs * seg < target and seg < MAX_SEGMENTS:
         seg *= 2
-    if (programs * seg < target or nc % (seg * max(states_every, 1))
-            or nc // seg < MIN_SEGMENT_CHUNKS):
+    if (programs * seg < target or not _segments_fit(seg, S, L, states_every, with_last)
+            or triton.cdiv(S, L) // seg < MIN_SEGMENT_CHUNKS):
         return None
     return seg
 
@@ -263,8 +268,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
         segments = over["SEGMENTS"]
         if not isinstance(segments, int) or isinstance(segments, bool) or segments < 1:
             raise ValueError(f"Tuning.walk SEGMENTS: got {segments!r}; allowed: an integer >= 1")
-        step = segments * max(states_every, 1)
-        if segments > 1 and (with_last or S <= 0 or triton.cdiv(S, L) % step):
+        if segments > 1 and not _segments_fit(segments, S, L, states_every, with_last):
             return None
     else:
         target = over.get("MIN_PROGRAMS_PER_SM", 1.5) * n_sms
@@ -327,7 +331,7 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     C_seg = G_seg = h
     NC_seg = NC
     if segments > 1:
-        if with_last or NC % (segments * max(states_every, 1)):
+        if not _segments_fit(segments, S, L, states_every, with_last):
             raise ValueError(f"sig_walk_fw: segments={segments} needs no last state and a "
                              f"number of chunks ({NC}) divisible by segments x states_every "
                              f"({segments} x {max(states_every, 1)})")
