@@ -113,7 +113,7 @@ def compile_fused(L, d_qk, d_hv, is_exp):
                M_st="*fp32", NOUT="*fp32", DC_st="*bf16", DK="*bf16", DV="*bf16", KDK="*fp32",
                S="i32", NC="i32", d_qk="i32", d_hv="i32", scale="fp32", eps="fp32")
     cst = dict(L=L, B_LQ=blq, B_LKV=blkv, B_DQK=fqk, B_DHV=fhv, IS_EXP=is_exp,
-               NORMALIZE=is_exp, DOT_PREC="tf32", USE_TMA=True)
+               NORMALIZE=is_exp, HAS_DC_LAST=is_exp, DOT_PREC="tf32", USE_TMA=True)
     sig.update({k: "constexpr" for k in cst})
     src = ASTSource(fn=bw._dkv_fused_kernel, signature=sig, constexprs=cst)
     try:

@@ -19,6 +19,7 @@ dn_0 and dm_0 are returned as zeros.
 
 from __future__ import annotations
 
+import functools
 import importlib
 from dataclasses import dataclass
 
@@ -216,11 +217,15 @@ class ChunkwiseFunction(torch.autograd.Function):
             dh = torch.zeros((B, NH, S, d_hv), device=qf.device, dtype=qf.dtype)
         dhf = _flat(dh.to(qf.dtype), S, d_hv)
         dCf = _flat(dC_last.float(), d_qk, d_hv) if dC_last is not None else None
+        has_C0, has_n0, has_m0 = ctx.has
+        with_dc0 = ctx.needs_input_grad[5]
         dC_st, dC_0 = rec.recurrent_bw(qf, b_vec, mi_vec, m_st, n_out, dhf, dCf, L=cfg.L,
                                        is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
-                                       d_hv=d_hv, tuning=cfg.tuning)
-        fused = cfg.limit or pbw.fused_bw(cfg.L, d_qk, d_hv, qf.dtype, cfg.tuning)
-        par = lbw.limit_parallel_bw if fused else pbw.parallel_bw
+                                       d_hv=d_hv, with_dc0=with_dc0, tuning=cfg.tuning)
+        if cfg.limit or pbw.fused_bw(cfg.L, d_qk, d_hv, qf.dtype, cfg.tuning):
+            par = lbw.limit_parallel_bw
+        else:   # the tiled kernels skip the inter-chunk products with a zero state
+            par = functools.partial(pbw.parallel_bw, has_c0=has_C0, has_dc_last=dCf is not None)
         dq, dk, dv, qdq, kdk = par(qf, kf, vf, gates, m_st, n_out, C_st, dC_st, dhf,
                                    L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
                                    eps=cfg.eps, tuning=cfg.tuning)
@@ -229,8 +234,7 @@ class ChunkwiseFunction(torch.autograd.Function):
         T = (dCf * C_last_f).sum((-2, -1)) if dCf is not None else None
         di, df = rec.gate_grads(qdq, kdk, i_f, f_f, T, is_exp=cfg.is_exp)
         i_dtype, f_dtype, C_dtype = ctx.in_dtypes
-        has_C0, has_n0, has_m0 = ctx.has
-        dC0 = dC_0.reshape(B, NH, d_qk, d_hv).to(C_dtype) if has_C0 else None
+        dC0 = dC_0.reshape(B, NH, d_qk, d_hv).to(C_dtype) if with_dc0 else None
         dn0 = torch.zeros(ctx.n0_shape, device=qf.device, dtype=torch.float32) if has_n0 else None
         dm0 = torch.zeros(ctx.m0_shape, device=qf.device, dtype=torch.float32) if has_m0 else None
         return (dq.reshape(B, NH, S, d_qk), dk.reshape(B, NH, S, d_qk),

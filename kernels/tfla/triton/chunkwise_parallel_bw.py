@@ -80,7 +80,7 @@ def _dq_kernel(
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_C0: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     pid_k, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_qk, B_DQK), L // B_LQ, NC)
     S_pad = NC * L
@@ -88,14 +88,17 @@ def _dq_kernel(
     k0 = pid_k * B_DQK
     b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
                                    IS_EXP, NORMALIZE)
-    # inter: b̄ ⊙ dH̃ C_{k-1}ᵀ · scale
+    # inter: b̄ ⊙ dH̃ C_{k-1}ᵀ · scale (none at chunk 0 without C0: C_0 = 0)
     acc = tl.zeros((B_LQ, B_DQK), dtype=tl.float32)
-    c_row = bh * (NC + 1) + c       # C_{k-1} in the (BNH·(N_c+1), d_qk, d_hv) view
-    for vb in range(NUM_DHV):
-        dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
-        c_blk = load_tile(CD, C_st, c_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
-        acc = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), acc, input_precision=DOT_PREC)
-    acc = acc * (b_bar * rs)[:, None]
+    if HAS_C0 or c > 0:
+        c_row = bh * (NC + 1) + c       # C_{k-1} in the (BNH·(N_c+1), d_qk, d_hv) view
+        for vb in range(NUM_DHV):
+            dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
+            c_blk = load_tile(CD, C_st, c_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV,
+                              USE_TMA)
+            acc = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), acc,
+                         input_precision=DOT_PREC)
+        acc = acc * (b_bar * rs)[:, None]
     # intra: (dH̃ Vᵀ ⊙ D) K · scale
     n_kv = ((pid_q + 1) * B_LQ) // B_LKV
     for j in range(n_kv):
@@ -123,7 +126,7 @@ def _dkv_kernel(
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_OUT: tl.constexpr, B_RED: tl.constexpr, NUM_RED: tl.constexpr, OUT_K: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    HAS_DC_LAST: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # dK (OUT_K) and dV: the same loops with the roles of the head dimensions swapped.
     #   dK = ā ⊙ (V dC_kᵀ) + (V dH̃ᵀ ⊙ Dᵀ) Q · scale   (out: d_qk; contracted: d_hv)
@@ -142,19 +145,20 @@ def _dkv_kernel(
     s_loc, s0, cols = tile_rows(c, pid_kv, L, B_LKV)
     o0 = pid_o * B_OUT
     b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
-    # inter: ā ⊙ (X dC_k (dK: transposed))
+    # inter: ā ⊙ (X dC_k (dK: transposed)) (none at the last chunk without dC_last: dC_N = 0)
     acc = tl.zeros((B_LKV, B_OUT), dtype=tl.float32)
-    dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
-    for rb in range(NUM_RED):
-        x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
-        if OUT_K:
-            dc_blk = tl.trans(load_tile(DCD, DC_st, dc_row, o0, rb * B_RED, d_qk, d_hv,
-                                        B_OUT, B_RED, USE_TMA))
-        else:
-            dc_blk = load_tile(DCD, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED, B_OUT,
-                               USE_TMA)
-        acc = tl.dot(x_blk, dc_blk.to(x_blk.dtype), acc, input_precision=DOT_PREC)
-    acc = acc * a_bar[:, None]
+    if HAS_DC_LAST or c < NC - 1:
+        dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
+        for rb in range(NUM_RED):
+            x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
+            if OUT_K:
+                dc_blk = tl.trans(load_tile(DCD, DC_st, dc_row, o0, rb * B_RED, d_qk, d_hv,
+                                            B_OUT, B_RED, USE_TMA))
+            else:
+                dc_blk = load_tile(DCD, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED,
+                                   B_OUT, USE_TMA)
+            acc = tl.dot(x_blk, dc_blk.to(x_blk.dtype), acc, input_precision=DOT_PREC)
+        acc = acc * a_bar[:, None]
     # intra: (X Yᵀ ⊙ Dᵀ) Z · scale over query tiles on or after the diagonal
     j0 = (pid_kv * B_LKV) // B_LQ
     for j in range(j0, L // B_LQ):
@@ -183,7 +187,8 @@ def _dkv_fused_kernel(
     DK, DV, KDK, S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr,
-    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DC_LAST: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # dK and dV of one key/value tile together (whole head dimensions: B_DQK >= d_qk,
     # B_DHV >= d_hv): K, V and dC_k are read once, and per query tile on or after the
@@ -214,12 +219,13 @@ def _dkv_fused_kernel(
         dk = tl.dot(dp.to(q_blk.dtype), q_blk, dk, input_precision=DOT_PREC)
     # inter: ā ⊙ (V dC_kᵀ), ā ⊙ (K dC_k), dC_k in the (BNH·(N_c+1), d_qk, d_hv) view (after
     # the loop: Triton 3.6 fails to pipeline the loop's tile loads when K and V also feed a
-    # dot before it)
-    dc_blk = load_tile(DCD, DC_st, bh * (NC + 1) + c + 1, 0, 0, d_qk, d_hv, B_DQK, B_DHV,
-                       USE_TMA).to(k_blk.dtype)
-    dv += tl.dot(k_blk, dc_blk, input_precision=DOT_PREC) * a_bar[:, None]
+    # dot before it); none at the last chunk without dC_last (dC_N = 0)
+    if HAS_DC_LAST or c < NC - 1:
+        dc_blk = load_tile(DCD, DC_st, bh * (NC + 1) + c + 1, 0, 0, d_qk, d_hv, B_DQK, B_DHV,
+                           USE_TMA).to(k_blk.dtype)
+        dv += tl.dot(k_blk, dc_blk, input_precision=DOT_PREC) * a_bar[:, None]
+        dk += tl.dot(v_blk, tl.trans(dc_blk), input_precision=DOT_PREC) * a_bar[:, None]
     store_tile(DVD, DV, dv.to(DV.dtype.element_ty), bh, s0, 0, S, d_hv, B_LKV, B_DHV, USE_TMA)
-    dk += tl.dot(v_blk, tl.trans(dc_blk), input_precision=DOT_PREC) * a_bar[:, None]
     store_tile(DKD, DK, dk.to(DK.dtype.element_ty), bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
     k_row = load_tile(KD, K, bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
     tl.store(KDK + bh * S_pad + cols, tl.sum(k_row.to(tl.float32) * dk, 1))
@@ -279,9 +285,12 @@ def fused_bw(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
 
 
 def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
-                is_exp: bool, normalize: bool, eps: float, tuning: Tuning = DEFAULT):
-    """dq, dk, dv (input dtype) and the fp32 row sums q·dq, k·dk (BNH, N_c*L). ``tuning``:
-    overrides of :func:`bw_config`'s rules."""
+                is_exp: bool, normalize: bool, eps: float, has_c0: bool = True,
+                has_dc_last: bool = True, tuning: Tuning = DEFAULT):
+    """dq, dk, dv (input dtype) and the fp32 row sums q·dq, k·dk (BNH, N_c*L). ``has_c0``
+    False: C_st's slot 0 is zero (no initial state) and chunk 0's inter-chunk product is
+    skipped; ``has_dc_last`` False: dC_st's slot N_c is zero (the last state has no gradient)
+    and the last chunk's is. ``tuning``: overrides of :func:`bw_config`'s rules."""
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
@@ -313,7 +322,7 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
         D(dh, blq, bhv), D(dq, blq, bqk),
         b_vec, i_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
         S, NC, d_qk, d_hv, scale, eps, B_DQK=bqk, B_DHV=bhv, NUM_DHV=n_dhv,
-        ATOMIC_ROWSUM=atomic, **common)
+        ATOMIC_ROWSUM=atomic, HAS_C0=has_c0, **common)
     if cfg["FUSED_DKV"]:
         flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], pow2(d_qk), pow2(d_hv)
         tma_f = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
@@ -324,7 +333,8 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
             Df(dC_view, fqk, fhv), Df(dk, flkv, fqk), Df(dv, flkv, fhv),
             b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
             S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=flq, B_LKV=flkv, B_DQK=fqk, B_DHV=fhv,
-            IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec, USE_TMA=tma_f,
+            IS_EXP=is_exp, NORMALIZE=normalize, HAS_DC_LAST=has_dc_last, DOT_PREC=prec,
+            USE_TMA=tma_f,
             num_warps=cfg["DKV_num_warps"], num_stages=cfg["DKV_num_stages"])
         return dq, dk, dv, qdq, kdk
     _dkv_kernel[(n_dqk * (L // blkv) * NC * BNH,)](
@@ -332,11 +342,11 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
         D(dC_view, bqk, bhv), D(dk, blkv, bqk),
         b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, kdk,
         S, NC, d_qk, d_hv, scale, eps, B_OUT=bqk, B_RED=bhv,
-        NUM_RED=n_dhv, OUT_K=True, ATOMIC_ROWSUM=atomic, **common)
+        NUM_RED=n_dhv, OUT_K=True, ATOMIC_ROWSUM=atomic, HAS_DC_LAST=has_dc_last, **common)
     _dkv_kernel[(n_dhv * (L // blkv) * NC * BNH,)](
         k, q, dh, k, D(k, blkv, bqk), D(q, blq, bqk), D(dh, blq, bhv), D(k, blkv, bqk),
         D(dC_view, bqk, bhv), D(dv, blkv, bhv),
         b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dv, kdk,
         S, NC, d_qk, d_hv, scale, eps, B_OUT=bhv, B_RED=bqk,
-        NUM_RED=n_dqk, OUT_K=False, ATOMIC_ROWSUM=False, **common)
+        NUM_RED=n_dqk, OUT_K=False, ATOMIC_ROWSUM=False, HAS_DC_LAST=has_dc_last, **common)
     return dq, dk, dv, qdq, kdk

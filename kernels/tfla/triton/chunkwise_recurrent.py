@@ -252,10 +252,12 @@ def _recurrent_bw_kernel(
     S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DC_LAST: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, SCALE_DH: tl.constexpr,
+    WITH_DC0: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+    SCALE_DH: tl.constexpr,
 ):
     # USE_TMA: Q, dH tiles and the dC_k stores go through tensor descriptors QD, DHD
-    # (BNH, S, d) and DCD (BNH·(N_c+1), d_qk, d_hv); else pointers.
+    # (BNH, S, d) and DCD (BNH·(N_c+1), d_qk, d_hv); else pointers. WITH_DC0 False: the
+    # walk stops at dC_1 (no kernel reads slot 0), skipping chunk 0's Q and dH.
     S_pad = NC * L
     _, _, bh, k0, v0, _, _, mask_kv, c_offs = _state_tile(tl.program_id(0), d_qk, d_hv, B_DQK,
                                                           B_DHV)
@@ -266,7 +268,11 @@ def _recurrent_bw_kernel(
         dC = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
     store_tile(DCD, DC_st, dC.to(DC_st.dtype.element_ty), st_row + NC, k0, v0, d_qk, d_hv,
                B_DQK, B_DHV, USE_TMA)
-    for cc in range(NC):
+    if WITH_DC0:
+        n_steps = NC
+    else:
+        n_steps = NC - 1
+    for cc in range(n_steps):
         c = NC - 1 - cc
         g = tl.load(B_vec + bh * S_pad + c * L + L - 1)
         if IS_EXP:
@@ -289,7 +295,8 @@ def _recurrent_bw_kernel(
         dC = g_bar * dC + acc
         store_tile(DCD, DC_st, dC.to(DC_st.dtype.element_ty), st_row + c, k0, v0, d_qk, d_hv,
                    B_DQK, B_DHV, USE_TMA)
-    tl.store(DC_0 + bh * d_qk * d_hv + c_offs, dC, mask=mask_kv)
+    if WITH_DC0:
+        tl.store(DC_0 + bh * d_qk * d_hv + c_offs, dC, mask=mask_kv)
 
 
 def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
@@ -500,9 +507,12 @@ def bw_state_options(q, dh, dC_st, b_qk: int, b_hv: int, P: int,
 
 
 def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: bool,
-                 normalize: bool, eps: float, d_hv: int, tuning: Tuning = DEFAULT):
+                 normalize: bool, eps: float, d_hv: int, with_dc0: bool = True,
+                 tuning: Tuning = DEFAULT):
     """State gradients: dC_st (BNH, N_c+1, d_qk, d_hv) in the input dtype (slot N_c =
-    dC_last or 0) and dC_0 (BNH, d_qk, d_hv) fp32.
+    dC_last or 0) and dC_0 (BNH, d_qk, d_hv) fp32, or None with ``with_dc0`` False: then
+    slot 0 of dC_st is left unset (the parallel backward reads slots 1 to N_c) and chunk 0's
+    q and dh are not read, one chunk in N_c less work.
 
     q (BNH, S, d_qk), dh (BNH, S, d_hv) contiguous in the input dtype; gate vectors as
     returned by :func:`chunk_gates`; n_out (BNH, N_c*L) fp32 from the forward. ``tuning``:
@@ -511,7 +521,8 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
     BNH, S, d_qk = q.shape
     NC = triton.cdiv(S, L)
     dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
-    dC_0 = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
+    dC_0 = torch.empty((BNH, d_qk, d_hv) if with_dc0 else (1,), device=q.device,
+                       dtype=torch.float32)
     P = piece(L, tuning)
     b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(q.device), q.dtype, P,
                                              tuning=tuning)
@@ -530,7 +541,7 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
         b_vec, mi_vec, m_st, n_out, dC_last if dC_last is not None else dC_0, dC_st, dC_0,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, PIECE=P, B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp, NORMALIZE=normalize,
-        HAS_DC_LAST=dC_last is not None, DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma,
-        SCALE_DH=scale_dh, num_warps=warps, num_stages=stages,
+        HAS_DC_LAST=dC_last is not None, WITH_DC0=with_dc0, DOT_PREC=dot_precision(q.dtype),
+        USE_TMA=use_tma, SCALE_DH=scale_dh, num_warps=warps, num_stages=stages,
     )
-    return dC_st, dC_0
+    return dC_st, (dC_0 if with_dc0 else None)
