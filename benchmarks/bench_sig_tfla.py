@@ -96,6 +96,12 @@ VARIANTS = {
     "walk_any_grid": {"walk": {"MIN_PROGRAMS_PER_SM": 0}},
     # the walk over G sequence segments whatever the grid (rule W7; seg1: the whole walk)
     **{f"walk_seg{n}": {"walk": {"SEGMENTS": n}} for n in (1, 2, 4, 8, 16)},
+    # the segment-state pass (rule W8): sub-segments per segment, its d_hv block
+    **{f"seg_split{n}": {"walk": {"SEGMENT_SPLIT": n}} for n in (1, 2, 4, 8)},
+    **{f"seg_dhv128_split{n}": {"walk": {"SEGMENT_B_DHV": 128, "SEGMENT_SPLIT": n}}
+       for n in (2, 4, 8)},
+    # the state-gradient kernel's grid bound (state_blocks' MIN_PROGRAMS; default half the SMs)
+    **{f"bwrec_min{n}": {"state": {"MIN_PROGRAMS": n}} for n in (132, 264, 528)},
     # the walk as the forward of fwd+bwd under "auto" (impl sig_auto; rule W6) off: the
     # two-level forward at L 128
     "no_train_walk": {"walk": {"train": False}},

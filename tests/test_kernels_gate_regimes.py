@@ -439,8 +439,8 @@ def test_sig_walk_forward_is_finite_and_accurate_in_every_gate_regime(regime, L,
 def test_gate_grads_kernel_equals_the_reverse_cumulative_sum(is_exp, S, S_pad, dtype):
     """The gate-gradient kernel (chunkwise_recurrent.gate_grads) against the formula in
     float64: df = (Σ_{u≥t} (q·dq − k·dk)_u + T) σ(−f̃), di = k·dk (mLSTMexp) or k·dk σ(−ĩ),
-    over sequences of one block, two blocks (5000 > 4096: the sum carried from the later
-    block) and three, with row sums padded past S (the padding must not enter), saturated
+    over sequences of one block, two blocks (5000 > 4096) and three (each block adds the sum
+    over the later ones), with row sums padded past S (the padding must not enter), saturated
     gates (f̃, ĩ up to ±40) and the last state's term T, in the gates' dtype."""
     from tfla.triton.chunkwise_recurrent import gate_grads
 

@@ -272,8 +272,10 @@ def test_walk_segments_rule():
     """Under 1.5 programs per SM the walk runs over sequence segments (rule W7): the smallest
     power of two that reaches the bound, at most 16, where it divides the chunks (in steps of
     the training walk's R) into segments of at least 8 chunks; not with the last state;
-    SEGMENTS in the Tuning sets the count whatever the grid."""
-    from tfla.triton.sig_walk_fw import walk_config, walk_segments
+    SEGMENTS in the Tuning sets the count whatever the grid. The segment-state pass splits
+    each segment until its grid has 2 programs per SM (W8), in sub-segments of at least 4 of
+    its chunks; SEGMENT_SPLIT sets the split."""
+    from tfla.triton.sig_walk_fw import segment_split, walk_config, walk_segments
 
     bf16 = torch.bfloat16
     # Figure 4's heads (d_hv 256 in blocks of 64) on 132 SMs: B 1 (S 65536) and B 2 (S 32768)
@@ -282,6 +284,15 @@ def test_walk_segments_rule():
     assert walk_config(64, 128, 256, 32, bf16, n_sms=132, S=32768, train=True,
                        states_every=2)["segments"] == 2
     assert walk_config(64, 128, 256, 128, bf16, n_sms=132, S=8192)["segments"] == 1
+    # W8: 4 x 3 x 16 = 192 pass programs -> 2 sub-segments; 4 x 1 x 32 = 128 -> 4
+    assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536)["segment_split"] == 2
+    assert walk_config(64, 128, 256, 32, bf16, n_sms=132, S=32768)["segment_split"] == 4
+    assert walk_config(64, 128, 256, 128, bf16, n_sms=132, S=8192)["segment_split"] == 1
+    assert segment_split(1, 264, S=64 * 64, L=64, segments=4) == 2   # 16 of 64 -> 8 of 128: 2 x 4
+    assert segment_split(1, 264, S=64 * 48, L=64, segments=4) == 1   # 12 -> 6 of 128: 3 < 4
+    assert segment_split(1, 264, S=64 * 36, L=64, segments=4) == 1   # 9 of 64 (odd): 9 % 2
+    assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536,
+                       tuning=Tuning(walk={"SEGMENT_SPLIT": 8}))["segment_split"] == 8
     assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536, with_last=True) is None
     assert walk_config(64, 128, 256, 16, bf16, n_sms=132) is None          # S unknown
     assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536 - 64 * 3) is None  # 1021 chunks
@@ -302,10 +313,11 @@ def test_walk_segments_rule():
 
 
 @pytest.mark.parametrize("regime", sorted(VERIFICATION_REGIMES))
-@pytest.mark.parametrize("S,segments", [(500, 4), (1024, 2)])
-def test_segmented_walk_matches_float64_in_every_gate_regime(monkeypatch, regime, S, segments):
+@pytest.mark.parametrize("S,segments,split", [(500, 4, 1), (1024, 2, 2)])
+def test_segmented_walk_matches_float64_in_every_gate_regime(monkeypatch, regime, S, segments,
+                                                             split):
     """The walk over sequence segments (rule W7; forced by the Tuning, as the interpreter has
-    no SM bound): h without gradients, and h with dq, dk, dv, di, df, dC0 as the forward of
+    no SM bound), its segment-state pass in ``split`` sub-segments (W8): h without gradients, and h with dq, dk, dv, di, df, dC0 as the forward of
     the two-level backward, against the float64 recurrence from an initial state, in every
     gate regime; S 500 ends in a partial chunk inside the last segment. Its start states
     come from the segments before it, so an error in them shows in the later segments' h
@@ -327,7 +339,7 @@ def test_segmented_walk_matches_float64_in_every_gate_regime(monkeypatch, regime
     xr = [x.double().requires_grad_() for x in (q, k, v, i, f, C0)]
     hr = mlstm_recurrent(*xr[:5], variant="sig", initial_state=(xr[5], n0.double()))
     grads_r = torch.autograd.grad(hr, xr, dh.double())
-    with use_tuning(Tuning(walk={"SEGMENTS": segments})):
+    with use_tuning(Tuning(walk={"SEGMENTS": segments, "SEGMENT_SPLIT": split})):
         with torch.no_grad():
             assert tfla.plan("sig", q, v, grad=False) == tfla.Plan(64, "walk_segments", segments)
             h_fwd = tfla.mlstm_sig(q, k, v, i, f, initial_state=(C0, n0))
@@ -336,7 +348,8 @@ def test_segmented_walk_matches_float64_in_every_gate_regime(monkeypatch, regime
             tfla.Plan(128, "walk_segments_two_level", segments)
         h = tfla.mlstm_sig(*xs[:5], initial_state=(xs[5], n0))
         grads = torch.autograd.grad(h, xs, dh.bfloat16())
-    assert [(kw["segments"], kw.get("states_every", 0)) for kw in seen] == [(segments, 0), (segments, 2)]
+    assert [(kw["segments"], kw["segment_split"], kw.get("states_every", 0)) for kw in seen] \
+        == [(segments, split, 0), (segments, split, 2)]
     assert maxnorm(h_fwd, hr.detach()) < 3e-2 and maxnorm(h, hr.detach()) < 3e-2
     for name, a, b in zip(("dq", "dk", "dv", "di", "df", "dC0"), grads, grads_r):
         assert torch.isfinite(a).all() and maxnorm(a, b) < 3e-2, (name, maxnorm(a, b))
@@ -345,8 +358,9 @@ def test_segmented_walk_matches_float64_in_every_gate_regime(monkeypatch, regime
 def test_segmented_walk_equals_the_whole_walk_to_round_off():
     """In float32 the segmented walk (start states folded from the earlier segments' states
     from zero) gives the whole walk's h and chunk states to round-off, with slowly decaying
-    forget gates (σ ≈ 0.993) so that every segment's start state carries its predecessors';
-    a segment count that does not divide the chunks raises ValueError."""
+    forget gates (σ ≈ 0.993) so that every segment's start state carries its predecessors',
+    also with the segment-state pass in sub-segments and its own d_hv block (W8); a segment
+    count or a split that does not divide the chunks raises ValueError."""
     from tfla.triton.sig_walk_fw import sig_walk_fw
 
     g = torch.Generator().manual_seed(9)
@@ -360,8 +374,14 @@ def test_segmented_walk_equals_the_whole_walk_to_round_off():
     h4, _, _, C4 = sig_walk_fw(q, k, v, i, f, C0, **kw, segments=4)
     assert C1.abs()[:, 2:].amin() < C1.abs().max() and C1[:, 1:].abs().max() > 1.0
     assert maxnorm(h4, h1.double()) < 1e-5 and maxnorm(C4, C1.double()) < 1e-5
+    # 2 segments of 4 chunks: the pass walks 2 chunks of 128 per segment, one per sub-segment
+    h2, _, _, C2 = sig_walk_fw(q, k, v, i, f, C0, **kw, segments=2, segment_split=2,
+                               segment_b_dhv=8)
+    assert maxnorm(h2, h1.double()) < 1e-5 and maxnorm(C2, C1.double()) < 1e-5
     with pytest.raises(ValueError, match="segments=8"):
         sig_walk_fw(q, k, v, i, f, C0, **kw, segments=8)
+    with pytest.raises(ValueError, match="segment_split=4"):
+        sig_walk_fw(q, k, v, i, f, C0, **kw, segments=2, segment_split=4)
 
 
 @pytest.mark.parametrize("L,S,d_qk,d_hv", [

@@ -88,17 +88,16 @@ def _dq_kernel(
     k0 = pid_k * B_DQK
     b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
                                    IS_EXP, NORMALIZE)
-    # inter: b̄ ⊙ dH̃ C_{k-1}ᵀ · scale (none at chunk 0 without C0: C_0 = 0)
+    # inter: b̄ ⊙ dH̃ C_{k-1}ᵀ · scale; none at chunk 0 without C0 (C_0 = 0): a trip count of
+    # 0 there, not a branch, which would keep Triton from pipelining the loop
     acc = tl.zeros((B_LQ, B_DQK), dtype=tl.float32)
-    if HAS_C0 or c > 0:
-        c_row = bh * (NC + 1) + c       # C_{k-1} in the (BNH·(N_c+1), d_qk, d_hv) view
-        for vb in range(NUM_DHV):
-            dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
-            c_blk = load_tile(CD, C_st, c_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV,
-                              USE_TMA)
-            acc = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), acc,
-                         input_precision=DOT_PREC)
-        acc = acc * (b_bar * rs)[:, None]
+    c_row = bh * (NC + 1) + c       # C_{k-1} in the (BNH·(N_c+1), d_qk, d_hv) view
+    n_inter = NUM_DHV if HAS_C0 else tl.where(c > 0, NUM_DHV, 0)
+    for vb in range(n_inter):
+        dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
+        c_blk = load_tile(CD, C_st, c_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
+        acc = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), acc, input_precision=DOT_PREC)
+    acc = acc * (b_bar * rs)[:, None]
     # intra: (dH̃ Vᵀ ⊙ D) K · scale
     n_kv = ((pid_q + 1) * B_LQ) // B_LKV
     for j in range(n_kv):
@@ -145,20 +144,21 @@ def _dkv_kernel(
     s_loc, s0, cols = tile_rows(c, pid_kv, L, B_LKV)
     o0 = pid_o * B_OUT
     b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
-    # inter: ā ⊙ (X dC_k (dK: transposed)) (none at the last chunk without dC_last: dC_N = 0)
+    # inter: ā ⊙ (X dC_k (dK: transposed)); none at the last chunk without dC_last (dC_N = 0):
+    # a trip count of 0 there, as in dQ
     acc = tl.zeros((B_LKV, B_OUT), dtype=tl.float32)
-    if HAS_DC_LAST or c < NC - 1:
-        dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
-        for rb in range(NUM_RED):
-            x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
-            if OUT_K:
-                dc_blk = tl.trans(load_tile(DCD, DC_st, dc_row, o0, rb * B_RED, d_qk, d_hv,
-                                            B_OUT, B_RED, USE_TMA))
-            else:
-                dc_blk = load_tile(DCD, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED,
-                                   B_OUT, USE_TMA)
-            acc = tl.dot(x_blk, dc_blk.to(x_blk.dtype), acc, input_precision=DOT_PREC)
-        acc = acc * a_bar[:, None]
+    dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
+    n_inter = NUM_RED if HAS_DC_LAST else tl.where(c < NC - 1, NUM_RED, 0)
+    for rb in range(n_inter):
+        x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
+        if OUT_K:
+            dc_blk = tl.trans(load_tile(DCD, DC_st, dc_row, o0, rb * B_RED, d_qk, d_hv,
+                                        B_OUT, B_RED, USE_TMA))
+        else:
+            dc_blk = load_tile(DCD, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED, B_OUT,
+                               USE_TMA)
+        acc = tl.dot(x_blk, dc_blk.to(x_blk.dtype), acc, input_precision=DOT_PREC)
+    acc = acc * a_bar[:, None]
     # intra: (X Yᵀ ⊙ Dᵀ) Z · scale over query tiles on or after the diagonal
     j0 = (pid_kv * B_LKV) // B_LQ
     for j in range(j0, L // B_LQ):

@@ -406,26 +406,32 @@ def chunk_gates(i, f, *, L: int, is_exp: bool):
 @triton.jit
 def _gate_grads_kernel(QDQ, KDK, I, F, T, DI, DF, S, S_pad, BLOCK: tl.constexpr,
                        IS_EXP: tl.constexpr):
-    # one program per b·head, blocks of BLOCK positions from the end: df̄ as a reverse
-    # cumulative sum carried between blocks, then the sigmoid factors (docs/tfla-kernels.md 3.4)
-    bh = tl.program_id(0).to(tl.int64)
-    carry = tl.load(T + bh)
+    # one program per (block of BLOCK positions, b·head): df̄ = the reverse cumulative sum of
+    # q·dq - k·dk within the block plus the sum over every later position (read again by each
+    # block: a few MB from L2, where a carry passed between blocks would make the blocks of a
+    # long sequence sequential), then the sigmoid factors (docs/tfla-kernels.md 3.4)
     n_blocks = tl.cdiv(S, BLOCK)
-    for j in range(n_blocks):
-        offs = (n_blocks - 1 - j) * BLOCK + tl.arange(0, BLOCK)
+    pid = tl.program_id(0)
+    j = pid % n_blocks
+    bh = (pid // n_blocks).to(tl.int64)
+    carry = tl.load(T + bh)
+    for s0 in range((j + 1) * BLOCK, S, BLOCK):
+        offs = s0 + tl.arange(0, BLOCK)
         m = offs < S
-        qdq = tl.load(QDQ + bh * S_pad + offs, mask=m, other=0.0)
-        kdk = tl.load(KDK + bh * S_pad + offs, mask=m, other=0.0)
-        x = qdq - kdk
-        df_log = tl.cumsum(x, 0, reverse=True) + carry
-        carry += tl.sum(x, 0)
-        f = tl.load(F + bh * S + offs, mask=m, other=0.0).to(tl.float32)
-        tl.store(DF + bh * S + offs, (df_log * tl.sigmoid(-f)).to(DF.dtype.element_ty), mask=m)
-        if IS_EXP:
-            di = kdk
-        else:
-            di = kdk * tl.sigmoid(-tl.load(I + bh * S + offs, mask=m, other=0.0).to(tl.float32))
-        tl.store(DI + bh * S + offs, di.to(DI.dtype.element_ty), mask=m)
+        carry += tl.sum(tl.load(QDQ + bh * S_pad + offs, mask=m, other=0.0)
+                        - tl.load(KDK + bh * S_pad + offs, mask=m, other=0.0), 0)
+    offs = j * BLOCK + tl.arange(0, BLOCK)
+    m = offs < S
+    qdq = tl.load(QDQ + bh * S_pad + offs, mask=m, other=0.0)
+    kdk = tl.load(KDK + bh * S_pad + offs, mask=m, other=0.0)
+    df_log = tl.cumsum(qdq - kdk, 0, reverse=True) + carry
+    f = tl.load(F + bh * S + offs, mask=m, other=0.0).to(tl.float32)
+    tl.store(DF + bh * S + offs, (df_log * tl.sigmoid(-f)).to(DF.dtype.element_ty), mask=m)
+    if IS_EXP:
+        di = kdk
+    else:
+        di = kdk * tl.sigmoid(-tl.load(I + bh * S + offs, mask=m, other=0.0).to(tl.float32))
+    tl.store(DI + bh * S + offs, di.to(DI.dtype.element_ty), mask=m)
 
 
 def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
@@ -445,8 +451,9 @@ def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
     if T is None:
         T = torch.zeros((BNH,), device=f.device, dtype=torch.float32)
     block = min(4096, max(16, triton.next_power_of_2(S)))
-    _gate_grads_kernel[(BNH,)](qdq, kdk, i, f, T, di, df, S, qdq.shape[1], BLOCK=block,
-                               IS_EXP=is_exp, num_warps=4 if block <= 1024 else 8)
+    _gate_grads_kernel[(BNH * triton.cdiv(S, block),)](
+        qdq, kdk, i, f, T, di, df, S, qdq.shape[1], BLOCK=block, IS_EXP=is_exp,
+        num_warps=4 if block <= 1024 else 8)
     return di.to(i.dtype), df.to(f.dtype)
 
 

@@ -21,8 +21,9 @@ with gradients under ``chunk_size="auto"`` as the forward of the two-level backw
 the chunk states C_k of the backward's chunk (``states_every``) on the way (rule W6).
 
 Where the grid is too small (rule W7), one program = (d_hv block, sequence segment, b·head):
-``_sig_segment_states_kernel`` first runs each segment but the last from a zero state, and
-each walk program folds its segment's start state from those states and their decays.
+``_sig_segment_states_kernel`` first runs each segment but the last from a zero state (in
+``split`` sub-segments each, so that this pass too fills the GPU), and each walk program folds
+its segment's start state from those states and their decays.
 """
 
 from __future__ import annotations
@@ -41,7 +42,7 @@ INTERPRET = bool(triton.knobs.runtime.interpret)
 @triton.jit
 def _sig_walk_fw_kernel(
     Q, K, V, H, QD, KD, VD, HD, B_vec, A_vec, I_vec, G_ch, C0, N0, C_last, N_last, C_st, CD,
-    C_seg, G_seg, S, NC, NC_st, NC_seg, d_qk, d_hv, scale,
+    C_seg, G_seg, S, NC, NC_st, NC_seg, SPLIT, d_qk, d_hv, scale,
     L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr, HAS_C0: tl.constexpr,
     HAS_N0: tl.constexpr, WITH_LAST: tl.constexpr, DOT_PREC: tl.constexpr,
     USE_TMA: tl.constexpr, STATES_EVERY: tl.constexpr, SEGMENTS: tl.constexpr,
@@ -54,7 +55,8 @@ def _sig_walk_fw_kernel(
     # at d_qk > 64 (two TMA store buffers would leave room for one program per SM at d_qk 128)
     # SEGMENTS > 1: this program walks chunks seg·NC_seg .. (seg+1)·NC_seg - 1 of its
     # sequence only, from the state at the segment's start, which it folds from the states
-    # of the earlier segments started at zero (C_seg, G_seg: _sig_segment_states_kernel)
+    # of the SPLIT sub-segments of each earlier segment started at zero (C_seg, G_seg:
+    # _sig_segment_states_kernel)
     # 1-D grid, d_hv block fastest, then the segment: the programs of one head share its
     # Q and K tiles (L2)
     n_v = tl.cdiv(d_hv, B_DHV)
@@ -79,10 +81,11 @@ def _sig_walk_fw_kernel(
     else:
         n = tl.zeros((B_DQK,), dtype=tl.float32)
     if SEGMENTS > 1:
-        # C at the segment's start: C_{t+1} = e^{G_t} C_t + (segment t's state from zero)
-        for t in range(seg):
-            C = C * tl.exp(tl.load(G_seg + bh * SEGMENTS + t)) + tl.load(
-                C_seg + (bh * SEGMENTS + t) * d_qk * d_hv + offs_k[:, None] * d_hv
+        # C at the segment's start: C_{t+1} = e^{G_t} C_t + (sub-segment t's state from zero)
+        n_sum = (SEGMENTS - 1) * SPLIT
+        for t in range(seg * SPLIT):
+            C = C * tl.exp(tl.load(G_seg + bh * n_sum + t)) + tl.load(
+                C_seg + (bh * n_sum + t) * d_qk * d_hv + offs_k[:, None] * d_hv
                 + offs_v[None, :], mask=mask_c, other=0.0)
         c_lo = seg * NC_seg
     else:
@@ -135,19 +138,19 @@ def _sig_walk_fw_kernel(
 
 @triton.jit
 def _sig_segment_states_kernel(
-    K, V, KD, VD, A_vec, G_ch, C_seg, G_seg, S, NC, NC_seg, d_qk, d_hv,
-    L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr, SEGMENTS: tl.constexpr,
+    K, V, KD, VD, A_vec, G_ch, C_seg, G_seg, S, NC, NC_seg, n_sum, d_qk, d_hv,
+    L: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    # The state after segment seg (chunks seg·NC_seg .. (seg+1)·NC_seg - 1) from a zero state,
-    # C = e^g C + Kᵀ (ā ⊙ V) per chunk as in the walk, into C_seg (BNH, SEGMENTS, d_qk, d_hv)
-    # fp32, and the segment's log decay G = Σ g into G_seg (BNH, SEGMENTS); for the segments
-    # before the last (the last one's state is not needed). Grid: (d_hv block, segment, b·head).
+    # The state after (sub-)segment seg (chunks seg·NC_seg .. (seg+1)·NC_seg - 1) from a zero
+    # state, C = e^g C + Kᵀ (ā ⊙ V) per chunk as in the walk, into C_seg (BNH, n_sum, d_qk,
+    # d_hv) fp32, and its log decay G = Σ g into G_seg (BNH, n_sum); for the first n_sum
+    # (those before the walk's last segment). Grid: (d_hv block, sub-segment, b·head).
     n_v = tl.cdiv(d_hv, B_DHV)
     pid = tl.program_id(0)
     pid_v = pid % n_v
-    seg = (pid // n_v) % (SEGMENTS - 1)
-    bh = (pid // (n_v * (SEGMENTS - 1))).to(tl.int64)
+    seg = (pid // n_v) % n_sum
+    bh = (pid // (n_v * n_sum)).to(tl.int64)
     S_pad = NC * L
     v0 = pid_v * B_DHV
     rows = tl.arange(0, L)
@@ -165,15 +168,17 @@ def _sig_segment_states_kernel(
         C = tl.dot(tl.trans(k), v_bar, C * tl.exp(g), input_precision=DOT_PREC)
         g_sum += g
     mask_c = (offs_k < d_qk)[:, None] & (offs_v < d_hv)[None, :]
-    tl.store(C_seg + (bh * SEGMENTS + seg) * d_qk * d_hv + offs_k[:, None] * d_hv
+    tl.store(C_seg + (bh * n_sum + seg) * d_qk * d_hv + offs_k[:, None] * d_hv
              + offs_v[None, :], C, mask=mask_c)
-    tl.store(G_seg + bh * SEGMENTS + seg, g_sum, mask=pid_v == 0)
+    tl.store(G_seg + bh * n_sum + seg, g_sum, mask=pid_v == 0)
 
 
 #: the most sequence segments the walk splits a sequence into, and the fewest chunks a
 #: segment may have (rule W7)
 MAX_SEGMENTS = 16
 MIN_SEGMENT_CHUNKS = 8
+#: the fewest chunks (of the segment-state pass) a sub-segment of that pass may have
+MIN_SPLIT_CHUNKS = 4
 
 
 def _segments_fit(segments: int, S: int, L: int, states_every: int, with_last: bool) -> bool:
@@ -207,6 +212,30 @@ def walk_segments(programs: int, target: float, S: int, L: int, states_every: in
             or triton.cdiv(S, L) // seg < MIN_SEGMENT_CHUNKS):
         return None
     return seg
+
+
+def _pass_chunks(S: int, L: int, segments: int) -> tuple[int, int]:
+    """(chunk, chunks per segment) of the segment-state pass: chunks of 2L where a segment
+    holds an even number of chunks of L, else of L."""
+    per_seg = triton.cdiv(S, L) // segments
+    return (L, per_seg) if per_seg % 2 else (2 * L, per_seg // 2)
+
+
+def segment_split(programs: int, target: float, S: int, L: int, segments: int) -> int:
+    """Sub-segments per segment in the segment-state pass (rule W8): the smallest power of two
+    that gives its grid of ``programs`` programs (per sub-segment) at least ``target``
+    programs, dividing each segment's chunks of the pass (:func:`_pass_chunks`) into
+    sub-segments of at least :data:`MIN_SPLIT_CHUNKS` chunks; 1 without segments. Each pass
+    program walks its sub-segment's chunks one after the other, so a grid of one program per
+    SM spends its time waiting on each step."""
+    if segments <= 1:
+        return 1
+    _, chunks = _pass_chunks(S, L, segments)
+    split = 1
+    while (programs * split < target and chunks % (2 * split) == 0
+           and chunks // (2 * split) >= MIN_SPLIT_CHUNKS):
+        split *= 2
+    return split
 
 
 def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
@@ -251,8 +280,12 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     bytes of shared memory at d_qk 128 and only one fits an SM (4.45 ms); at d_qk <= 64 both
     through TMA fit two (82,968 bytes) and ran 3.20-3.21 ms at the small heads, 1 % faster.
 
-    Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg, segments) for
-    :func:`sig_walk_fw`, or None.
+    The segment-state pass has its own d_hv block (``tuning.walk["SEGMENT_B_DHV"]``, default
+    B_DHV) and runs each segment in :func:`segment_split` sub-segments (rule W8; at least
+    ``SEGMENT_PROGRAMS_PER_SM`` = 2 programs per SM; ``SEGMENT_SPLIT`` sets the count).
+
+    Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg, segments, segment_split,
+    segment_b_dhv) for :func:`sig_walk_fw`, or None.
 
     Raises:
         ValueError: ``tuning.walk["SEGMENTS"]`` is not an integer >= 1.
@@ -276,14 +309,19 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
         if segments is None:
             return None
     cap = 240 if (d_qk > 64 and not with_last) else None
+    seg_b_hv = over.get("SEGMENT_B_DHV", b_hv)
+    split = over.get("SEGMENT_SPLIT", segment_split(
+        triton.cdiv(d_hv, seg_b_hv) * (segments - 1) * BNH,
+        over.get("SEGMENT_PROGRAMS_PER_SM", 2) * n_sms, S, L, segments))
     return dict(L=L, B_DHV=b_hv, num_warps=over.get("num_warps", 4),
                 num_stages=over.get("num_stages", 2), maxnreg=over.get("maxnreg", cap),
-                segments=segments)
+                segments=segments, segment_split=split, segment_b_dhv=seg_b_hv)
 
 
 def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: int,
                 num_stages: int, maxnreg: int | None = None, with_last: bool = False,
-                states_every: int = 0, segments: int = 1):
+                states_every: int = 0, segments: int = 1, segment_split: int = 1,
+                segment_b_dhv: int = 0):
     """h (BNH, S, d_hv) in the input dtype: mLSTMsig without normalisation (paper eqs. 22-23);
     with ``with_last`` (h, C_S (BNH, d_qk, d_hv) fp32, n_S (BNH, d_qk) fp32).
 
@@ -297,8 +335,9 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
 
     ``segments`` G > 1 (rule W7): each program walks one of G equal segments of the chunks;
     a first launch (``_sig_segment_states_kernel``, chunks of 2L where a segment holds an
-    even number of chunks) gives the states after the first G - 1 segments from zero and
-    their log decays, from which each program forms its segment's start state.
+    even number of chunks, d_hv blocks of ``segment_b_dhv``, 0: ``B_DHV``) gives the states
+    after each of the ``segment_split`` sub-segments of the first G - 1 segments from zero
+    and their log decays, from which each program forms its segment's start state.
 
     q, k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous in a 16-bit or fp32 dtype; i, f (BNH, S)
     gate pre-activations; C0 (BNH, d_qk, d_hv), n0 (BNH, d_qk) or None. L: the chunk (a power
@@ -306,7 +345,8 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
 
     Raises:
         ValueError: ``segments`` > 1 with ``with_last``, or not dividing the chunks of S in
-            steps of ``states_every``.
+            steps of ``states_every``; ``segment_split`` not dividing a segment's chunks of
+            the segment-state pass.
     """
     from tfla.triton.chunkwise_recurrent import chunk_gates
 
@@ -336,8 +376,13 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
                              f"number of chunks ({NC}) divisible by segments x states_every "
                              f"({segments} x {max(states_every, 1)})")
         NC_seg = NC // segments
-        C_seg, G_seg = _segment_states(k, v, i, f, L=L if NC_seg % 2 else 2 * L,
-                                       segments=segments, B_DHV=B_DHV, b_qk=b_qk)
+        L_pass, per_seg = _pass_chunks(S, L, segments)
+        if segment_split < 1 or per_seg % segment_split:
+            raise ValueError(f"sig_walk_fw: segment_split={segment_split} must divide the "
+                             f"{per_seg} chunks of {L_pass} of each segment")
+        C_seg, G_seg = _segment_states(k, v, i, f, L=L_pass, segments=segments,
+                                       split=segment_split, B_DHV=segment_b_dhv or B_DHV,
+                                       b_qk=b_qk)
     grid = (n_v * segments * BNH,)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     launch(
@@ -347,7 +392,7 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
         descriptor(h, (1, L, B_DHV), use_tma and (not states_every or b_qk <= 64)),
         b_vec, a_vec, i_vec, g_ch, C0 if C0 is not None else h, n0 if n0 is not None else h,
         C_last, n_last, C_st, descriptor(C_view, (1, b_qk, B_DHV), use_tma and states_every),
-        C_seg, G_seg, S, NC, NC_st, NC_seg, d_qk, d_hv, d_qk ** -0.5,
+        C_seg, G_seg, S, NC, NC_st, NC_seg, segment_split, d_qk, d_hv, d_qk ** -0.5,
         L=L, B_DQK=b_qk, B_DHV=B_DHV, HAS_C0=C0 is not None, HAS_N0=n0 is not None,
         WITH_LAST=with_last, DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma,
         STATES_EVERY=states_every, SEGMENTS=segments, num_warps=num_warps,
@@ -358,25 +403,26 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     return (h, C_last, n_last) if with_last else h
 
 
-def _segment_states(k, v, i, f, *, L: int, segments: int, B_DHV: int, b_qk: int):
-    """The states after each of the first ``segments`` - 1 segments of the sequence, each
-    started from zero (C_seg (BNH, segments, d_qk, d_hv) fp32), and the segments' log decays
-    (G_seg (BNH, segments) fp32), from chunks of L (``_sig_segment_states_kernel``; the last
-    segment's entries are not written)."""
+def _segment_states(k, v, i, f, *, L: int, segments: int, split: int, B_DHV: int, b_qk: int):
+    """The states after each of the ``split`` sub-segments of the first ``segments`` - 1
+    segments of the sequence, each started from zero (C_seg (BNH, (segments - 1)·split, d_qk,
+    d_hv) fp32), and their log decays (G_seg (BNH, (segments - 1)·split) fp32), from chunks
+    of L (``_sig_segment_states_kernel``)."""
     from tfla.triton.chunkwise_recurrent import chunk_gates
 
     BNH, S, d_qk = k.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
     _, a_vec, _, _, g_ch, _ = chunk_gates(i, f, L=L, is_exp=False)
-    C_seg = torch.empty((BNH, segments, d_qk, d_hv), device=k.device, dtype=torch.float32)
-    G_seg = torch.empty((BNH, segments), device=k.device, dtype=torch.float32)
+    n_sum = (segments - 1) * split
+    C_seg = torch.empty((BNH, n_sum, d_qk, d_hv), device=k.device, dtype=torch.float32)
+    G_seg = torch.empty((BNH, n_sum), device=k.device, dtype=torch.float32)
     use_tma = k.dtype in (torch.bfloat16, torch.float16) and can_use_tma(
         k, v, blocks=(L, b_qk, B_DHV))
     n_v = triton.cdiv(d_hv, B_DHV)
-    launch(_sig_segment_states_kernel, (n_v * (segments - 1) * BNH,),
+    launch(_sig_segment_states_kernel, (n_v * n_sum * BNH,),
            k, v, descriptor(k, (1, L, b_qk), use_tma), descriptor(v, (1, L, B_DHV), use_tma),
-           a_vec, g_ch, C_seg, G_seg, S, NC, NC // segments, d_qk, d_hv,
-           L=L, B_DQK=b_qk, B_DHV=B_DHV, SEGMENTS=segments, DOT_PREC=dot_precision(k.dtype),
-           USE_TMA=use_tma, num_warps=4, num_stages=2)
+           a_vec, g_ch, C_seg, G_seg, S, NC, NC // (segments * split), n_sum, d_qk, d_hv,
+           L=L, B_DQK=b_qk, B_DHV=B_DHV, DOT_PREC=dot_precision(k.dtype),
+           USE_TMA=use_tma, num_warps=4 if B_DHV <= 64 else 8, num_stages=2)
     return C_seg, G_seg
