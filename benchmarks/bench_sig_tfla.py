@@ -100,10 +100,6 @@ VARIANTS = {
     **{f"seg_split{n}": {"walk": {"SEGMENT_SPLIT": n}} for n in (1, 2, 4, 8)},
     **{f"seg_dhv128_split{n}": {"walk": {"SEGMENT_B_DHV": 128, "SEGMENT_SPLIT": n}}
        for n in (2, 4, 8)},
-    # the one-launch dK/dV kernel as a persistent grid of P programs per SM (pointer loads)
-    **{f"bw_fdkv_pers{n}": {"bw": {"DKV_PERSISTENT": n}} for n in (1, 2)},
-    "bw_fdkv_pers1_st2": {"bw": {"DKV_PERSISTENT": 1, "DKV_num_stages": 2}},
-    "bw_fdkv_pers2_st2": {"bw": {"DKV_PERSISTENT": 2, "DKV_num_stages": 2}},
     # the state-gradient kernel's grid bound (state_blocks' MIN_PROGRAMS; default half the SMs)
     **{f"bwrec_min{n}": {"state": {"MIN_PROGRAMS": n}} for n in (132, 264, 528)},
     # the walk as the forward of fwd+bwd under "auto" (impl sig_auto; rule W6) off: the

@@ -253,10 +253,6 @@ BACKWARD_OPTIONS = {
     # the small heads' default tiles (64-row query and key tiles: one tile pair per chunk at L 64)
     "fused_dkv_lq64_lkv64": dict(bw={"FUSED_DKV": True, "USE_TMA": True, "DKV_B_LQ": 64,
                                      "DKV_B_LKV": 64}),
-    # the one launch as a persistent grid (one program here, as the interpreter has no SM
-    # count: it loops over every tile, each over every query tile with the masked ones zero)
-    "fused_dkv_persistent": dict(bw={"FUSED_DKV": True, "DKV_PERSISTENT": 1, "DKV_B_LQ": 16,
-                                     "DKV_B_LKV": 16}),
 }
 
 

@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, dot_precision,
-                                gate_exponent, head_block, load_tile, num_sms, pow2,
+                                gate_exponent, head_block, load_tile, pow2,
                                 store_tile, tile_rows)
 from tfla.triton.tuning import DEFAULT, Tuning
 
@@ -181,32 +181,20 @@ def _dkv_kernel(
 
 
 @triton.jit
-def _dkv_inter(dk, dv, k_blk, v_blk, a_bar, DCD, DC_st, dc_row, d_qk, d_hv,
-               B_DQK: tl.constexpr, B_DHV: tl.constexpr, DOT_PREC: tl.constexpr,
-               USE_TMA: tl.constexpr):
-    """dk + ā ⊙ (V dC_kᵀ), dv + ā ⊙ (K dC_k), dC_k row dc_row of the (BNH·(N_c+1), d_qk,
-    d_hv) view."""
-    dc_blk = load_tile(DCD, DC_st, dc_row, 0, 0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA).to(k_blk.dtype)
-    dv += tl.dot(k_blk, dc_blk, input_precision=DOT_PREC) * a_bar[:, None]
-    dk += tl.dot(v_blk, tl.trans(dc_blk), input_precision=DOT_PREC) * a_bar[:, None]
-    return dk, dv
-
-
-@triton.jit
-def _dkv_fused_tile(
-    tile, Q, K, V, DH, QD, KD, VD, DHD, DCD, DKD, DVD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT,
-    DC_st, DK, DV, KDK, S, NC, d_qk, d_hv, scale, eps,
+def _dkv_fused_kernel(
+    Q, K, V, DH, QD, KD, VD, DHD, DCD, DKD, DVD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st,
+    DK, DV, KDK, S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DC_LAST: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, ALL_Q_TILES: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
     # dK and dV of one key/value tile together (whole head dimensions: B_DQK >= d_qk,
     # B_DHV >= d_hv): K, V and dC_k are read once, and per query tile on or after the
     # diagonal the gate matrix Dᵀ (row scale included), P = K Qᵀ ⊙ Dᵀ and dP = V dH̃ᵀ ⊙ Dᵀ
     # are formed once each:
     #   dK = ā ⊙ (V dC_kᵀ) + dP Q,   dV = ā ⊙ (K dC_k) + P dH̃   (scale inside the row scale)
-    _, pid_kv, c, bh = chunk_tile_pid(tile, 1, L // B_LKV, NC)
+    _, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), 1, L // B_LKV, NC)
     S_pad = NC * L
     s_loc, s0, cols = tile_rows(c, pid_kv, L, B_LKV)
     b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
@@ -214,12 +202,8 @@ def _dkv_fused_tile(
     v_blk = load_tile(VD, V, bh, s0, 0, S, d_hv, B_LKV, B_DHV, USE_TMA)
     dk = tl.zeros((B_LKV, B_DQK), dtype=tl.float32)
     dv = tl.zeros((B_LKV, B_DHV), dtype=tl.float32)
-    # intra over query tiles on or after the diagonal (ALL_Q_TILES: over every query tile,
-    # those before it masked to zero, so that the loop's trip count is a constant)
-    if ALL_Q_TILES:
-        j0 = 0
-    else:
-        j0 = (pid_kv * B_LKV) // B_LQ
+    # intra over query tiles on or after the diagonal
+    j0 = (pid_kv * B_LKV) // B_LQ
     for j in range(j0, L // B_LQ):
         r_loc, r0, rows = tile_rows(c, j, L, B_LQ)
         b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
@@ -234,47 +218,16 @@ def _dkv_fused_tile(
         dk = tl.dot(dp.to(q_blk.dtype), q_blk, dk, input_precision=DOT_PREC)
     # inter: ā ⊙ (V dC_kᵀ), ā ⊙ (K dC_k), dC_k in the (BNH·(N_c+1), d_qk, d_hv) view (after
     # the loop: Triton 3.6 fails to pipeline the loop's tile loads when K and V also feed a
-    # dot before it); none at the last chunk without dC_last (dC_N = 0), except with
-    # ALL_Q_TILES (no branch)
-    dc_row = bh * (NC + 1) + c + 1
-    if HAS_DC_LAST or ALL_Q_TILES:
-        dk, dv = _dkv_inter(dk, dv, k_blk, v_blk, a_bar, DCD, DC_st, dc_row, d_qk, d_hv, B_DQK,
-                            B_DHV, DOT_PREC, USE_TMA)
-    else:
-        if c < NC - 1:
-            dk, dv = _dkv_inter(dk, dv, k_blk, v_blk, a_bar, DCD, DC_st, dc_row, d_qk, d_hv,
-                                B_DQK, B_DHV, DOT_PREC, USE_TMA)
+    # dot before it); none at the last chunk without dC_last (dC_N = 0)
+    if HAS_DC_LAST or c < NC - 1:
+        dc_blk = load_tile(DCD, DC_st, bh * (NC + 1) + c + 1, 0, 0, d_qk, d_hv, B_DQK, B_DHV,
+                           USE_TMA).to(k_blk.dtype)
+        dv += tl.dot(k_blk, dc_blk, input_precision=DOT_PREC) * a_bar[:, None]
+        dk += tl.dot(v_blk, tl.trans(dc_blk), input_precision=DOT_PREC) * a_bar[:, None]
     store_tile(DVD, DV, dv.to(DV.dtype.element_ty), bh, s0, 0, S, d_hv, B_LKV, B_DHV, USE_TMA)
     store_tile(DKD, DK, dk.to(DK.dtype.element_ty), bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
     k_row = load_tile(KD, K, bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
     tl.store(KDK + bh * S_pad + cols, tl.sum(k_row.to(tl.float32) * dk, 1))
-
-
-@triton.jit
-def _dkv_fused_kernel(
-    Q, K, V, DH, QD, KD, VD, DHD, DCD, DKD, DVD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st,
-    DK, DV, KDK, S, NC, d_qk, d_hv, scale, eps, n_tiles,
-    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
-    B_DQK: tl.constexpr, B_DHV: tl.constexpr,
-    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_DC_LAST: tl.constexpr,
-    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr, PERSISTENT: tl.constexpr,
-):
-    # one key/value tile per program (_dkv_fused_tile), or PERSISTENT: a smaller grid whose
-    # programs loop over tiles pid, pid + grid, ... in one flattened loop (tl.range flatten;
-    # the tile's query loop then runs over every query tile, a constant trip count) so that
-    # the next tile's loads can overlap this tile's products. Triton 3.6 flattens it with
-    # pointer loads only (its TMA lowering fails on the flattened loop)
-    if PERSISTENT:
-        for tile in tl.range(tl.program_id(0), n_tiles, tl.num_programs(0), flatten=True):
-            _dkv_fused_tile(tile, Q, K, V, DH, QD, KD, VD, DHD, DCD, DKD, DVD, B_vec, I_vec,
-                            A_vec, MI_vec, M_st, NOUT, DC_st, DK, DV, KDK, S, NC, d_qk, d_hv,
-                            scale, eps, L, B_LQ, B_LKV, B_DQK, B_DHV, IS_EXP, NORMALIZE,
-                            HAS_DC_LAST, DOT_PREC, USE_TMA, True)
-    else:
-        _dkv_fused_tile(tl.program_id(0), Q, K, V, DH, QD, KD, VD, DHD, DCD, DKD, DVD, B_vec,
-                        I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DK, DV, KDK, S, NC, d_qk, d_hv,
-                        scale, eps, L, B_LQ, B_LKV, B_DQK, B_DHV, IS_EXP, NORMALIZE,
-                        HAS_DC_LAST, DOT_PREC, USE_TMA, False)
 
 
 def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
@@ -313,8 +266,6 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
         # dK and dV in one launch (_dkv_fused_kernel), where the whole head dimensions fit
         # one tile (d_qk, d_hv <= 256); its own tiles, warps and stages
         FUSED_DKV=False, DKV_B_LQ=32, DKV_B_LKV=64, DKV_num_warps=8, DKV_num_stages=2,
-        # P > 0: the one launch as a persistent grid of P programs per SM (0: one per tile)
-        DKV_PERSISTENT=0,
     )
     cfg.update(_fused_dkv_rule(L, d_qk, d_hv, dtype))
     cfg.update((k, v) for k, v in tuning.bw.items() if k != "FUSED")
@@ -374,18 +325,14 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
         ATOMIC_ROWSUM=atomic, HAS_C0=has_c0, **common)
     if cfg["FUSED_DKV"]:
         flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], pow2(d_qk), pow2(d_hv)
-        tma_f = (bool(cfg["USE_TMA"]) and not cfg["DKV_PERSISTENT"]
-                 and can_use_tma(q, k, v, dh, dC_view, dk, dv, blocks=(flq, flkv, fqk, fhv)))
+        tma_f = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
+                                                      blocks=(flq, flkv, fqk, fhv))
         Df = lambda t, *blk: descriptor(t, (1, *blk), tma_f)  # noqa: E731
-        n_tiles = (L // flkv) * NC * BNH
-        persistent = bool(cfg["DKV_PERSISTENT"])
-        grid = min(n_tiles, cfg["DKV_PERSISTENT"] * num_sms(q.device)) if persistent else n_tiles
-        _dkv_fused_kernel[(max(grid, 1),)](
+        _dkv_fused_kernel[((L // flkv) * NC * BNH,)](
             q, k, v, dh, Df(q, flq, fqk), Df(k, flkv, fqk), Df(v, flkv, fhv), Df(dh, flq, fhv),
             Df(dC_view, fqk, fhv), Df(dk, flkv, fqk), Df(dv, flkv, fhv),
             b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
-            S, NC, d_qk, d_hv, scale, eps, n_tiles, PERSISTENT=persistent,
-            L=L, B_LQ=flq, B_LKV=flkv, B_DQK=fqk, B_DHV=fhv,
+            S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=flq, B_LKV=flkv, B_DQK=fqk, B_DHV=fhv,
             IS_EXP=is_exp, NORMALIZE=normalize, HAS_DC_LAST=has_dc_last, DOT_PREC=prec,
             USE_TMA=tma_f,
             num_warps=cfg["DKV_num_warps"], num_stages=cfg["DKV_num_stages"])
