@@ -95,6 +95,45 @@ def test_kernels_match_float64_reference(L, S, d_qk, d_hv, normalize, initial):
           1e-4)
 
 
+@pytest.mark.parametrize("fused_dkv", [False, True])
+@pytest.mark.parametrize("L,S", [(16, 45), (16, 10)])
+def test_backward_skips_zero_and_unneeded_states(fused_dkv, L, S):
+    """Rule B6: without C0 and without the last state the backward skips dC_0, dQ's
+    inter-chunk product at chunk 0 and dK/dV's at the last chunk (S 10 < L: one chunk, the
+    state-gradient walk takes no step); with a C0 that needs no gradient only dC_0 is
+    skipped. Every gradient equals the float64 recurrence, and a C0 without requires_grad
+    gives the same dq, dk, dv, di, df as one with it."""
+    g = torch.Generator().manual_seed(21)
+    q, k = torch.randn(2, 1, 2, S, 16, generator=g)
+    v = torch.randn(1, 2, S, 32, generator=g)
+    i = torch.randn(1, 2, S, generator=g)
+    f = 2.0 + torch.randn(1, 2, S, generator=g)
+    C0 = torch.randn(1, 2, 16, 32, generator=g)
+    n0 = torch.zeros(1, 2, 16)
+    dh = torch.randn(1, 2, S, 32, generator=g)
+    tuning = Tuning(bw={"FUSED_DKV": fused_dkv})
+    for init in (None, "no_grad", "grad"):
+        xr = [x.double().requires_grad_() for x in (q, k, v, i, f, C0)]
+        state_r = (xr[5], n0.double()) if init else None
+        hr = mlstm_recurrent(*xr[:5], variant="sig", initial_state=state_r)
+        leaves_r = xr if init == "grad" else xr[:5]
+        grads_r = torch.autograd.grad(hr, leaves_r, dh.double())
+        xs = [x.clone().requires_grad_() for x in (q, k, v, i, f)]
+        c0 = C0.clone().requires_grad_(init == "grad")
+        with use_tuning(tuning):
+            h = tfla.mlstm_sig(*xs, chunk_size=L, initial_state=(c0, n0) if init else None)
+        leaves = xs + ([c0] if init == "grad" else [])
+        grads = torch.autograd.grad(h, leaves, dh)
+        assert maxnorm(h, hr.detach()) < 2e-5, init
+        for name, a, b in zip(("dq", "dk", "dv", "di", "df", "dC0"), grads, grads_r):
+            assert torch.isfinite(a).all() and maxnorm(a, b) < 1e-4, (init, name, maxnorm(a, b))
+        if init == "no_grad":
+            no_grad = grads
+        if init == "grad":
+            for a, b in zip(no_grad, grads[:5]):
+                assert torch.allclose(a, b, rtol=0, atol=1e-6)
+
+
 @pytest.mark.parametrize("regime", [
     dict(i_mean=-30.0, i_std=5.0),                 # strongly negative input gate
     dict(i_mean=30.0, i_std=5.0),                  # strongly positive input gate
