@@ -332,6 +332,11 @@ def test_walk_segments_rule():
     assert segment_split(1, 264, S=64 * 36, L=64, segments=4) == 1   # 9 of 64 (odd): 9 % 2
     assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536,
                        tuning=Tuning(walk={"SEGMENT_SPLIT": 8}))["segment_split"] == 8
+    for key, bad in (("SEGMENT_SPLIT", 0), ("SEGMENT_SPLIT", "2"), ("SEGMENT_B_DHV", 48),
+                     ("SEGMENT_B_DHV", 8), ("SEGMENT_B_DHV", True)):
+        with pytest.raises(ValueError, match=key):
+            walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536,
+                        tuning=Tuning(walk={key: bad}))
     assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536, with_last=True) is None
     assert walk_config(64, 128, 256, 16, bf16, n_sms=132) is None          # S unknown
     assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536 - 64 * 3) is None  # 1021 chunks

@@ -214,6 +214,11 @@ def walk_segments(programs: int, target: float, S: int, L: int, states_every: in
     return seg
 
 
+def _int_at_least(x, low: int) -> bool:
+    """Whether x is an int (not a bool) of at least ``low``."""
+    return isinstance(x, int) and not isinstance(x, bool) and x >= low
+
+
 def _pass_chunks(S: int, L: int, segments: int) -> tuple[int, int]:
     """(chunk, chunks per segment) of the segment-state pass: chunks of 2L where a segment
     holds an even number of chunks of L, else of L."""
@@ -288,7 +293,8 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     segment_b_dhv) for :func:`sig_walk_fw`, or None.
 
     Raises:
-        ValueError: ``tuning.walk["SEGMENTS"]`` is not an integer >= 1.
+        ValueError: ``tuning.walk["SEGMENTS"]`` or ``["SEGMENT_SPLIT"]`` is not an integer
+            >= 1, or ``["SEGMENT_B_DHV"]`` not a power of two >= 16.
     """
     over = tuning.walk
     if not over.get("enabled", True) or (train and not over.get("train", True)):
@@ -299,7 +305,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     programs = triton.cdiv(d_hv, b_hv) * BNH
     if "SEGMENTS" in over:
         segments = over["SEGMENTS"]
-        if not isinstance(segments, int) or isinstance(segments, bool) or segments < 1:
+        if not _int_at_least(segments, 1):
             raise ValueError(f"Tuning.walk SEGMENTS: got {segments!r}; allowed: an integer >= 1")
         if segments > 1 and not _segments_fit(segments, S, L, states_every, with_last):
             return None
@@ -310,6 +316,12 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
             return None
     cap = 240 if (d_qk > 64 and not with_last) else None
     seg_b_hv = over.get("SEGMENT_B_DHV", b_hv)
+    if not _int_at_least(seg_b_hv, 16) or seg_b_hv & (seg_b_hv - 1):
+        raise ValueError(f"Tuning.walk SEGMENT_B_DHV: got {seg_b_hv!r}; allowed: a power of "
+                         "two >= 16")
+    if "SEGMENT_SPLIT" in over and not _int_at_least(over["SEGMENT_SPLIT"], 1):
+        raise ValueError(f"Tuning.walk SEGMENT_SPLIT: got {over['SEGMENT_SPLIT']!r}; allowed: "
+                         "an integer >= 1")
     split = over.get("SEGMENT_SPLIT", segment_split(
         triton.cdiv(d_hv, seg_b_hv) * (segments - 1) * BNH,
         over.get("SEGMENT_PROGRAMS_PER_SM", 2) * n_sms, S, L, segments))
