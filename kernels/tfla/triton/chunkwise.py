@@ -19,6 +19,7 @@ dn_0 and dm_0 are returned as zeros.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import importlib
 from dataclasses import dataclass
@@ -219,16 +220,28 @@ class ChunkwiseFunction(torch.autograd.Function):
         dCf = _flat(dC_last.float(), d_qk, d_hv) if dC_last is not None else None
         has_C0, has_n0, has_m0 = ctx.has
         with_dc0 = ctx.needs_input_grad[5]
-        dC_st, dC_0 = rec.recurrent_bw(qf, b_vec, mi_vec, m_st, n_out, dhf, dCf, L=cfg.L,
-                                       is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
-                                       d_hv=d_hv, with_dc0=with_dc0, tuning=cfg.tuning)
+        state_bw = functools.partial(rec.recurrent_bw, qf, b_vec, mi_vec, m_st, n_out, dhf, dCf,
+                                     L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
+                                     eps=cfg.eps, d_hv=d_hv, with_dc0=with_dc0,
+                                     tuning=cfg.tuning)
+        kw = dict(L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
+                  tuning=cfg.tuning)
         if cfg.limit or pbw.fused_bw(cfg.L, d_qk, d_hv, qf.dtype, cfg.tuning):
-            par = lbw.limit_parallel_bw
-        else:   # the tiled kernels skip the inter-chunk products with a zero state
-            par = functools.partial(pbw.parallel_bw, has_c0=has_C0, has_dc_last=dCf is not None)
-        dq, dk, dv, qdq, kdk = par(qf, kf, vf, gates, m_st, n_out, C_st, dC_st, dhf,
-                                   L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
-                                   eps=cfg.eps, tuning=cfg.tuning)
+            dC_st, dC_0 = state_bw()
+            dq, dk, dv, qdq, kdk = lbw.limit_parallel_bw(qf, kf, vf, gates, m_st, n_out, C_st,
+                                                         dC_st, dhf, **kw)
+        else:
+            # dQ needs no state gradient: on a side stream it runs beside the state-gradient
+            # kernel, whose few long programs leave most of the GPU idle at long sequences
+            # (docs/kernels.md, rule B7); the tiled kernels skip the inter-chunk products with a
+            # zero state (B6)
+            with _side_stream(qf) as join:
+                dq, qdq = pbw.parallel_bw_dq(qf, kf, vf, gates, m_st, n_out, C_st, dhf,
+                                             has_c0=has_C0, **kw)
+            dC_st, dC_0 = state_bw()
+            dk, dv, kdk = pbw.parallel_bw_dkv(qf, kf, vf, gates, m_st, n_out, dC_st, dhf,
+                                              has_dc_last=dCf is not None, **kw)
+            join(dq, qdq)
         del C_st, dC_st
         # gate gradients (docs/tfla-kernels.md 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
         T = (dCf * C_last_f).sum((-2, -1)) if dCf is not None else None
@@ -240,6 +253,34 @@ class ChunkwiseFunction(torch.autograd.Function):
         return (dq.reshape(B, NH, S, d_qk), dk.reshape(B, NH, S, d_qk),
                 dv.reshape(B, NH, S, d_hv), di.reshape(B, NH, S).to(i_dtype),
                 df.reshape(B, NH, S).to(f_dtype), dC0, dn0, dm0, None, None)
+
+
+#: the side stream of each CUDA device (:func:`_side_stream`)
+_SIDE_STREAMS: dict = {}
+
+
+@contextlib.contextmanager
+def _side_stream(x: torch.Tensor):
+    """``with _side_stream(x) as join:`` runs the block's CUDA launches on a second stream of
+    x's device that starts after the work queued so far; ``join(*outputs)`` then makes the
+    current stream wait for it and marks the outputs as used there. On the CPU (Triton's
+    interpreter) the block runs in line and ``join`` does nothing."""
+    if not x.is_cuda:
+        yield lambda *outputs: None
+        return
+    main = torch.cuda.current_stream(x.device)
+    if x.device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
+    side = _SIDE_STREAMS[x.device]
+    side.wait_stream(main)
+
+    def join(*outputs):
+        main.wait_stream(side)
+        for t in outputs:
+            t.record_stream(main)
+
+    with torch.cuda.stream(side):
+        yield join
 
 
 def _dot_operands(q, k, v):

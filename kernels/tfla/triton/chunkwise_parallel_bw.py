@@ -283,47 +283,65 @@ def fused_bw(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
     return bool(tuning.bw.get("FUSED", False)) and L <= 128
 
 
-def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
-                is_exp: bool, normalize: bool, eps: float, has_c0: bool = True,
-                has_dc_last: bool = True, tuning: Tuning = DEFAULT):
-    """dq, dk, dv (input dtype) and the fp32 row sums q·dq, k·dk (BNH, N_c*L). ``has_c0``
-    False: C_st's slot 0 is zero (no initial state) and chunk 0's inter-chunk product is
-    skipped; ``has_dc_last`` False: dC_st's slot N_c is zero (the last state has no gradient)
-    and the one-launch dK/dV kernel skips the last chunk's. ``tuning``: overrides of
-    :func:`bw_config`'s rules."""
+def _launch_common(q, v, L: int, tuning: Tuning):
+    """(cfg, NC, n_dqk, n_dhv, scale, dot precision) shared by the dQ and the dK/dV launches."""
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
     cfg = bw_config(L, d_qk, d_hv, q.dtype, tuning)
-    prec = dot_precision(q.dtype)
-    scale = d_qk ** -0.5
-    n_dqk = triton.cdiv(d_qk, cfg["B_DQK"])
-    n_dhv = triton.cdiv(d_hv, cfg["B_DHV"])
+    return (cfg, triton.cdiv(S, L), triton.cdiv(d_qk, cfg["B_DQK"]),
+            triton.cdiv(d_hv, cfg["B_DHV"]), d_qk ** -0.5, dot_precision(q.dtype))
+
+
+def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: bool,
+                   normalize: bool, eps: float, has_c0: bool = True, tuning: Tuning = DEFAULT):
+    """dq (input dtype) and the fp32 row sums q·dq (BNH, N_c*L) (``_dq_kernel``; it needs the
+    forward's chunk states C_st, not the state gradients, so it may run beside
+    :func:`tfla.triton.chunkwise_recurrent.recurrent_bw`). q, k (BNH, S, d_qk), v, dh (BNH, S,
+    d_hv) contiguous in the input dtype; gates (b, a, ī, m^intra) and m_st, n_out as the
+    forward returns them. ``has_c0`` False: C_st's slot 0 is zero (no initial state) and
+    chunk 0's inter-chunk product is skipped. ``tuning``: overrides of :func:`bw_config`'s
+    rules."""
+    BNH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    cfg, NC, n_dqk, n_dhv, scale, prec = _launch_common(q, v, L, tuning)
     atomic = n_dqk > 1
-    alloc = torch.zeros if atomic else torch.empty
-    qdq = alloc((BNH, NC * L), device=q.device, dtype=torch.float32)
-    kdk = (torch.empty if cfg["FUSED_DKV"] else alloc)((BNH, NC * L), device=q.device,
-                                                        dtype=torch.float32)
+    qdq = (torch.zeros if atomic else torch.empty)((BNH, NC * L), device=q.device,
+                                                    dtype=torch.float32)
     dq = torch.empty_like(q)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
     blq, blkv, bqk, bhv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
     C_view = C_st.view(-1, d_qk, d_hv)
-    dC_view = dC_st.view(-1, d_qk, d_hv)
-    tma = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, C_view, dC_view, dq, dk, dv,
+    tma = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, C_view, dq,
                                                 blocks=(blq, blkv, bqk, bhv))
     D = lambda t, *blk: descriptor(t, (1, *blk), tma)  # noqa: E731
-    common = dict(L=L, B_LQ=blq, B_LKV=blkv, IS_EXP=is_exp, NORMALIZE=normalize,
-                  DOT_PREC=prec, USE_TMA=tma, num_warps=cfg["num_warps"],
-                  num_stages=cfg["num_stages"])
-    b_vec, a_vec, i_vec, mi_vec = gates
+    b_vec, _, i_vec, mi_vec = gates
     _dq_kernel[(n_dqk * (L // blq) * NC * BNH,)](
         q, k, v, D(q, blq, bqk), D(k, blkv, bqk), D(v, blkv, bhv), D(C_view, bqk, bhv),
         D(dh, blq, bhv), D(dq, blq, bqk),
         b_vec, i_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
-        S, NC, d_qk, d_hv, scale, eps, B_DQK=bqk, B_DHV=bhv, NUM_DHV=n_dhv,
-        ATOMIC_ROWSUM=atomic, HAS_C0=has_c0, **common)
+        S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
+        NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize, ATOMIC_ROWSUM=atomic,
+        HAS_C0=has_c0, DOT_PREC=prec, USE_TMA=tma, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
+    return dq, qdq
+
+
+def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: bool,
+                    normalize: bool, eps: float, has_dc_last: bool = True,
+                    tuning: Tuning = DEFAULT):
+    """dk, dv (input dtype) and the fp32 row sums k·dk (BNH, N_c*L): one launch of
+    ``_dkv_fused_kernel`` where ``bw_config`` sets FUSED_DKV, else two of ``_dkv_kernel``.
+    Tensors as :func:`parallel_bw_dq` takes them, and the state gradients dC_st (BNH, N_c+1,
+    d_qk, d_hv). ``has_dc_last`` False: dC_st's slot N_c is zero (the last state has no
+    gradient) and the one-launch kernel skips the last chunk's inter-chunk product."""
+    BNH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    cfg, NC, n_dqk, n_dhv, scale, prec = _launch_common(q, v, L, tuning)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dC_view = dC_st.view(-1, d_qk, d_hv)
+    b_vec, a_vec, i_vec, mi_vec = gates
     if cfg["FUSED_DKV"]:
+        kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
         flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], pow2(d_qk), pow2(d_hv)
         tma_f = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
                                                       blocks=(flq, flkv, fqk, fhv))
@@ -336,7 +354,17 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
             IS_EXP=is_exp, NORMALIZE=normalize, HAS_DC_LAST=has_dc_last, DOT_PREC=prec,
             USE_TMA=tma_f,
             num_warps=cfg["DKV_num_warps"], num_stages=cfg["DKV_num_stages"])
-        return dq, dk, dv, qdq, kdk
+        return dk, dv, kdk
+    atomic = n_dqk > 1
+    kdk = (torch.zeros if atomic else torch.empty)((BNH, NC * L), device=q.device,
+                                                    dtype=torch.float32)
+    blq, blkv, bqk, bhv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
+    tma = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
+                                                blocks=(blq, blkv, bqk, bhv))
+    D = lambda t, *blk: descriptor(t, (1, *blk), tma)  # noqa: E731
+    common = dict(L=L, B_LQ=blq, B_LKV=blkv, IS_EXP=is_exp, NORMALIZE=normalize,
+                  DOT_PREC=prec, USE_TMA=tma, num_warps=cfg["num_warps"],
+                  num_stages=cfg["num_stages"])
     _dkv_kernel[(n_dqk * (L // blkv) * NC * BNH,)](
         v, dh, q, k, D(v, blkv, bhv), D(dh, blq, bhv), D(q, blq, bqk), D(k, blkv, bqk),
         D(dC_view, bqk, bhv), D(dk, blkv, bqk),
@@ -349,4 +377,4 @@ def parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
         b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dv, kdk,
         S, NC, d_qk, d_hv, scale, eps, B_OUT=bhv, B_RED=bqk,
         NUM_RED=n_dqk, OUT_K=False, ATOMIC_ROWSUM=False, **common)
-    return dq, dk, dv, qdq, kdk
+    return dk, dv, kdk

@@ -234,7 +234,7 @@ def segment_split(programs: int, target: float, S: int, L: int, segments: int) -
     program walks its sub-segment's chunks one after the other, so a grid of one program per
     SM spends its time waiting on each step. Measured on one H200, Figure 4's heads, fwd+bwd
     (docs/kernels.md, W8): S 32768 split 1 / 2 / 4 / 8 3.725 / 3.640 / 3.650 / 3.665 ms (the
-    pass 0.223 ms at split 1, 0.136 at 4); at S 65536 every split within 1 %.
+    pass 0.223 ms at split 1, 0.136 at 4); at S 65536 every split within 1 %."""
     if segments <= 1:
         return 1
     _, chunks = _pass_chunks(S, L, segments)
