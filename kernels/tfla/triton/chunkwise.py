@@ -231,18 +231,17 @@ class ChunkwiseFunction(torch.autograd.Function):
             dq, dk, dv, qdq, kdk = lbw.limit_parallel_bw(qf, kf, vf, gates, m_st, n_out, C_st,
                                                          dC_st, dhf, **kw)
         else:
-            # dQ needs no state gradient, so it runs beside the state-gradient kernel, whose few
-            # long programs leave most of the GPU idle at long sequences: that kernel and dK/dV
-            # (the critical path) on a side stream of high priority, dQ on the current stream
-            # filling the SMs they leave (docs/kernels.md, rule B7); the tiled kernels skip the
-            # inter-chunk products with a zero state (B6)
+            # dQ needs no state gradient: on a side stream it runs beside the state-gradient
+            # kernel, whose few long programs leave most of the GPU idle at long sequences
+            # (docs/kernels.md, rule B7); the tiled kernels skip the inter-chunk products with a
+            # zero state (B6)
             with _side_stream(qf) as join:
-                dC_st, dC_0 = state_bw()
-                dk, dv, kdk = pbw.parallel_bw_dkv(qf, kf, vf, gates, m_st, n_out, dC_st, dhf,
-                                                  has_dc_last=dCf is not None, **kw)
-            dq, qdq = pbw.parallel_bw_dq(qf, kf, vf, gates, m_st, n_out, C_st, dhf,
-                                         has_c0=has_C0, **kw)
-            join(dk, dv, kdk, *([dC_0] if dC_0 is not None else []))
+                dq, qdq = pbw.parallel_bw_dq(qf, kf, vf, gates, m_st, n_out, C_st, dhf,
+                                             has_c0=has_C0, **kw)
+            dC_st, dC_0 = state_bw()
+            dk, dv, kdk = pbw.parallel_bw_dkv(qf, kf, vf, gates, m_st, n_out, dC_st, dhf,
+                                              has_dc_last=dCf is not None, **kw)
+            join(dq, qdq)
         del C_st, dC_st
         # gate gradients (docs/tfla-kernels.md 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
         T = (dCf * C_last_f).sum((-2, -1)) if dCf is not None else None
@@ -263,17 +262,15 @@ _SIDE_STREAMS: dict = {}
 @contextlib.contextmanager
 def _side_stream(x: torch.Tensor):
     """``with _side_stream(x) as join:`` runs the block's CUDA launches on a second stream of
-    x's device, of the highest priority, that starts after the work queued so far; work
-    queued after the block on the current stream may run beside it; ``join(*outputs)`` then
-    makes the current stream wait for it and marks the block's outputs as used there. On the
-    CPU (Triton's interpreter) the block runs in line and ``join`` does nothing."""
+    x's device that starts after the work queued so far; ``join(*outputs)`` then makes the
+    current stream wait for it and marks the outputs as used there. On the CPU (Triton's
+    interpreter) the block runs in line and ``join`` does nothing."""
     if not x.is_cuda:
         yield lambda *outputs: None
         return
     main = torch.cuda.current_stream(x.device)
     if x.device not in _SIDE_STREAMS:
-        # a priority below the device's range is mapped to its highest
-        _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device, priority=-100)
+        _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
     side = _SIDE_STREAMS[x.device]
     side.wait_stream(main)
 
