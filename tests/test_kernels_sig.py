@@ -361,9 +361,10 @@ def test_walk_segments_rule():
 def test_segmented_walk_matches_float64_in_every_gate_regime(monkeypatch, regime, S, segments,
                                                              split):
     """The walk over sequence segments (rule W7; forced by the Tuning, as the interpreter has
-    no SM bound), its segment-state pass in ``split`` sub-segments (W8): h without gradients, and h with dq, dk, dv, di, df, dC0 as the forward of
-    the two-level backward, against the float64 recurrence from an initial state, in every
-    gate regime; S 500 ends in a partial chunk inside the last segment. Its start states
+    no SM bound), its segment-state pass in ``split`` sub-segments (W8): h without
+    gradients, and h with dq, dk, dv, di, df, dC0 as the forward of the two-level backward,
+    against the float64 recurrence from an initial state, in every gate regime; S 500 ends
+    in a partial chunk inside the last segment. Its start states
     come from the segments before it, so an error in them shows in the later segments' h
     and in every gradient that flows through the stored chunk states."""
     from tfla.triton import sig_walk_fw
