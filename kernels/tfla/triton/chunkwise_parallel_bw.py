@@ -226,8 +226,9 @@ def _dkv_fused_kernel(
         dk += tl.dot(v_blk, tl.trans(dc_blk), input_precision=DOT_PREC) * a_bar[:, None]
     store_tile(DVD, DV, dv.to(DV.dtype.element_ty), bh, s0, 0, S, d_hv, B_LKV, B_DHV, USE_TMA)
     store_tile(DKD, DK, dk.to(DK.dtype.element_ty), bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
-    k_row = load_tile(KD, K, bh, s0, 0, S, d_qk, B_LKV, B_DQK, USE_TMA)
-    tl.store(KDK + bh * S_pad + cols, tl.sum(k_row.to(tl.float32) * dk, 1))
+    # the row sums k·dk from the K tile already on chip (rule B8): loading it again here
+    # added one more load waited for, with one program per SM, to every program
+    tl.store(KDK + bh * S_pad + cols, tl.sum(k_blk.to(tl.float32) * dk, 1))
 
 
 def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
