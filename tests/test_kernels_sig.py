@@ -404,8 +404,9 @@ def test_segmented_walk_equals_the_whole_walk_to_round_off():
     """In float32 the segmented walk (start states folded from the earlier segments' states
     from zero) gives the whole walk's h and chunk states to round-off, with slowly decaying
     forget gates (σ ≈ 0.993) so that every segment's start state carries its predecessors',
-    also with the segment-state pass in sub-segments and its own d_hv block (W8); a segment
-    count or a split that does not divide the chunks raises ValueError."""
+    also with the segment-state pass in sub-segments and its own d_hv block (W8), and with the
+    caller's gates at 2L for the pass; a segment count or a split that does not divide the
+    chunks raises ValueError."""
     from tfla.triton.sig_walk_fw import sig_walk_fw
 
     g = torch.Generator().manual_seed(9)
@@ -423,6 +424,17 @@ def test_segmented_walk_equals_the_whole_walk_to_round_off():
     h2, _, _, C2 = sig_walk_fw(q, k, v, i, f, C0, **kw, segments=2, segment_split=2,
                                segment_b_dhv=8)
     assert maxnorm(h2, h1.double()) < 1e-5 and maxnorm(C2, C1.double()) < 1e-5
+    # the caller's gates at 2L (the training walk's backward chunk) serve the pass: the same
+    # h and states, one gate kernel fewer
+    from tfla.triton import chunkwise_recurrent as rec
+
+    calls = []
+    real = rec.chunk_gates
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(rec, "chunk_gates", lambda *a, **k: calls.append(k["L"]) or real(*a, **k))
+        hg, _, _, Cg = sig_walk_fw(q, k, v, i, f, C0, **kw, segments=4,
+                                   gates_2l=real(i, f, L=128, is_exp=False))
+    assert calls == [64] and torch.equal(hg, h4) and torch.equal(Cg, C4)
     with pytest.raises(ValueError, match="segments=8"):
         sig_walk_fw(q, k, v, i, f, C0, **kw, segments=8)
     with pytest.raises(ValueError, match="segment_split=4"):

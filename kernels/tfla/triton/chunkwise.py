@@ -134,9 +134,9 @@ def walk_forward_kernels(q, k, v, i, f, C0, n0, cfg: Config, with_last: bool):
     BNH = q.shape[0]
     wcfg = dict(cfg.walk)
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=False)
-    h, C_last, n_last, C_st = walk.sig_walk_fw(q, k, v, i, f, C0, n0, **wcfg,
-                                               with_last=with_last,
-                                               states_every=cfg.L // wcfg["L"])
+    h, C_last, n_last, C_st = walk.sig_walk_fw(
+        q, k, v, i, f, C0, n0, **wcfg, with_last=with_last, states_every=cfg.L // wcfg["L"],
+        gates_2l=gates if cfg.L == 2 * wcfg["L"] else None)
     m_st = torch.zeros((BNH, C_st.shape[1]), device=q.device, dtype=torch.float32)
     n_st = n_last[:, None] if with_last else None
     n_out = torch.empty((1,), device=q.device, dtype=torch.float32)

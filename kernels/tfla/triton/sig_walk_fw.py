@@ -335,7 +335,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
 def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: int,
                 num_stages: int, maxnreg: int | None = None, with_last: bool = False,
                 states_every: int = 0, segments: int = 1, segment_split: int = 1,
-                segment_b_dhv: int = 0):
+                segment_b_dhv: int = 0, gates_2l=None):
     """h (BNH, S, d_hv) in the input dtype: mLSTMsig without normalisation (paper eqs. 22-23);
     with ``with_last`` (h, C_S (BNH, d_qk, d_hv) fp32, n_S (BNH, d_qk) fp32).
 
@@ -356,6 +356,9 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     q, k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous in a 16-bit or fp32 dtype; i, f (BNH, S)
     gate pre-activations; C0 (BNH, d_qk, d_hv), n0 (BNH, d_qk) or None. L: the chunk (a power
     of two, >= 16; one tile of L rows); the other arguments as :func:`walk_config` returns them.
+    ``gates_2l``: ``chunk_gates(i, f, L=2·L, is_exp=False)`` where the caller has them (the
+    training walk's backward runs at 2L), so that a segment-state pass at chunks of 2L does
+    not compute them again.
 
     Raises:
         ValueError: ``segments`` > 1 with ``with_last``, or not dividing the chunks of S in
@@ -396,7 +399,7 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
                              f"{per_seg} chunks of {L_pass} of each segment")
         C_seg, G_seg = _segment_states(k, v, i, f, L=L_pass, segments=segments,
                                        split=segment_split, B_DHV=segment_b_dhv or B_DHV,
-                                       b_qk=b_qk)
+                                       b_qk=b_qk, gates=gates_2l if L_pass == 2 * L else None)
     grid = (n_v * segments * BNH,)
     extra = {"maxnreg": maxnreg} if maxnreg else {}
     launch(
@@ -417,17 +420,20 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     return (h, C_last, n_last) if with_last else h
 
 
-def _segment_states(k, v, i, f, *, L: int, segments: int, split: int, B_DHV: int, b_qk: int):
+def _segment_states(k, v, i, f, *, L: int, segments: int, split: int, B_DHV: int, b_qk: int,
+                    gates=None):
     """The states after each of the ``split`` sub-segments of the first ``segments`` - 1
     segments of the sequence, each started from zero (C_seg (BNH, (segments - 1)·split, d_qk,
     d_hv) fp32), and their log decays (G_seg (BNH, (segments - 1)·split) fp32), from chunks
-    of L (``_sig_segment_states_kernel``)."""
+    of L (``_sig_segment_states_kernel``); ``gates``: ``chunk_gates`` of i, f at L where the
+    caller has them."""
     from tfla.triton.chunkwise_recurrent import chunk_gates
 
     BNH, S, d_qk = k.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
-    _, a_vec, _, _, g_ch, _ = chunk_gates(i, f, L=L, is_exp=False)
+    _, a_vec, _, _, g_ch, _ = gates if gates is not None else chunk_gates(i, f, L=L,
+                                                                          is_exp=False)
     n_sum = (segments - 1) * split
     C_seg = torch.empty((BNH, n_sum, d_qk, d_hv), device=k.device, dtype=torch.float32)
     G_seg = torch.empty((BNH, n_sum), device=k.device, dtype=torch.float32)
