@@ -4,8 +4,9 @@ docs/tfla-kernels.md 3.3 (per-chunk gradients) and 4.5 (tiled loops). One progra
 
 - dQ: (d_qk block, query tile, chunk·b·head), loops over kv tiles up to the diagonal;
 - dK: (d_qk block, kv tile, chunk·b·head), loops over query tiles from the diagonal on;
-- dV: (d_hv block, kv tile, chunk·b·head), same loop as dK: one kernel, ``_dkv_kernel``,
-  serves both (the constexpr OUT_K swaps the roles of d_qk and d_hv);
+- dV: (d_hv block, kv tile, chunk·b·head), same loop as dK: one launch of ``_dkv_kernel``
+  serves both, its dK and dV programs of a chunk next to each other in the grid (each runs
+  ``_dkv_tile``, where the constexpr OUT_K swaps the roles of d_qk and d_hv);
 - or dK and dV together (``_dkv_fused_kernel``, where ``bw_config`` sets FUSED_DKV): one
   program per (kv tile, chunk·b·head) with the whole head dimensions, which reads K, V and
   dC_k once and forms K Qᵀ ⊙ Dᵀ and V dH̃ᵀ ⊙ Dᵀ once per query tile.
@@ -24,7 +25,7 @@ import triton
 import triton.language as tl
 
 from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, dot_precision,
-                                gate_exponent, head_block, load_tile, pow2,
+                                gate_exponent, head_block, launch, load_tile, pow2,
                                 store_tile, tile_rows)
 from tfla.triton.tuning import DEFAULT, Tuning
 
@@ -120,26 +121,55 @@ def _dq_kernel(
 
 @triton.jit
 def _dkv_kernel(
+    Q, K, V, DH, QD, KD, VD, DHD, DCD, DKD, DVD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT,
+    DC_st, DK, DV, KDK, S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+    B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr, NUM_DHV: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    # dK and dV in one grid (rule B9): per (key/value tile, chunk, b·head) the NUM_DQK dK
+    # programs (d_qk blocks) and then the NUM_DHV dV programs (d_hv blocks), next to each
+    # other, so that the chunk's dC_k, K, V, Q and dH tiles that both read come from HBM
+    # once and from L2 for the rest
+    blk, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), NUM_DQK + NUM_DHV, L // B_LKV, NC)
+    if blk < NUM_DQK:
+        _dkv_tile(V, DH, Q, K, VD, DHD, QD, KD, DCD, DKD, B_vec, I_vec, A_vec, MI_vec, M_st,
+                  NOUT, DC_st, DK, KDK, blk, pid_kv, c, bh, S, NC, d_qk, d_hv, scale, eps,
+                  L, B_LQ, B_LKV, B_DQK, B_DHV, NUM_DHV, True, IS_EXP, NORMALIZE,
+                  ATOMIC_ROWSUM, DOT_PREC, USE_TMA)
+    else:
+        _dkv_tile(K, Q, DH, K, KD, QD, DHD, KD, DCD, DVD, B_vec, I_vec, A_vec, MI_vec, M_st,
+                  NOUT, DC_st, DV, KDK, blk - NUM_DQK, pid_kv, c, bh, S, NC, d_qk, d_hv, scale,
+                  eps, L, B_LQ, B_LKV, B_DHV, B_DQK, NUM_DQK, False, IS_EXP, NORMALIZE, False,
+                  DOT_PREC, USE_TMA)
+
+
+@triton.jit
+def _dkv_tile(
     X, Y, Z, K, XD, YD, ZD, KD, DCD, DXD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DX, KDK,
-    S, NC, d_qk, d_hv, scale, eps,
+    pid_o, pid_kv, c, bh, S, NC, d_qk, d_hv, scale, eps,
     L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
     B_OUT: tl.constexpr, B_RED: tl.constexpr, NUM_RED: tl.constexpr, OUT_K: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, ATOMIC_ROWSUM: tl.constexpr,
     DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
 ):
-    # dK (OUT_K) and dV: the same loops with the roles of the head dimensions swapped.
-    #   dK = ā ⊙ (V dC_kᵀ) + (V dH̃ᵀ ⊙ Dᵀ) Q · scale   (out: d_qk; contracted: d_hv)
-    #   dV = (ā ⊙ K) dC_k + (K Qᵀ ⊙ Dᵀ) dH̃ · scale   (out: d_hv; contracted: d_qk)
-    # X is the key-side operand of the contraction (V | K), Y its query-side partner
-    # (dH | Q), Z the query-side operand of the output (Q | dH); B_OUT, B_RED the blocks of
-    # the output and contracted head dimensions. dK also writes the row sums k·dk to KDK.
+    """One program of :func:`_dkv_kernel`: the output block pid_o of dK (OUT_K) or dV for
+    key/value tile pid_kv of chunk c of b·head bh; the same loops with the roles of the head
+    dimensions swapped:
+
+        dK = ā ⊙ (V dC_kᵀ) + (V dH̃ᵀ ⊙ Dᵀ) Q · scale   (out: d_qk; contracted: d_hv)
+        dV = (ā ⊙ K) dC_k + (K Qᵀ ⊙ Dᵀ) dH̃ · scale   (out: d_hv; contracted: d_qk)
+
+    X is the key-side operand of the contraction (V | K), Y its query-side partner (dH | Q),
+    Z the query-side operand of the output (Q | dH); B_OUT, B_RED the blocks of the output
+    and contracted head dimensions. dK also writes the row sums k·dk to KDK."""
     if OUT_K:
         D_OUT = d_qk
         D_RED = d_hv
     else:
         D_OUT = d_hv
         D_RED = d_qk
-    pid_o, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(D_OUT, B_OUT), L // B_LKV, NC)
     S_pad = NC * L
     s_loc, s0, cols = tile_rows(c, pid_kv, L, B_LKV)
     o0 = pid_o * B_OUT
@@ -234,7 +264,7 @@ def _dkv_fused_kernel(
 def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     """Where dK and dV run as one launch by default (docs/kernels.md, tuning rule B4): 16-bit
     inputs at the head shapes and chunk sizes where it was measured faster, with the tiles
-    measured there; elsewhere the two launches of ``_dkv_kernel``. At L 128 also rule B5:
+    measured there; elsewhere ``_dkv_kernel``'s dK and dV programs. At L 128 also rule B5:
     3 pipeline stages for the one launch, and dQ (which the other bw keys then configure
     alone) in d_hv blocks of 64 at 128 / 256, with one stage at 64 / 128."""
     if dtype not in (torch.bfloat16, torch.float16):
@@ -330,7 +360,7 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
                     normalize: bool, eps: float, has_dc_last: bool = True,
                     tuning: Tuning = DEFAULT):
     """dk, dv (input dtype) and the fp32 row sums k·dk (BNH, N_c*L): one launch of
-    ``_dkv_fused_kernel`` where ``bw_config`` sets FUSED_DKV, else two of ``_dkv_kernel``.
+    ``_dkv_fused_kernel`` where ``bw_config`` sets FUSED_DKV, else one of ``_dkv_kernel``.
     Tensors as :func:`parallel_bw_dq` takes them, and the state gradients dC_st (BNH, N_c+1,
     d_qk, d_hv). ``has_dc_last`` False: dC_st's slot N_c is zero (the last state has no
     gradient) and the one-launch kernel skips the last chunk's inter-chunk product."""
@@ -363,19 +393,13 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
     tma = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
                                                 blocks=(blq, blkv, bqk, bhv))
     D = lambda t, *blk: descriptor(t, (1, *blk), tma)  # noqa: E731
-    common = dict(L=L, B_LQ=blq, B_LKV=blkv, IS_EXP=is_exp, NORMALIZE=normalize,
-                  DOT_PREC=prec, USE_TMA=tma, num_warps=cfg["num_warps"],
-                  num_stages=cfg["num_stages"])
-    _dkv_kernel[(n_dqk * (L // blkv) * NC * BNH,)](
-        v, dh, q, k, D(v, blkv, bhv), D(dh, blq, bhv), D(q, blq, bqk), D(k, blkv, bqk),
-        D(dC_view, bqk, bhv), D(dk, blkv, bqk),
-        b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, kdk,
-        S, NC, d_qk, d_hv, scale, eps, B_OUT=bqk, B_RED=bhv,
-        NUM_RED=n_dhv, OUT_K=True, ATOMIC_ROWSUM=atomic, **common)
-    _dkv_kernel[(n_dhv * (L // blkv) * NC * BNH,)](
-        k, q, dh, k, D(k, blkv, bqk), D(q, blq, bqk), D(dh, blq, bhv), D(k, blkv, bqk),
-        D(dC_view, bqk, bhv), D(dv, blkv, bhv),
-        b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dv, kdk,
-        S, NC, d_qk, d_hv, scale, eps, B_OUT=bhv, B_RED=bqk,
-        NUM_RED=n_dqk, OUT_K=False, ATOMIC_ROWSUM=False, **common)
+    launch(
+        _dkv_kernel, ((n_dqk + n_dhv) * (L // blkv) * NC * BNH,),
+        q, k, v, dh, D(q, blq, bqk), D(k, blkv, bqk), D(v, blkv, bhv), D(dh, blq, bhv),
+        D(dC_view, bqk, bhv), D(dk, blkv, bqk), D(dv, blkv, bhv),
+        b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
+        S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
+        NUM_DQK=n_dqk, NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize,
+        ATOMIC_ROWSUM=atomic, DOT_PREC=prec, USE_TMA=tma, num_warps=cfg["num_warps"],
+        num_stages=cfg["num_stages"])
     return dk, dv, kdk
