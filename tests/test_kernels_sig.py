@@ -354,6 +354,13 @@ def test_walk_segments_rule():
     for bad in (0, -2, 2.0, True):
         with pytest.raises(ValueError, match="SEGMENTS"):
             walk_config(64, 16, 24, 2, bf16, tuning=Tuning(walk={"SEGMENTS": bad}), S=500)
+        with pytest.raises(ValueError, match="SEGMENT_STAGES"):
+            walk_config(64, 16, 24, 2, bf16, S=500,
+                        tuning=Tuning(walk={"SEGMENTS": 4, "SEGMENT_STAGES": bad}))
+    # the pass's pipeline stages: 3 by default (W8), the Tuning's where it sets them
+    assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536)["segment_stages"] == 3
+    assert walk_config(64, 16, 24, 2, bf16, n_sms=0, S=500, tuning=Tuning(
+        walk={"SEGMENTS": 4, "SEGMENT_STAGES": 2}))["segment_stages"] == 2
 
 
 @pytest.mark.parametrize("regime", sorted(VERIFICATION_REGIMES))
@@ -422,7 +429,7 @@ def test_segmented_walk_equals_the_whole_walk_to_round_off():
     assert maxnorm(h4, h1.double()) < 1e-5 and maxnorm(C4, C1.double()) < 1e-5
     # 2 segments of 4 chunks: the pass walks 2 chunks of 128 per segment, one per sub-segment
     h2, _, _, C2 = sig_walk_fw(q, k, v, i, f, C0, **kw, segments=2, segment_split=2,
-                               segment_b_dhv=8)
+                               segment_b_dhv=8, segment_stages=2)
     assert maxnorm(h2, h1.double()) < 1e-5 and maxnorm(C2, C1.double()) < 1e-5
     # the caller's gates at 2L (the training walk's backward chunk) serve the pass: the same
     # h and states, one gate kernel fewer
