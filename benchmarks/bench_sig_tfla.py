@@ -100,6 +100,17 @@ VARIANTS = {
     **{f"seg_split{n}": {"walk": {"SEGMENT_SPLIT": n}} for n in (1, 2, 4, 8)},
     **{f"seg_dhv128_split{n}": {"walk": {"SEGMENT_B_DHV": 128, "SEGMENT_SPLIT": n}}
        for n in (2, 4, 8)},
+    # the segment-state pass's pipeline stages (default 3), with d_hv blocks of 128
+    **{f"seg_st{n}": {"walk": {"SEGMENT_STAGES": n}} for n in (2, 4)},
+    "seg_dhv128_st3": {"walk": {"SEGMENT_B_DHV": 128, "SEGMENT_STAGES": 3}},
+    # dQ's pipeline stages beside the segment-state pass's
+    "bw_dq_st4": {"bw": {"num_stages": 4}},
+    "bw_dq_st3_seg_st4": {"bw": {"num_stages": 3}, "walk": {"SEGMENT_STAGES": 4}},
+    "bw_dq_st3_seg_dhv128": {"bw": {"num_stages": 3}, "walk": {"SEGMENT_B_DHV": 128}},
+    "bw_dq_st2": {"bw": {"num_stages": 2}},
+    "seg_dhv128_st4": {"walk": {"SEGMENT_B_DHV": 128, "SEGMENT_STAGES": 4}},
+    "seg_dhv32_st3": {"walk": {"SEGMENT_B_DHV": 32, "SEGMENT_STAGES": 3}},
+    "bw_dq_dhv128": {"bw": {"B_DHV": 128}},
     # the state-gradient kernel's grid bound (state_blocks' MIN_PROGRAMS; default half the SMs)
     **{f"bwrec_min{n}": {"state": {"MIN_PROGRAMS": n}} for n in (132, 264, 528)},
     # the walk as the forward of fwd+bwd under "auto" (impl sig_auto; rule W6) off: the

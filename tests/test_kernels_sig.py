@@ -357,8 +357,8 @@ def test_walk_segments_rule():
         with pytest.raises(ValueError, match="SEGMENT_STAGES"):
             walk_config(64, 16, 24, 2, bf16, S=500,
                         tuning=Tuning(walk={"SEGMENTS": 4, "SEGMENT_STAGES": bad}))
-    # the pass's pipeline stages: 3 by default (W8), the Tuning's where it sets them
-    assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536)["segment_stages"] == 3
+    # the pass's pipeline stages: 4 by default (W8), the Tuning's where it sets them
+    assert walk_config(64, 128, 256, 16, bf16, n_sms=132, S=65536)["segment_stages"] == 4
     assert walk_config(64, 16, 24, 2, bf16, n_sms=0, S=500, tuning=Tuning(
         walk={"SEGMENTS": 4, "SEGMENT_STAGES": 2}))["segment_stages"] == 2
 

@@ -266,12 +266,12 @@ def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     inputs at the head shapes and chunk sizes where it was measured faster, with the tiles
     measured there; elsewhere ``_dkv_kernel``'s dK and dV programs. At L 128 also rule B5:
     3 pipeline stages for the one launch, and dQ (which the other bw keys then configure
-    alone) in d_hv blocks of 64 at 128 / 256, with one stage at 64 / 128."""
+    alone) in d_hv blocks of 64 with 3 stages at 128 / 256, with one stage at 64 / 128."""
     if dtype not in (torch.bfloat16, torch.float16):
         return {}
     heads = (pow2(d_qk), pow2(d_hv))
     if heads == (128, 256) and L in (128, 256):
-        b5 = dict(DKV_num_stages=3, B_DHV=64) if L == 128 else {}
+        b5 = dict(DKV_num_stages=3, B_DHV=64, num_stages=3) if L == 128 else {}
         return dict(FUSED_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=8, **b5)
     if heads == (64, 128) and L in (64, 128):
         b5 = dict(DKV_num_stages=3, num_stages=1) if L == 128 else {}

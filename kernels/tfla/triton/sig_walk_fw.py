@@ -290,8 +290,8 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     The segment-state pass has its own d_hv block (``tuning.walk["SEGMENT_B_DHV"]``, default
     B_DHV) and runs each segment in :func:`segment_split` sub-segments (rule W8; at least
     ``SEGMENT_PROGRAMS_PER_SM`` = 2 programs per SM; ``SEGMENT_SPLIT`` sets the count), its
-    tiles in 3 pipeline stages (``SEGMENT_STAGES``; W8: at Figure 4's S 65536 on the H200 the
-    pass took 0.198 ms against 0.241 with 2 stages, 0.193 with 4).
+    tiles in 4 pipeline stages (``SEGMENT_STAGES``; W8: at Figure 4's S 65536 on the H200 the
+    pass took 0.193 ms against 0.198 with 3 stages and 0.241 with 2).
 
     Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg, segments, segment_split,
     segment_b_dhv, segment_stages) for :func:`sig_walk_fw`, or None.
@@ -327,7 +327,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     if "SEGMENT_SPLIT" in over and not _int_at_least(over["SEGMENT_SPLIT"], 1):
         raise ValueError(f"Tuning.walk SEGMENT_SPLIT: got {over['SEGMENT_SPLIT']!r}; allowed: "
                          "an integer >= 1")
-    stages = over.get("SEGMENT_STAGES", 3)
+    stages = over.get("SEGMENT_STAGES", 4)
     if not _int_at_least(stages, 1):
         raise ValueError(f"Tuning.walk SEGMENT_STAGES: got {stages!r}; allowed: an integer >= 1")
     split = over.get("SEGMENT_SPLIT", segment_split(
@@ -342,7 +342,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
 def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: int,
                 num_stages: int, maxnreg: int | None = None, with_last: bool = False,
                 states_every: int = 0, segments: int = 1, segment_split: int = 1,
-                segment_b_dhv: int = 0, segment_stages: int = 3, gates_2l=None):
+                segment_b_dhv: int = 0, segment_stages: int = 4, gates_2l=None):
     """h (BNH, S, d_hv) in the input dtype: mLSTMsig without normalisation (paper eqs. 22-23);
     with ``with_last`` (h, C_S (BNH, d_qk, d_hv) fp32, n_S (BNH, d_qk) fp32).
 
