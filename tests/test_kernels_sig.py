@@ -429,7 +429,7 @@ def test_segmented_walk_equals_the_whole_walk_to_round_off():
     assert maxnorm(h4, h1.double()) < 1e-5 and maxnorm(C4, C1.double()) < 1e-5
     # 2 segments of 4 chunks: the pass walks 2 chunks of 128 per segment, one per sub-segment
     h2, _, _, C2 = sig_walk_fw(q, k, v, i, f, C0, **kw, segments=2, segment_split=2,
-                               segment_b_dhv=8, segment_stages=2)
+                               segment_b_dhv=32, segment_stages=2)
     assert maxnorm(h2, h1.double()) < 1e-5 and maxnorm(C2, C1.double()) < 1e-5
     # the caller's gates at 2L (the training walk's backward chunk) serve the pass: the same
     # h and states, one gate kernel fewer
@@ -446,6 +446,8 @@ def test_segmented_walk_equals_the_whole_walk_to_round_off():
         sig_walk_fw(q, k, v, i, f, C0, **kw, segments=8)
     with pytest.raises(ValueError, match="segment_split=4"):
         sig_walk_fw(q, k, v, i, f, C0, **kw, segments=2, segment_split=4)
+    with pytest.raises(ValueError, match="segment_b_dhv=8"):
+        sig_walk_fw(q, k, v, i, f, C0, **kw, segments=2, segment_b_dhv=8)
 
 
 @pytest.mark.parametrize("L,S,d_qk,d_hv", [

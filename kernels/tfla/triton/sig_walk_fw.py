@@ -371,7 +371,7 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     Raises:
         ValueError: ``segments`` > 1 with ``with_last``, or not dividing the chunks of S in
             steps of ``states_every``; ``segment_split`` not dividing a segment's chunks of
-            the segment-state pass.
+            the segment-state pass; ``segment_b_dhv`` neither 0 nor a power of two >= 16.
     """
     from tfla.triton.chunkwise_recurrent import chunk_gates
 
@@ -405,6 +405,9 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
         if segment_split < 1 or per_seg % segment_split:
             raise ValueError(f"sig_walk_fw: segment_split={segment_split} must divide the "
                              f"{per_seg} chunks of {L_pass} of each segment")
+        if segment_b_dhv and (segment_b_dhv < 16 or segment_b_dhv & (segment_b_dhv - 1)):
+            raise ValueError(f"sig_walk_fw: segment_b_dhv={segment_b_dhv} must be 0 (the "
+                             "walk's B_DHV) or a power of two >= 16 (the smallest tl.dot side)")
         C_seg, G_seg = _segment_states(k, v, i, f, L=L_pass, segments=segments,
                                        split=segment_split, B_DHV=segment_b_dhv or B_DHV,
                                        b_qk=b_qk, stages=segment_stages,
