@@ -337,13 +337,14 @@ def test_fused_dkv_defaults_where_measured():
 
 def test_backward_stages_and_dq_blocks_where_measured():
     """Rule B5 (docs/kernels.md): at L 128 with the one-launch dK/dV kernel, it runs 3
-    pipeline stages, and dQ takes d_hv blocks of 64 at Figure 4's heads and one stage at the
-    small heads; elsewhere (L 256, the 7B heads, fp32) the B2 defaults; overrides win."""
+    pipeline stages, and dQ takes d_hv blocks of 64 and 3 stages at Figure 4's heads and one
+    stage at the small heads; elsewhere (L 256, the 7B heads, fp32) the B2 defaults;
+    overrides win."""
     from tfla.triton.chunkwise_parallel_bw import bw_config
 
     bf16 = torch.bfloat16
     fig4, small = bw_config(128, 128, 256, bf16), bw_config(128, 64, 128, torch.float16)
-    assert (fig4["DKV_num_stages"], fig4["B_DHV"], fig4["num_stages"]) == (3, 64, 2)
+    assert (fig4["DKV_num_stages"], fig4["B_DHV"], fig4["num_stages"]) == (3, 64, 3)
     assert (small["DKV_num_stages"], small["B_DHV"], small["num_stages"]) == (3, 128, 1)
     for args in [(256, 128, 256, bf16), (64, 64, 128, bf16), (128, 256, 512, bf16),
                  (128, 128, 256, torch.float32)]:
@@ -352,6 +353,7 @@ def test_backward_stages_and_dq_blocks_where_measured():
         assert c["B_DHV"] == min(128 if args[3] != torch.float32 else 64, args[2]), args
     assert bw_config(128, 128, 256, bf16, Tuning(bw={"B_DHV": 128}))["B_DHV"] == 128
     assert bw_config(128, 64, 128, bf16, Tuning(bw={"num_stages": 2}))["num_stages"] == 2
+    assert bw_config(128, 128, 256, bf16, Tuning(bw={"num_stages": 2}))["num_stages"] == 2
 
 
 def test_launch_retries_with_fewer_stages_and_remembers_the_depth():
