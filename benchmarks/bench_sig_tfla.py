@@ -100,7 +100,8 @@ VARIANTS = {
     **{f"seg_split{n}": {"walk": {"SEGMENT_SPLIT": n}} for n in (1, 2, 4, 8)},
     **{f"seg_dhv128_split{n}": {"walk": {"SEGMENT_B_DHV": 128, "SEGMENT_SPLIT": n}}
        for n in (2, 4, 8)},
-    # the segment-state pass's pipeline stages (default 3), with d_hv blocks of 128
+    # the segment-state pass's pipeline stages (default 4 since run 21; 3 before), with d_hv
+    # blocks of 128
     **{f"seg_st{n}": {"walk": {"SEGMENT_STAGES": n}} for n in (2, 4)},
     "seg_dhv128_st3": {"walk": {"SEGMENT_B_DHV": 128, "SEGMENT_STAGES": 3}},
     # dQ's pipeline stages beside the segment-state pass's

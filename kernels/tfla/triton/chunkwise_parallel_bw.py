@@ -314,6 +314,13 @@ def fused_bw(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
     return bool(tuning.bw.get("FUSED", False)) and L <= 128
 
 
+def _rowsum_buffer(q, NC: int, L: int, atomic: bool) -> torch.Tensor:
+    """The fp32 row sums (BNH, N_c*L) that a launch writes (q·dq or k·dk): zeroed where
+    several programs (d_qk blocks) add into a row, else left unset."""
+    return (torch.zeros if atomic else torch.empty)((q.shape[0], NC * L), device=q.device,
+                                                    dtype=torch.float32)
+
+
 def _launch_common(q, v, L: int, tuning: Tuning):
     """(cfg, NC, n_dqk, n_dhv, scale, dot precision) shared by the dQ and the dK/dV launches."""
     BNH, S, d_qk = q.shape
@@ -336,8 +343,7 @@ def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: boo
     d_hv = v.shape[-1]
     cfg, NC, n_dqk, n_dhv, scale, prec = _launch_common(q, v, L, tuning)
     atomic = n_dqk > 1
-    qdq = (torch.zeros if atomic else torch.empty)((BNH, NC * L), device=q.device,
-                                                    dtype=torch.float32)
+    qdq = _rowsum_buffer(q, NC, L, atomic)
     dq = torch.empty_like(q)
     blq, blkv, bqk, bhv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
     C_view = C_st.view(-1, d_qk, d_hv)
@@ -371,8 +377,10 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
     dv = torch.empty_like(v)
     dC_view = dC_st.view(-1, d_qk, d_hv)
     b_vec, a_vec, i_vec, mi_vec = gates
+    # the one-launch kernel holds the whole d_qk: one program per row
+    atomic = n_dqk > 1 and not cfg["FUSED_DKV"]
+    kdk = _rowsum_buffer(q, NC, L, atomic)
     if cfg["FUSED_DKV"]:
-        kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
         flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], pow2(d_qk), pow2(d_hv)
         tma_f = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
                                                       blocks=(flq, flkv, fqk, fhv))
@@ -386,9 +394,6 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
             USE_TMA=tma_f,
             num_warps=cfg["DKV_num_warps"], num_stages=cfg["DKV_num_stages"])
         return dk, dv, kdk
-    atomic = n_dqk > 1
-    kdk = (torch.zeros if atomic else torch.empty)((BNH, NC * L), device=q.device,
-                                                    dtype=torch.float32)
     blq, blkv, bqk, bhv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
     tma = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
                                                 blocks=(blq, blkv, bqk, bhv))

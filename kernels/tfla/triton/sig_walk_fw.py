@@ -219,6 +219,12 @@ def _int_at_least(x, low: int) -> bool:
     return isinstance(x, int) and not isinstance(x, bool) and x >= low
 
 
+def _is_block(x) -> bool:
+    """Whether x can be a d_hv block of the segment-state pass: a power of two >= 16 (the
+    smallest tl.dot side)."""
+    return _int_at_least(x, 16) and not x & (x - 1)
+
+
 def _pass_chunks(S: int, L: int, segments: int) -> tuple[int, int]:
     """(chunk, chunks per segment) of the segment-state pass: chunks of 2L where a segment
     holds an even number of chunks of L, else of L."""
@@ -321,7 +327,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
             return None
     cap = 240 if (d_qk > 64 and not with_last) else None
     seg_b_hv = over.get("SEGMENT_B_DHV", b_hv)
-    if not _int_at_least(seg_b_hv, 16) or seg_b_hv & (seg_b_hv - 1):
+    if not _is_block(seg_b_hv):
         raise ValueError(f"Tuning.walk SEGMENT_B_DHV: got {seg_b_hv!r}; allowed: a power of "
                          "two >= 16")
     if "SEGMENT_SPLIT" in over and not _int_at_least(over["SEGMENT_SPLIT"], 1):
@@ -357,9 +363,9 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     ``segments`` G > 1 (rule W7): each program walks one of G equal segments of the chunks;
     a first launch (``_sig_segment_states_kernel``, chunks of 2L where a segment holds an
     even number of chunks, d_hv blocks of ``segment_b_dhv``, 0: ``B_DHV``, ``segment_stages``
-    pipeline stages) gives the states
-    after each of the ``segment_split`` sub-segments of the first G - 1 segments from zero
-    and their log decays, from which each program forms its segment's start state.
+    pipeline stages) gives the states after each of the ``segment_split`` sub-segments of the
+    first G - 1 segments from zero and their log decays, from which each program forms its
+    segment's start state.
 
     q, k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous in a 16-bit or fp32 dtype; i, f (BNH, S)
     gate pre-activations; C0 (BNH, d_qk, d_hv), n0 (BNH, d_qk) or None. L: the chunk (a power
@@ -405,7 +411,7 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
         if segment_split < 1 or per_seg % segment_split:
             raise ValueError(f"sig_walk_fw: segment_split={segment_split} must divide the "
                              f"{per_seg} chunks of {L_pass} of each segment")
-        if segment_b_dhv and (segment_b_dhv < 16 or segment_b_dhv & (segment_b_dhv - 1)):
+        if segment_b_dhv and not _is_block(segment_b_dhv):
             raise ValueError(f"sig_walk_fw: segment_b_dhv={segment_b_dhv} must be 0 (the "
                              "walk's B_DHV) or a power of two >= 16 (the smallest tl.dot side)")
         C_seg, G_seg = _segment_states(k, v, i, f, L=L_pass, segments=segments,
