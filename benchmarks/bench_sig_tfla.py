@@ -132,6 +132,16 @@ VARIANTS = {
     "bw_dhv64": {"bw": {"B_DHV": 64}},
     "bwrec_64x64": {"state_bw": {"B_DQK": 64, "B_DHV": 64}},
     "bwrec_st2": {"state_bw": {"num_stages": 2}},
+    # the state-gradient kernel's blocks where the grid is small (Figure 4's heads at S 65536:
+    # 64 x 64 by state_blocks' bound), larger blocks and fewer programs beside dQ
+    "bwrec_64x128_w8": {"state_bw": {"B_DQK": 64, "B_DHV": 128, "num_warps": 8}},
+    "bwrec_64x128_w4": {"state_bw": {"B_DQK": 64, "B_DHV": 128, "num_warps": 4}},
+    "bwrec_128x64_w8": {"state_bw": {"B_DQK": 128, "B_DHV": 64, "num_warps": 8}},
+    "bwrec_128x128_w8": {"state_bw": {"B_DQK": 128, "B_DHV": 128, "num_warps": 8}},
+    "bwrec_64x64_w2": {"state_bw": {"num_warps": 2}},
+    **{f"bwrec_64x128_w8_st{n}": {"state_bw": {"B_DQK": 64, "B_DHV": 128, "num_warps": 8,
+                                               "num_stages": n}} for n in (2, 4)},
+    "bwrec_64x256_w8": {"state_bw": {"B_DQK": 64, "B_DHV": 256, "num_warps": 8}},
     # dQ, dK, dV of a chunk in one program (limit_parallel_bw) with TMA state-gradient tiles
     **{f"bw_fused{n}": {"bw": {"FUSED": True}, "limit_bw": lim,
                         "state_bw": {"USE_TMA": True, "SCALE_DH": True}}
