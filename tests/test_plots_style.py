@@ -47,6 +47,19 @@ def test_figure4_kernels_get_a_colour_and_marker_per_family_ours_filled_the_auth
     assert list(ours.values())[0].color == style.PALETTE[0]  # ours take the first colours
 
 
+def test_ours_under_chunk_size_auto_is_drawn_apart_from_ours_at_a_fixed_chunk():
+    kernels = FIG4[:1] + [("mLSTMsig TFLA auto (ours)", "tfla",
+                           {"variant": "sig", "algorithm": "xl_chunk", "chunk_size": "auto"})] + FIG4[3:4]
+    styles = style.kernel_styles(kernels)
+    auto, fixed = styles["mLSTMsig TFLA auto (ours)"], styles["mLSTMsig TFLA xl_chunk (ours)"]
+    assert auto.ours and (auto.color, auto.marker) != (fixed.color, fixed.marker)
+    twin = styles["mLSTMsig TFLA xl_chunk (mlstm_kernels)"]  # the fixed chunk keeps its twin
+    assert (twin.color, twin.marker) == (fixed.color, fixed.marker)
+    # params as a result set stores them (JSON with a quoted "auto") give the same families
+    as_json = style.kernel_styles([(k, b, json.dumps(p)) for k, b, p in kernels])
+    assert as_json == styles
+
+
 def test_labels_without_backend_fall_back_to_the_ours_and_authors_notes():
     styles = style.kernel_styles([(label, None, None) for label, _, _ in FIG4[:6]])
     assert styles["mLSTMsig TFLA xl_chunk (ours)"].color == styles["mLSTMsig TFLA xl_chunk (mlstm_kernels)"].color

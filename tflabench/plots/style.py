@@ -72,11 +72,14 @@ def _params(value) -> dict:
 def family_key(label: str, backend: str | None = None, params=None) -> str:
     """The family a kernel belongs to: for ours and the authors' mLSTM kernels their
     ``variant`` and ``algorithm`` (so the two implementations of one algorithm share a
-    colour); for any other kernel its label without a trailing ``(...)`` implementation note
-    only when that note names ours or the authors' backend, else the whole label."""
+    colour), a ``chunk_size`` of ``"auto"`` its own family (the rule may pick another
+    algorithm, the forward walk, so it is not drawn as the fixed-chunk kernel); for any
+    other kernel its label without a trailing ``(...)`` implementation note only when that
+    note names ours or the authors' backend, else the whole label."""
     p = _params(params)
     if backend in OURS_BACKENDS | AUTHORS_BACKENDS and p.get("variant"):
-        return f"mlstm {p.get('variant')} {p.get('algorithm') or 'xl_chunk'}"
+        key = f"mlstm {p.get('variant')} {p.get('algorithm') or 'xl_chunk'}"
+        return key + " auto" if p.get("chunk_size") == "auto" else key
     match = re.match(r"^(.*?)\s*\((ours|mlstm_kernels)\)(.*)$", label)
     if match:
         return (match.group(1) + match.group(3)).strip()
