@@ -2,7 +2,8 @@
 docs/img/h100_7b_roofline_measured_<gpu>.png) from one GPU's reference runs of
 suites/h100_7b.yaml: each kernel's rows from the first set in SETS[gpu] that has it (and,
 where SETS names kernels, only those from that set), ceilings as `tflabench report` takes
-them (measured where recorded).
+them (measured where recorded). The README shows both for the H200 and the runtime for the
+H100.
 
     python3 benchmarks/readme_figure4.py [--gpu h200|h100] [--out docs/img]
 """
