@@ -450,8 +450,9 @@ def _segment_states(k, v, i, f, *, L: int, segments: int, split: int, B_DHV: int
     BNH, S, d_qk = k.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
-    _, a_vec, _, _, g_ch, _ = gates if gates is not None else chunk_gates(i, f, L=L,
-                                                                          is_exp=False)
+    if gates is None:
+        gates = chunk_gates(i, f, L=L, is_exp=False)
+    _, a_vec, _, _, g_ch, _ = gates
     n_sum = (segments - 1) * split
     C_seg = torch.empty((BNH, n_sum, d_qk, d_hv), device=k.device, dtype=torch.float32)
     G_seg = torch.empty((BNH, n_sum), device=k.device, dtype=torch.float32)
