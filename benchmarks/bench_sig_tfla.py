@@ -187,6 +187,15 @@ VARIANTS = {
         ("q128_w8_st3", {"num_warps": 8, "num_stages": 3}),
         ("q128_kv32_w8", {"B_LKV": 32, "num_warps": 8}),
         ("q128_dhv64_w8", {"B_DHV": 64, "num_warps": 8}))},
+    # Figure 5's heads (256 / 512): wider head-dimension blocks (fewer dK / dV programs per
+    # key/value tile, each forming K Qᵀ or V dH̃ᵀ once), 128-row key tiles, 32-row query tiles
+    **{f"bw_{n}": {"bw": o} for n, o in (
+        ("q256_w8", {"B_DQK": 256, "num_warps": 8}),
+        ("q256", {"B_DQK": 256}),
+        ("v256_w8", {"B_DHV": 256, "num_warps": 8}),
+        ("kv128_w8", {"B_LKV": 128, "num_warps": 8}),
+        ("lq32", {"B_LQ": 32}),
+        ("lq32_kv32", {"B_LQ": 32, "B_LKV": 32}))},
 }
 
 FIELDS = ["tag", "shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_min", "ms_max",
