@@ -24,6 +24,30 @@ CHUNKS = (16, 64, 128, 256, 1024)
 HEADS = (16, 48, 64, 128, 160, 256, 512)
 
 
+def test_every_named_benchmark_variant_is_a_valid_tuning():
+    """The benchmarks' named variants (``bench_sig_tfla.VARIANTS``, ``bench_exp.variants()``)
+    are Tunings the kernels accept: a key the Tuning does not know would fail only on the
+    GPU node, after the job had started."""
+    import importlib.util
+    from pathlib import Path
+
+    bench = Path(__file__).resolve().parents[1] / "benchmarks"
+
+    def load(name):
+        spec = importlib.util.spec_from_file_location(name, bench / f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+
+    sig = load("bench_sig_tfla").VARIANTS
+    exp = {n: fn.fields for n, fn in load("bench_exp").variants().items()}
+    assert len(sig) > 50 and len(exp) > 5
+    for name, fields in {**sig, **exp}.items():
+        Tuning(**fields)                 # raises ValueError naming an unknown key
+    with pytest.raises(ValueError, match="SEGMENT0"):
+        Tuning(walk={"SEGMENT0": True})
+
+
 def test_tuning_is_frozen_hashable_and_validates_its_keys():
     t = Tuning(fw={"B_DHV": 64, "num_warps": 8}, walk={"enabled": False})
     assert t == Tuning(fw={"num_warps": 8, "B_DHV": 64}, walk={"enabled": False})
