@@ -51,6 +51,10 @@ SHAPES = {
     # Figure 4's two longest sequences (fixed tokens: B·S = 65536): grids of 32 and 16 heads
     "fig4_s32k": dict(B=2, NH=16, d_qk=128, d_hv=256, S=32768),
     "fig4_s64k": dict(B=1, NH=16, d_qk=128, d_hv=256, S=65536),
+    # other heads where dK and dV are separate programs (B4 does not apply)
+    "h128x128": dict(B=8, NH=16, d_qk=128, d_hv=128, S=8192),
+    "h256x256": dict(B=8, NH=8, d_qk=256, d_hv=256, S=8192),
+    "h64x256": dict(B=8, NH=16, d_qk=64, d_hv=256, S=8192),
     # Figure 4's sweep (B·S = 65536, 16 heads, 128 / 256): fig4_S<S>
     **{f"fig4_S{S}": dict(B=65536 // S, NH=16, d_qk=128, d_hv=256, S=S)
        for S in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)},
@@ -187,6 +191,10 @@ VARIANTS = {
         ("q128_w8_st3", {"num_warps": 8, "num_stages": 3}),
         ("q128_kv32_w8", {"B_LKV": 32, "num_warps": 8}),
         ("q128_dhv64_w8", {"B_DHV": 64, "num_warps": 8}))},
+    # dK and dV with each tile's products formed once (rule B10) on and off
+    "bw_once": {"bw": {"ONCE_DKV": True}},
+    "bw_no_once": {"bw": {"ONCE_DKV": False}},
+    "bw_once_w8": {"bw": {"ONCE_DKV": True, "num_warps": 8}},
     # Figure 5's heads (256 / 512): wider head-dimension blocks (fewer dK / dV programs per
     # key/value tile, each forming K Qᵀ or V dH̃ᵀ once), 128-row key tiles, 32-row query tiles
     **{f"bw_{n}": {"bw": o} for n, o in (

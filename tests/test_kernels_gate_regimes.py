@@ -164,6 +164,71 @@ def test_fused_dkv_kernel_in_every_gate_regime(tile, name, regime, L, S):
         check_kernel(name, regime, L, S)
 
 
+@pytest.mark.parametrize("L,S", LENGTHS + [(64, 150)])
+@pytest.mark.parametrize("regime", list(REGIMES))
+@pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
+def test_once_dkv_kernel_in_every_gate_regime(name, regime, L, S):
+    """One dK and one dV program per key/value tile, each forming the tile's products once
+    (Tuning.bw ONCE_DKV, rule B10), over d_qk and d_hv in two blocks each (d_qk 32, d_hv 48
+    in 16-column blocks: the output loop and the contraction loop both run), with 16-row
+    query tiles and key/value tiles of 16 (several per chunk), against float64: a chunk
+    holds two query tiles at L 32, one at L 16; at L 64 the 32-row tiles."""
+    from tfla.triton import chunkwise_parallel_bw
+    tile = max(16, L // 2)
+    tuning = Tuning(bw={"ONCE_DKV": True, "B_LQ": tile, "B_LKV": min(tile, 16), "B_DQK": 16,
+                        "B_DHV": 16})
+    assert chunkwise_parallel_bw.bw_config(L, 32, 48, torch.float32, tuning)["ONCE_DKV"] is True
+    with use_tuning(tuning):
+        check_kernel(name, regime, L, S, d_qk=32, d_hv=48)
+
+
+@pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
+@pytest.mark.parametrize("L,S,lq,lkv", [(32, 77, 16, 16), (64, 150, 32, 16), (64, 23, 32, 64),
+                                        (64, 130, 64, 32)])
+def test_once_dkv_kernel_equals_the_per_block_kernel(name, L, S, lq, lkv):
+    """The once kernel adds the same products in the same order as ``_dkv_kernel``'s
+    per-block programs (float32): the same h and gradients bit for bit, with a ragged last
+    chunk, a sequence shorter than one chunk, key/value tiles smaller and larger than the
+    query tiles, one or two query tiles per chunk, and it is the kernel that ran."""
+    from tfla.triton import chunkwise_parallel_bw as pbw
+    inputs, init, dh, dC = make_inputs("short_memory", S, d_qk=32, d_hv=48,
+                                       positive_qk=(KERNELS[name][0] == "exp"))
+    blocks = {"B_LQ": lq, "B_LKV": lkv, "B_DQK": 16, "B_DHV": 16}
+    with use_tuning(Tuning(bw=dict(blocks, ONCE_DKV=False))):
+        ref = outputs(kernel_fn(name, L), inputs, init, dh, dC)
+    seen = []
+    real = pbw.launch
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pbw, "launch", lambda kernel, *a, **kw: (seen.append(kernel.fn.__name__),
+                                                             real(kernel, *a, **kw))[1])
+        with use_tuning(Tuning(bw=dict(blocks, ONCE_DKV=True))):
+            out = outputs(kernel_fn(name, L), inputs, init, dh, dC)
+    assert seen == ["_dkv_once_kernel"]
+    for nm, a, b in zip(NAMES, out, ref):
+        assert torch.equal(a, b), nm
+
+
+def test_once_dkv_defaults_where_measured():
+    """Rule B10 (docs/kernels.md): where dK and dV are separate programs, one of each per
+    key/value tile for 16-bit inputs at L 128 (measured on one H100 at four head shapes);
+    not for float32, other chunk sizes, where B4's one-program kernel runs, or with more
+    than two query tiles per chunk, even when asked for."""
+    from tfla.triton import chunkwise_parallel_bw
+    cfg = chunkwise_parallel_bw.bw_config
+    bf16 = torch.bfloat16
+    for d_qk, d_hv in [(256, 512), (128, 128), (256, 256), (64, 256)]:
+        assert cfg(128, d_qk, d_hv, bf16)["ONCE_DKV"] is True, (d_qk, d_hv)
+        assert cfg(128, d_qk, d_hv, torch.float16)["ONCE_DKV"] is True, (d_qk, d_hv)
+    for L, d_qk, d_hv, dtype in [(128, 256, 512, torch.float32), (64, 256, 512, bf16),
+                                 (256, 256, 512, bf16), (128, 128, 256, bf16),
+                                 (128, 64, 128, bf16)]:
+        assert cfg(L, d_qk, d_hv, dtype)["ONCE_DKV"] is False, (L, d_qk, d_hv, dtype)
+    assert cfg(128, 256, 512, bf16, Tuning(bw={"B_LQ": 32}))["ONCE_DKV"] is False
+    assert cfg(128, 256, 512, bf16, Tuning(bw={"ONCE_DKV": False}))["ONCE_DKV"] is False
+    assert cfg(128, 32, 48, torch.float32, Tuning(bw={"ONCE_DKV": True}))["ONCE_DKV"] is True
+    assert cfg(256, 32, 48, torch.float32, Tuning(bw={"ONCE_DKV": True}))["ONCE_DKV"] is False
+
+
 @pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
 @pytest.mark.parametrize("L,S", [(256, 300), (1024, 100)])
 def test_large_chunks_on_ragged_sequences(name, L, S):

@@ -7,6 +7,9 @@ docs/tfla-kernels.md 3.3 (per-chunk gradients) and 4.5 (tiled loops). One progra
 - dV: (d_hv block, kv tile, chunk·b·head), same loop as dK: one launch of ``_dkv_kernel``
   serves both, its dK and dV programs of a chunk next to each other in the grid (each runs
   ``_dkv_tile``, where the constexpr OUT_K swaps the roles of d_qk and d_hv);
+- or per (kv tile, chunk·b·head) one dK and one dV program that each form the tile's
+  gated product with the chunk's (at most two) query tiles once and loop over their output
+  blocks (``_dkv_once_kernel``, where ``bw_config`` sets ONCE_DKV);
 - or dK and dV together (``_dkv_fused_kernel``, where ``bw_config`` sets FUSED_DKV): one
   program per (kv tile, chunk·b·head) with the whole head dimensions, which reads K, V and
   dC_k once and forms K Qᵀ ⊙ Dᵀ and V dH̃ᵀ ⊙ Dᵀ once per query tile.
@@ -211,6 +214,122 @@ def _dkv_tile(
 
 
 @triton.jit
+def _gated_st(XD, X, YD, Y, B_vec, MI_vec, M_st, NOUT, bh, c, j, s0, s_loc, b_kv, i_kv, S, NC,
+              D_RED, scale, eps, L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+              B_RED: tl.constexpr, NUM_RED: tl.constexpr, IS_EXP: tl.constexpr,
+              NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr):
+    """(X Yᵀ ⊙ Dᵀ) · row scale of key/value tile s0 and query tile j of chunk c, fp32
+    (B_LKV, B_LQ): X the key-side operand (V | K), Y its query-side partner (dH̃ | Q), the
+    contraction over D_RED in NUM_RED blocks of B_RED, in the order ``_dkv_tile`` takes."""
+    r_loc, r0, rows = tile_rows(c, j, L, B_LQ)
+    b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, NC * L, NC, scale,
+                                   eps, IS_EXP, NORMALIZE)
+    st = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
+    for rb in range(NUM_RED):
+        x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
+        y_blk = load_tile(YD, Y, bh, r0, rb * B_RED, S, D_RED, B_LQ, B_RED, USE_TMA)
+        st = tl.dot(x_blk, tl.trans(y_blk), st, input_precision=DOT_PREC)
+    d_log = gate_exponent(b_q, mc_q, b_kv, i_kv, r_loc, s_loc, True)
+    return st * tl.exp(d_log) * rs[None, :]
+
+
+@triton.jit
+def _dkv_once_kernel(
+    Q, K, V, DH, QD, KD, VD, DHD, DCD, DKD, DVD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT,
+    DC_st, DK, DV, KDK, S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+    B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr, NUM_DHV: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
+    USE_TMA: tl.constexpr,
+):
+    # dK and dV with each product of a key/value tile formed once (rule B10): per (key/value
+    # tile, chunk, b·head) one dK program and one dV program, next to each other. Each forms
+    # its gated product with the chunk's query tiles (V dH̃ᵀ ⊙ Dᵀ, K Qᵀ ⊙ Dᵀ; at most two
+    # tiles, L <= 2·B_LQ) once, keeps it on chip, and loops over its output blocks;
+    # _dkv_kernel's d_qk / d_hv-block programs each form it again
+    role, pid_kv, c, bh = chunk_tile_pid(tl.program_id(0), 2, L // B_LKV, NC)
+    if role == 0:
+        _dkv_once_tile(V, DH, Q, K, VD, DHD, QD, KD, DCD, DKD, B_vec, I_vec, A_vec, MI_vec,
+                       M_st, NOUT, DC_st, DK, KDK, pid_kv, c, bh, S, NC, d_qk, d_hv, scale, eps,
+                       L, B_LQ, B_LKV, B_DQK, B_DHV, NUM_DQK, NUM_DHV, True, IS_EXP,
+                       NORMALIZE, DOT_PREC, USE_TMA)
+    else:
+        _dkv_once_tile(K, Q, DH, K, KD, QD, DHD, KD, DCD, DVD, B_vec, I_vec, A_vec, MI_vec,
+                       M_st, NOUT, DC_st, DV, KDK, pid_kv, c, bh, S, NC, d_qk, d_hv, scale, eps,
+                       L, B_LQ, B_LKV, B_DHV, B_DQK, NUM_DHV, NUM_DQK, False, IS_EXP,
+                       NORMALIZE, DOT_PREC, USE_TMA)
+
+
+@triton.jit
+def _dkv_once_tile(
+    X, Y, Z, K, XD, YD, ZD, KD, DCD, DXD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st, DX,
+    KDK, pid_kv, c, bh, S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+    B_OUT: tl.constexpr, B_RED: tl.constexpr, NUM_OUT: tl.constexpr, NUM_RED: tl.constexpr,
+    OUT_K: tl.constexpr, IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    """One program of :func:`_dkv_once_kernel`: all output blocks of dK (OUT_K) or dV for
+    key/value tile pid_kv of chunk c, roles as in ``_dkv_tile`` (X, Y, Z; B_OUT, B_RED the
+    blocks of the output and contracted head dimensions). The gated products with the last
+    query tile and (for the first key/value tile of a two-tile chunk) the first are formed
+    once, rounded to Z's dtype as ``_dkv_tile`` rounds them, then every output block adds
+    ā ⊙ (X dC_k) and those products times its Z block, in ``_dkv_tile``'s order. dK also
+    writes the row sums k·dk, summed over its blocks here (no atomics)."""
+    if OUT_K:
+        D_OUT = d_qk
+        D_RED = d_hv
+    else:
+        D_OUT = d_hv
+        D_RED = d_qk
+    S_pad = NC * L
+    s_loc, s0, cols = tile_rows(c, pid_kv, L, B_LKV)
+    b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
+    z_ty = Z.dtype.element_ty
+    j_last = L // B_LQ - 1
+    first = (pid_kv * B_LKV) // B_LQ == 0       # this tile also sees query tile 0
+    st_last = _gated_st(XD, X, YD, Y, B_vec, MI_vec, M_st, NOUT, bh, c, j_last, s0, s_loc,
+                        b_kv, i_kv, S, NC, D_RED, scale, eps, L, B_LQ, B_LKV, B_RED, NUM_RED,
+                        IS_EXP, NORMALIZE, DOT_PREC, USE_TMA).to(z_ty)
+    if L // B_LQ == 2:
+        if first:
+            st_0 = _gated_st(XD, X, YD, Y, B_vec, MI_vec, M_st, NOUT, bh, c, 0, s0, s_loc,
+                             b_kv, i_kv, S, NC, D_RED, scale, eps, L, B_LQ, B_LKV, B_RED,
+                             NUM_RED, IS_EXP, NORMALIZE, DOT_PREC, USE_TMA).to(z_ty)
+        else:
+            st_0 = tl.zeros((B_LKV, B_LQ), dtype=z_ty)
+    r0_last = c * L + j_last * B_LQ
+    dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
+    rowsum = tl.zeros((B_LKV,), dtype=tl.float32)
+    for ob in range(NUM_OUT):
+        o0 = ob * B_OUT
+        acc = tl.zeros((B_LKV, B_OUT), dtype=tl.float32)
+        for rb in range(NUM_RED):
+            x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
+            if OUT_K:
+                dc_blk = tl.trans(load_tile(DCD, DC_st, dc_row, o0, rb * B_RED, d_qk, d_hv,
+                                            B_OUT, B_RED, USE_TMA))
+            else:
+                dc_blk = load_tile(DCD, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED,
+                                   B_OUT, USE_TMA)
+            acc = tl.dot(x_blk, dc_blk.to(x_blk.dtype), acc, input_precision=DOT_PREC)
+        acc = acc * a_bar[:, None]
+        if L // B_LQ == 2:
+            if first:
+                z_0 = load_tile(ZD, Z, bh, c * L, o0, S, D_OUT, B_LQ, B_OUT, USE_TMA)
+                acc = tl.dot(st_0, z_0, acc, input_precision=DOT_PREC)
+        z_l = load_tile(ZD, Z, bh, r0_last, o0, S, D_OUT, B_LQ, B_OUT, USE_TMA)
+        acc = tl.dot(st_last, z_l, acc, input_precision=DOT_PREC)
+        store_tile(DXD, DX, acc.to(DX.dtype.element_ty), bh, s0, o0, S, D_OUT, B_LKV, B_OUT,
+                   USE_TMA)
+        if OUT_K:
+            k_blk = load_tile(KD, K, bh, s0, o0, S, d_qk, B_LKV, B_OUT, USE_TMA)
+            rowsum += tl.sum(k_blk.to(tl.float32) * acc, 1)
+    if OUT_K:
+        tl.store(KDK + bh * S_pad + cols, rowsum)
+
+
+@triton.jit
 def _dkv_fused_kernel(
     Q, K, V, DH, QD, KD, VD, DHD, DCD, DKD, DVD, B_vec, I_vec, A_vec, MI_vec, M_st, NOUT, DC_st,
     DK, DV, KDK, S, NC, d_qk, d_hv, scale, eps,
@@ -284,7 +403,8 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
     """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B4);
     USE_TMA: tiles and stores through tensor descriptors, on for 16-bit inputs; FUSED_DKV:
     dK and dV in one launch (``_dkv_fused_kernel``, its tiles DKV_*), only where d_qk and
-    d_hv fit one tile of at most 256 columns. ``tuning.bw``'s keys win over every default
+    d_hv fit one tile of at most 256 columns; ONCE_DKV, elsewhere: ``_dkv_once_kernel``
+    (rule B10), only where a chunk holds at most two query tiles. ``tuning.bw``'s keys win over every default
     (FUSED is :func:`fused_bw`'s)."""
     fp32 = dtype == torch.float32
     b_l = min(64, L)
@@ -297,12 +417,17 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
         # dK and dV in one launch (_dkv_fused_kernel), where the whole head dimensions fit
         # one tile (d_qk, d_hv <= 256); its own tiles, warps and stages
         FUSED_DKV=False, DKV_B_LQ=32, DKV_B_LKV=64, DKV_num_warps=8, DKV_num_stages=2,
+        # where dK and dV are separate programs: one of each per key/value tile, each
+        # forming its tile's products once (_dkv_once_kernel, rule B10): 16-bit at L 128
+        ONCE_DKV=dtype in (torch.bfloat16, torch.float16) and L == 128,
     )
     cfg.update(_fused_dkv_rule(L, d_qk, d_hv, dtype))
     cfg.update((k, v) for k, v in tuning.bw.items() if k != "FUSED")
     for key in ("B_LQ", "B_LKV", "DKV_B_LQ", "DKV_B_LKV"):
         cfg[key] = min(cfg[key], L)
     cfg["FUSED_DKV"] = bool(cfg["FUSED_DKV"]) and max(pow2(d_qk), pow2(d_hv)) <= 256
+    cfg["ONCE_DKV"] = (bool(cfg["ONCE_DKV"]) and not cfg["FUSED_DKV"]
+                       and L // cfg["B_LQ"] <= 2)
     return cfg
 
 
@@ -366,7 +491,8 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
                     normalize: bool, eps: float, has_dc_last: bool = True,
                     tuning: Tuning = DEFAULT):
     """dk, dv (input dtype) and the fp32 row sums k·dk (BNH, N_c*L): one launch of
-    ``_dkv_fused_kernel`` where ``bw_config`` sets FUSED_DKV, else one of ``_dkv_kernel``.
+    ``_dkv_fused_kernel`` where ``bw_config`` sets FUSED_DKV, of ``_dkv_once_kernel`` where
+    it sets ONCE_DKV, else one of ``_dkv_kernel``.
     Tensors as :func:`parallel_bw_dq` takes them, and the state gradients dC_st (BNH, N_c+1,
     d_qk, d_hv). ``has_dc_last`` False: dC_st's slot N_c is zero (the last state has no
     gradient) and the one-launch kernel skips the last chunk's inter-chunk product."""
@@ -398,6 +524,17 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
     tma = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
                                                 blocks=(blq, blkv, bqk, bhv))
     D = lambda t, *blk: descriptor(t, (1, *blk), tma)  # noqa: E731
+    if cfg["ONCE_DKV"]:
+        kdk = _rowsum_buffer(q, NC, L, False)
+        launch(
+            _dkv_once_kernel, (2 * (L // blkv) * NC * BNH,),
+            q, k, v, dh, D(q, blq, bqk), D(k, blkv, bqk), D(v, blkv, bhv), D(dh, blq, bhv),
+            D(dC_view, bqk, bhv), D(dk, blkv, bqk), D(dv, blkv, bhv),
+            b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
+            S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
+            NUM_DQK=n_dqk, NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec,
+            USE_TMA=tma, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+        return dk, dv, kdk
     launch(
         _dkv_kernel, ((n_dqk + n_dhv) * (L // blkv) * NC * BNH,),
         q, k, v, dh, D(q, blq, bqk), D(k, blkv, bqk), D(v, blkv, bhv), D(dh, blq, bhv),

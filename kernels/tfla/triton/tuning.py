@@ -65,7 +65,7 @@ KEYS = {
     # xl_chunk's dQ / dK / dV kernels; FUSED_DKV: dK and dV in one launch, its tiles DKV_*;
     # FUSED: limit_chunk's one-program-per-chunk kernel instead
     "bw": ("B_LQ", "B_LKV", "B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "FUSED_DKV",
-           "DKV_B_LQ", "DKV_B_LKV", "DKV_num_warps", "DKV_num_stages", "FUSED"),
+           "DKV_B_LQ", "DKV_B_LKV", "DKV_num_warps", "DKV_num_stages", "FUSED", "ONCE_DKV"),
     # limit_chunk's backward kernel (also xl_chunk's with bw FUSED)
     "limit_bw": ("B_DQK", "B_DHV", "num_warps", "num_stages"),
     # mLSTMsig's forward walk; enabled False: never walk; train False: not as the forward of
