@@ -195,6 +195,16 @@ VARIANTS = {
     "bw_once": {"bw": {"ONCE_DKV": True}},
     "bw_no_once": {"bw": {"ONCE_DKV": False}},
     "bw_once_w8": {"bw": {"ONCE_DKV": True, "num_warps": 8}},
+    **{f"bw_once_{n}": {"bw": dict(o, ONCE_DKV=True)} for n, o in (
+        ("v256_w8", {"B_DHV": 256, "num_warps": 8}),
+        ("q256", {"B_DQK": 256}),
+        ("q256_w8", {"B_DQK": 256, "num_warps": 8}),
+        ("st3", {"num_stages": 3}),
+        ("st1", {"num_stages": 1}),
+        ("kv32", {"B_LKV": 32}),
+        ("dkvst3", {"DKV_num_stages": 3}),
+        ("dkvst2", {"DKV_num_stages": 2}),
+        ("dkvst4", {"DKV_num_stages": 4}))},
     # Figure 5's heads (256 / 512): wider head-dimension blocks (fewer dK / dV programs per
     # key/value tile, each forming K Qᵀ or V dH̃ᵀ once), 128-row key tiles, 32-row query tiles
     **{f"bw_{n}": {"bw": o} for n, o in (

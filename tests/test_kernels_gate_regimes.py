@@ -210,15 +210,16 @@ def test_once_dkv_kernel_equals_the_per_block_kernel(name, L, S, lq, lkv):
 
 def test_once_dkv_defaults_where_measured():
     """Rule B10 (docs/kernels.md): where dK and dV are separate programs, one of each per
-    key/value tile for 16-bit inputs at L 128 (measured on one H100 at four head shapes);
-    not for float32, other chunk sizes, where B4's one-program kernel runs, or with more
+    key/value tile for 16-bit inputs at L 128 (measured on one H100 at four head shapes), in
+    3 pipeline stages at 256 / 512 only; not for float32, other chunk sizes, where B4's one-program kernel runs, or with more
     than two query tiles per chunk, even when asked for."""
     from tfla.triton import chunkwise_parallel_bw
     cfg = chunkwise_parallel_bw.bw_config
     bf16 = torch.bfloat16
-    for d_qk, d_hv in [(256, 512), (128, 128), (256, 256), (64, 256)]:
-        assert cfg(128, d_qk, d_hv, bf16)["ONCE_DKV"] is True, (d_qk, d_hv)
-        assert cfg(128, d_qk, d_hv, torch.float16)["ONCE_DKV"] is True, (d_qk, d_hv)
+    for d_qk, d_hv, stages in [(256, 512, 3), (128, 128, 2), (256, 256, 2), (64, 256, 2)]:
+        for dtype in (bf16, torch.float16):
+            c = cfg(128, d_qk, d_hv, dtype)
+            assert (c["ONCE_DKV"], c["DKV_num_stages"]) == (True, stages), (d_qk, d_hv, dtype)
     for L, d_qk, d_hv, dtype in [(128, 256, 512, torch.float32), (64, 256, 512, bf16),
                                  (256, 256, 512, bf16), (128, 128, 256, bf16),
                                  (128, 64, 128, bf16)]:

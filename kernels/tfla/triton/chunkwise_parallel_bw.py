@@ -398,13 +398,24 @@ def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     return {}
 
 
+def _once_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
+    """Where dK and dV run as ``_dkv_once_kernel`` by default (docs/kernels.md, tuning rule
+    B10): 16-bit inputs at L 128 (``bw_config`` keeps it only where B4's one-program kernel
+    does not run), in 3 pipeline stages at d_qk 256 / d_hv 512 and 2 elsewhere, as measured."""
+    if dtype not in (torch.bfloat16, torch.float16) or L != 128:
+        return {}
+    stages = 3 if (pow2(d_qk), pow2(d_hv)) == (256, 512) else 2
+    return dict(ONCE_DKV=True, DKV_num_stages=stages)
+
+
 def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
               tuning: Tuning = DEFAULT) -> dict:
     """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B4);
     USE_TMA: tiles and stores through tensor descriptors, on for 16-bit inputs; FUSED_DKV:
     dK and dV in one launch (``_dkv_fused_kernel``, its tiles DKV_*), only where d_qk and
     d_hv fit one tile of at most 256 columns; ONCE_DKV, elsewhere: ``_dkv_once_kernel``
-    (rule B10), only where a chunk holds at most two query tiles. ``tuning.bw``'s keys win over every default
+    (rule B10, its pipeline stages DKV_num_stages), only where a chunk holds at most two
+    query tiles. ``tuning.bw``'s keys win over every default
     (FUSED is :func:`fused_bw`'s)."""
     fp32 = dtype == torch.float32
     b_l = min(64, L)
@@ -418,9 +429,10 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
         # one tile (d_qk, d_hv <= 256); its own tiles, warps and stages
         FUSED_DKV=False, DKV_B_LQ=32, DKV_B_LKV=64, DKV_num_warps=8, DKV_num_stages=2,
         # where dK and dV are separate programs: one of each per key/value tile, each
-        # forming its tile's products once (_dkv_once_kernel, rule B10): 16-bit at L 128
-        ONCE_DKV=dtype in (torch.bfloat16, torch.float16) and L == 128,
+        # forming its tile's products once (_dkv_once_kernel, with DKV_num_stages)
+        ONCE_DKV=False,
     )
+    cfg.update(_once_dkv_rule(L, d_qk, d_hv, dtype))
     cfg.update(_fused_dkv_rule(L, d_qk, d_hv, dtype))
     cfg.update((k, v) for k, v in tuning.bw.items() if k != "FUSED")
     for key in ("B_LQ", "B_LKV", "DKV_B_LQ", "DKV_B_LKV"):
@@ -533,7 +545,7 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
             b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
             S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
             NUM_DQK=n_dqk, NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec,
-            USE_TMA=tma, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"])
+            USE_TMA=tma, num_warps=cfg["num_warps"], num_stages=cfg["DKV_num_stages"])
         return dk, dv, kdk
     launch(
         _dkv_kernel, ((n_dqk + n_dhv) * (L // blkv) * NC * BNH,),
