@@ -179,8 +179,33 @@ def _dkv_tile(
     b_kv, i_kv, a_bar = _kv_rows(B_vec, I_vec, A_vec, M_st, bh, c, cols, S_pad, NC, IS_EXP)
     # inter: ā ⊙ (X dC_k (dK: transposed)) (also where dC_k = 0: a trip count of 0 at the last
     # chunk, as in dQ, made the two launches 8 % slower at d_qk 256 / d_hv 512)
+    acc = _inter_dc(XD, X, DCD, DC_st, bh, c, s0, o0, a_bar, S, NC, d_qk, d_hv, D_RED, B_LKV,
+                    B_OUT, B_RED, NUM_RED, OUT_K, DOT_PREC, USE_TMA)
+    # intra: (X Yᵀ ⊙ Dᵀ) Z · scale over query tiles on or after the diagonal
+    j0 = (pid_kv * B_LKV) // B_LQ
+    for j in range(j0, L // B_LQ):
+        st = _gated_st(XD, X, YD, Y, B_vec, MI_vec, M_st, NOUT, bh, c, j, s0, s_loc, b_kv,
+                       i_kv, S, NC, D_RED, scale, eps, L, B_LQ, B_LKV, B_RED, NUM_RED, IS_EXP,
+                       NORMALIZE, DOT_PREC, USE_TMA)
+        z_blk = load_tile(ZD, Z, bh, c * L + j * B_LQ, o0, S, D_OUT, B_LQ, B_OUT, USE_TMA)
+        acc = tl.dot(st.to(z_blk.dtype), z_blk, acc, input_precision=DOT_PREC)
+    if OUT_K:
+        k_blk = load_tile(KD, K, bh, s0, o0, S, d_qk, B_LKV, B_OUT, USE_TMA)
+    store_tile(DXD, DX, acc.to(DX.dtype.element_ty), bh, s0, o0, S, D_OUT, B_LKV, B_OUT, USE_TMA)
+    if OUT_K:
+        _store_rowsum(KDK, bh, S_pad, cols, k_blk, acc, ATOMIC_ROWSUM)
+
+
+@triton.jit
+def _inter_dc(XD, X, DCD, DC_st, bh, c, s0, o0, a_bar, S, NC, d_qk, d_hv, D_RED,
+              B_LKV: tl.constexpr, B_OUT: tl.constexpr, B_RED: tl.constexpr,
+              NUM_RED: tl.constexpr, OUT_K: tl.constexpr, DOT_PREC: tl.constexpr,
+              USE_TMA: tl.constexpr):
+    """ā ⊙ (X dC_k) fp32 (B_LKV, B_OUT): output columns o0.. of key/value tile s0 of chunk c,
+    dC_k transposed for dK (OUT_K), the contraction over D_RED in NUM_RED blocks of B_RED;
+    dC_k in the (BNH·(N_c+1), d_qk, d_hv) view."""
     acc = tl.zeros((B_LKV, B_OUT), dtype=tl.float32)
-    dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
+    dc_row = bh * (NC + 1) + c + 1
     for rb in range(NUM_RED):
         x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
         if OUT_K:
@@ -190,27 +215,7 @@ def _dkv_tile(
             dc_blk = load_tile(DCD, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED, B_OUT,
                                USE_TMA)
         acc = tl.dot(x_blk, dc_blk.to(x_blk.dtype), acc, input_precision=DOT_PREC)
-    acc = acc * a_bar[:, None]
-    # intra: (X Yᵀ ⊙ Dᵀ) Z · scale over query tiles on or after the diagonal
-    j0 = (pid_kv * B_LKV) // B_LQ
-    for j in range(j0, L // B_LQ):
-        r_loc, r0, rows = tile_rows(c, j, L, B_LQ)
-        b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC,
-                                       scale, eps, IS_EXP, NORMALIZE)
-        st = tl.zeros((B_LKV, B_LQ), dtype=tl.float32)
-        for rb in range(NUM_RED):
-            x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
-            y_blk = load_tile(YD, Y, bh, r0, rb * B_RED, S, D_RED, B_LQ, B_RED, USE_TMA)
-            st = tl.dot(x_blk, tl.trans(y_blk), st, input_precision=DOT_PREC)
-        d_log = gate_exponent(b_q, mc_q, b_kv, i_kv, r_loc, s_loc, True)
-        st = st * tl.exp(d_log) * rs[None, :]
-        z_blk = load_tile(ZD, Z, bh, r0, o0, S, D_OUT, B_LQ, B_OUT, USE_TMA)
-        acc = tl.dot(st.to(z_blk.dtype), z_blk, acc, input_precision=DOT_PREC)
-    if OUT_K:
-        k_blk = load_tile(KD, K, bh, s0, o0, S, d_qk, B_LKV, B_OUT, USE_TMA)
-    store_tile(DXD, DX, acc.to(DX.dtype.element_ty), bh, s0, o0, S, D_OUT, B_LKV, B_OUT, USE_TMA)
-    if OUT_K:
-        _store_rowsum(KDK, bh, S_pad, cols, k_blk, acc, ATOMIC_ROWSUM)
+    return acc * a_bar[:, None]
 
 
 @triton.jit
@@ -299,21 +304,11 @@ def _dkv_once_tile(
         else:
             st_0 = tl.zeros((B_LKV, B_LQ), dtype=z_ty)
     r0_last = c * L + j_last * B_LQ
-    dc_row = bh * (NC + 1) + c + 1    # dC_k in the (BNH·(N_c+1), d_qk, d_hv) view
     rowsum = tl.zeros((B_LKV,), dtype=tl.float32)
     for ob in range(NUM_OUT):
         o0 = ob * B_OUT
-        acc = tl.zeros((B_LKV, B_OUT), dtype=tl.float32)
-        for rb in range(NUM_RED):
-            x_blk = load_tile(XD, X, bh, s0, rb * B_RED, S, D_RED, B_LKV, B_RED, USE_TMA)
-            if OUT_K:
-                dc_blk = tl.trans(load_tile(DCD, DC_st, dc_row, o0, rb * B_RED, d_qk, d_hv,
-                                            B_OUT, B_RED, USE_TMA))
-            else:
-                dc_blk = load_tile(DCD, DC_st, dc_row, rb * B_RED, o0, d_qk, d_hv, B_RED,
-                                   B_OUT, USE_TMA)
-            acc = tl.dot(x_blk, dc_blk.to(x_blk.dtype), acc, input_precision=DOT_PREC)
-        acc = acc * a_bar[:, None]
+        acc = _inter_dc(XD, X, DCD, DC_st, bh, c, s0, o0, a_bar, S, NC, d_qk, d_hv, D_RED,
+                        B_LKV, B_OUT, B_RED, NUM_RED, OUT_K, DOT_PREC, USE_TMA)
         if L // B_LQ == 2:
             if first:
                 z_0 = load_tile(ZD, Z, bh, c * L, o0, S, D_OUT, B_LQ, B_OUT, USE_TMA)
