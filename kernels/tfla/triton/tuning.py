@@ -63,6 +63,7 @@ KEYS = {
            "INTER_IN_LOOP"),
     "fw_limit": ("B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "INTER_IN_LOOP"),
     # xl_chunk's dQ / dK / dV kernels; FUSED_DKV: dK and dV in one launch, its tiles DKV_*;
+    # ONCE_DKV: one dK and one dV program per key/value tile (stages DKV_num_stages);
     # FUSED: limit_chunk's one-program-per-chunk kernel instead
     "bw": ("B_LQ", "B_LKV", "B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "FUSED_DKV",
            "DKV_B_LQ", "DKV_B_LKV", "DKV_num_warps", "DKV_num_stages", "FUSED", "ONCE_DKV"),
