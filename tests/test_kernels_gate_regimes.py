@@ -415,7 +415,9 @@ def test_backward_stages_and_dq_blocks_where_measured():
     for args in [(256, 128, 256, bf16), (64, 64, 128, bf16), (128, 256, 512, bf16),
                  (128, 128, 256, torch.float32)]:
         c = bw_config(*args)
-        assert (c["DKV_num_stages"], c["num_stages"]) == (2, 2), args
+        # the 7B heads' dK and dV run B10's kernel, in 3 stages of its own (its rule test)
+        once_stages = 3 if args[1:3] == (256, 512) else 2
+        assert (c["DKV_num_stages"], c["num_stages"]) == (once_stages, 2), args
         assert c["B_DHV"] == min(128 if args[3] != torch.float32 else 64, args[2]), args
     assert bw_config(128, 128, 256, bf16, Tuning(bw={"B_DHV": 128}))["B_DHV"] == 128
     assert bw_config(128, 64, 128, bf16, Tuning(bw={"num_stages": 2}))["num_stages"] == 2
