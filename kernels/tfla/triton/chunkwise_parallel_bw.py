@@ -405,7 +405,7 @@ def _once_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
 
 def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
               tuning: Tuning = DEFAULT) -> dict:
-    """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B4);
+    """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B5, B10);
     USE_TMA: tiles and stores through tensor descriptors, on for 16-bit inputs; FUSED_DKV:
     dK and dV in one launch (``_dkv_fused_kernel``, its tiles DKV_*), only where d_qk and
     d_hv fit one tile of at most 256 columns; ONCE_DKV, elsewhere: ``_dkv_once_kernel``
@@ -510,8 +510,8 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
     dv = torch.empty_like(v)
     dC_view = dC_st.view(-1, d_qk, d_hv)
     b_vec, a_vec, i_vec, mi_vec = gates
-    # the one-launch kernel holds the whole d_qk: one program per row
-    atomic = n_dqk > 1 and not cfg["FUSED_DKV"]
+    # the one-launch kernel and B10's dK programs hold the whole d_qk: one program per row
+    atomic = n_dqk > 1 and not (cfg["FUSED_DKV"] or cfg["ONCE_DKV"])
     kdk = _rowsum_buffer(q, NC, L, atomic)
     if cfg["FUSED_DKV"]:
         flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], pow2(d_qk), pow2(d_hv)
@@ -531,24 +531,18 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
     tma = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
                                                 blocks=(blq, blkv, bqk, bhv))
     D = lambda t, *blk: descriptor(t, (1, *blk), tma)  # noqa: E731
-    if cfg["ONCE_DKV"]:
-        kdk = _rowsum_buffer(q, NC, L, False)
-        launch(
-            _dkv_once_kernel, (2 * (L // blkv) * NC * BNH,),
-            q, k, v, dh, D(q, blq, bqk), D(k, blkv, bqk), D(v, blkv, bhv), D(dh, blq, bhv),
-            D(dC_view, bqk, bhv), D(dk, blkv, bqk), D(dv, blkv, bhv),
-            b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
-            S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
-            NUM_DQK=n_dqk, NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec,
-            USE_TMA=tma, num_warps=cfg["num_warps"], num_stages=cfg["DKV_num_stages"])
-        return dk, dv, kdk
+    if cfg["ONCE_DKV"]:     # one dK and one dV program per key/value tile (B10)
+        kernel, programs = _dkv_once_kernel, 2
+        extra = dict(num_stages=cfg["DKV_num_stages"])
+    else:                   # the d_qk blocks of dK, then the d_hv blocks of dV (B9)
+        kernel, programs = _dkv_kernel, n_dqk + n_dhv
+        extra = dict(ATOMIC_ROWSUM=atomic, num_stages=cfg["num_stages"])
     launch(
-        _dkv_kernel, ((n_dqk + n_dhv) * (L // blkv) * NC * BNH,),
+        kernel, (programs * (L // blkv) * NC * BNH,),
         q, k, v, dh, D(q, blq, bqk), D(k, blkv, bqk), D(v, blkv, bhv), D(dh, blq, bhv),
         D(dC_view, bqk, bhv), D(dk, blkv, bqk), D(dv, blkv, bhv),
         b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
         S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
-        NUM_DQK=n_dqk, NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize,
-        ATOMIC_ROWSUM=atomic, DOT_PREC=prec, USE_TMA=tma, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        NUM_DQK=n_dqk, NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec,
+        USE_TMA=tma, num_warps=cfg["num_warps"], **extra)
     return dk, dv, kdk
