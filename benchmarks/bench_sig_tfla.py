@@ -205,6 +205,46 @@ VARIANTS = {
         ("dkvst3", {"DKV_num_stages": 3}),
         ("dkvst2", {"DKV_num_stages": 2}),
         ("dkvst4", {"DKV_num_stages": 4}))},
+    # the once kernel's own row tiles and warps (DKV_*; dQ keeps the bw tiles): 128-row key
+    # tiles read the chunk's dC_k, K and V once per role instead of once per 64-row tile
+    **{f"bw_once_{n}": {"bw": o} for n, o in (
+        ("kv128_w8", {"DKV_B_LKV": 128, "DKV_num_warps": 8}),
+        ("kv128_w8_st2", {"DKV_B_LKV": 128, "DKV_num_warps": 8, "DKV_num_stages": 2}),
+        ("kv128_q128_w8", {"DKV_B_LKV": 128, "DKV_B_LQ": 128, "DKV_num_warps": 8}),
+        ("kv128_q128_w8_st2", {"DKV_B_LKV": 128, "DKV_B_LQ": 128, "DKV_num_warps": 8,
+                               "DKV_num_stages": 2}),
+        ("dkvw8", {"DKV_num_warps": 8}),
+        ("q128", {"DKV_B_LQ": 128}),
+        ("q128_w8", {"DKV_B_LQ": 128, "DKV_num_warps": 8}))},
+    # with those 128-row dK/dV tiles (K): dQ as one program per query tile forming its
+    # products once (ONCE_DQ) at its tiles, and the once kernel's head-dimension blocks
+    **{f"bw_k{n}": {"bw": dict(o, DKV_B_LKV=128, DKV_B_LQ=128, DKV_num_warps=8)} for n, o in (
+        ("", {}),
+        ("_dqonce", {"ONCE_DQ": True}),
+        ("_dqonce_st3", {"ONCE_DQ": True, "num_stages": 3}),
+        ("_dqonce_q128_w8", {"ONCE_DQ": True, "B_LQ": 128, "num_warps": 8}),
+        ("_dqonce_q128_w8_st3", {"ONCE_DQ": True, "B_LQ": 128, "num_warps": 8,
+                                 "num_stages": 3}),
+        ("_dqonce_q128_kv128_w8", {"ONCE_DQ": True, "B_LQ": 128, "B_LKV": 128,
+                                   "num_warps": 8}),
+        ("_v64", {"DKV_B_DHV": 64}),
+        ("_v64_st4", {"DKV_B_DHV": 64, "DKV_num_stages": 4}),
+        ("_q64", {"DKV_B_DQK": 64}),
+        ("_q64_v64_st4", {"DKV_B_DQK": 64, "DKV_B_DHV": 64, "DKV_num_stages": 4}),
+        ("_dq_st3", {"num_stages": 3}),
+        ("_dqonce_st4", {"ONCE_DQ": True, "num_stages": 4}),
+        ("_dqonce_st3_w8", {"ONCE_DQ": True, "num_stages": 3, "num_warps": 8}),
+        ("_dqonce_kv128_st3", {"ONCE_DQ": True, "B_LKV": 128, "num_stages": 3}),
+        ("_dqonce_v64_st3", {"ONCE_DQ": True, "B_DHV": 64, "DKV_B_DHV": 128,
+                             "num_stages": 3}),
+        ("_dqonce_v64_st4", {"ONCE_DQ": True, "B_DHV": 64, "DKV_B_DHV": 128,
+                             "num_stages": 4}))},
+    # rules B10 and B11 at Figure 5's heads as before them (B10's 64-row tiles, 4 warps; dQ
+    # per d_qk block in 2 stages), and each apart
+    "bw_b10_64": {"bw": {"DKV_B_LQ": 64, "DKV_B_LKV": 64, "DKV_num_warps": 4,
+                         "ONCE_DQ": False, "num_stages": 2}},
+    "bw_no_once_dq": {"bw": {"ONCE_DQ": False, "num_stages": 2}},
+    "bw_once_dq_st3": {"bw": {"ONCE_DQ": True, "num_stages": 3}},
     # Figure 5's heads (256 / 512): wider head-dimension blocks (fewer dK / dV programs per
     # key/value tile, each forming K Qᵀ or V dH̃ᵀ once), 128-row key tiles, 32-row query tiles
     **{f"bw_{n}": {"bw": o} for n, o in (

@@ -175,8 +175,8 @@ def test_once_dkv_kernel_in_every_gate_regime(name, regime, L, S):
     holds two query tiles at L 32, one at L 16; at L 64 the 32-row tiles."""
     from tfla.triton import chunkwise_parallel_bw
     tile = max(16, L // 2)
-    tuning = Tuning(bw={"ONCE_DKV": True, "B_LQ": tile, "B_LKV": min(tile, 16), "B_DQK": 16,
-                        "B_DHV": 16})
+    tuning = Tuning(bw={"ONCE_DKV": True, "DKV_B_LQ": tile, "DKV_B_LKV": min(tile, 16),
+                        "B_DQK": 16, "B_DHV": 16})
     assert chunkwise_parallel_bw.bw_config(L, 32, 48, torch.float32, tuning)["ONCE_DKV"] is True
     with use_tuning(tuning):
         check_kernel(name, regime, L, S, d_qk=32, d_hv=48)
@@ -184,16 +184,18 @@ def test_once_dkv_kernel_in_every_gate_regime(name, regime, L, S):
 
 @pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
 @pytest.mark.parametrize("L,S,lq,lkv", [(32, 77, 16, 16), (64, 150, 32, 16), (64, 23, 32, 64),
-                                        (64, 130, 64, 32)])
+                                        (64, 130, 64, 32), (32, 77, 32, 32)])
 def test_once_dkv_kernel_equals_the_per_block_kernel(name, L, S, lq, lkv):
     """The once kernel adds the same products in the same order as ``_dkv_kernel``'s
     per-block programs (float32): the same h and gradients bit for bit, with a ragged last
     chunk, a sequence shorter than one chunk, key/value tiles smaller and larger than the
-    query tiles, one or two query tiles per chunk, and it is the kernel that ran."""
+    query tiles, one or two query tiles per chunk (one: the whole chunk as one query and one
+    key/value tile, B10's layout at 256 / 512), and it is the kernel that ran."""
     from tfla.triton import chunkwise_parallel_bw as pbw
     inputs, init, dh, dC = make_inputs("short_memory", S, d_qk=32, d_hv=48,
                                        positive_qk=(KERNELS[name][0] == "exp"))
-    blocks = {"B_LQ": lq, "B_LKV": lkv, "B_DQK": 16, "B_DHV": 16}
+    blocks = {"B_LQ": lq, "B_LKV": lkv, "DKV_B_LQ": lq, "DKV_B_LKV": lkv, "B_DQK": 16,
+              "B_DHV": 16, "DKV_num_warps": 4}
     with use_tuning(Tuning(bw=dict(blocks, ONCE_DKV=False))):
         ref = outputs(kernel_fn(name, L), inputs, init, dh, dC)
     seen = []
@@ -203,31 +205,102 @@ def test_once_dkv_kernel_equals_the_per_block_kernel(name, L, S, lq, lkv):
                                                              real(kernel, *a, **kw))[1])
         with use_tuning(Tuning(bw=dict(blocks, ONCE_DKV=True))):
             out = outputs(kernel_fn(name, L), inputs, init, dh, dC)
-    assert seen == ["_dkv_once_kernel"]
+    assert "_dkv_once_kernel" in seen and "_dkv_kernel" not in seen
     for nm, a, b in zip(NAMES, out, ref):
         assert torch.equal(a, b), nm
 
 
-def test_once_dkv_defaults_where_measured():
-    """Rule B10 (docs/kernels.md): where dK and dV are separate programs, one of each per
-    key/value tile for 16-bit inputs at L 128 (measured on one H100 at four head shapes), in
-    3 pipeline stages at 256 / 512 only; not for float32, other chunk sizes, where B4's one-program kernel runs, or with more
-    than two query tiles per chunk, even when asked for."""
+@pytest.mark.parametrize("L,S", LENGTHS + [(64, 150)])
+@pytest.mark.parametrize("regime", list(REGIMES))
+@pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
+def test_once_dq_kernel_in_every_gate_regime(name, regime, L, S):
+    """One dQ program per query tile, forming its products with the chunk's key/value tiles
+    once (Tuning.bw ONCE_DQ, rule B11), over d_qk in two blocks of 16 (the output loop runs)
+    and d_hv in three (the contraction loop runs), against float64: key/value tiles of half
+    the chunk (two per query tile at the chunk's end) and query tiles of 16 rows."""
+    from tfla.triton import chunkwise_parallel_bw
+    tuning = Tuning(bw={"ONCE_DQ": True, "B_LQ": 16, "B_LKV": max(16, L // 2), "B_DQK": 16,
+                        "B_DHV": 16})
+    assert chunkwise_parallel_bw.bw_config(L, 32, 48, torch.float32, tuning)["ONCE_DQ"] is True
+    with use_tuning(tuning):
+        check_kernel(name, regime, L, S, d_qk=32, d_hv=48)
+
+
+@pytest.mark.parametrize("L,S,lq,lkv", [(32, 77, 16, 16), (64, 150, 32, 32), (64, 23, 64, 32),
+                                        (64, 130, 16, 32), (32, 40, 32, 32)])
+def test_key_tiles_longer_than_query_tiles_in_dq(L, S, lq, lkv):
+    """dQ takes every key/value tile that reaches its query tile, also a key tile longer than
+    the query tile (one that ends past the query tile's last row; the gate matrix masks the
+    positions after each query). Regression: dQ counted the key tiles as (query end) // key
+    tile and skipped the diagonal tile where the key tile was the longer one."""
+    tuning = Tuning(bw={"B_LQ": lq, "B_LKV": lkv, "B_DQK": 16, "B_DHV": 16})
+    with use_tuning(tuning):
+        check_kernel("sig_xl", "short_memory", L, S, d_qk=32, d_hv=48)
+
+
+@pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
+@pytest.mark.parametrize("L,S,lq,lkv", [(32, 77, 16, 16), (64, 150, 32, 32), (64, 23, 64, 32),
+                                        (64, 130, 16, 32), (32, 40, 32, 32)])
+def test_once_dq_kernel_equals_the_per_block_kernel(name, L, S, lq, lkv):
+    """The once dQ kernel adds the same products in the same order as ``_dq_kernel``'s
+    per-block programs (float32): the same h and gradients bit for bit (the row sums q·dq,
+    added atomically block after block there, summed in the program here), with a ragged
+    last chunk, a sequence shorter than one chunk, one or two key/value tiles per query
+    tile, key tiles longer than query tiles, and it is the kernel that ran."""
+    from tfla.triton import chunkwise_parallel_bw as pbw
+    inputs, init, dh, dC = make_inputs("short_memory", S, d_qk=32, d_hv=48,
+                                       positive_qk=(KERNELS[name][0] == "exp"))
+    blocks = {"B_LQ": lq, "B_LKV": lkv, "B_DQK": 16, "B_DHV": 16}
+    with use_tuning(Tuning(bw=dict(blocks, ONCE_DQ=False))):
+        ref = outputs(kernel_fn(name, L), inputs, init, dh, dC)
+    seen = []
+    real = pbw.launch
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pbw, "launch", lambda kernel, *a, **kw: (seen.append(kernel.fn.__name__),
+                                                             real(kernel, *a, **kw))[1])
+        with use_tuning(Tuning(bw=dict(blocks, ONCE_DQ=True))):
+            out = outputs(kernel_fn(name, L), inputs, init, dh, dC)
+    assert "_dq_once_kernel" in seen and "_dq_kernel" not in seen
+    for nm, a, b in zip(NAMES, out, ref):
+        assert torch.equal(a, b), nm
+
+
+def test_once_defaults_where_measured():
+    """Rules B10 and B11 (docs/kernels.md): where dK and dV are separate programs, one of
+    each per key/value tile for 16-bit inputs at L 128 (measured on one H100 at four head
+    shapes): at 256 / 512 in one 128-row tile per chunk, 8 warps and 3 pipeline stages,
+    with dQ as one program per query tile in 3 stages; elsewhere 64-row tiles, 4 warps, 2
+    stages and the per-block dQ. Not for float32, other chunk sizes, where B4's one-program
+    kernel runs, or with more than two query (dK/dV) or key (dQ) tiles per chunk, even when
+    asked for."""
     from tfla.triton import chunkwise_parallel_bw
     cfg = chunkwise_parallel_bw.bw_config
     bf16 = torch.bfloat16
-    for d_qk, d_hv, stages in [(256, 512, 3), (128, 128, 2), (256, 256, 2), (64, 256, 2)]:
+    keys = ("ONCE_DKV", "DKV_B_LQ", "DKV_B_LKV", "DKV_num_warps", "DKV_num_stages", "ONCE_DQ")
+    for d_qk, d_hv, want in [(256, 512, (True, 128, 128, 8, 3, True)),
+                             (128, 128, (True, 64, 64, 4, 2, False)),
+                             (256, 256, (True, 64, 64, 4, 2, False)),
+                             (64, 256, (True, 64, 64, 4, 2, False))]:
         for dtype in (bf16, torch.float16):
             c = cfg(128, d_qk, d_hv, dtype)
-            assert (c["ONCE_DKV"], c["DKV_num_stages"]) == (True, stages), (d_qk, d_hv, dtype)
+            assert tuple(c[k] for k in keys) == want, (d_qk, d_hv, dtype)
+            assert (c["DKV_B_DQK"], c["DKV_B_DHV"]) == (c["B_DQK"], c["B_DHV"])
+            assert c["num_stages"] == (3 if want[-1] else 2)
     for L, d_qk, d_hv, dtype in [(128, 256, 512, torch.float32), (64, 256, 512, bf16),
                                  (256, 256, 512, bf16), (128, 128, 256, bf16),
                                  (128, 64, 128, bf16)]:
-        assert cfg(L, d_qk, d_hv, dtype)["ONCE_DKV"] is False, (L, d_qk, d_hv, dtype)
-    assert cfg(128, 256, 512, bf16, Tuning(bw={"B_LQ": 32}))["ONCE_DKV"] is False
+        c = cfg(L, d_qk, d_hv, dtype)
+        assert (c["ONCE_DKV"], c["ONCE_DQ"]) == (False, False), (L, d_qk, d_hv, dtype)
+    assert cfg(128, 256, 512, bf16, Tuning(bw={"DKV_B_LQ": 32}))["ONCE_DKV"] is False
     assert cfg(128, 256, 512, bf16, Tuning(bw={"ONCE_DKV": False}))["ONCE_DKV"] is False
-    assert cfg(128, 32, 48, torch.float32, Tuning(bw={"ONCE_DKV": True}))["ONCE_DKV"] is True
+    assert cfg(128, 256, 512, bf16, Tuning(bw={"B_LKV": 32}))["ONCE_DQ"] is False
+    assert cfg(128, 256, 512, bf16, Tuning(bw={"ONCE_DQ": False}))["ONCE_DQ"] is False
+    assert cfg(128, 256, 512, bf16, Tuning(bw={"DKV_B_DHV": 64}))["DKV_B_DHV"] == 64
+    assert cfg(128, 32, 48, torch.float32,
+               Tuning(bw={"ONCE_DKV": True, "DKV_B_LQ": 64}))["ONCE_DKV"] is True
     assert cfg(256, 32, 48, torch.float32, Tuning(bw={"ONCE_DKV": True}))["ONCE_DKV"] is False
+    assert cfg(128, 32, 48, torch.float32, Tuning(bw={"ONCE_DQ": True}))["ONCE_DQ"] is True
+    assert cfg(256, 32, 48, torch.float32, Tuning(bw={"ONCE_DQ": True}))["ONCE_DQ"] is False
 
 
 @pytest.mark.parametrize("name", ["sig_xl", "exp_xl"])
@@ -404,8 +477,8 @@ def test_fused_dkv_defaults_where_measured():
 def test_backward_stages_and_dq_blocks_where_measured():
     """Rule B5 (docs/kernels.md): at L 128 with the one-launch dK/dV kernel, it runs 3
     pipeline stages, and dQ takes d_hv blocks of 64 and 3 stages at Figure 4's heads and one
-    stage at the small heads; elsewhere (L 256, the 7B heads, fp32) the B2 defaults;
-    overrides win."""
+    stage at the small heads; elsewhere (L 256, fp32) the B2 defaults (the 7B heads: B10,
+    B11); overrides win."""
     from tfla.triton.chunkwise_parallel_bw import bw_config
 
     bf16 = torch.bfloat16
@@ -415,9 +488,10 @@ def test_backward_stages_and_dq_blocks_where_measured():
     for args in [(256, 128, 256, bf16), (64, 64, 128, bf16), (128, 256, 512, bf16),
                  (128, 128, 256, torch.float32)]:
         c = bw_config(*args)
-        # the 7B heads' dK and dV run B10's kernel, in 3 stages of its own (its rule test)
+        # the 7B heads' dK and dV run B10's kernel in 3 stages of its own, and dQ B11's in
+        # 3 (their rule test)
         once_stages = 3 if args[1:3] == (256, 512) else 2
-        assert (c["DKV_num_stages"], c["num_stages"]) == (once_stages, 2), args
+        assert (c["DKV_num_stages"], c["num_stages"]) == (once_stages, once_stages), args
         assert c["B_DHV"] == min(128 if args[3] != torch.float32 else 64, args[2]), args
     assert bw_config(128, 128, 256, bf16, Tuning(bw={"B_DHV": 128}))["B_DHV"] == 128
     assert bw_config(128, 64, 128, bf16, Tuning(bw={"num_stages": 2}))["num_stages"] == 2

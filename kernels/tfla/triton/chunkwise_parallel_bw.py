@@ -3,6 +3,9 @@
 docs/tfla-kernels.md 3.3 (per-chunk gradients) and 4.5 (tiled loops). One program of
 
 - dQ: (d_qk block, query tile, chunk·b·head), loops over kv tiles up to the diagonal;
+  or per (query tile, chunk·b·head) one program that forms the tile's gated product with
+  the chunk's (at most two) kv tiles once and loops over the d_qk blocks
+  (``_dq_once_kernel``, where ``bw_config`` sets ONCE_DQ);
 - dK: (d_qk block, kv tile, chunk·b·head), loops over query tiles from the diagonal on;
 - dV: (d_hv block, kv tile, chunk·b·head), same loop as dK: one launch of ``_dkv_kernel``
   serves both, its dK and dV programs of a chunk next to each other in the grid (each runs
@@ -92,34 +95,106 @@ def _dq_kernel(
     k0 = pid_k * B_DQK
     b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
                                    IS_EXP, NORMALIZE)
-    # inter: b̄ ⊙ dH̃ C_{k-1}ᵀ · scale; none at chunk 0 without C0 (C_0 = 0): a trip count of
-    # 0 there, not a branch, which would keep Triton from pipelining the loop
+    acc = _dq_inter(CD, C_st, DHD, DH, bh, c, r0, k0, S, NC, d_qk, d_hv, b_bar * rs, B_LQ,
+                    B_DQK, B_DHV, NUM_DHV, HAS_C0, DOT_PREC, USE_TMA)
+    # intra: (dH̃ Vᵀ ⊙ D) K · scale over the key/value tiles on or below the diagonal (a key
+    # tile longer than the query tile reaches past it: D masks the positions after the query)
+    n_kv = tl.cdiv((pid_q + 1) * B_LQ, B_LKV)
+    for j in range(n_kv):
+        ds = _dq_ds(DHD, DH, VD, V, B_vec, I_vec, bh, c, j, r0, r_loc, b_q, mc_q, rs, S, S_pad,
+                    d_hv, L, B_LQ, B_LKV, B_DHV, NUM_DHV, DOT_PREC, USE_TMA)
+        k_blk = load_tile(KD, K, bh, c * L + j * B_LKV, k0, S, d_qk, B_LKV, B_DQK, USE_TMA)
+        acc = tl.dot(ds.to(k_blk.dtype), k_blk, acc, input_precision=DOT_PREC)
+    q_blk = load_tile(QD, Q, bh, r0, k0, S, d_qk, B_LQ, B_DQK, USE_TMA)
+    store_tile(DQD, DQ, acc.to(DQ.dtype.element_ty), bh, r0, k0, S, d_qk, B_LQ, B_DQK, USE_TMA)
+    _store_rowsum(QDQ, bh, S_pad, rows, q_blk, acc, ATOMIC_ROWSUM)
+
+
+@triton.jit
+def _dq_inter(CD, C_st, DHD, DH, bh, c, r0, k0, S, NC, d_qk, d_hv, row_scale,
+              B_LQ: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
+              NUM_DHV: tl.constexpr, HAS_C0: tl.constexpr, DOT_PREC: tl.constexpr,
+              USE_TMA: tl.constexpr):
+    """The inter-chunk part of dQ, b̄ ⊙ dH̃ C_{k-1}ᵀ · scale (row_scale = b̄ · scale/(n + eps)),
+    fp32 (B_LQ, B_DQK): d_qk columns k0.. of query tile r0 of chunk c, C_{k-1} in the
+    (BNH·(N_c+1), d_qk, d_hv) view; none at chunk 0 without C0 (C_0 = 0): a trip count of 0
+    there, not a branch, which would keep Triton from pipelining the loop."""
     acc = tl.zeros((B_LQ, B_DQK), dtype=tl.float32)
-    c_row = bh * (NC + 1) + c       # C_{k-1} in the (BNH·(N_c+1), d_qk, d_hv) view
+    c_row = bh * (NC + 1) + c
     n_inter = NUM_DHV if HAS_C0 else tl.where(c > 0, NUM_DHV, 0)
     for vb in range(n_inter):
         dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
         c_blk = load_tile(CD, C_st, c_row, k0, vb * B_DHV, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
         acc = tl.dot(dh_blk, tl.trans(c_blk.to(dh_blk.dtype)), acc, input_precision=DOT_PREC)
-    acc = acc * (b_bar * rs)[:, None]
-    # intra: (dH̃ Vᵀ ⊙ D) K · scale
-    n_kv = ((pid_q + 1) * B_LQ) // B_LKV
-    for j in range(n_kv):
-        s_loc, s0, cols = tile_rows(c, j, L, B_LKV)
-        ds = tl.zeros((B_LQ, B_LKV), dtype=tl.float32)
-        for vb in range(NUM_DHV):
-            dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
-            v_blk = load_tile(VD, V, bh, s0, vb * B_DHV, S, d_hv, B_LKV, B_DHV, USE_TMA)
-            ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
-        i_kv = tl.load(I_vec + bh * S_pad + cols)
-        b_kv = tl.load(B_vec + bh * S_pad + cols)
-        d_log = gate_exponent(b_q, mc_q, b_kv, i_kv, r_loc, s_loc, False)
-        ds = ds * tl.exp(d_log) * rs[:, None]
-        k_blk = load_tile(KD, K, bh, s0, k0, S, d_qk, B_LKV, B_DQK, USE_TMA)
-        acc = tl.dot(ds.to(k_blk.dtype), k_blk, acc, input_precision=DOT_PREC)
-    q_blk = load_tile(QD, Q, bh, r0, k0, S, d_qk, B_LQ, B_DQK, USE_TMA)
-    store_tile(DQD, DQ, acc.to(DQ.dtype.element_ty), bh, r0, k0, S, d_qk, B_LQ, B_DQK, USE_TMA)
-    _store_rowsum(QDQ, bh, S_pad, rows, q_blk, acc, ATOMIC_ROWSUM)
+    return acc * row_scale[:, None]
+
+
+@triton.jit
+def _dq_ds(DHD, DH, VD, V, B_vec, I_vec, bh, c, j, r0, r_loc, b_q, mc_q, rs, S, S_pad, d_hv,
+           L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr, B_DHV: tl.constexpr,
+           NUM_DHV: tl.constexpr, DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr):
+    """(dH̃ Vᵀ ⊙ D) · row scale of query tile r0 and key/value tile j of chunk c, fp32
+    (B_LQ, B_LKV), the contraction over d_hv in NUM_DHV blocks of B_DHV."""
+    s_loc, s0, cols = tile_rows(c, j, L, B_LKV)
+    ds = tl.zeros((B_LQ, B_LKV), dtype=tl.float32)
+    for vb in range(NUM_DHV):
+        dh_blk = load_tile(DHD, DH, bh, r0, vb * B_DHV, S, d_hv, B_LQ, B_DHV, USE_TMA)
+        v_blk = load_tile(VD, V, bh, s0, vb * B_DHV, S, d_hv, B_LKV, B_DHV, USE_TMA)
+        ds = tl.dot(dh_blk, tl.trans(v_blk), ds, input_precision=DOT_PREC)
+    i_kv = tl.load(I_vec + bh * S_pad + cols)
+    b_kv = tl.load(B_vec + bh * S_pad + cols)
+    d_log = gate_exponent(b_q, mc_q, b_kv, i_kv, r_loc, s_loc, False)
+    return ds * tl.exp(d_log) * rs[:, None]
+
+
+@triton.jit
+def _dq_once_kernel(
+    Q, K, V, QD, KD, VD, CD, DHD, DQD, B_vec, I_vec, MI_vec, M_st, NOUT, C_st, DH, DQ, QDQ,
+    S, NC, d_qk, d_hv, scale, eps,
+    L: tl.constexpr, B_LQ: tl.constexpr, B_LKV: tl.constexpr,
+    B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr, NUM_DHV: tl.constexpr,
+    IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, HAS_C0: tl.constexpr,
+    DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr,
+):
+    # dQ with each product of a query tile formed once (rule B11): one program per (query
+    # tile, chunk, b·head) forms dH̃ Vᵀ ⊙ D with its (at most two, L <= 2·B_LKV) key/value
+    # tiles once, keeps it on chip, and loops over the d_qk blocks of dQ, adding the
+    # products in _dq_kernel's order (inter-chunk part, then the key/value tiles in order);
+    # _dq_kernel's d_qk-block programs each form it again. The row sums q·dq are summed in
+    # the program (no atomics).
+    _, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), 1, L // B_LQ, NC)
+    S_pad = NC * L
+    r_loc, r0, rows = tile_rows(c, pid_q, L, B_LQ)
+    b_q, mc_q, b_bar, rs = _q_rows(B_vec, MI_vec, M_st, NOUT, bh, c, rows, S_pad, NC, scale, eps,
+                                   IS_EXP, NORMALIZE)
+    k_ty = K.dtype.element_ty
+    n_kv = tl.cdiv((pid_q + 1) * B_LQ, B_LKV)
+    j_last = n_kv - 1
+    ds_last = _dq_ds(DHD, DH, VD, V, B_vec, I_vec, bh, c, j_last, r0, r_loc, b_q, mc_q, rs, S,
+                     S_pad, d_hv, L, B_LQ, B_LKV, B_DHV, NUM_DHV, DOT_PREC, USE_TMA).to(k_ty)
+    if L // B_LKV == 2:
+        if n_kv == 2:
+            ds_0 = _dq_ds(DHD, DH, VD, V, B_vec, I_vec, bh, c, 0, r0, r_loc, b_q, mc_q, rs, S,
+                          S_pad, d_hv, L, B_LQ, B_LKV, B_DHV, NUM_DHV, DOT_PREC,
+                          USE_TMA).to(k_ty)
+        else:
+            ds_0 = tl.zeros((B_LQ, B_LKV), dtype=k_ty)
+    rowsum = tl.zeros((B_LQ,), dtype=tl.float32)
+    for kb in range(NUM_DQK):
+        k0 = kb * B_DQK
+        acc = _dq_inter(CD, C_st, DHD, DH, bh, c, r0, k0, S, NC, d_qk, d_hv, b_bar * rs, B_LQ,
+                        B_DQK, B_DHV, NUM_DHV, HAS_C0, DOT_PREC, USE_TMA)
+        if L // B_LKV == 2:
+            if n_kv == 2:
+                k_0 = load_tile(KD, K, bh, c * L, k0, S, d_qk, B_LKV, B_DQK, USE_TMA)
+                acc = tl.dot(ds_0, k_0, acc, input_precision=DOT_PREC)
+        k_l = load_tile(KD, K, bh, c * L + j_last * B_LKV, k0, S, d_qk, B_LKV, B_DQK, USE_TMA)
+        acc = tl.dot(ds_last, k_l, acc, input_precision=DOT_PREC)
+        q_blk = load_tile(QD, Q, bh, r0, k0, S, d_qk, B_LQ, B_DQK, USE_TMA)
+        store_tile(DQD, DQ, acc.to(DQ.dtype.element_ty), bh, r0, k0, S, d_qk, B_LQ, B_DQK,
+                   USE_TMA)
+        rowsum += tl.sum(q_blk.to(tl.float32) * acc, 1)
+    tl.store(QDQ + bh * S_pad + rows, rowsum)
 
 
 @triton.jit
@@ -393,25 +468,39 @@ def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     return {}
 
 
-def _once_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
-    """Where dK and dV run as ``_dkv_once_kernel`` by default (docs/kernels.md, tuning rule
-    B10): 16-bit inputs at L 128 (``bw_config`` keeps it only where B4's one-program kernel
-    does not run), in 3 pipeline stages at d_qk 256 / d_hv 512 and 2 elsewhere, as measured."""
+def _once_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
+    """Where the backward forms each tile's products once by default (docs/kernels.md, tuning
+    rules B10, B11), for 16-bit inputs at L 128:
+
+    - B10, dK and dV as ``_dkv_once_kernel`` (``bw_config`` keeps it only where B4's
+      one-program kernel does not run), in its own DKV_* tiles: at d_qk 256 / d_hv 512
+      the whole chunk as one query and one key/value tile, 8 warps, 3 pipeline stages;
+      elsewhere 64-row tiles, 4 warps, 2 stages;
+    - B11, at d_qk 256 / d_hv 512 only, dQ as ``_dq_once_kernel`` in 3 pipeline stages.
+    """
     if dtype not in (torch.bfloat16, torch.float16) or L != 128:
         return {}
-    stages = 3 if (pow2(d_qk), pow2(d_hv)) == (256, 512) else 2
-    return dict(ONCE_DKV=True, DKV_num_stages=stages)
+    if (pow2(d_qk), pow2(d_hv)) == (256, 512):
+        return dict(ONCE_DKV=True, DKV_B_LQ=128, DKV_B_LKV=128, DKV_num_warps=8,
+                    DKV_num_stages=3, ONCE_DQ=True, num_stages=3)
+    return dict(ONCE_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=4, DKV_num_stages=2)
 
 
 def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
               tuning: Tuning = DEFAULT) -> dict:
-    """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B5, B10);
-    USE_TMA: tiles and stores through tensor descriptors, on for 16-bit inputs; FUSED_DKV:
-    dK and dV in one launch (``_dkv_fused_kernel``, its tiles DKV_*), only where d_qk and
-    d_hv fit one tile of at most 256 columns; ONCE_DKV, elsewhere: ``_dkv_once_kernel``
-    (rule B10, its pipeline stages DKV_num_stages), only where a chunk holds at most two
-    query tiles. ``tuning.bw``'s keys win over every default
-    (FUSED is :func:`fused_bw`'s)."""
+    """Tile sizes of the xl_chunk backward kernels (docs/kernels.md, tuning rules B2-B5, B10,
+    B11). USE_TMA: tiles and stores through tensor descriptors, on for 16-bit inputs.
+    B_LQ, B_LKV, B_DQK, B_DHV, num_warps, num_stages: dQ's, and dK/dV's where neither of:
+
+    - FUSED_DKV: dK and dV in one launch (``_dkv_fused_kernel``, its tiles DKV_*), only
+      where d_qk and d_hv fit one tile of at most 256 columns;
+    - ONCE_DKV, elsewhere: ``_dkv_once_kernel`` (rule B10; its row tiles, warps and stages
+      DKV_*, its head-dimension blocks DKV_B_DQK / DKV_B_DHV, by default B_DQK / B_DHV),
+      only where a chunk holds at most two of its query tiles.
+
+    ONCE_DQ: dQ as ``_dq_once_kernel`` (rule B11), only where a chunk holds at most two
+    key/value tiles. ``tuning.bw``'s keys win over every default (FUSED is
+    :func:`fused_bw`'s)."""
     fp32 = dtype == torch.float32
     b_l = min(64, L)
     cap = 64 if fp32 else 128
@@ -424,17 +513,23 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
         # one tile (d_qk, d_hv <= 256); its own tiles, warps and stages
         FUSED_DKV=False, DKV_B_LQ=32, DKV_B_LKV=64, DKV_num_warps=8, DKV_num_stages=2,
         # where dK and dV are separate programs: one of each per key/value tile, each
-        # forming its tile's products once (_dkv_once_kernel, with DKV_num_stages)
-        ONCE_DKV=False,
+        # forming its tile's products once (_dkv_once_kernel, its tiles DKV_*; head-dimension
+        # blocks DKV_B_DQK / DKV_B_DHV, None: B_DQK / B_DHV)
+        ONCE_DKV=False, DKV_B_DQK=None, DKV_B_DHV=None,
+        # one dQ program per query tile, forming its products once (_dq_once_kernel)
+        ONCE_DQ=False,
     )
-    cfg.update(_once_dkv_rule(L, d_qk, d_hv, dtype))
+    cfg.update(_once_rule(L, d_qk, d_hv, dtype))
     cfg.update(_fused_dkv_rule(L, d_qk, d_hv, dtype))
     cfg.update((k, v) for k, v in tuning.bw.items() if k != "FUSED")
     for key in ("B_LQ", "B_LKV", "DKV_B_LQ", "DKV_B_LKV"):
         cfg[key] = min(cfg[key], L)
     cfg["FUSED_DKV"] = bool(cfg["FUSED_DKV"]) and max(pow2(d_qk), pow2(d_hv)) <= 256
     cfg["ONCE_DKV"] = (bool(cfg["ONCE_DKV"]) and not cfg["FUSED_DKV"]
-                       and L // cfg["B_LQ"] <= 2)
+                       and L // cfg["DKV_B_LQ"] <= 2)
+    cfg["ONCE_DQ"] = bool(cfg["ONCE_DQ"]) and L // cfg["B_LKV"] <= 2
+    cfg["DKV_B_DQK"] = cfg["DKV_B_DQK"] or cfg["B_DQK"]
+    cfg["DKV_B_DHV"] = cfg["DKV_B_DHV"] or cfg["B_DHV"]
     return cfg
 
 
@@ -474,7 +569,7 @@ def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: boo
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     cfg, NC, n_dqk, n_dhv, scale, prec = _launch_common(q, v, L, tuning)
-    atomic = n_dqk > 1
+    atomic = n_dqk > 1 and not cfg["ONCE_DQ"]
     qdq = _rowsum_buffer(q, NC, L, atomic)
     dq = torch.empty_like(q)
     blq, blkv, bqk, bhv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
@@ -483,14 +578,18 @@ def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: boo
                                                 blocks=(blq, blkv, bqk, bhv))
     D = lambda t, *blk: descriptor(t, (1, *blk), tma)  # noqa: E731
     b_vec, _, i_vec, mi_vec = gates
-    _dq_kernel[(n_dqk * (L // blq) * NC * BNH,)](
+    if cfg["ONCE_DQ"]:      # one program per query tile, over the d_qk blocks (B11)
+        kernel, programs, extra = _dq_once_kernel, 1, dict(NUM_DQK=n_dqk)
+    else:                   # one program per d_qk block and query tile
+        kernel, programs, extra = _dq_kernel, n_dqk, dict(ATOMIC_ROWSUM=atomic)
+    launch(
+        kernel, (programs * (L // blq) * NC * BNH,),
         q, k, v, D(q, blq, bqk), D(k, blkv, bqk), D(v, blkv, bhv), D(C_view, bqk, bhv),
         D(dh, blq, bhv), D(dq, blq, bqk),
         b_vec, i_vec, mi_vec, m_st, n_out, C_st, dh, dq, qdq,
         S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
-        NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize, ATOMIC_ROWSUM=atomic,
-        HAS_C0=has_c0, DOT_PREC=prec, USE_TMA=tma, num_warps=cfg["num_warps"],
-        num_stages=cfg["num_stages"])
+        NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize, HAS_C0=has_c0, DOT_PREC=prec,
+        USE_TMA=tma, num_warps=cfg["num_warps"], num_stages=cfg["num_stages"], **extra)
     return dq, qdq
 
 
@@ -527,22 +626,23 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
             USE_TMA=tma_f,
             num_warps=cfg["DKV_num_warps"], num_stages=cfg["DKV_num_stages"])
         return dk, dv, kdk
-    blq, blkv, bqk, bhv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
+    if cfg["ONCE_DKV"]:     # one dK and one dV program per key/value tile (B10)
+        kernel, programs, pre = _dkv_once_kernel, 2, "DKV_"
+        extra = {}
+    else:                   # the d_qk blocks of dK, then the d_hv blocks of dV (B9)
+        kernel, programs, pre = _dkv_kernel, n_dqk + n_dhv, ""
+        extra = dict(ATOMIC_ROWSUM=atomic)
+    blq, blkv, bqk, bhv = (cfg[pre + key] for key in ("B_LQ", "B_LKV", "B_DQK", "B_DHV"))
     tma = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
                                                 blocks=(blq, blkv, bqk, bhv))
     D = lambda t, *blk: descriptor(t, (1, *blk), tma)  # noqa: E731
-    if cfg["ONCE_DKV"]:     # one dK and one dV program per key/value tile (B10)
-        kernel, programs = _dkv_once_kernel, 2
-        extra = dict(num_stages=cfg["DKV_num_stages"])
-    else:                   # the d_qk blocks of dK, then the d_hv blocks of dV (B9)
-        kernel, programs = _dkv_kernel, n_dqk + n_dhv
-        extra = dict(ATOMIC_ROWSUM=atomic, num_stages=cfg["num_stages"])
     launch(
         kernel, (programs * (L // blkv) * NC * BNH,),
         q, k, v, dh, D(q, blq, bqk), D(k, blkv, bqk), D(v, blkv, bhv), D(dh, blq, bhv),
         D(dC_view, bqk, bhv), D(dk, blkv, bqk), D(dv, blkv, bhv),
         b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
         S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
-        NUM_DQK=n_dqk, NUM_DHV=n_dhv, IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=prec,
-        USE_TMA=tma, num_warps=cfg["num_warps"], **extra)
+        NUM_DQK=triton.cdiv(d_qk, bqk), NUM_DHV=triton.cdiv(d_hv, bhv), IS_EXP=is_exp,
+        NORMALIZE=normalize, DOT_PREC=prec, USE_TMA=tma, num_warps=cfg[pre + "num_warps"], num_stages=cfg[pre + "num_stages"],
+        **extra)
     return dk, dv, kdk

@@ -63,10 +63,12 @@ KEYS = {
            "INTER_IN_LOOP"),
     "fw_limit": ("B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "INTER_IN_LOOP"),
     # xl_chunk's dQ / dK / dV kernels; FUSED_DKV: dK and dV in one launch, its tiles DKV_*;
-    # ONCE_DKV: one dK and one dV program per key/value tile (stages DKV_num_stages);
+    # ONCE_DKV: one dK and one dV program per key/value tile (its tiles DKV_*, head blocks
+    # DKV_B_DQK / DKV_B_DHV); ONCE_DQ: one dQ program per query tile;
     # FUSED: limit_chunk's one-program-per-chunk kernel instead
     "bw": ("B_LQ", "B_LKV", "B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "FUSED_DKV",
-           "DKV_B_LQ", "DKV_B_LKV", "DKV_num_warps", "DKV_num_stages", "FUSED", "ONCE_DKV"),
+           "DKV_B_LQ", "DKV_B_LKV", "DKV_B_DQK", "DKV_B_DHV", "DKV_num_warps", "DKV_num_stages",
+           "FUSED", "ONCE_DKV", "ONCE_DQ"),
     # limit_chunk's backward kernel (also xl_chunk's with bw FUSED)
     "limit_bw": ("B_DQK", "B_DHV", "num_warps", "num_stages"),
     # mLSTMsig's forward walk; enabled False: never walk; train False: not as the forward of
