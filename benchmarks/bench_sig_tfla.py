@@ -236,6 +236,13 @@ VARIANTS = {
         ("_v256", {"DKV_B_DHV": 256}),
         ("_q256", {"DKV_B_DQK": 256}),
         ("_v256_st2", {"DKV_B_DHV": 256, "DKV_num_stages": 2}),
+        # smaller head blocks and fewer stages: two programs per SM by shared memory
+        ("_q64_v64_st2", {"DKV_B_DQK": 64, "DKV_B_DHV": 64, "DKV_num_stages": 2}),
+        ("_q64_v64_st3", {"DKV_B_DQK": 64, "DKV_B_DHV": 64, "DKV_num_stages": 3}),
+        ("_q64_v64_st2_w4", {"DKV_B_DQK": 64, "DKV_B_DHV": 64, "DKV_num_stages": 2,
+                             "DKV_num_warps": 4}),
+        ("_v64_st2", {"DKV_B_DHV": 64, "DKV_num_stages": 2}),
+        ("_q64_st2", {"DKV_B_DQK": 64, "DKV_num_stages": 2}),
         ("_dqonce_st4", {"ONCE_DQ": True, "num_stages": 4}),
         ("_dqonce_st3_w8", {"ONCE_DQ": True, "num_stages": 3, "num_warps": 8}),
         ("_dqonce_kv128_st3", {"ONCE_DQ": True, "B_LKV": 128, "num_stages": 3}),
