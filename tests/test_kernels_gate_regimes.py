@@ -115,6 +115,27 @@ def kernel_fn(name, L):
     return lambda *a, **kw: fn(*a, chunk_size=L, algorithm=algorithm, **kw)
 
 
+def assert_once_equals(name, L, S, blocks, switch, once_kernel, per_block_kernel):
+    """h and the gradients (float32, d_qk 32, d_hv 48) with ``Tuning.bw`` ``switch`` on equal
+    those with it off bit for bit, at the tiles ``blocks``; with it on, ``once_kernel`` is
+    launched and ``per_block_kernel`` is not."""
+    from tfla.triton import chunkwise_parallel_bw as pbw
+    inputs, init, dh, dC = make_inputs("short_memory", S, d_qk=32, d_hv=48,
+                                       positive_qk=(KERNELS[name][0] == "exp"))
+    with use_tuning(Tuning(bw=dict(blocks, **{switch: False}))):
+        ref = outputs(kernel_fn(name, L), inputs, init, dh, dC)
+    seen = []
+    real = pbw.launch
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(pbw, "launch", lambda kernel, *a, **kw: (seen.append(kernel.fn.__name__),
+                                                             real(kernel, *a, **kw))[1])
+        with use_tuning(Tuning(bw=dict(blocks, **{switch: True}))):
+            out = outputs(kernel_fn(name, L), inputs, init, dh, dC)
+    assert once_kernel in seen and per_block_kernel not in seen
+    for nm, a, b in zip(NAMES, out, ref):
+        assert torch.equal(a, b), nm
+
+
 def check_kernel(name, regime, L, S, **shape):
     variant = KERNELS[name][0]
     inputs, init, dh, dC = make_inputs(regime, S, positive_qk=(variant == "exp"), **shape)
@@ -191,23 +212,9 @@ def test_once_dkv_kernel_equals_the_per_block_kernel(name, L, S, lq, lkv):
     chunk, a sequence shorter than one chunk, key/value tiles smaller and larger than the
     query tiles, one or two query tiles per chunk (one: the whole chunk as one query and one
     key/value tile, B10's layout at 256 / 512), and it is the kernel that ran."""
-    from tfla.triton import chunkwise_parallel_bw as pbw
-    inputs, init, dh, dC = make_inputs("short_memory", S, d_qk=32, d_hv=48,
-                                       positive_qk=(KERNELS[name][0] == "exp"))
     blocks = {"B_LQ": lq, "B_LKV": lkv, "DKV_B_LQ": lq, "DKV_B_LKV": lkv, "B_DQK": 16,
               "B_DHV": 16, "DKV_num_warps": 4}
-    with use_tuning(Tuning(bw=dict(blocks, ONCE_DKV=False))):
-        ref = outputs(kernel_fn(name, L), inputs, init, dh, dC)
-    seen = []
-    real = pbw.launch
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pbw, "launch", lambda kernel, *a, **kw: (seen.append(kernel.fn.__name__),
-                                                             real(kernel, *a, **kw))[1])
-        with use_tuning(Tuning(bw=dict(blocks, ONCE_DKV=True))):
-            out = outputs(kernel_fn(name, L), inputs, init, dh, dC)
-    assert "_dkv_once_kernel" in seen and "_dkv_kernel" not in seen
-    for nm, a, b in zip(NAMES, out, ref):
-        assert torch.equal(a, b), nm
+    assert_once_equals(name, L, S, blocks, "ONCE_DKV", "_dkv_once_kernel", "_dkv_kernel")
 
 
 @pytest.mark.parametrize("L,S", LENGTHS + [(64, 150)])
@@ -247,22 +254,8 @@ def test_once_dq_kernel_equals_the_per_block_kernel(name, L, S, lq, lkv):
     added atomically block after block there, summed in the program here), with a ragged
     last chunk, a sequence shorter than one chunk, one or two key/value tiles per query
     tile, key tiles longer than query tiles, and it is the kernel that ran."""
-    from tfla.triton import chunkwise_parallel_bw as pbw
-    inputs, init, dh, dC = make_inputs("short_memory", S, d_qk=32, d_hv=48,
-                                       positive_qk=(KERNELS[name][0] == "exp"))
     blocks = {"B_LQ": lq, "B_LKV": lkv, "B_DQK": 16, "B_DHV": 16}
-    with use_tuning(Tuning(bw=dict(blocks, ONCE_DQ=False))):
-        ref = outputs(kernel_fn(name, L), inputs, init, dh, dC)
-    seen = []
-    real = pbw.launch
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(pbw, "launch", lambda kernel, *a, **kw: (seen.append(kernel.fn.__name__),
-                                                             real(kernel, *a, **kw))[1])
-        with use_tuning(Tuning(bw=dict(blocks, ONCE_DQ=True))):
-            out = outputs(kernel_fn(name, L), inputs, init, dh, dC)
-    assert "_dq_once_kernel" in seen and "_dq_kernel" not in seen
-    for nm, a, b in zip(NAMES, out, ref):
-        assert torch.equal(a, b), nm
+    assert_once_equals(name, L, S, blocks, "ONCE_DQ", "_dq_once_kernel", "_dq_kernel")
 
 
 def test_once_defaults_where_measured():
