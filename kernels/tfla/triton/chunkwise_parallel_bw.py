@@ -559,7 +559,8 @@ def _launch_common(q, v, L: int, tuning: Tuning):
 
 def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: bool,
                    normalize: bool, eps: float, has_c0: bool = True, tuning: Tuning = DEFAULT):
-    """dq (input dtype) and the fp32 row sums q·dq (BNH, N_c*L) (``_dq_kernel``; it needs the
+    """dq (input dtype) and the fp32 row sums q·dq (BNH, N_c*L) (``_dq_kernel``, or
+    ``_dq_once_kernel`` where ``bw_config`` sets ONCE_DQ; it needs the
     forward's chunk states C_st, not the state gradients, so it may run beside
     :func:`tfla.triton.chunkwise_recurrent.recurrent_bw`). q, k (BNH, S, d_qk), v, dh (BNH, S,
     d_hv) contiguous in the input dtype; gates (b, a, ī, m^intra) and m_st, n_out as the
@@ -643,6 +644,6 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
         b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
         S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
         NUM_DQK=triton.cdiv(d_qk, bqk), NUM_DHV=triton.cdiv(d_hv, bhv), IS_EXP=is_exp,
-        NORMALIZE=normalize, DOT_PREC=prec, USE_TMA=tma, num_warps=cfg[pre + "num_warps"], num_stages=cfg[pre + "num_stages"],
-        **extra)
+        NORMALIZE=normalize, DOT_PREC=prec, USE_TMA=tma, num_warps=cfg[pre + "num_warps"],
+        num_stages=cfg[pre + "num_stages"], **extra)
     return dk, dv, kdk
