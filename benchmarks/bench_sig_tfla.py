@@ -256,6 +256,18 @@ VARIANTS = {
                          "ONCE_DQ": False, "num_stages": 2}},
     "bw_no_once_dq": {"bw": {"ONCE_DQ": False, "num_stages": 2}},
     "bw_once_dq_st3": {"bw": {"ONCE_DQ": True, "num_stages": 3}},
+    # where B4's one-program dK/dV kernel runs (Figure 4's and the small heads): B10's once
+    # kernel instead, at its tiles, warps and stages
+    **{f"bw_once_nf{n}": {"bw": dict(o, FUSED_DKV=False, ONCE_DKV=True)} for n, o in (
+        ("_w4_st2", {"DKV_B_LQ": 64, "DKV_B_LKV": 64, "DKV_num_warps": 4, "DKV_num_stages": 2}),
+        ("_w4_st3", {"DKV_B_LQ": 64, "DKV_B_LKV": 64, "DKV_num_warps": 4, "DKV_num_stages": 3}),
+        ("_w8_st3", {"DKV_B_LQ": 64, "DKV_B_LKV": 64, "DKV_num_warps": 8, "DKV_num_stages": 3}),
+        ("_128_w8", {"DKV_B_LQ": 128, "DKV_B_LKV": 128, "DKV_num_warps": 8,
+                     "DKV_num_stages": 2}),
+        ("_128_w8_st3", {"DKV_B_LQ": 128, "DKV_B_LKV": 128, "DKV_num_warps": 8,
+                         "DKV_num_stages": 3}),
+        ("_128_w8_st4", {"DKV_B_LQ": 128, "DKV_B_LKV": 128, "DKV_num_warps": 8,
+                         "DKV_num_stages": 4}))},
     # Figure 5's heads (256 / 512): wider head-dimension blocks (fewer dK / dV programs per
     # key/value tile, each forming K Qᵀ or V dH̃ᵀ once), 128-row key tiles, 32-row query tiles
     **{f"bw_{n}": {"bw": o} for n, o in (
