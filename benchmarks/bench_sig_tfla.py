@@ -268,6 +268,32 @@ VARIANTS = {
                          "DKV_num_stages": 3}),
         ("_128_w8_st4", {"DKV_B_LQ": 128, "DKV_B_LKV": 128, "DKV_num_warps": 8,
                          "DKV_num_stages": 4}))},
+    # Figure 5's heads at L 256 (half the chunk states): the H kernel in 128-row query tiles
+    # with the whole d_qk, and the backward's once kernels in 128-row tiles (two per chunk)
+    **{f"l256_{n}": o for n, o in (
+        ("a", {"fw": {"B_LQ": 128, "B_LKV": 64, "B_DQK": 256, "B_DHV": 128, "num_warps": 8},
+               "bw": {"ONCE_DKV": True, "DKV_B_LQ": 128, "DKV_B_LKV": 128, "DKV_num_warps": 8,
+                      "DKV_num_stages": 2, "ONCE_DQ": True, "B_LQ": 128, "B_LKV": 128,
+                      "num_warps": 8, "num_stages": 2}}),
+        ("b", {"fw": {"B_LQ": 128, "B_LKV": 64, "B_DQK": 256, "B_DHV": 128, "num_warps": 8},
+               "bw": {"ONCE_DKV": True, "DKV_B_LQ": 128, "DKV_B_LKV": 128, "DKV_num_warps": 8,
+                      "DKV_num_stages": 3, "ONCE_DQ": True, "B_LQ": 64, "B_LKV": 128,
+                      "num_stages": 3}}),
+        ("c", {"bw": {"ONCE_DKV": True, "DKV_B_LQ": 128, "DKV_B_LKV": 128, "DKV_num_warps": 8,
+                      "DKV_num_stages": 3, "ONCE_DQ": True, "B_LQ": 64, "B_LKV": 128,
+                      "num_stages": 3}}),
+        ("d", {"fw": {"B_LQ": 128, "B_LKV": 64, "B_DQK": 256, "B_DHV": 128, "num_warps": 8}}),
+        ("e", {"fw": {"B_LQ": 128, "B_LKV": 128, "B_DQK": 256, "B_DHV": 128, "num_warps": 8,
+                      "num_stages": 1}}))},
+    # the best H kernel of the L 256 sweep (128-row query, 64-row key tiles, whole d_qk,
+    # d_hv blocks of 256, 8 warps) with the backward's once kernels at several tiles
+    **{f"l256_{n}": {"fw": {"B_LQ": 128, "B_LKV": 64, "B_DQK": 256, "B_DHV": 256,
+                             "num_warps": 8, "num_stages": 2},
+                      "bw": dict({"ONCE_DKV": True, "DKV_B_LQ": 128, "DKV_B_LKV": 128,
+                                  "DKV_num_warps": 8, "DKV_num_stages": 3, "ONCE_DQ": True,
+                                  "B_LQ": 64, "B_LKV": 128, "num_stages": 3}, **o)}
+       for n, o in (("f", {}), ("g", {"B_LQ": 128, "num_warps": 8}), ("i", {"num_stages": 2}),
+                    ("j", {"DKV_num_stages": 2}), ("k", {"ONCE_DQ": False, "B_LKV": 64}))},
     # Figure 5's heads (256 / 512): wider head-dimension blocks (fewer dK / dV programs per
     # key/value tile, each forming K Qᵀ or V dH̃ᵀ once), 128-row key tiles, 32-row query tiles
     **{f"bw_{n}": {"bw": o} for n, o in (
@@ -560,7 +586,8 @@ def _rec_grid(shp, L):
 
 
 def _fw_grid(shp, L):
-    """Stage-A configs of the parallel H kernel: tiles x d_hv block x warps (2 stages)."""
+    """Stage-A configs of the parallel H kernel: tiles x d_hv block x warps (2 stages); where
+    d_qk > 128 also the whole d_qk as one block (B_DQK)."""
     out = []
     for blq, blkv in [(64, 64), (128, 64), (64, 32), (128, 128)]:
         if blq > L:
@@ -569,7 +596,9 @@ def _fw_grid(shp, L):
             if bv > max(16, shp["d_hv"]):
                 continue
             for w in (4, 8):
-                out.append(dict(B_LQ=blq, B_LKV=blkv, B_DHV=bv, num_warps=w, num_stages=2))
+                for bqk in ((128, 256) if shp["d_qk"] > 128 else (None,)):
+                    cfg = dict(B_LQ=blq, B_LKV=blkv, B_DHV=bv, num_warps=w, num_stages=2)
+                    out.append(cfg if bqk is None else dict(cfg, B_DQK=bqk))
     return out
 
 

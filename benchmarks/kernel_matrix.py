@@ -12,9 +12,10 @@ of their values meets every variant, chunk and dtype: gate dtype (float32, bfloa
 float16), initial state (none, or C0 and n0 (and m0) in float32 or in q's dtype), last
 state, normaliser (mLSTMsig), a sequence ending in a partial chunk, one shorter than the
 chunk, or whole chunks, and the grid (see below). :data:`EXTRA` adds the largest head
-mLSTMsig accepts (1024), the reported defect (mLSTMexp, chunk 256, 16-bit gates) and
-mLSTMsig's training walk (with gradients under "auto" on a full grid) and the walk over
-sequence segments. Each
+mLSTMsig accepts (1024), the reported defect (mLSTMexp, chunk 256, 16-bit gates),
+mLSTMsig's training walk (with gradients under "auto" on a full grid), the walk over
+sequence segments, and mLSTMsig in 16-bit at Figure 5's heads with gradients (under "auto"
+at L 256, and at L 128). Each
 case calls the public function and its backward, so the algorithm and every launch
 configuration come from the dispatch itself.
 
@@ -185,7 +186,16 @@ def _extra() -> tuple[Case, ...]:
                     ("auto", "bfloat16", "float32", 64, 128, 4096, "", False),
                     ("auto", "float16", "bfloat16", 128, 256, 2000, "float32", True),
                     (64, "bfloat16", "float16", 96, 192, 2048, "bfloat16", False))]
-    return tuple(big + defect + train_walk + segments)
+    # Figure 5's heads (256 / 512) in 16-bit, where each tile's products are formed once:
+    # under "auto" at L 256 (rules C2, H7, B10, B11; two whole chunks and a partial one, one
+    # chunk's worth, less than half a chunk) and at L 128 (B10, B11)
+    fig5 = [Case("sig", "xl_chunk", L, dt, gdt, 256, 512, S, init, last, norm, True, "large")
+            for L, dt, gdt, S, init, last, norm in (
+                ("auto", "bfloat16", "float32", 600, "float32", True, False),
+                ("auto", "float16", "bfloat16", 293, "", False, True),
+                ("auto", "bfloat16", "float16", 100, "bfloat16", False, False),
+                (128, "float16", "float32", 300, "float16", True, False))]
+    return tuple(big + defect + train_walk + segments + fig5)
 
 
 EXTRA = _extra()

@@ -262,10 +262,10 @@ def test_once_defaults_where_measured():
     """Rules B10 and B11 (docs/kernels.md): where dK and dV are separate programs, one of
     each per key/value tile for 16-bit inputs at L 128 (measured on one H100 at four head
     shapes): at 256 / 512 in one 128-row tile per chunk, 8 warps and 3 pipeline stages,
-    with dQ as one program per query tile in 3 stages; elsewhere 64-row tiles, 4 warps, 2
-    stages and the per-block dQ. Not for float32, other chunk sizes, where B4's one-program
-    kernel runs, or with more than two query (dK/dV) or key (dQ) tiles per chunk, even when
-    asked for."""
+    with dQ as one program per query tile in 3 stages, and so at L 256 there; elsewhere
+    64-row tiles, 4 warps, 2 stages and the per-block dQ. Not for float32, other chunk
+    sizes, where B4's one-program kernel runs, or with more than two query (dK/dV) or key
+    (dQ) tiles per chunk, even when asked for."""
     from tfla.triton import chunkwise_parallel_bw
     cfg = chunkwise_parallel_bw.bw_config
     bf16 = torch.bfloat16
@@ -279,8 +279,14 @@ def test_once_defaults_where_measured():
             assert tuple(c[k] for k in keys) == want, (d_qk, d_hv, dtype)
             assert (c["DKV_B_DQK"], c["DKV_B_DHV"]) == (c["B_DQK"], c["B_DHV"])
             assert c["num_stages"] == (3 if want[-1] else 2)
+    # L 256 at 256 / 512 ("auto" there, rule C2): the same dK/dV tiles (two per chunk), dQ
+    # against 128-row key tiles
+    c = cfg(256, 256, 512, bf16)
+    assert tuple(c[k] for k in keys) == (True, 128, 128, 8, 3, True), c
+    assert (c["B_LQ"], c["B_LKV"], c["num_stages"]) == (64, 128, 3)
     for L, d_qk, d_hv, dtype in [(128, 256, 512, torch.float32), (64, 256, 512, bf16),
-                                 (256, 256, 512, bf16), (128, 128, 256, bf16),
+                                 (512, 256, 512, bf16), (256, 256, 256, bf16),
+                                 (256, 256, 512, torch.float32), (128, 128, 256, bf16),
                                  (128, 64, 128, bf16)]:
         c = cfg(L, d_qk, d_hv, dtype)
         assert (c["ONCE_DKV"], c["ONCE_DQ"]) == (False, False), (L, d_qk, d_hv, dtype)

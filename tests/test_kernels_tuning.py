@@ -181,3 +181,24 @@ def test_plan_follows_the_active_walk_override():
     assert tfla.plan("sig", q, v, grad=False, device="cpu").algorithm == "walk"
     with use_tuning(Tuning(walk={"enabled": False})):
         assert tfla.plan("sig", q, v, grad=False, device="cpu").algorithm == "two_level"
+
+
+def test_h_kernel_tiles_at_figure5_heads_where_measured():
+    """Rules H4 and H7 (docs/kernels.md): mLSTMsig's H kernel in 16-bit at d_qk 256 / d_hv
+    512 takes the whole chunk as one 128 x 128 tile at L 128, and 128-row query against
+    64-row key tiles at L 256 (what "auto" takes there, C2), the whole d_qk, d_hv blocks of
+    256 and 8 warps (one pipeline stage at L 256, where two do not fit); mLSTMexp, float32
+    and L 512 keep the defaults; overrides win."""
+    from tfla.triton import chunkwise_parallel_fw as pfw
+    bf16 = torch.bfloat16
+    keys = ("B_LQ", "B_LKV", "B_DQK", "B_DHV", "num_warps", "num_stages")
+    cfg = lambda *a: tuple(pfw.fw_config(*a)[k] for k in keys)  # noqa: E731
+    assert cfg(128, 256, 512, bf16, False, False) == (128, 128, 256, 256, 8, 2)
+    assert cfg(256, 256, 512, torch.float16, False, False) == (128, 64, 256, 256, 8, 1)
+    assert cfg(256, 160, 320, bf16, False, False) == (128, 64, 256, 256, 8, 1)
+    for args in [(256, 256, 512, bf16, False, True), (256, 256, 512, torch.float32, False, False),
+                 (512, 256, 512, bf16, False, False), (256, 256, 256, bf16, False, False)]:
+        assert cfg(*args)[:2] == (64, 64), args
+    t = Tuning(fw={"B_LKV": 32})
+    assert pfw.fw_config(256, 256, 512, bf16, False, False, t)["B_LKV"] == 32
+

@@ -19,24 +19,42 @@ def _qv(B=1, NH=2, S=100, d_qk=16, d_hv=32, dtype=torch.float32, device="cpu"):
             torch.empty(B, NH, S, d_hv, dtype=dtype, device=device))
 
 
-@pytest.mark.parametrize("variant,d_qk,dtype", [
-    ("sig", 64, torch.bfloat16), ("sig", 128, torch.float16), ("sig", 256, torch.bfloat16),
-    ("sig", 128, torch.float32), ("exp", 128, torch.bfloat16),
+@pytest.mark.parametrize("variant,d_qk,d_hv,dtype", [
+    ("sig", 64, 128, torch.bfloat16), ("sig", 128, 256, torch.float16),
+    ("sig", 256, 256, torch.bfloat16), ("sig", 128, 512, torch.bfloat16),
+    ("sig", 256, 512, torch.float32), ("exp", 256, 512, torch.bfloat16),
+    ("exp", 128, 256, torch.bfloat16),
 ])
-def test_auto_chunk_rule(variant, d_qk, dtype):
+def test_auto_chunk_rule(variant, d_qk, d_hv, dtype):
     """The two-level kernels run at L 128 in both modes (mLSTMsig without gradients first
-    tries the walk at L 64, test below)."""
-    assert auto_chunk(variant, d_qk=d_qk, grad=True, dtype=dtype) == 128
-    assert auto_chunk(variant, d_qk=d_qk, grad=False, dtype=dtype) == 128
+    tries the walk at L 64, test below), except the next test's heads."""
+    assert auto_chunk(variant, d_qk=d_qk, d_hv=d_hv, grad=True, dtype=dtype) == 128
+    assert auto_chunk(variant, d_qk=d_qk, d_hv=d_hv, grad=False, dtype=dtype) == 128
+
+
+@pytest.mark.parametrize("d_qk,d_hv", [(256, 512), (160, 320), (256, 480)])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_auto_chunk_at_figure5_heads(d_qk, d_hv, dtype):
+    """Rule C2: mLSTMsig in 16-bit at d_qk 256 / d_hv 512 (each rounded up to a power of
+    two) runs the two-level kernels at L 256, with and without gradients, and the plan of
+    a long enough sequence says so."""
+    assert auto_chunk("sig", d_qk=d_qk, d_hv=d_hv, grad=True, dtype=dtype) == 256
+    assert auto_chunk("sig", d_qk=d_qk, d_hv=d_hv, grad=False, dtype=dtype) == 256
+    for S, L in ((1024, 256), (100, 128)):       # a shorter sequence: the chunk it fits
+        q = torch.empty(2, 4, S, d_qk, dtype=dtype, device="meta")
+        v = torch.empty(2, 4, S, d_hv, dtype=dtype, device="meta")
+        for grad in (True, False):
+            assert tfla.plan("sig", q, v, grad=grad, device="cpu") == tfla.Plan(L, "two_level")
+        assert tfla.plan("sig", q, v, chunk_size=128, device="cpu").chunk_size == 128
 
 
 def test_resolve_chunk_validates_and_passes_ints():
-    assert resolve_chunk(32, "sig", d_qk=16, grad=True, dtype=torch.float32) == 32
-    assert resolve_chunk("auto", "sig", d_qk=16, grad=True, dtype=torch.float32,
+    assert resolve_chunk(32, "sig", d_qk=16, d_hv=16, grad=True, dtype=torch.float32) == 32
+    assert resolve_chunk("auto", "sig", d_qk=16, d_hv=16, grad=True, dtype=torch.float32,
                          algorithm="limit_chunk") == 64
     for bad in (48, 8, "fast", 64.0):
         with pytest.raises(ValueError, match="chunk_size"):
-            resolve_chunk(bad, "sig", d_qk=16, grad=True, dtype=torch.float32)
+            resolve_chunk(bad, "sig", d_qk=16, d_hv=16, grad=True, dtype=torch.float32)
 
 
 def test_plan_on_the_cpu_is_the_reference(monkeypatch):

@@ -56,8 +56,8 @@ def mlstm_exp(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", eps=1e-
 
     if chunk_size == "auto":
         dims = check_qkvif(q, k, v, i, f)
-        chunk_size = resolve_chunk(chunk_size, "exp", d_qk=dims.d_qk, grad=True, dtype=q.dtype,
-                                   algorithm=algorithm)
+        chunk_size = resolve_chunk(chunk_size, "exp", d_qk=dims.d_qk, d_hv=dims.d_hv,
+                                   grad=True, dtype=q.dtype, algorithm=algorithm)
     if algorithm == "limit_chunk":
         from tfla.limit_chunk import mlstm_limit_chunk
         return mlstm_limit_chunk(q, k, v, i, f, variant="exp", chunk_size=chunk_size,

@@ -67,8 +67,8 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
     dims = check_qkvif(q, k, v, i, f)
     grad = _needs_grad(q, k, v, i, f, initial_state if not isinstance(initial_state, tuple)
                        else initial_state[0])
-    chunk_size = resolve_chunk(chunk_size, "sig", d_qk=dims.d_qk, grad=grad, dtype=q.dtype,
-                               algorithm=algorithm)
+    chunk_size = resolve_chunk(chunk_size, "sig", d_qk=dims.d_qk, d_hv=dims.d_hv, grad=grad,
+                               dtype=q.dtype, algorithm=algorithm)
     if algorithm == "limit_chunk":
         from tfla.limit_chunk import mlstm_limit_chunk
 

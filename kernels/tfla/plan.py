@@ -36,18 +36,27 @@ class Plan:
 WALK_CHUNK = 64
 
 
-def auto_chunk(variant: str, *, d_qk: int, grad: bool, dtype=None) -> int:
+def auto_chunk(variant: str, *, d_qk: int, d_hv: int, grad: bool, dtype=None) -> int:
     """The chunk size L of the two-level kernels under ``chunk_size="auto"``, before
     clamping to S.
 
     Rule (docs/kernels.md, Tuning rules C1-C2): the two-level kernels run at L 128 in
-    every mode, variant, head size and dtype. With gradients, mLSTMsig at d_qk <= 128 ran
-    fwd+bwd about 7-12 % faster at L 64 but needed about 1.6x the peak memory (twice the
-    chunk states kept for the backward), so L 64 is not taken there; mLSTMsig first tries
-    the forward walk at L :data:`WALK_CHUNK` (with gradients as the forward of the backward
-    at L 128, storing its chunk states; :func:`plan` says whether it takes the call).
-    ``variant``, ``d_qk``, ``grad`` and ``dtype`` are the rule's inputs.
+    every mode, variant, head size and dtype but one: mLSTMsig in 16-bit at d_qk 256 /
+    d_hv 512 (Figure 5's heads; each rounded up to a power of two) runs at L 256, whose
+    tiles (H7, B10, B11) made it faster forward and forward+backward at a third less peak
+    memory (half the chunk states). With gradients, mLSTMsig at d_qk <= 128 ran fwd+bwd
+    about 7-12 % faster at L 64 but needed about 1.6x the peak memory (twice the chunk
+    states kept for the backward), so L 64 is not taken there; mLSTMsig first tries the
+    forward walk at L :data:`WALK_CHUNK` (with gradients as the forward of the backward at
+    L 128, storing its chunk states; :func:`plan` says whether it takes the call).
+    ``variant``, ``d_qk``, ``d_hv``, ``grad`` and ``dtype`` are the rule's inputs.
     """
+    import torch
+
+    pow2 = lambda d: 1 << (int(d) - 1).bit_length()  # noqa: E731
+    if (variant == "sig" and dtype in (torch.bfloat16, torch.float16)
+            and (pow2(d_qk), pow2(d_hv)) == (256, 512)):
+        return 256
     return 128
 
 
@@ -91,7 +100,7 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
     d_hv = v.shape[-1]
     if grad is None:
         grad = torch.is_grad_enabled() and bool(getattr(q, "requires_grad", False))
-    L = resolve_chunk(chunk_size, variant, d_qk=d_qk, grad=grad, dtype=q.dtype,
+    L = resolve_chunk(chunk_size, variant, d_qk=d_qk, d_hv=d_hv, grad=grad, dtype=q.dtype,
                       algorithm=algorithm)
     from tfla.triton.common import interpret_mode
 
@@ -131,7 +140,7 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
     return Plan(effective_chunk(S, L), "two_level")
 
 
-def resolve_chunk(chunk_size, variant: str, *, d_qk: int, grad: bool, dtype,
+def resolve_chunk(chunk_size, variant: str, *, d_qk: int, d_hv: int, grad: bool, dtype,
                   algorithm: str = "xl_chunk") -> int:
     """chunk_size as given (validated) or, for "auto", :func:`auto_chunk`'s (limit_chunk:
     64, its default)."""
@@ -140,5 +149,5 @@ def resolve_chunk(chunk_size, variant: str, *, d_qk: int, grad: bool, dtype,
     if chunk_size == "auto":
         if algorithm == "limit_chunk":
             return 64
-        return auto_chunk(variant, d_qk=d_qk, grad=grad, dtype=dtype)
+        return auto_chunk(variant, d_qk=d_qk, d_hv=d_hv, grad=grad, dtype=dtype)
     return check_chunk_size(chunk_size, minimum=16, power_of_two=True)

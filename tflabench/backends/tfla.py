@@ -105,7 +105,8 @@ class TflaBackend(Backend):
         grad = mode == "fwdbw"
         if self._impl(params, device) != "triton":
             return {"chunk_size": resolve_chunk(params.chunk_size, params.variant,
-                                                d_qk=shape.d_qk, grad=grad, dtype=dtype),
+                                                d_qk=shape.d_qk, d_hv=shape.d_hv, grad=grad,
+                                                dtype=dtype),
                     "algorithm": "reference"}
         p = plan(params.variant, q, v, chunk_size=params.chunk_size, algorithm=params.algorithm,
                  grad=grad, normalize=params.variant == "sig" and params.normalize,
@@ -199,8 +200,9 @@ class TflaBackend(Backend):
             import torch
 
             from tfla.plan import resolve_chunk
-            L = resolve_chunk("auto", params.variant, d_qk=shape.d_qk, grad=mode == "fwdbw",
-                              dtype=getattr(torch, shape.dtype), algorithm=params.algorithm)
+            L = resolve_chunk("auto", params.variant, d_qk=shape.d_qk, d_hv=shape.d_hv,
+                              grad=mode == "fwdbw", dtype=getattr(torch, shape.dtype),
+                              algorithm=params.algorithm)
         return kind, {"L": L}
 
 

@@ -477,12 +477,18 @@ def _once_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
       the whole chunk as one query and one key/value tile, 8 warps, 3 pipeline stages;
       elsewhere 64-row tiles, 4 warps, 2 stages;
     - B11, at d_qk 256 / d_hv 512 only, dQ as ``_dq_once_kernel`` in 3 pipeline stages.
+
+    At d_qk 256 / d_hv 512 also at L 256 (what "auto" takes there, rule C2): dK/dV in
+    128-row tiles (two of each per chunk), dQ in 64-row query tiles against 128-row key
+    tiles.
     """
-    if dtype not in (torch.bfloat16, torch.float16) or L != 128:
+    fig5 = (pow2(d_qk), pow2(d_hv)) == (256, 512)
+    if dtype not in (torch.bfloat16, torch.float16) or L not in ((128, 256) if fig5 else (128,)):
         return {}
-    if (pow2(d_qk), pow2(d_hv)) == (256, 512):
+    if fig5:
+        dq = dict(B_LKV=128) if L == 256 else {}
         return dict(ONCE_DKV=True, DKV_B_LQ=128, DKV_B_LKV=128, DKV_num_warps=8,
-                    DKV_num_stages=3, ONCE_DQ=True, num_stages=3)
+                    DKV_num_stages=3, ONCE_DQ=True, num_stages=3, **dq)
     return dict(ONCE_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=4, DKV_num_stages=2)
 
 

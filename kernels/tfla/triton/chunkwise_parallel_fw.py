@@ -144,7 +144,7 @@ def _parallel_fw_kernel(
 
 def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
               is_exp: bool = True, tuning: Tuning = DEFAULT) -> dict:
-    """Tile sizes and warps of the H kernel (docs/kernels.md, tuning rules H1-H6).
+    """Tile sizes and warps of the H kernel (docs/kernels.md, tuning rules H1-H7).
 
     limit_chunk: B_Lhq = B_Lkv = L (the whole chunk). xl_chunk: 64 x 64 tiles (L >= 64).
     Head dims: B_dqk covers d_qk up to 128 in one block (Q stays in registers across the
@@ -158,7 +158,10 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     the d_hv block 256 and 8 warps (Figure 4's heads, L 128: 0.714 ms, the best of 28);
     128 < d_qk <= 256 with L = 128 takes 128 x 128 tiles (the whole chunk), the whole d_qk,
     the d_hv block 256 and 8 warps (d_qk 256, d_hv 512, L 128: 0.978 ms vs 1.200 for the
-    default 64 x 64 tiles).
+    default 64 x 64 tiles); with d_hv > 256 and L = 256 (rule H7) 128-row query and 64-row
+    key tiles, the whole d_qk, the d_hv block 256, 8 warps and one pipeline stage (two do
+    not fit shared memory; d_qk 256, d_hv 512: 1.203-1.208 ms, the best of a sweep of 51 on
+    one H100).
     mLSTMexp was not swept.
 
     ``INTER_IN_LOOP`` (version 8): the inter-chunk product runs inside the key/value loop, one
@@ -198,6 +201,10 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
             # one key tile per chunk: a longer chunk would pipeline two 128 x 256 K and V
             # tiles and need 450 KB of shared memory (measured failure at L 256-1024)
             cfg.update(B_LQ=128, B_LKV=128, B_DQK=256, B_DHV=256, num_warps=8, num_stages=2)
+        elif 128 < d_qk <= 256 and d_hv > 256 and L == 256:
+            # rule H7 (Figure 5's heads at L 256, what "auto" takes there): 64-row key tiles,
+            # one stage (two do not fit shared memory)
+            cfg.update(B_LQ=128, B_LKV=64, B_DQK=256, B_DHV=256, num_warps=8, num_stages=1)
     cfg.update(tuning.fw_limit if limit else tuning.fw)
     if limit:
         cfg["B_LQ"] = cfg["B_LKV"] = L
