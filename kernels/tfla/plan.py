@@ -53,7 +53,8 @@ def auto_chunk(variant: str, *, d_qk: int, d_hv: int, grad: bool, dtype=None) ->
     """
     import torch
 
-    pow2 = lambda d: 1 << (int(d) - 1).bit_length()  # noqa: E731
+    from tfla.triton.common import pow2
+
     if (variant == "sig" and dtype in (torch.bfloat16, torch.float16)
             and (pow2(d_qk), pow2(d_hv)) == (256, 512)):
         return 256
