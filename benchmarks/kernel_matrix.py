@@ -188,10 +188,12 @@ def _extra() -> tuple[Case, ...]:
                     (64, "bfloat16", "float16", 96, 192, 2048, "bfloat16", False))]
     # Figure 5's heads (256 / 512) in 16-bit, where each tile's products are formed once:
     # under "auto" at L 256 (rules C2, H7, B10, B11; two whole chunks and a partial one, one
-    # chunk's worth, less than half a chunk) and at L 128 (B10, B11)
+    # chunk's worth, less than half a chunk; H8's Gluon H kernel without the normaliser, in
+    # both 16-bit dtypes) and at L 128 (B10, B11)
     fig5 = [Case("sig", "xl_chunk", L, dt, gdt, 256, 512, S, init, last, norm, True, "large")
             for L, dt, gdt, S, init, last, norm in (
                 ("auto", "bfloat16", "float32", 600, "float32", True, False),
+                ("auto", "float16", "float16", 700, "", False, False),
                 ("auto", "float16", "bfloat16", 293, "", False, True),
                 ("auto", "bfloat16", "float16", 100, "bfloat16", False, False),
                 (128, "float16", "float32", 300, "float16", True, False))]

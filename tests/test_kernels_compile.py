@@ -208,3 +208,58 @@ def test_regression_exp_chunk256_16bit_gates_compile_through_the_public_function
     assert {r["path"] for r in rows} == {"two_level L256"}
     failed = [f"{r['config']}: {r['error']}" for r in rows if r["status"] != "ok"]
     assert not failed, failed
+
+
+_CHILD_GLUON = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import kernel_matrix as km
+km._set_up("compile")
+import torch
+from triton.runtime.jit import JITFunction
+from tfla.triton.chunkwise import kernels
+from tfla.triton.tuning import Tuning
+rec, pfw, _, _, _ = kernels()
+run, seen = JITFunction.run, []
+def spy(self, *a, **kw):
+    kernel = run(self, *a, **kw)
+    seen.append([self.fn.__name__, kernel.metadata.shared])
+    return kernel
+JITFunction.run = spy
+out = {}
+for name, dtype, S, normalize, tuning in (
+        ("bf16", torch.bfloat16, 600, False, Tuning()), ("fp16", torch.float16, 700, False, Tuning()),
+        ("bf16 normalised", torch.bfloat16, 600, True, Tuning()),
+        ("bf16 GLUON off", torch.bfloat16, 600, False, Tuning(fw={"GLUON": False}))):
+    NC = -(-S // 256)
+    q, k = (torch.randn(2, S, 256, dtype=dtype) for _ in range(2))
+    v = torch.randn(2, S, 512, dtype=dtype)
+    b, i = torch.randn(2, NC * 256), torch.randn(2, NC * 256)
+    C = torch.randn(2, NC + 1, 256, 512, dtype=dtype)
+    n, m = torch.zeros(2, NC + 1, 256), torch.zeros(2, NC + 1)
+    seen.clear()
+    pfw.parallel_fw(q, k, v, b, i, i, C, n, m, L=256, is_exp=False, normalize=normalize,
+                    eps=1e-6, limit=False, tuning=tuning)
+    out[name] = seen[:]
+print(json.dumps(out))
+"""
+
+
+def test_gluon_h_kernel_compiles_for_sm90_where_rule_h8_runs_it():
+    """Rule H8's Gluon H kernel (``chunkwise_parallel_fw_gluon``) compiles for sm_90 in
+    bfloat16 and float16, within the SM's 227 KB of shared memory, and is the one kernel
+    ``parallel_fw`` launches there; with the normaliser or ``GLUON`` off the Triton kernel
+    runs. (Triton's interpreter cannot run Gluon: its numerics are checked against float64
+    on the GPU, ``benchmarks/kernel_matrix.py``.)"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(KERNELS),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", _CHILD_GLUON, str(MATRIX.parent)], env=env,
+                          capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in ("bf16", "fp16"):
+        assert [k for k, _ in got[name]] == ["_parallel_fw_gluon_kernel"], got[name]
+        assert 0 < got[name][0][1] <= 232448, got[name]
+    for name in ("bf16 normalised", "bf16 GLUON off"):
+        assert [k for k, _ in got[name]] == ["_parallel_fw_kernel"], got[name]

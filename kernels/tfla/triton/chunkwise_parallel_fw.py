@@ -188,7 +188,7 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     warps = 8 if b_l * b_hv >= 128 * 128 or b_l >= 128 else 4
     cfg = dict(B_LQ=b_l, B_LKV=b_l, B_DQK=b_qk, B_DHV=b_hv, num_warps=warps, num_stages=2,
                USE_TMA=(not limit) and dtype in (torch.bfloat16, torch.float16),
-               INTER_IN_LOOP=False)
+               INTER_IN_LOOP=False, GLUON=False)
     if not (is_exp or limit or fp32) and L >= 64:
         if d_qk <= 64:
             cfg.update(B_LQ=64, B_LKV=32, B_DHV=head_block(d_hv, 128), num_warps=4,
@@ -204,7 +204,8 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
         elif 128 < d_qk <= 256 and d_hv > 256 and L == 256:
             # rule H7 (Figure 5's heads at L 256, what "auto" takes there): 64-row key tiles,
             # one stage (two do not fit shared memory)
-            cfg.update(B_LQ=128, B_LKV=64, B_DQK=256, B_DHV=256, num_warps=8, num_stages=1)
+            cfg.update(B_LQ=128, B_LKV=64, B_DQK=256, B_DHV=256, num_warps=8, num_stages=1,
+                       GLUON=True)
     cfg.update(tuning.fw_limit if limit else tuning.fw)
     if limit:
         cfg["B_LQ"] = cfg["B_LKV"] = L
@@ -232,8 +233,14 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
     cfg = fw_config(L, d_qk, d_hv, q.dtype, limit, is_exp, tuning)
-    h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
+    if cfg["GLUON"]:
+        from tfla.triton import chunkwise_parallel_fw_gluon as gfw
+
+        if gfw.applies(cfg, q, k, v, C_st, L=L, is_exp=is_exp, normalize=normalize,
+                       limit=limit):
+            return gfw.parallel_fw_gluon(q, k, v, b_vec, i_vec, C_st, L=L), n_out
+    h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
     grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
     b_lq, b_lkv, b_qk, b_hv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
     b_cs = inter_slice(cfg, d_qk)

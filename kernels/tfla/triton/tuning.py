@@ -60,7 +60,7 @@ KEYS = {
     "state_bw": ("B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "SCALE_DH"),
     # the H kernel of xl_chunk / of limit_chunk (whose query and key tiles stay the chunk)
     "fw": ("B_LQ", "B_LKV", "B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA",
-           "INTER_IN_LOOP"),
+           "INTER_IN_LOOP", "GLUON"),
     "fw_limit": ("B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "INTER_IN_LOOP"),
     # xl_chunk's dQ / dK / dV kernels; FUSED_DKV: dK and dV in one launch, its tiles DKV_*;
     # ONCE_DKV: one dK and one dV program per key/value tile (its tiles DKV_*, head blocks
