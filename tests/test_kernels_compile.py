@@ -219,7 +219,7 @@ import torch
 from triton.runtime.jit import JITFunction
 from tfla.triton.chunkwise import kernels
 from tfla.triton.tuning import Tuning
-rec, pfw, _, _, _ = kernels()
+rec, pfw, pbw, _, _ = kernels()
 run, seen = JITFunction.run, []
 def spy(self, *a, **kw):
     kernel = run(self, *a, **kw)
@@ -230,7 +230,8 @@ out = {}
 for name, dtype, S, normalize, tuning in (
         ("bf16", torch.bfloat16, 600, False, Tuning()), ("fp16", torch.float16, 700, False, Tuning()),
         ("bf16 normalised", torch.bfloat16, 600, True, Tuning()),
-        ("bf16 GLUON off", torch.bfloat16, 600, False, Tuning(fw={"GLUON": False}))):
+        ("bf16 GLUON off", torch.bfloat16, 600, False,
+         Tuning(fw={"GLUON": False}, bw={"GLUON": False}))):
     NC = -(-S // 256)
     q, k = (torch.randn(2, S, 256, dtype=dtype) for _ in range(2))
     v = torch.randn(2, S, 512, dtype=dtype)
@@ -240,17 +241,22 @@ for name, dtype, S, normalize, tuning in (
     seen.clear()
     pfw.parallel_fw(q, k, v, b, i, i, C, n, m, L=256, is_exp=False, normalize=normalize,
                     eps=1e-6, limit=False, tuning=tuning)
+    nout = torch.ones(2, NC * 256)
+    for has_c0 in (True, False):
+        pbw.parallel_bw_dq(q, k, v, (b, b, i, i), m, nout, C, v.clone(), L=256, is_exp=False,
+                           normalize=normalize, eps=1e-6, has_c0=has_c0, tuning=tuning)
     out[name] = seen[:]
 print(json.dumps(out))
 """
 
 
-def test_gluon_h_kernel_compiles_for_sm90_where_rule_h8_runs_it():
-    """Rule H8's Gluon H kernel (``chunkwise_parallel_fw_gluon``) compiles for sm_90 in
-    bfloat16 and float16, within the SM's 227 KB of shared memory, and is the one kernel
-    ``parallel_fw`` launches there; with the normaliser or ``GLUON`` off the Triton kernel
-    runs. (Triton's interpreter cannot run Gluon: its numerics are checked against float64
-    on the GPU, ``benchmarks/kernel_matrix.py``.)"""
+def test_gluon_kernels_compile_for_sm90_where_rules_h8_and_b12_run_them():
+    """Rule H8's Gluon H kernel (``chunkwise_parallel_fw_gluon``) and rule B12's Gluon dQ
+    kernel (``chunkwise_parallel_bw_gluon``, with and without an initial state) compile for
+    sm_90 in bfloat16 and float16, within the SM's 227 KB of shared memory, and are the
+    kernels ``parallel_fw`` and ``parallel_bw_dq`` launch there; with the normaliser or
+    ``GLUON`` off the Triton kernels run. (Triton's interpreter cannot run Gluon: their
+    numerics are checked against float64 on the GPU, ``benchmarks/kernel_matrix.py``.)"""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(KERNELS),
                                                        os.environ.get("PYTHONPATH", "")]))
     env.pop("TRITON_INTERPRET", None)
@@ -258,8 +264,10 @@ def test_gluon_h_kernel_compiles_for_sm90_where_rule_h8_runs_it():
                           capture_output=True, text=True, timeout=900, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr[-3000:]
     got = json.loads(proc.stdout.strip().splitlines()[-1])
+    gluon = ["_parallel_fw_gluon_kernel", "_dq_gluon_kernel", "_dq_gluon_kernel"]
     for name in ("bf16", "fp16"):
-        assert [k for k, _ in got[name]] == ["_parallel_fw_gluon_kernel"], got[name]
-        assert 0 < got[name][0][1] <= 232448, got[name]
+        assert [k for k, _ in got[name]] == gluon, got[name]
+        assert all(0 < smem <= 232448 for _, smem in got[name]), got[name]
     for name in ("bf16 normalised", "bf16 GLUON off"):
-        assert [k for k, _ in got[name]] == ["_parallel_fw_kernel"], got[name]
+        assert [k for k, _ in got[name]] == ["_parallel_fw_kernel", "_dq_once_kernel",
+                                            "_dq_once_kernel"], got[name]

@@ -250,3 +250,48 @@ def test_gluon_h_kernel_takes_exactly_rule_h8s_calls(monkeypatch):
     assert not case(row_pad=4)                  # a row stride of 260 elements: not 16-byte aligned
     assert not case(tuning=Tuning(fw={"B_LKV": 32}))
     assert not case(tuning=Tuning(fw={"GLUON": False}))
+
+
+def test_gluon_dq_kernel_takes_exactly_rule_b12s_calls(monkeypatch):
+    """Rule B12 (docs/kernels.md): dQ in Gluon where B11 runs at L 256 (mLSTMsig, 16-bit,
+    d_qk 256, 256 < d_hv <= 512) without the normaliser, for an sm_90 target with Triton
+    compiling; every other call keeps the Triton kernels."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from tfla.triton import chunkwise_parallel_bw as pbw
+    from tfla.triton import chunkwise_parallel_bw_gluon as gbw
+
+    def case(L=256, d_qk=256, d_hv=512, dtype=torch.bfloat16, is_exp=False, normalize=False,
+             tuning=Tuning(), dh_dtype=None):
+        q, k = torch.empty(2, 2, 300, d_qk, dtype=dtype)
+        v = torch.empty(2, 300, d_hv, dtype=dtype)
+        dh = torch.empty(2, 300, d_hv, dtype=dh_dtype or dtype)
+        C = torch.empty(2, 3, d_qk, d_hv, dtype=dtype)
+        cfg = pbw.bw_config(L, d_qk, d_hv, dtype, tuning)
+        return gbw.applies_dq(cfg, q, k, v, C, dh, L=L, is_exp=is_exp, normalize=normalize)
+
+    assert triton.knobs.runtime.interpret and not case()
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+
+    class Target:
+        arch = 90
+
+        def get_current_target(self):
+            return GPUTarget("cuda", self.arch, 32)
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", Target())
+    assert case() and case(dtype=torch.float16) and case(d_hv=480)
+    Target.arch = 100
+    assert not case()
+    Target.arch = 90
+    assert not case(is_exp=True)
+    assert not case(normalize=True)
+    assert not case(dtype=torch.float32)
+    assert not case(dh_dtype=torch.float32)
+    assert not case(L=128)
+    assert not case(d_qk=160, d_hv=320)
+    assert not case(d_hv=1024)
+    assert not case(tuning=Tuning(bw={"B_LKV": 64}))
+    assert not case(tuning=Tuning(bw={"ONCE_DQ": False}))
+    assert not case(tuning=Tuning(bw={"GLUON": False}))

@@ -480,13 +480,14 @@ def _once_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
 
     At d_qk 256 / d_hv 512 also at L 256 (what "auto" takes there, rule C2): dK/dV in
     128-row tiles (two of each per chunk), dQ in 64-row query tiles against 128-row key
-    tiles.
+    tiles, in Gluon where rule B12 holds (``GLUON``).
     """
     fig5 = (pow2(d_qk), pow2(d_hv)) == (256, 512)
     if dtype not in (torch.bfloat16, torch.float16) or L not in ((128, 256) if fig5 else (128,)):
         return {}
     if fig5:
-        dq = dict(B_LKV=128) if L == 256 else {}
+        # at L 256 dQ in Gluon where it can run (B12, chunkwise_parallel_bw_gluon)
+        dq = dict(B_LKV=128, GLUON=True) if L == 256 else {}
         return dict(ONCE_DKV=True, DKV_B_LQ=128, DKV_B_LKV=128, DKV_num_warps=8,
                     DKV_num_stages=3, ONCE_DQ=True, num_stages=3, **dq)
     return dict(ONCE_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=4, DKV_num_stages=2)
@@ -524,6 +525,8 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
         ONCE_DKV=False, DKV_B_DQK=None, DKV_B_DHV=None,
         # one dQ program per query tile, forming its products once (_dq_once_kernel)
         ONCE_DQ=False,
+        # that program in Gluon (_dq_gluon_kernel) where rule B12 holds
+        GLUON=False,
     )
     cfg.update(_once_rule(L, d_qk, d_hv, dtype))
     cfg.update(_fused_dkv_rule(L, d_qk, d_hv, dtype))
@@ -576,6 +579,12 @@ def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: boo
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     cfg, NC, n_dqk, n_dhv, scale, prec = _launch_common(q, v, L, tuning)
+    if cfg["GLUON"]:
+        from tfla.triton import chunkwise_parallel_bw_gluon as gbw
+
+        if gbw.applies_dq(cfg, q, k, v, C_st, dh, L=L, is_exp=is_exp, normalize=normalize):
+            return gbw.parallel_bw_dq_gluon(q, k, v, gates[0], gates[2], C_st, dh, L=L,
+                                            has_c0=has_c0)
     atomic = n_dqk > 1 and not cfg["ONCE_DQ"]
     qdq = _rowsum_buffer(q, NC, L, atomic)
     dq = torch.empty_like(q)

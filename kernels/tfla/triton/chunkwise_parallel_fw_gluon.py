@@ -34,6 +34,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
+from tfla.triton.common import can_use_tma, gluon_sm90
+
 #: the tiles the kernel is written for (rule H7's): query and key/value rows, d_qk, d_hv
 #: block, d_qk rows of C_{k-1} per slice, warps
 B_LQ, B_LKV, D_QK, B_DHV, B_CS, NUM_WARPS = 128, 64, 256, 256, 64, 8
@@ -178,25 +180,9 @@ def applies(cfg: dict, q, k, v, C_st, *, L: int, is_exp: bool, normalize: bool,
     if (cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"], cfg["num_warps"]) != (
             B_LQ, B_LKV, D_QK, B_DHV, NUM_WARPS):
         return False
-    if triton.knobs.runtime.interpret or not _sm90(q):
+    if not gluon_sm90(q):
         return False
-    for t in (q, k, v, C_st):
-        if t.data_ptr() % 16 or t.stride(-1) != 1 or any(
-                (s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
-    return True
-
-
-def _sm90(q) -> bool:
-    """Whether the kernel compiles for sm_90 here: q's GPU (CUDA tensors), else Triton's
-    active target (CPU tensors under a compile-only driver); False without either."""
-    if q.is_cuda:
-        return torch.cuda.get_device_capability(q.device) == (9, 0)
-    try:
-        target = triton.runtime.driver.active.get_current_target()
-    except RuntimeError:            # no GPU driver on this machine
-        return False
-    return getattr(target, "backend", None) == "cuda" and getattr(target, "arch", 0) == 90
+    return can_use_tma(q, k, v, C_st, blocks=(B_LQ, B_LKV, D_QK, B_DHV))
 
 
 def parallel_fw_gluon(q, k, v, b_vec, i_vec, C_st, *, L: int) -> torch.Tensor:

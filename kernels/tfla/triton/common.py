@@ -13,7 +13,7 @@ import triton.language as tl
 
 __all__ = ["interpret_mode", "num_sms", "dot_precision", "pow2", "head_block", "split_pid",
            "chunk_tile_pid", "tile_rows", "gate_exponent", "load_tile", "store_tile",
-           "can_use_tma", "descriptor", "launch"]
+           "can_use_tma", "descriptor", "launch", "gluon_sm90"]
 
 
 def interpret_mode() -> bool:
@@ -220,3 +220,19 @@ def launch(kernel, grid, *args, num_stages: int, **kwargs):
             if ns <= 1:
                 raise
             ns -= 1
+
+
+def gluon_sm90(t: torch.Tensor) -> bool:
+    """Whether the Gluon kernels (written for Hopper's wgmma) may run for tensor ``t``:
+    Triton compiling (its interpreter cannot run Gluon) for sm_90, read from t's GPU (CUDA
+    tensors) or Triton's active target (CPU tensors under a compile-only driver, as the CPU
+    tests compile the kernels); False without either (no GPU driver on this machine)."""
+    if triton.knobs.runtime.interpret:
+        return False
+    if t.is_cuda:
+        return torch.cuda.get_device_capability(t.device) == (9, 0)
+    try:
+        target = triton.runtime.driver.active.get_current_target()
+    except RuntimeError:
+        return False
+    return getattr(target, "backend", None) == "cuda" and getattr(target, "arch", 0) == 90

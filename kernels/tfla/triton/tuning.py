@@ -58,7 +58,8 @@ KEYS = {
               "USE_TMA", "SCALE_V"),
     # the state-gradient kernel only (win over "state")
     "state_bw": ("B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "SCALE_DH"),
-    # the H kernel of xl_chunk / of limit_chunk (whose query and key tiles stay the chunk)
+    # the H kernel of xl_chunk / of limit_chunk (whose query and key tiles stay the chunk);
+    # GLUON: xl_chunk's in Gluon where rule H8 holds
     "fw": ("B_LQ", "B_LKV", "B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA",
            "INTER_IN_LOOP", "GLUON"),
     "fw_limit": ("B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "INTER_IN_LOOP"),
@@ -68,7 +69,7 @@ KEYS = {
     # FUSED: limit_chunk's one-program-per-chunk kernel instead
     "bw": ("B_LQ", "B_LKV", "B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "FUSED_DKV",
            "DKV_B_LQ", "DKV_B_LKV", "DKV_B_DQK", "DKV_B_DHV", "DKV_num_warps", "DKV_num_stages",
-           "FUSED", "ONCE_DKV", "ONCE_DQ"),
+           "FUSED", "ONCE_DKV", "ONCE_DQ", "GLUON"),
     # limit_chunk's backward kernel (also xl_chunk's with bw FUSED)
     "limit_bw": ("B_DQK", "B_DHV", "num_warps", "num_stages"),
     # mLSTMsig's forward walk; enabled False: never walk; train False: not as the forward of

@@ -1,0 +1,252 @@
+"""dQ of mLSTMsig at Figure 5's heads in Gluon (tuning rule B12, docs/kernels.md).
+
+The products of ``_dq_once_kernel`` under rule B11 at L 256 (one program per 64-row query
+tile, 128-row key/value tiles, d_qk and d_hv blocks of 128, 4 warps; paper Table 1, row dQ;
+docs/tfla-kernels.md 3.3), in the same order and rounding, with the memory traffic
+scheduled by hand. The program keeps its query tile's dH (64 × d_hv) and Q blocks in shared
+memory and streams every other tile (the V blocks of its key tiles, then per d_qk block the
+blocks of C_{k-1} and of K) through one ring of three TMA buffers, each with an mbarrier;
+the ring's next tiles load while the current tile's wgmma product runs:
+
+- dS_j = dH̃ V_jᵀ over the d_hv blocks, for the last key tile and (two key tiles) the first;
+  gated in registers (mLSTMsig: · exp(b_r - b_s + ī_s), causal, · scale) and rounded to K's
+  dtype;
+- per d_qk block: dQ = b̄ ⊙ dH̃ C_{k-1}ᵀ · scale (none at chunk 0 without an initial state),
+  + dS_0 K_0 (two key tiles) + dS_last K_last; the row sums q·dq in float32 before dQ is
+  rounded and stored through TMA.
+
+dq and q·dq are ``_dq_once_kernel``'s bit for bit (checked on the GPU; the CPU tests compile
+it for sm_90, Triton's interpreter cannot run Gluon). Elsewhere (mLSTMexp, the normaliser,
+32-bit inputs, other heads or chunk sizes, tiles a ``Tuning`` overrides, addresses TMA cannot
+take, Triton's interpreter, a GPU other than sm_90) ``parallel_bw_dq`` runs the Triton kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
+                                                              warpgroup_mma, warpgroup_mma_wait)
+from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+from tfla.triton.common import can_use_tma, gluon_sm90
+
+#: the tiles the kernel is written for (rules B11 and C2 at L 256): query rows, the side of
+#: every streamed tile (key/value rows, d_qk and d_hv blocks), d_qk, d_hv (blocks of 128),
+#: ring buffers, warps
+B_LQ, B_T, D_QK, D_HV, NBUF, NUM_WARPS = 64, 128, 256, 512, 3, 4
+
+
+@gluon.jit
+def _issue(t, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars,
+           L: gl.constexpr, B_T: gl.constexpr, NBUF: gl.constexpr, N_RED: gl.constexpr):
+    # tile t of the program's sequence into ring slot t % NBUF: the d_hv blocks of V for key
+    # tile n_kv - 1, then (n_kv 2) for key tile 0; per d_qk block kb the d_hv blocks of
+    # C_{k-1}'s rows kb (where the inter-chunk product runs), then block kb of K for key
+    # tiles 0 .. n_kv - 1
+    slot = t % NBUF
+    bar = bars.index(slot)
+    buf = ring.index(slot)
+    mbarrier.expect(bar, v_desc.block_type.nbytes)
+    n_ds = N_RED * n_kv
+    if t < n_ds:
+        j = n_kv - 1 - t // N_RED
+        tma.async_copy_global_to_shared(v_desc, [bh, c * L + j * B_T, (t % N_RED) * B_T], bar,
+                                        buf)
+    else:
+        u = t - n_ds
+        per = N_RED * inter + n_kv
+        kb = u // per
+        w = u % per
+        if w < N_RED * inter:
+            tma.async_copy_global_to_shared(c_desc, [c_row, kb * B_T, w * B_T], bar, buf)
+        else:
+            j = w - N_RED * inter
+            tma.async_copy_global_to_shared(k_desc, [bh, c * L + j * B_T, kb * B_T], bar, buf)
+
+
+@gluon.jit
+def _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars,
+          L: gl.constexpr, B_T: gl.constexpr, NBUF: gl.constexpr, N_RED: gl.constexpr):
+    # tile t's product is done: its slot takes tile t + NBUF
+    if t + NBUF < T:
+        _issue(t + NBUF, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L, B_T,
+               NBUF, N_RED)
+    return t + 1
+
+
+@gluon.jit
+def _dh_times_ring(acc, dh_smem, t, ring, bars, B_LQ: gl.constexpr, B_T: gl.constexpr, NBUF: gl.constexpr,
+                   PER: gl.constexpr, DH_W: gl.constexpr, vb: gl.constexpr):
+    # acc += dH̃[:, block vb] · (ring tile t)ᵀ, waited for
+    slot = t % NBUF
+    mbarrier.wait(bars.index(slot), (t // NBUF) & 1)
+    a = dh_smem.index(vb // PER).reshape([B_LQ, DH_W]).slice((vb % PER) * B_T, B_T, dim=1)
+    acc = warpgroup_mma(a, ring.index(slot).reshape([B_T, B_T]).permute((1, 0)), acc,
+                        is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def _dq_gluon_kernel(q_desc, k_desc, v_desc, c_desc, dh_desc, dq_desc, B_vec, I_vec, QDQ, NC,
+                     scale, HAS_C0: gl.constexpr, L: gl.constexpr, B_LQ: gl.constexpr,
+                     B_T: gl.constexpr, N_RED: gl.constexpr, N_OUT: gl.constexpr,
+                     NBUF: gl.constexpr, num_warps: gl.constexpr):
+    # 1-D grid as _dq_once_kernel's: query tile fastest, then chunk·b·head
+    pid = gl.program_id(0)
+    N_Q: gl.constexpr = L // B_LQ
+    pid_q = pid % N_Q
+    cbh = pid // N_Q
+    c = cbh % NC
+    bh = cbh // NC
+    S_pad = NC * L
+    r0 = c * L + pid_q * B_LQ
+    g_base = bh.to(gl.int64) * S_pad + c * L
+    c_row = bh * (NC + 1) + c
+    n_kv = (pid_q * B_LQ) // B_T + 1               # key tiles on or below the diagonal
+    inter = gl.minimum(c + HAS_C0, 1)              # C_{k-1} != 0: the inter-chunk product
+    T = N_RED * n_kv + N_OUT * (N_RED * inter + n_kv)
+
+    acc_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[num_warps, 1], instr_shape=[16, B_T, 16])
+    op_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=acc_layout, k_width=2)
+    DH_W: gl.constexpr = dh_desc.block_type.shape[2]
+    PER: gl.constexpr = DH_W // B_T
+    N_DH: gl.constexpr = N_RED // PER
+
+    dh_smem = gl.allocate_shared_memory(dh_desc.dtype, [N_DH] + dh_desc.block_type.shape,
+                                        dh_desc.layout)
+    q_smem = gl.allocate_shared_memory(q_desc.dtype, [N_OUT] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    ring = gl.allocate_shared_memory(v_desc.dtype, [NBUF] + v_desc.block_type.shape,
+                                     v_desc.layout)
+    bar_in = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar_in, count=1)
+    for i in gl.static_range(NBUF):
+        mbarrier.init(bars.index(i), count=1)
+
+    # the query tile's dH̃ and Q; the ring's first tiles
+    mbarrier.expect(bar_in, N_DH * dh_desc.block_type.nbytes + N_OUT * q_desc.block_type.nbytes)
+    for i in gl.static_range(N_DH):
+        tma.async_copy_global_to_shared(dh_desc, [bh, r0, i * DH_W], bar_in, dh_smem.index(i))
+    for i in gl.static_range(N_OUT):
+        tma.async_copy_global_to_shared(q_desc, [bh, r0, i * B_T], bar_in, q_smem.index(i))
+    for i in gl.static_range(NBUF):
+        if i < T:
+            _issue(i, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L, B_T,
+                   NBUF, N_RED)
+    rows = pid_q * B_LQ + gl.arange(0, B_LQ, layout=gl.SliceLayout(1, acc_layout))
+    b_q = gl.load(B_vec + g_base + rows)
+    row_scale = gl.exp(b_q) * scale                 # b̄ · scale
+    mbarrier.wait(bar_in, 0)
+
+    # dS of the last key tile, then (two key tiles) of the first, gated and rounded
+    t = 0
+    ds = gl.zeros((B_LQ, B_T), dtype=gl.float32, layout=acc_layout)
+    for vb in gl.static_range(N_RED):
+        ds = _dh_times_ring(ds, dh_smem, t, ring, bars, B_LQ, B_T, NBUF, PER, DH_W, vb)
+        t = _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L, B_T,
+                  NBUF, N_RED)
+    cols = (n_kv - 1) * B_T + gl.arange(0, B_T, layout=gl.SliceLayout(0, acc_layout))
+    d_log = b_q[:, None] - gl.load(B_vec + g_base + cols)[None, :] \
+        + gl.load(I_vec + g_base + cols)[None, :]                   # b_r - b_s first
+    d_log = gl.where(rows[:, None] >= cols[None, :], d_log, float("-inf"))
+    ds_last = gl.convert_layout((ds * gl.exp(d_log) * scale).to(k_desc.dtype), op_layout)
+    ds_0 = gl.zeros((B_LQ, B_T), dtype=k_desc.dtype, layout=op_layout)
+    if n_kv == 2:
+        ds = gl.zeros((B_LQ, B_T), dtype=gl.float32, layout=acc_layout)
+        for vb in gl.static_range(N_RED):
+            ds = _dh_times_ring(ds, dh_smem, t, ring, bars, B_LQ, B_T, NBUF, PER, DH_W,
+                                vb)
+            t = _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L,
+                      B_T, NBUF, N_RED)
+        cols0 = gl.arange(0, B_T, layout=gl.SliceLayout(0, acc_layout))
+        d_log0 = b_q[:, None] - gl.load(B_vec + g_base + cols0)[None, :] \
+            + gl.load(I_vec + g_base + cols0)[None, :]
+        d_log0 = gl.where(rows[:, None] >= cols0[None, :], d_log0, float("-inf"))
+        ds_0 = gl.convert_layout((ds * gl.exp(d_log0) * scale).to(k_desc.dtype), op_layout)
+
+    # per d_qk block: the inter-chunk part, then dS_0 K_0 and dS_last K_last
+    rowsum = gl.zeros((B_LQ,), dtype=gl.float32, layout=gl.SliceLayout(1, acc_layout))
+    for kb in gl.static_range(N_OUT):
+        acc = gl.zeros((B_LQ, B_T), dtype=gl.float32, layout=acc_layout)
+        if inter == 1:
+            for vb in gl.static_range(N_RED):
+                acc = _dh_times_ring(acc, dh_smem, t, ring, bars, B_LQ, B_T, NBUF, PER,
+                                     DH_W, vb)
+                t = _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars,
+                          L, B_T, NBUF, N_RED)
+        acc = acc * row_scale[:, None]
+        if n_kv == 2:
+            slot = t % NBUF
+            mbarrier.wait(bars.index(slot), (t // NBUF) & 1)
+            acc = warpgroup_mma(ds_0, ring.index(slot).reshape([B_T, B_T]), acc, is_async=True)
+            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            t = _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L,
+                      B_T, NBUF, N_RED)
+        slot = t % NBUF
+        mbarrier.wait(bars.index(slot), (t // NBUF) & 1)
+        acc = warpgroup_mma(ds_last, ring.index(slot).reshape([B_T, B_T]), acc, is_async=True)
+        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        t = _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L, B_T,
+                  NBUF, N_RED)
+        q_blk = q_smem.index(kb).reshape([B_LQ, B_T])
+        rowsum += gl.sum(q_blk.load(acc_layout).to(gl.float32) * acc, axis=1)
+        q_blk.store(acc.to(dq_desc.dtype))           # dQ leaves through the Q block's buffer
+        fence_async_shared()
+        tma.async_copy_shared_to_global(dq_desc, [bh, r0, kb * B_T], q_smem.index(kb))
+    gl.store(QDQ + g_base + rows, rowsum)
+    tma.store_wait(pendings=0)
+    mbarrier.invalidate(bar_in)
+    for i in gl.static_range(NBUF):
+        mbarrier.invalidate(bars.index(i))
+
+
+def applies_dq(cfg: dict, q, k, v, C_st, dh, *, L: int, is_exp: bool, normalize: bool) -> bool:
+    """Whether ``parallel_bw_dq`` runs :func:`parallel_bw_dq_gluon` (rule B12,
+    docs/kernels.md): mLSTMsig without the normaliser, 16-bit q, k, v, dh (and chunk states),
+    L 256, d_qk 256, 256 < d_hv <= 512, ``bw_config``'s B11 tiles at L 256 with its ``GLUON``
+    flag on, 16-byte aligned rows (TMA), Triton compiling for an sm_90 target."""
+    if is_exp or normalize or L != 256 or not (cfg.get("GLUON") and cfg["ONCE_DQ"]):
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or not (
+            q.dtype == k.dtype == v.dtype == dh.dtype == C_st.dtype):
+        return False
+    if not (q.shape[-1] == D_QK and 256 < v.shape[-1] <= D_HV):
+        return False
+    if (cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"], cfg["num_warps"]) != (
+            B_LQ, B_T, B_T, B_T, NUM_WARPS):
+        return False
+    return gluon_sm90(q) and can_use_tma(q, k, v, dh, C_st, blocks=(B_LQ, B_T, 256))
+
+
+def parallel_bw_dq_gluon(q, k, v, b_vec, i_vec, C_st, dh, *, L: int, has_c0: bool):
+    """(dq in q's dtype, the fp32 row sums q·dq (BNH, N_c·L)) under rule B12 (where
+    :func:`applies_dq`).
+
+    q, k (BNH, S, 256), v, dh (BNH, S, d_hv) contiguous 16-bit; b_vec, i_vec (BNH, N_c·L)
+    fp32 (the gate kernel's b and ī, ī -inf beyond S); C_st (BNH, N_c+1, 256, d_hv) in q's
+    dtype (C_{k-1} at index k); ``has_c0`` False: C_0 = 0 and chunk 0's inter-chunk product is
+    skipped. No normaliser (paper eqs. 22-23).
+    """
+    BNH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    NC = triton.cdiv(S, L)
+    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
+    dq = torch.empty_like(q)
+    qdq = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
+
+    def desc(t, block):
+        return TensorDescriptor.from_tensor(t, block,
+                                            gl.NVMMASharedLayout.get_default_for(block, gdt))
+
+    _dq_gluon_kernel[((L // B_LQ) * NC * BNH,)](
+        desc(q, [1, B_LQ, B_T]), desc(k, [1, B_T, B_T]), desc(v, [1, B_T, B_T]),
+        desc(C_st.view(-1, d_qk, d_hv), [1, B_T, B_T]), desc(dh, [1, B_LQ, 256]),
+        desc(dq, [1, B_LQ, B_T]), b_vec, i_vec, qdq, NC, d_qk ** -0.5,
+        HAS_C0=has_c0, L=L, B_LQ=B_LQ, B_T=B_T, N_RED=D_HV // B_T, N_OUT=D_QK // B_T,
+        NBUF=NBUF, num_warps=NUM_WARPS)
+    return dq, qdq
