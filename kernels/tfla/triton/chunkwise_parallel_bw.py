@@ -569,7 +569,7 @@ def _launch_common(q, v, L: int, tuning: Tuning):
 def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: bool,
                    normalize: bool, eps: float, has_c0: bool = True, tuning: Tuning = DEFAULT):
     """dq (input dtype) and the fp32 row sums q·dq (BNH, N_c*L) (``_dq_kernel``, or
-    ``_dq_once_kernel`` where ``bw_config`` sets ONCE_DQ; it needs the
+    ``_dq_once_kernel`` where ``bw_config`` sets ONCE_DQ, in Gluon where rule B12 holds; it needs the
     forward's chunk states C_st, not the state gradients, so it may run beside
     :func:`tfla.triton.chunkwise_recurrent.recurrent_bw`). q, k (BNH, S, d_qk), v, dh (BNH, S,
     d_hv) contiguous in the input dtype; gates (b, a, ī, m^intra) and m_st, n_out as the

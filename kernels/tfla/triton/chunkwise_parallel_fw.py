@@ -144,7 +144,7 @@ def _parallel_fw_kernel(
 
 def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
               is_exp: bool = True, tuning: Tuning = DEFAULT) -> dict:
-    """Tile sizes and warps of the H kernel (docs/kernels.md, tuning rules H1-H7).
+    """Tile sizes and warps of the H kernel (docs/kernels.md, tuning rules H1-H8).
 
     limit_chunk: B_Lhq = B_Lkv = L (the whole chunk). xl_chunk: 64 x 64 tiles (L >= 64).
     Head dims: B_dqk covers d_qk up to 128 in one block (Q stays in registers across the
@@ -162,7 +162,8 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     key tiles, the whole d_qk, the d_hv block 256, 8 warps and one pipeline stage (two do
     not fit shared memory; d_qk 256, d_hv 512: 1.203-1.208 ms, the best of a sweep of 51 on
     one H100).
-    mLSTMexp was not swept.
+    mLSTMexp was not swept. ``GLUON`` (rule H8, on with H7's tiles): ``parallel_fw`` runs
+    the H kernel in Gluon (``chunkwise_parallel_fw_gluon``) where its ``applies`` holds.
 
     ``INTER_IN_LOOP`` (version 8): the inter-chunk product runs inside the key/value loop, one
     d_qk slice of C_{k-1} per iteration (:func:`inter_slice`), so that the loads of C_{k-1}
@@ -228,7 +229,8 @@ def inter_slice(cfg: dict, d_qk: int) -> int:
 def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_exp: bool,
                 normalize: bool, eps: float, limit: bool, tuning: Tuning = DEFAULT):
     """h (BNH, S, d_hv) in the input dtype and n_out (BNH, N_c*L) fp32 (unset if not
-    normalised). ``tuning``: overrides of :func:`fw_config`'s rules."""
+    normalised): ``_parallel_fw_kernel``, or the Gluon kernel where rule H8 holds.
+    ``tuning``: overrides of :func:`fw_config`'s rules."""
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
