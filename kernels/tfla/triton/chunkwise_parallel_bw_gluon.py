@@ -29,9 +29,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tfla.triton.common import can_use_tma, gluon_sm90
+from tfla.triton.common import can_use_tma, gluon_descriptor, gluon_sm90
 
 #: the tiles the kernel is written for (rules B11 and C2 at L 256): query rows, the side of
 #: every streamed tile (key/value rows, d_qk and d_hv blocks), d_qk, d_hv (blocks of 128),
@@ -49,7 +48,7 @@ def _issue(t, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars,
     slot = t % NBUF
     bar = bars.index(slot)
     buf = ring.index(slot)
-    mbarrier.expect(bar, v_desc.block_type.nbytes)
+    mbarrier.expect(bar, v_desc.block_type.nbytes)      # the ring's tiles share one shape
     n_ds = N_RED * n_kv
     if t < n_ds:
         j = n_kv - 1 - t // N_RED
@@ -87,6 +86,27 @@ def _dh_times_ring(acc, dh_smem, t, ring, bars, B_LQ: gl.constexpr, B_T: gl.cons
     acc = warpgroup_mma(a, ring.index(slot).reshape([B_T, B_T]).permute((1, 0)), acc,
                         is_async=True)
     return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def _times_ring(acc, ds, t, ring, bars, B_T: gl.constexpr, NBUF: gl.constexpr):
+    # acc += dS · (ring tile t: a K block), waited for
+    slot = t % NBUF
+    mbarrier.wait(bars.index(slot), (t // NBUF) & 1)
+    acc = warpgroup_mma(ds, ring.index(slot).reshape([B_T, B_T]), acc, is_async=True)
+    return warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+
+
+@gluon.jit
+def _gated(ds, j, b_q, rows, B_vec, I_vec, g_base, scale, out_dtype: gl.constexpr,
+           op_layout: gl.constexpr, B_T: gl.constexpr):
+    # dS of key tile j gated (· exp(b_r - b_s + ī_s), causal, · scale), rounded to K's dtype,
+    # as wgmma's register operand
+    cols = j * B_T + gl.arange(0, B_T, layout=gl.SliceLayout(0, ds.type.layout))
+    d_log = b_q[:, None] - gl.load(B_vec + g_base + cols)[None, :] \
+        + gl.load(I_vec + g_base + cols)[None, :]                   # b_r - b_s first
+    d_log = gl.where(rows[:, None] >= cols[None, :], d_log, float("-inf"))
+    return gl.convert_layout((ds * gl.exp(d_log) * scale).to(out_dtype), op_layout)
 
 
 @gluon.jit
@@ -150,11 +170,8 @@ def _dq_gluon_kernel(q_desc, k_desc, v_desc, c_desc, dh_desc, dq_desc, B_vec, I_
         ds = _dh_times_ring(ds, dh_smem, t, ring, bars, B_LQ, B_T, NBUF, PER, DH_W, vb)
         t = _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L, B_T,
                   NBUF, N_RED)
-    cols = (n_kv - 1) * B_T + gl.arange(0, B_T, layout=gl.SliceLayout(0, acc_layout))
-    d_log = b_q[:, None] - gl.load(B_vec + g_base + cols)[None, :] \
-        + gl.load(I_vec + g_base + cols)[None, :]                   # b_r - b_s first
-    d_log = gl.where(rows[:, None] >= cols[None, :], d_log, float("-inf"))
-    ds_last = gl.convert_layout((ds * gl.exp(d_log) * scale).to(k_desc.dtype), op_layout)
+    ds_last = _gated(ds, n_kv - 1, b_q, rows, B_vec, I_vec, g_base, scale, k_desc.dtype,
+                     op_layout, B_T)
     ds_0 = gl.zeros((B_LQ, B_T), dtype=k_desc.dtype, layout=op_layout)
     if n_kv == 2:
         ds = gl.zeros((B_LQ, B_T), dtype=gl.float32, layout=acc_layout)
@@ -163,11 +180,8 @@ def _dq_gluon_kernel(q_desc, k_desc, v_desc, c_desc, dh_desc, dq_desc, B_vec, I_
                                 vb)
             t = _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L,
                       B_T, NBUF, N_RED)
-        cols0 = gl.arange(0, B_T, layout=gl.SliceLayout(0, acc_layout))
-        d_log0 = b_q[:, None] - gl.load(B_vec + g_base + cols0)[None, :] \
-            + gl.load(I_vec + g_base + cols0)[None, :]
-        d_log0 = gl.where(rows[:, None] >= cols0[None, :], d_log0, float("-inf"))
-        ds_0 = gl.convert_layout((ds * gl.exp(d_log0) * scale).to(k_desc.dtype), op_layout)
+        ds_0 = _gated(ds, 0, b_q, rows, B_vec, I_vec, g_base, scale, k_desc.dtype, op_layout,
+                      B_T)
 
     # per d_qk block: the inter-chunk part, then dS_0 K_0 and dS_last K_last
     rowsum = gl.zeros((B_LQ,), dtype=gl.float32, layout=gl.SliceLayout(1, acc_layout))
@@ -181,16 +195,10 @@ def _dq_gluon_kernel(q_desc, k_desc, v_desc, c_desc, dh_desc, dq_desc, B_vec, I_
                           L, B_T, NBUF, N_RED)
         acc = acc * row_scale[:, None]
         if n_kv == 2:
-            slot = t % NBUF
-            mbarrier.wait(bars.index(slot), (t // NBUF) & 1)
-            acc = warpgroup_mma(ds_0, ring.index(slot).reshape([B_T, B_T]), acc, is_async=True)
-            acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+            acc = _times_ring(acc, ds_0, t, ring, bars, B_T, NBUF)
             t = _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L,
                       B_T, NBUF, N_RED)
-        slot = t % NBUF
-        mbarrier.wait(bars.index(slot), (t // NBUF) & 1)
-        acc = warpgroup_mma(ds_last, ring.index(slot).reshape([B_T, B_T]), acc, is_async=True)
-        acc = warpgroup_mma_wait(num_outstanding=0, deps=(acc,))
+        acc = _times_ring(acc, ds_last, t, ring, bars, B_T, NBUF)
         t = _next(t, T, n_kv, inter, bh, c, c_row, v_desc, c_desc, k_desc, ring, bars, L, B_T,
                   NBUF, N_RED)
         q_blk = q_smem.index(kb).reshape([B_LQ, B_T])
@@ -235,18 +243,16 @@ def parallel_bw_dq_gluon(q, k, v, b_vec, i_vec, C_st, dh, *, L: int, has_c0: boo
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     dq = torch.empty_like(q)
     qdq = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
 
-    def desc(t, block):
-        return TensorDescriptor.from_tensor(t, block,
-                                            gl.NVMMASharedLayout.get_default_for(block, gdt))
 
     _dq_gluon_kernel[((L // B_LQ) * NC * BNH,)](
-        desc(q, [1, B_LQ, B_T]), desc(k, [1, B_T, B_T]), desc(v, [1, B_T, B_T]),
-        desc(C_st.view(-1, d_qk, d_hv), [1, B_T, B_T]), desc(dh, [1, B_LQ, 256]),
-        desc(dq, [1, B_LQ, B_T]), b_vec, i_vec, qdq, NC, d_qk ** -0.5,
+        gluon_descriptor(q, [1, B_LQ, B_T]), gluon_descriptor(k, [1, B_T, B_T]),
+        gluon_descriptor(v, [1, B_T, B_T]),
+        gluon_descriptor(C_st.view(-1, d_qk, d_hv), [1, B_T, B_T]),
+        gluon_descriptor(dh, [1, B_LQ, 256]), gluon_descriptor(dq, [1, B_LQ, B_T]),
+        b_vec, i_vec, qdq, NC, d_qk ** -0.5,
         HAS_C0=has_c0, L=L, B_LQ=B_LQ, B_T=B_T, N_RED=D_HV // B_T, N_OUT=D_QK // B_T,
         NBUF=NBUF, num_warps=NUM_WARPS)
     return dq, qdq

@@ -32,9 +32,8 @@ from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
-from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-from tfla.triton.common import can_use_tma, gluon_sm90
+from tfla.triton.common import can_use_tma, gluon_descriptor, gluon_sm90
 
 #: the tiles the kernel is written for (rule H7's): query and key/value rows, d_qk, d_hv
 #: block, d_qk rows of C_{k-1} per slice, warps
@@ -195,18 +194,16 @@ def parallel_fw_gluon(q, k, v, b_vec, i_vec, C_st, *, L: int) -> torch.Tensor:
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
-    gdt = gl.bfloat16 if q.dtype == torch.bfloat16 else gl.float16
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
 
-    def desc(t, block):
-        return TensorDescriptor.from_tensor(t, block,
-                                            gl.NVMMASharedLayout.get_default_for(block, gdt))
 
     n_dhv = triton.cdiv(d_hv, B_DHV)
     grid = (n_dhv * (L // B_LQ) * NC * BNH,)
     _parallel_fw_gluon_kernel[grid](
-        desc(q, [1, B_LQ, D_QK]), desc(k, [1, B_LKV, D_QK]), desc(v, [1, B_LKV, B_DHV]),
-        desc(C_st.view(-1, d_qk, d_hv), [1, B_CS, B_DHV]), desc(h, [1, B_LQ, B_DHV]),
+        gluon_descriptor(q, [1, B_LQ, D_QK]), gluon_descriptor(k, [1, B_LKV, D_QK]),
+        gluon_descriptor(v, [1, B_LKV, B_DHV]),
+        gluon_descriptor(C_st.view(-1, d_qk, d_hv), [1, B_CS, B_DHV]),
+        gluon_descriptor(h, [1, B_LQ, B_DHV]),
         b_vec, i_vec, NC, d_qk ** -0.5,
         L=L, B_LQ=B_LQ, B_LKV=B_LKV, D_QK=D_QK, B_DHV=B_DHV, N_DHV=n_dhv, B_CS=B_CS,
         num_warps=NUM_WARPS)

@@ -13,7 +13,7 @@ import triton.language as tl
 
 __all__ = ["interpret_mode", "num_sms", "dot_precision", "pow2", "head_block", "split_pid",
            "chunk_tile_pid", "tile_rows", "gate_exponent", "load_tile", "store_tile",
-           "can_use_tma", "descriptor", "launch", "gluon_sm90"]
+           "can_use_tma", "descriptor", "gluon_descriptor", "launch", "gluon_sm90"]
 
 
 def interpret_mode() -> bool:
@@ -189,6 +189,18 @@ def descriptor(t, block_shape, use_tma: bool):
     from triton.tools.tensor_descriptor import TensorDescriptor
 
     return TensorDescriptor.from_tensor(t, block_shape=list(block_shape))
+
+
+def gluon_descriptor(t, block_shape):
+    """A Gluon TensorDescriptor over the 16-bit tensor t, its block in the NVMMA shared-memory
+    layout that TMA and wgmma take (the Gluon kernels' tiles)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
+    block = list(block_shape)
+    return TensorDescriptor.from_tensor(t, block,
+                                        gl.NVMMASharedLayout.get_default_for(block, dtype))
 
 
 #: the pipeline depth that fitted in shared memory, per kernel and compile-time configuration
