@@ -461,10 +461,12 @@ def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     heads = (pow2(d_qk), pow2(d_hv))
     if heads == (128, 256) and L in (128, 256):
         b5 = dict(DKV_num_stages=3, B_DHV=64, num_stages=3) if L == 128 else {}
-        return dict(FUSED_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=8, **b5)
+        return dict(FUSED_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=8, GLUON=True,
+                    **b5)
     if heads == (64, 128) and L in (64, 128):
         b5 = dict(DKV_num_stages=3, num_stages=1) if L == 128 else {}
-        return dict(FUSED_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=4, **b5)
+        return dict(FUSED_DKV=True, DKV_B_LQ=64, DKV_B_LKV=64, DKV_num_warps=4, GLUON=True,
+                    **b5)
     return {}
 
 
@@ -628,6 +630,13 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
     # the one-launch kernel and B10's dK programs hold the whole d_qk: one program per row
     atomic = n_dqk > 1 and not (cfg["FUSED_DKV"] or cfg["ONCE_DKV"])
     kdk = _rowsum_buffer(q, NC, L, atomic)
+    if cfg["FUSED_DKV"] and cfg["GLUON"]:
+        from tfla.triton import chunkwise_parallel_bw_gluon as gbw
+
+        if gbw.applies_dkv(cfg, q, k, v, dC_st, dh, L=L, is_exp=is_exp, normalize=normalize):
+            return gbw.parallel_bw_dkv_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, L=L,
+                                             has_dc_last=has_dc_last,
+                                             num_warps=cfg["DKV_num_warps"])
     if cfg["FUSED_DKV"]:
         flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], pow2(d_qk), pow2(d_hv)
         tma_f = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,

@@ -256,3 +256,202 @@ def parallel_bw_dq_gluon(q, k, v, b_vec, i_vec, C_st, dh, *, L: int, has_c0: boo
         HAS_C0=has_c0, L=L, B_LQ=B_LQ, B_T=B_T, N_RED=D_HV // B_T, N_OUT=D_QK // B_T,
         NBUF=NBUF, num_warps=NUM_WARPS)
     return dq, qdq
+
+
+# ------------------------------------------------------------------ dK and dV (rule B13)
+
+#: the tiles of the dK/dV kernel (rule B4's): query and key/value rows, query-tile buffers;
+#: rule B4's 4 or 8 warps (with 8, each warpgroup takes half the columns of every product)
+DKV_B_L, DKV_NBUF = 64, 2
+#: the head dimensions it is written for, (d_qk, d_hv) rounded up to powers of two (rule B4's)
+DKV_HEADS = ((128, 256), (64, 128))
+
+
+@gluon.jit
+def _issue_q(u, j0, bh, c, q_desc, dh_desc, q_ring, dh_ring, bars, L: gl.constexpr,
+             B_L: gl.constexpr, NBUF: gl.constexpr):
+    # query tile j0 + u's Q and dH̃ into ring slot u % NBUF
+    slot = u % NBUF
+    bar = bars.index(slot)
+    r0 = c * L + (j0 + u) * B_L
+    mbarrier.expect(bar, q_desc.block_type.nbytes + dh_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(q_desc, [bh, r0, 0], bar, q_ring.index(slot))
+    tma.async_copy_global_to_shared(dh_desc, [bh, r0, 0], bar, dh_ring.index(slot))
+
+
+@gluon.jit
+def _dkv_gluon_kernel(q_desc, k_desc, v_desc, dh_desc, dc_desc, dk_desc, dv_desc, B_vec, I_vec,
+                      A_vec, KDK, NC, scale, HAS_DC_LAST: gl.constexpr, L: gl.constexpr,
+                      B_L: gl.constexpr, D_QK: gl.constexpr, D_HV: gl.constexpr,
+                      NBUF: gl.constexpr, num_warps: gl.constexpr):
+    # 1-D grid as _dkv_fused_kernel's: key/value tile fastest, then chunk·b·head
+    pid = gl.program_id(0)
+    N_T: gl.constexpr = L // B_L
+    pid_kv = pid % N_T
+    cbh = pid // N_T
+    c = cbh % NC
+    bh = cbh // NC
+    S_pad = NC * L
+    s0 = c * L + pid_kv * B_L
+    g_base = bh.to(gl.int64) * S_pad + c * L
+    n_q = N_T - pid_kv                              # query tiles on or after the diagonal
+    inter = c < NC - 1 + HAS_DC_LAST                # dC_k != 0: the inter-chunk products
+
+    # every product splits its columns over the WG warpgroups
+    WG: gl.constexpr = num_warps // 4
+    p_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, B_L // WG, 16])
+    dk_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, D_QK // WG, 16])
+    dv_layout: gl.constexpr = gl.NVMMADistributedLayout(
+        version=[3, 0], warps_per_cta=[4, WG], instr_shape=[16, D_HV // WG, 16])
+    pk_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dk_layout,
+                                                  k_width=2)
+    pv_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=dv_layout,
+                                                  k_width=2)
+
+    k_smem = gl.allocate_shared_memory(k_desc.dtype, k_desc.block_type.shape, k_desc.layout)
+    v_smem = gl.allocate_shared_memory(v_desc.dtype, v_desc.block_type.shape, v_desc.layout)
+    dc_smem = gl.allocate_shared_memory(dc_desc.dtype, dc_desc.block_type.shape,
+                                        dc_desc.layout)
+    q_ring = gl.allocate_shared_memory(q_desc.dtype, [NBUF] + q_desc.block_type.shape,
+                                       q_desc.layout)
+    dh_ring = gl.allocate_shared_memory(dh_desc.dtype, [NBUF] + dh_desc.block_type.shape,
+                                        dh_desc.layout)
+    bar_kv = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bar_dc = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(bar_kv, count=1)
+    mbarrier.init(bar_dc, count=1)
+    for i in gl.static_range(NBUF):
+        mbarrier.init(bars.index(i), count=1)
+
+    # every load at once: K and V, the first query tiles' Q and dH̃, then dC_k
+    mbarrier.expect(bar_kv, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
+    tma.async_copy_global_to_shared(k_desc, [bh, s0, 0], bar_kv, k_smem)
+    tma.async_copy_global_to_shared(v_desc, [bh, s0, 0], bar_kv, v_smem)
+    for i in gl.static_range(NBUF):
+        if i < n_q:
+            _issue_q(i, pid_kv, bh, c, q_desc, dh_desc, q_ring, dh_ring, bars, L, B_L, NBUF)
+    if inter:
+        mbarrier.expect(bar_dc, dc_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(dc_desc, [bh * (NC + 1) + c + 1, 0, 0], bar_dc,
+                                        dc_smem)
+
+    # per key/value row: b, ī (-inf beyond S); ā = exp(a)
+    s_loc = pid_kv * B_L + gl.arange(0, B_L, layout=gl.SliceLayout(1, p_layout))
+    b_kv = gl.load(B_vec + g_base + s_loc)
+    i_kv = gl.load(I_vec + g_base + s_loc)
+    k2 = k_smem.reshape([B_L, D_QK])
+    v2 = v_smem.reshape([B_L, D_HV])
+    dk = gl.zeros((B_L, D_QK), dtype=gl.float32, layout=dk_layout)
+    dv = gl.zeros((B_L, D_HV), dtype=gl.float32, layout=dv_layout)
+    mbarrier.wait(bar_kv, 0)
+    for u in range(n_q):
+        slot = u % NBUF
+        mbarrier.wait(bars.index(slot), (u // NBUF) & 1)
+        q2 = q_ring.index(slot).reshape([B_L, D_QK])
+        dh2 = dh_ring.index(slot).reshape([B_L, D_HV])
+        zero = gl.zeros((B_L, B_L), dtype=gl.float32, layout=p_layout)
+        p = warpgroup_mma(k2, q2.permute((1, 0)), zero, use_acc=False, is_async=True)
+        dp = warpgroup_mma(v2, dh2.permute((1, 0)), zero, use_acc=False, is_async=True)
+        # the gate matrix Dᵀ (key/value rows, query columns) and the row scale, while they run
+        r_loc = (pid_kv + u) * B_L + gl.arange(0, B_L, layout=gl.SliceLayout(0, p_layout))
+        b_q = gl.load(B_vec + g_base + r_loc)
+        d_log = b_q[None, :] - b_kv[:, None] + i_kv[:, None]      # b_r - b_s first
+        d_log = gl.where(r_loc[None, :] >= s_loc[:, None], d_log, float("-inf"))
+        d_mat = gl.exp(d_log) * scale
+        p = warpgroup_mma_wait(num_outstanding=1, deps=(p,))
+        p = gl.convert_layout((p * d_mat).to(q_desc.dtype), pv_layout)
+        dv = warpgroup_mma(p, dh2, dv, is_async=True)
+        dp = warpgroup_mma_wait(num_outstanding=1, deps=(dp,))
+        dp = gl.convert_layout((dp * d_mat).to(q_desc.dtype), pk_layout)
+        dk = warpgroup_mma(dp, q2, dk, is_async=True)
+        dv, dk = warpgroup_mma_wait(num_outstanding=0, deps=(dv, dk))
+        if u + NBUF < n_q:                          # the slot's products are done
+            _issue_q(u + NBUF, pid_kv, bh, c, q_desc, dh_desc, q_ring, dh_ring, bars, L, B_L,
+                     NBUF)
+
+    # inter: ā ⊙ (K dC_k), ā ⊙ (V dC_kᵀ) (none at the last chunk without dC_last)
+    if inter:
+        mbarrier.wait(bar_dc, 0)
+        dc2 = dc_smem.reshape([D_QK, D_HV])
+        a_dv = gl.exp(gl.load(A_vec + g_base + pid_kv * B_L
+                              + gl.arange(0, B_L, layout=gl.SliceLayout(1, dv_layout))))
+        a_dk = gl.exp(gl.load(A_vec + g_base + pid_kv * B_L
+                              + gl.arange(0, B_L, layout=gl.SliceLayout(1, dk_layout))))
+        iv = warpgroup_mma(k2, dc2, gl.zeros((B_L, D_HV), dtype=gl.float32, layout=dv_layout),
+                           use_acc=False, is_async=True)
+        iv = warpgroup_mma_wait(num_outstanding=0, deps=(iv,))
+        dv = dv + iv * a_dv[:, None]
+        ik = warpgroup_mma(v2, dc2.permute((1, 0)),
+                           gl.zeros((B_L, D_QK), dtype=gl.float32, layout=dk_layout),
+                           use_acc=False, is_async=True)
+        ik = warpgroup_mma_wait(num_outstanding=0, deps=(ik,))
+        dk = dk + ik * a_dk[:, None]
+
+    # the row sums k·dk (fp32, before dk is rounded) from the K tile on chip; dK and dV
+    # leave through the K and V buffers
+    rowsum = gl.sum(k2.load(dk_layout).to(gl.float32) * dk, axis=1)
+    gl.store(KDK + g_base + pid_kv * B_L
+             + gl.arange(0, B_L, layout=gl.SliceLayout(1, dk_layout)), rowsum)
+    k2.store(dk.to(dk_desc.dtype))
+    v2.store(dv.to(dv_desc.dtype))
+    fence_async_shared()
+    tma.async_copy_shared_to_global(dk_desc, [bh, s0, 0], k_smem)
+    tma.async_copy_shared_to_global(dv_desc, [bh, s0, 0], v_smem)
+    tma.store_wait(pendings=0)
+    mbarrier.invalidate(bar_kv)
+    mbarrier.invalidate(bar_dc)
+    for i in gl.static_range(NBUF):
+        mbarrier.invalidate(bars.index(i))
+
+
+def applies_dkv(cfg: dict, q, k, v, dC_st, dh, *, L: int, is_exp: bool,
+                normalize: bool) -> bool:
+    """Whether ``parallel_bw_dkv`` runs :func:`parallel_bw_dkv_gluon` (rule B13,
+    docs/kernels.md): mLSTMsig without the normaliser, 16-bit q, k, v, dh (and state
+    gradients), ``bw_config``'s one-launch dK/dV (rule B4) in 64-row tiles with 4 or 8 warps
+    and its ``GLUON`` flag on, (d_qk, d_hv) exactly (128, 256) or (64, 128), L a multiple of 64
+    up to 256, 16-byte aligned rows (TMA), Triton compiling for an sm_90 target."""
+    if is_exp or normalize or not (cfg.get("GLUON") and cfg["FUSED_DKV"]):
+        return False
+    if q.dtype not in (torch.bfloat16, torch.float16) or not (
+            q.dtype == k.dtype == v.dtype == dh.dtype == dC_st.dtype):
+        return False
+    if (q.shape[-1], v.shape[-1]) not in DKV_HEADS or L not in (64, 128, 256):
+        return False
+    if (cfg["DKV_B_LQ"], cfg["DKV_B_LKV"]) != (DKV_B_L, DKV_B_L) or cfg["DKV_num_warps"] not in (
+            4, 8):
+        return False
+    return gluon_sm90(q) and can_use_tma(q, k, v, dh, dC_st,
+                                         blocks=(DKV_B_L, q.shape[-1], v.shape[-1]))
+
+
+def parallel_bw_dkv_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, *, L: int,
+                          has_dc_last: bool, num_warps: int = 8):
+    """(dk, dv in q's dtype, the fp32 row sums k·dk (BNH, N_c·L)) under rule B13 (where
+    :func:`applies_dkv`).
+
+    q, k (BNH, S, d_qk), v, dh (BNH, S, d_hv) contiguous 16-bit, (d_qk, d_hv) one of
+    ``DKV_HEADS``; b_vec, i_vec, a_vec (BNH, N_c·L) fp32 (the gate kernel's b, ī and a; ī
+    -inf beyond S); dC_st (BNH, N_c+1, d_qk, d_hv) in q's dtype (dC_k at index k);
+    ``has_dc_last`` False: dC_N = 0 and the last chunk's inter-chunk products are skipped.
+    ``num_warps``: 4 or 8 (rule B4's). No normaliser (paper eqs. 22-23).
+    """
+    BNH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    NC = triton.cdiv(S, L)
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
+    rows_qk, rows_hv = [1, DKV_B_L, d_qk], [1, DKV_B_L, d_hv]
+    _dkv_gluon_kernel[((L // DKV_B_L) * NC * BNH,)](
+        gluon_descriptor(q, rows_qk), gluon_descriptor(k, rows_qk),
+        gluon_descriptor(v, rows_hv), gluon_descriptor(dh, rows_hv),
+        gluon_descriptor(dC_st.view(-1, d_qk, d_hv), [1, d_qk, d_hv]),
+        gluon_descriptor(dk, rows_qk), gluon_descriptor(dv, rows_hv),
+        b_vec, i_vec, a_vec, kdk, NC, d_qk ** -0.5,
+        HAS_DC_LAST=has_dc_last, L=L, B_L=DKV_B_L, D_QK=d_qk, D_HV=d_hv, NBUF=DKV_NBUF,
+        num_warps=num_warps)
+    return dk, dv, kdk
