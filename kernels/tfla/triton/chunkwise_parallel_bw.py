@@ -623,13 +623,7 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     cfg, NC, n_dqk, n_dhv, scale, prec = _launch_common(q, v, L, tuning)
-    dk = torch.empty_like(k)
-    dv = torch.empty_like(v)
-    dC_view = dC_st.view(-1, d_qk, d_hv)
     b_vec, a_vec, i_vec, mi_vec = gates
-    # the one-launch kernel and B10's dK programs hold the whole d_qk: one program per row
-    atomic = n_dqk > 1 and not (cfg["FUSED_DKV"] or cfg["ONCE_DKV"])
-    kdk = _rowsum_buffer(q, NC, L, atomic)
     if cfg["FUSED_DKV"] and cfg["GLUON"]:
         from tfla.triton import chunkwise_parallel_bw_gluon as gbw
 
@@ -637,6 +631,12 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
             return gbw.parallel_bw_dkv_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, L=L,
                                              has_dc_last=has_dc_last,
                                              num_warps=cfg["DKV_num_warps"])
+    dk = torch.empty_like(k)
+    dv = torch.empty_like(v)
+    dC_view = dC_st.view(-1, d_qk, d_hv)
+    # the one-launch kernel and B10's dK programs hold the whole d_qk: one program per row
+    atomic = n_dqk > 1 and not (cfg["FUSED_DKV"] or cfg["ONCE_DKV"])
+    kdk = _rowsum_buffer(q, NC, L, atomic)
     if cfg["FUSED_DKV"]:
         flq, flkv, fqk, fhv = cfg["DKV_B_LQ"], cfg["DKV_B_LKV"], pow2(d_qk), pow2(d_hv)
         tma_f = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,

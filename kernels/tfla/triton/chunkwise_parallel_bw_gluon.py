@@ -279,7 +279,9 @@ def _issue_q(u, j0, bh, c, q_desc, dh_desc, q_ring, dh_ring, bars, L: gl.constex
     tma.async_copy_global_to_shared(dh_desc, [bh, r0, 0], bar, dh_ring.index(slot))
 
 
-@gluon.jit
+# NC not specialised: NC = 1 as a constant (no dC_last) folds the inter-chunk part away, and
+# Triton 3.6 then fails to lower the unused dC_k buffer
+@gluon.jit(do_not_specialize=["NC"])
 def _dkv_gluon_kernel(q_desc, k_desc, v_desc, dh_desc, dc_desc, dk_desc, dv_desc, B_vec, I_vec,
                       A_vec, KDK, NC, scale, HAS_DC_LAST: gl.constexpr, L: gl.constexpr,
                       B_L: gl.constexpr, D_QK: gl.constexpr, D_HV: gl.constexpr,
