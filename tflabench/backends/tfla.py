@@ -84,7 +84,8 @@ class TflaBackend(Backend):
         (r"_sig_walk_fw_kernel", "whole"),
         (r"_gates_kernel|_gate_grads_kernel|_recurrent_fw_kernel|_recurrent_bw_kernel"
          r"|_sig_segment_states_kernel", "recurrent"),
-        (r"_parallel_fw_kernel|_parallel_fw_gluon_kernel|_dq_kernel|_dq_gluon_kernel|_dq_once_kernel|_dkv_kernel|_dkv_once_kernel|_dkv_fused_kernel"
+        (r"_parallel_fw_kernel|_parallel_fw_gluon_kernel|_dq_kernel|_dq_gluon_kernel"
+         r"|_dq_once_kernel|_dkv_kernel|_dkv_once_kernel|_dkv_fused_kernel|_dkv_gluon_kernel"
          r"|_limit_bw_kernel", "parallel"),
     )
 
