@@ -271,3 +271,67 @@ def test_gluon_kernels_compile_for_sm90_where_rules_h8_and_b12_run_them():
     for name in ("bf16 normalised", "bf16 GLUON off"):
         assert [k for k, _ in got[name]] == ["_parallel_fw_kernel", "_dq_once_kernel",
                                             "_dq_once_kernel"], got[name]
+
+
+_CHILD_GLUON_DKV = r"""
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import kernel_matrix as km
+km._set_up("compile")
+import torch
+from triton.runtime.jit import JITFunction
+from tfla.triton.chunkwise import kernels
+from tfla.triton.tuning import Tuning
+_, _, pbw, _, _ = kernels()
+run, seen = JITFunction.run, []
+def spy(self, *a, **kw):
+    kernel = run(self, *a, **kw)
+    seen.append([self.fn.__name__, kernel.metadata.shared])
+    return kernel
+JITFunction.run = spy
+out = {}
+for name, dtype, d_qk, d_hv, L, S, normalize, tuning in (
+        ("bf16 128/256 L128", torch.bfloat16, 128, 256, 128, 600, False, Tuning()),
+        ("fp16 128/256 L256", torch.float16, 128, 256, 256, 700, False, Tuning()),
+        ("bf16 64/128 L128", torch.bfloat16, 64, 128, 128, 300, False, Tuning()),
+        ("fp16 64/128 L64 S<L", torch.float16, 64, 128, 64, 40, False, Tuning()),
+        ("bf16 128/256 S<L", torch.bfloat16, 128, 256, 128, 100, False, Tuning()),
+        ("bf16 normalised", torch.bfloat16, 128, 256, 128, 600, True, Tuning()),
+        ("bf16 GLUON off", torch.bfloat16, 128, 256, 128, 600, False, Tuning(bw={"GLUON": False}))):
+    NC = -(-S // L)
+    q, k = (torch.randn(2, S, d_qk, dtype=dtype) for _ in range(2))
+    v, dh = (torch.randn(2, S, d_hv, dtype=dtype) for _ in range(2))
+    b = torch.randn(2, NC * L)
+    dC = torch.randn(2, NC + 1, d_qk, d_hv, dtype=dtype)
+    m, nout = torch.zeros(2, NC + 1), torch.ones(2, NC * L)
+    seen.clear()
+    for has_dc_last in (True, False):
+        pbw.parallel_bw_dkv(q, k, v, (b, b, b, b), m, nout, dC, dh, L=L, is_exp=False,
+                            normalize=normalize, eps=1e-6, has_dc_last=has_dc_last,
+                            tuning=tuning)
+    out[name] = seen[:]
+print(json.dumps(out))
+"""
+
+
+def test_gluon_dkv_kernel_compiles_for_sm90_where_rule_b13_runs_it():
+    """Rule B13's Gluon dK/dV kernel (``chunkwise_parallel_bw_gluon._dkv_gluon_kernel``)
+    compiles for sm_90 at both of rule B4's head pairs, in bfloat16 and float16, at L 64, 128
+    and 256, with and without dC_last, within the SM's 227 KB of shared memory, and is what
+    ``parallel_bw_dkv`` launches there; with the normaliser or ``GLUON`` off the Triton
+    one-launch kernel runs. Regression: a sequence of one chunk without dC_last (the number
+    of chunks 1 as a constant folded the inter-chunk part away) failed to lower in Triton 3.6.
+    (Numerics: against float64 on the GPU, ``benchmarks/kernel_matrix.py``.)"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(KERNELS),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", _CHILD_GLUON_DKV, str(MATRIX.parent)],
+                          env=env, capture_output=True, text=True, timeout=900, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    got = json.loads(proc.stdout.strip().splitlines()[-1])
+    for name in ("bf16 128/256 L128", "fp16 128/256 L256", "bf16 64/128 L128",
+                 "fp16 64/128 L64 S<L", "bf16 128/256 S<L"):
+        assert [k for k, _ in got[name]] == ["_dkv_gluon_kernel"] * 2, (name, got[name])
+        assert all(0 < smem <= 232448 for _, smem in got[name]), got[name]
+    for name in ("bf16 normalised", "bf16 GLUON off"):
+        assert [k for k, _ in got[name]] == ["_dkv_fused_kernel"] * 2, (name, got[name])

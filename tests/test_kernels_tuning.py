@@ -295,3 +295,48 @@ def test_gluon_dq_kernel_takes_exactly_rule_b12s_calls(monkeypatch):
     assert not case(tuning=Tuning(bw={"B_LKV": 64}))
     assert not case(tuning=Tuning(bw={"ONCE_DQ": False}))
     assert not case(tuning=Tuning(bw={"GLUON": False}))
+
+
+def test_gluon_dkv_kernel_takes_exactly_rule_b13s_calls(monkeypatch):
+    """Rule B13 (docs/kernels.md): dK and dV in Gluon where B4 runs them as one launch
+    (mLSTMsig, 16-bit, heads exactly 128 / 256 or 64 / 128) without the normaliser, for an
+    sm_90 target with Triton compiling; every other call keeps the Triton kernels."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    from tfla.triton import chunkwise_parallel_bw as pbw
+    from tfla.triton import chunkwise_parallel_bw_gluon as gbw
+
+    def case(L=128, d_qk=128, d_hv=256, dtype=torch.bfloat16, is_exp=False, normalize=False,
+             tuning=Tuning(), dc_dtype=None):
+        q, k = torch.empty(2, 2, 300, d_qk, dtype=dtype)
+        v, dh = torch.empty(2, 2, 300, d_hv, dtype=dtype)
+        dC = torch.empty(2, 4, d_qk, d_hv, dtype=dc_dtype or dtype)
+        cfg = pbw.bw_config(L, d_qk, d_hv, dtype, tuning)
+        return gbw.applies_dkv(cfg, q, k, v, dC, dh, L=L, is_exp=is_exp, normalize=normalize)
+
+    assert triton.knobs.runtime.interpret and not case()
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+
+    class Target:
+        arch = 90
+
+        def get_current_target(self):
+            return GPUTarget("cuda", self.arch, 32)
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", Target())
+    assert case() and case(L=256) and case(dtype=torch.float16)
+    assert case(d_qk=64, d_hv=128) and case(d_qk=64, d_hv=128, L=64)
+    Target.arch = 80
+    assert not case()
+    Target.arch = 90
+    assert not case(is_exp=True)
+    assert not case(normalize=True)
+    assert not case(dtype=torch.float32)
+    assert not case(dc_dtype=torch.float32)
+    assert not case(L=64)                        # B4 runs 128 / 256 at L 128 and 256 only
+    assert not case(d_qk=96, d_hv=192)           # rounded up to B4's heads, not exactly them
+    assert not case(d_qk=256, d_hv=512)
+    assert not case(tuning=Tuning(bw={"DKV_B_LQ": 32}))
+    assert not case(tuning=Tuning(bw={"FUSED_DKV": False}))
+    assert not case(tuning=Tuning(bw={"GLUON": False}))

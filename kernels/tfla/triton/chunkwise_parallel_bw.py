@@ -455,7 +455,8 @@ def _fused_dkv_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
     inputs at the head shapes and chunk sizes where it was measured faster, with the tiles
     measured there; elsewhere ``_dkv_kernel``'s dK and dV programs. At L 128 also rule B5:
     3 pipeline stages for the one launch, and dQ (which the other bw keys then configure
-    alone) in d_hv blocks of 64 with 3 stages at 128 / 256, with one stage at 64 / 128."""
+    alone) in d_hv blocks of 64 with 3 stages at 128 / 256, with one stage at 64 / 128.
+    GLUON: the one launch in Gluon where rule B13 holds (``chunkwise_parallel_bw_gluon``)."""
     if dtype not in (torch.bfloat16, torch.float16):
         return {}
     heads = (pow2(d_qk), pow2(d_hv))
@@ -615,7 +616,8 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
                     normalize: bool, eps: float, has_dc_last: bool = True,
                     tuning: Tuning = DEFAULT):
     """dk, dv (input dtype) and the fp32 row sums k·dk (BNH, N_c*L): one launch of
-    ``_dkv_fused_kernel`` where ``bw_config`` sets FUSED_DKV, of ``_dkv_once_kernel`` where
+    ``_dkv_fused_kernel`` where ``bw_config`` sets FUSED_DKV (in Gluon where rule B13 holds:
+    ``chunkwise_parallel_bw_gluon``), of ``_dkv_once_kernel`` where
     it sets ONCE_DKV, else one of ``_dkv_kernel``.
     Tensors as :func:`parallel_bw_dq` takes them, and the state gradients dC_st (BNH, N_c+1,
     d_qk, d_hv). ``has_dc_last`` False: dC_st's slot N_c is zero (the last state has no

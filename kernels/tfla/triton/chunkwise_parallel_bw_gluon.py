@@ -1,4 +1,5 @@
-"""dQ of mLSTMsig at Figure 5's heads in Gluon (tuning rule B12, docs/kernels.md).
+"""Backward kernels of mLSTMsig in Gluon: dQ at Figure 5's heads (tuning rule B12) and the
+one-launch dK/dV at Figure 4's and the small heads (rule B13; docs/kernels.md).
 
 The products of ``_dq_once_kernel`` under rule B11 at L 256 (one program per 64-row query
 tile, 128-row key/value tiles, d_qk and d_hv blocks of 128, 4 warps; paper Table 1, row dQ;
@@ -19,6 +20,16 @@ dq and q·dq are ``_dq_once_kernel``'s bit for bit (checked on the GPU; the CPU 
 it for sm_90, Triton's interpreter cannot run Gluon). Elsewhere (mLSTMexp, the normaliser,
 32-bit inputs, other heads or chunk sizes, tiles a ``Tuning`` overrides, addresses TMA cannot
 take, Triton's interpreter, a GPU other than sm_90) ``parallel_bw_dq`` runs the Triton kernels.
+
+dK/dV (``_dkv_gluon_kernel``): the products of ``_dkv_fused_kernel`` under rule B4 (one
+program per 64-row key/value tile with the whole head dimensions; paper Table 1, rows dK, dV),
+in its order and rounding. K, V, the first two query tiles' Q and dH̃ and dC_k load through TMA
+at once; per query tile K Qᵀ and V dH̃ᵀ run as asynchronous wgmma while the gate matrix Dᵀ is
+formed in registers, then dV += (K Qᵀ ⊙ Dᵀ) dH̃ and dK += (V dH̃ᵀ ⊙ Dᵀ) Q; after the loop
+ā ⊙ (K dC_k) and ā ⊙ (V dC_kᵀ) (none at the last chunk without dC_last); the row sums k·dk from
+the K tile on chip; dK and dV leave through the K and V buffers. dk and dv are
+``_dkv_fused_kernel``'s bit for bit (checked on the GPU); elsewhere ``parallel_bw_dkv`` runs
+the Triton kernels.
 """
 
 from __future__ import annotations

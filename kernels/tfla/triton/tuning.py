@@ -65,8 +65,8 @@ KEYS = {
     "fw_limit": ("B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "INTER_IN_LOOP"),
     # xl_chunk's dQ / dK / dV kernels; FUSED_DKV: dK and dV in one launch, its tiles DKV_*;
     # ONCE_DKV: one dK and one dV program per key/value tile (its tiles DKV_*, head blocks
-    # DKV_B_DQK / DKV_B_DHV); ONCE_DQ: one dQ program per query tile (GLUON: in Gluon where
-    # rule B12 holds);
+    # DKV_B_DQK / DKV_B_DHV); ONCE_DQ: one dQ program per query tile; GLUON: that dQ program
+    # and the one-launch dK/dV in Gluon where rules B12, B13 hold;
     # FUSED: limit_chunk's one-program-per-chunk kernel instead
     "bw": ("B_LQ", "B_LKV", "B_DQK", "B_DHV", "num_warps", "num_stages", "USE_TMA", "FUSED_DKV",
            "DKV_B_LQ", "DKV_B_LKV", "DKV_B_DQK", "DKV_B_DHV", "DKV_num_warps", "DKV_num_stages",
