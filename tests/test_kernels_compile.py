@@ -210,7 +210,9 @@ def test_regression_exp_chunk256_16bit_gates_compile_through_the_public_function
     assert not failed, failed
 
 
-_CHILD_GLUON = r"""
+#: a child's set-up: compile-only for sm_90, every compiled kernel's name and shared memory
+#: recorded in ``seen``
+_CHILD_SPY = r"""
 import json, sys
 sys.path.insert(0, sys.argv[1])
 import kernel_matrix as km
@@ -227,6 +229,9 @@ def spy(self, *a, **kw):
     return kernel
 JITFunction.run = spy
 out = {}
+"""
+
+_CHILD_GLUON = _CHILD_SPY + r"""
 for name, dtype, S, normalize, tuning in (
         ("bf16", torch.bfloat16, 600, False, Tuning()), ("fp16", torch.float16, 700, False, Tuning()),
         ("bf16 normalised", torch.bfloat16, 600, True, Tuning()),
@@ -273,23 +278,7 @@ def test_gluon_kernels_compile_for_sm90_where_rules_h8_and_b12_run_them():
                                             "_dq_once_kernel"], got[name]
 
 
-_CHILD_GLUON_DKV = r"""
-import json, sys
-sys.path.insert(0, sys.argv[1])
-import kernel_matrix as km
-km._set_up("compile")
-import torch
-from triton.runtime.jit import JITFunction
-from tfla.triton.chunkwise import kernels
-from tfla.triton.tuning import Tuning
-_, _, pbw, _, _ = kernels()
-run, seen = JITFunction.run, []
-def spy(self, *a, **kw):
-    kernel = run(self, *a, **kw)
-    seen.append([self.fn.__name__, kernel.metadata.shared])
-    return kernel
-JITFunction.run = spy
-out = {}
+_CHILD_GLUON_DKV = _CHILD_SPY + r"""
 for name, dtype, d_qk, d_hv, L, S, normalize, tuning in (
         ("bf16 128/256 L128", torch.bfloat16, 128, 256, 128, 600, False, Tuning()),
         ("fp16 128/256 L256", torch.float16, 128, 256, 256, 700, False, Tuning()),

@@ -252,12 +252,29 @@ def test_gluon_h_kernel_takes_exactly_rule_h8s_calls(monkeypatch):
     assert not case(tuning=Tuning(fw={"GLUON": False}))
 
 
+def _compiling_for_sm(monkeypatch):
+    """Triton compiling (not interpreting) for a compile-only driver's target, sm_90 until
+    the returned class's ``arch`` is changed."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+
+    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
+
+    class Target:
+        arch = 90
+
+        def get_current_target(self):
+            return GPUTarget("cuda", self.arch, 32)
+
+    monkeypatch.setattr(triton.runtime.driver, "_active", Target())
+    return Target
+
+
 def test_gluon_dq_kernel_takes_exactly_rule_b12s_calls(monkeypatch):
     """Rule B12 (docs/kernels.md): dQ in Gluon where B11 runs at L 256 (mLSTMsig, 16-bit,
     d_qk 256, 256 < d_hv <= 512) without the normaliser, for an sm_90 target with Triton
     compiling; every other call keeps the Triton kernels."""
     import triton
-    from triton.backends.compiler import GPUTarget
 
     from tfla.triton import chunkwise_parallel_bw as pbw
     from tfla.triton import chunkwise_parallel_bw_gluon as gbw
@@ -272,15 +289,7 @@ def test_gluon_dq_kernel_takes_exactly_rule_b12s_calls(monkeypatch):
         return gbw.applies_dq(cfg, q, k, v, C, dh, L=L, is_exp=is_exp, normalize=normalize)
 
     assert triton.knobs.runtime.interpret and not case()
-    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
-
-    class Target:
-        arch = 90
-
-        def get_current_target(self):
-            return GPUTarget("cuda", self.arch, 32)
-
-    monkeypatch.setattr(triton.runtime.driver, "_active", Target())
+    Target = _compiling_for_sm(monkeypatch)
     assert case() and case(dtype=torch.float16) and case(d_hv=480)
     Target.arch = 100
     assert not case()
@@ -302,7 +311,6 @@ def test_gluon_dkv_kernel_takes_exactly_rule_b13s_calls(monkeypatch):
     (mLSTMsig, 16-bit, heads exactly 128 / 256 or 64 / 128) without the normaliser, for an
     sm_90 target with Triton compiling; every other call keeps the Triton kernels."""
     import triton
-    from triton.backends.compiler import GPUTarget
 
     from tfla.triton import chunkwise_parallel_bw as pbw
     from tfla.triton import chunkwise_parallel_bw_gluon as gbw
@@ -316,15 +324,7 @@ def test_gluon_dkv_kernel_takes_exactly_rule_b13s_calls(monkeypatch):
         return gbw.applies_dkv(cfg, q, k, v, dC, dh, L=L, is_exp=is_exp, normalize=normalize)
 
     assert triton.knobs.runtime.interpret and not case()
-    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
-
-    class Target:
-        arch = 90
-
-        def get_current_target(self):
-            return GPUTarget("cuda", self.arch, 32)
-
-    monkeypatch.setattr(triton.runtime.driver, "_active", Target())
+    Target = _compiling_for_sm(monkeypatch)
     assert case() and case(L=256) and case(dtype=torch.float16)
     assert case(d_qk=64, d_hv=128) and case(d_qk=64, d_hv=128, L=64)
     Target.arch = 80

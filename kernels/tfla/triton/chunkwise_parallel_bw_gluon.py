@@ -121,20 +121,25 @@ def _gated(ds, j, b_q, rows, B_vec, I_vec, g_base, scale, out_dtype: gl.constexp
 
 
 @gluon.jit
+def _tile_pid(L: gl.constexpr, B: gl.constexpr, NC):
+    # (tile, chunk, b·head, first gate index of the chunk) of the 1-D grid: the chunk's tiles
+    # of B rows fastest, then chunk·b·head (as the Triton kernels' chunk_tile_pid)
+    pid = gl.program_id(0)
+    N_T: gl.constexpr = L // B
+    cbh = pid // N_T
+    c = cbh % NC
+    bh = cbh // NC
+    return pid % N_T, c, bh, bh.to(gl.int64) * (NC * L) + c * L
+
+
+@gluon.jit
 def _dq_gluon_kernel(q_desc, k_desc, v_desc, c_desc, dh_desc, dq_desc, B_vec, I_vec, QDQ, NC,
                      scale, HAS_C0: gl.constexpr, L: gl.constexpr, B_LQ: gl.constexpr,
                      B_T: gl.constexpr, N_RED: gl.constexpr, N_OUT: gl.constexpr,
                      NBUF: gl.constexpr, num_warps: gl.constexpr):
     # 1-D grid as _dq_once_kernel's: query tile fastest, then chunk·b·head
-    pid = gl.program_id(0)
-    N_Q: gl.constexpr = L // B_LQ
-    pid_q = pid % N_Q
-    cbh = pid // N_Q
-    c = cbh % NC
-    bh = cbh // NC
-    S_pad = NC * L
+    pid_q, c, bh, g_base = _tile_pid(L, B_LQ, NC)
     r0 = c * L + pid_q * B_LQ
-    g_base = bh.to(gl.int64) * S_pad + c * L
     c_row = bh * (NC + 1) + c
     n_kv = (pid_q * B_LQ) // B_T + 1               # key tiles on or below the diagonal
     inter = gl.minimum(c + HAS_C0, 1)              # C_{k-1} != 0: the inter-chunk product
@@ -298,16 +303,9 @@ def _dkv_gluon_kernel(q_desc, k_desc, v_desc, dh_desc, dc_desc, dk_desc, dv_desc
                       B_L: gl.constexpr, D_QK: gl.constexpr, D_HV: gl.constexpr,
                       NBUF: gl.constexpr, num_warps: gl.constexpr):
     # 1-D grid as _dkv_fused_kernel's: key/value tile fastest, then chunk·b·head
-    pid = gl.program_id(0)
-    N_T: gl.constexpr = L // B_L
-    pid_kv = pid % N_T
-    cbh = pid // N_T
-    c = cbh % NC
-    bh = cbh // NC
-    S_pad = NC * L
+    pid_kv, c, bh, g_base = _tile_pid(L, B_L, NC)
     s0 = c * L + pid_kv * B_L
-    g_base = bh.to(gl.int64) * S_pad + c * L
-    n_q = N_T - pid_kv                              # query tiles on or after the diagonal
+    n_q = L // B_L - pid_kv                         # query tiles on or after the diagonal
     inter = c < NC - 1 + HAS_DC_LAST                # dC_k != 0: the inter-chunk products
 
     # every product splits its columns over the WG warpgroups
