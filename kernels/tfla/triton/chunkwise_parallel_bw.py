@@ -626,7 +626,7 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
     d_hv = v.shape[-1]
     cfg, NC, n_dqk, n_dhv, scale, prec = _launch_common(q, v, L, tuning)
     b_vec, a_vec, i_vec, mi_vec = gates
-    if cfg["FUSED_DKV"] and cfg["GLUON"]:
+    if cfg["GLUON"]:
         from tfla.triton import chunkwise_parallel_bw_gluon as gbw
 
         if gbw.applies_dkv(cfg, q, k, v, dC_st, dh, L=L, is_exp=is_exp, normalize=normalize):

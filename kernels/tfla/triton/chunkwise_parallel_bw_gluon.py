@@ -41,7 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from tfla.triton.common import can_use_tma, gluon_descriptor, gluon_sm90
+from tfla.triton.common import gluon_descriptor, gluon_takes
 
 #: the tiles the kernel is written for (rules B11 and C2 at L 256): query rows, the side of
 #: every streamed tile (key/value rows, d_qk and d_hv blocks), d_qk, d_hv (blocks of 128),
@@ -236,15 +236,12 @@ def applies_dq(cfg: dict, q, k, v, C_st, dh, *, L: int, is_exp: bool, normalize:
     flag on, 16-byte aligned rows (TMA), Triton compiling for an sm_90 target."""
     if is_exp or normalize or L != 256 or not (cfg.get("GLUON") and cfg["ONCE_DQ"]):
         return False
-    if q.dtype not in (torch.bfloat16, torch.float16) or not (
-            q.dtype == k.dtype == v.dtype == dh.dtype == C_st.dtype):
-        return False
     if not (q.shape[-1] == D_QK and 256 < v.shape[-1] <= D_HV):
         return False
     if (cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"], cfg["num_warps"]) != (
             B_LQ, B_T, B_T, B_T, NUM_WARPS):
         return False
-    return gluon_sm90(q) and can_use_tma(q, k, v, dh, C_st, blocks=(B_LQ, B_T, 256))
+    return gluon_takes(q, k, v, dh, C_st, blocks=(B_LQ, B_T, 256))
 
 
 def parallel_bw_dq_gluon(q, k, v, b_vec, i_vec, C_st, dh, *, L: int, has_c0: bool):
@@ -261,8 +258,6 @@ def parallel_bw_dq_gluon(q, k, v, b_vec, i_vec, C_st, dh, *, L: int, has_c0: boo
     NC = triton.cdiv(S, L)
     dq = torch.empty_like(q)
     qdq = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
-
-
     _dq_gluon_kernel[((L // B_LQ) * NC * BNH,)](
         gluon_descriptor(q, [1, B_LQ, B_T]), gluon_descriptor(k, [1, B_T, B_T]),
         gluon_descriptor(v, [1, B_T, B_T]),
@@ -427,16 +422,12 @@ def applies_dkv(cfg: dict, q, k, v, dC_st, dh, *, L: int, is_exp: bool,
     up to 256, 16-byte aligned rows (TMA), Triton compiling for an sm_90 target."""
     if is_exp or normalize or not (cfg.get("GLUON") and cfg["FUSED_DKV"]):
         return False
-    if q.dtype not in (torch.bfloat16, torch.float16) or not (
-            q.dtype == k.dtype == v.dtype == dh.dtype == dC_st.dtype):
-        return False
     if (q.shape[-1], v.shape[-1]) not in DKV_HEADS or L not in (64, 128, 256):
         return False
     if (cfg["DKV_B_LQ"], cfg["DKV_B_LKV"]) != (DKV_B_L, DKV_B_L) or cfg["DKV_num_warps"] not in (
             4, 8):
         return False
-    return gluon_sm90(q) and can_use_tma(q, k, v, dh, dC_st,
-                                         blocks=(DKV_B_L, q.shape[-1], v.shape[-1]))
+    return gluon_takes(q, k, v, dh, dC_st, blocks=(DKV_B_L, q.shape[-1], v.shape[-1]))
 
 
 def parallel_bw_dkv_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, *, L: int,

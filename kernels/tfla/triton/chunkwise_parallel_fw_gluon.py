@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from tfla.triton.common import can_use_tma, gluon_descriptor, gluon_sm90
+from tfla.triton.common import gluon_descriptor, gluon_takes
 
 #: the tiles the kernel is written for (rule H7's): query and key/value rows, d_qk, d_hv
 #: block, d_qk rows of C_{k-1} per slice, warps
@@ -170,18 +170,13 @@ def applies(cfg: dict, q, k, v, C_st, *, L: int, is_exp: bool, normalize: bool,
     aligned rows (TMA), Triton compiling (not interpreting) for an sm_90 target."""
     if is_exp or normalize or limit or L != 256 or not cfg.get("GLUON"):
         return False
-    if q.dtype not in (torch.bfloat16, torch.float16) or not (
-            q.dtype == k.dtype == v.dtype == C_st.dtype):
-        return False
     d_qk, d_hv = q.shape[-1], v.shape[-1]
     if not (d_qk == D_QK and d_hv > 256):
         return False
     if (cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"], cfg["num_warps"]) != (
             B_LQ, B_LKV, D_QK, B_DHV, NUM_WARPS):
         return False
-    if not gluon_sm90(q):
-        return False
-    return can_use_tma(q, k, v, C_st, blocks=(B_LQ, B_LKV, D_QK, B_DHV))
+    return gluon_takes(q, k, v, C_st, blocks=(B_LQ, B_LKV, D_QK, B_DHV))
 
 
 def parallel_fw_gluon(q, k, v, b_vec, i_vec, C_st, *, L: int) -> torch.Tensor:
@@ -195,8 +190,6 @@ def parallel_fw_gluon(q, k, v, b_vec, i_vec, C_st, *, L: int) -> torch.Tensor:
     d_hv = v.shape[-1]
     NC = triton.cdiv(S, L)
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
-
-
     n_dhv = triton.cdiv(d_hv, B_DHV)
     grid = (n_dhv * (L // B_LQ) * NC * BNH,)
     _parallel_fw_gluon_kernel[grid](

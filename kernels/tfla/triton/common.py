@@ -13,7 +13,8 @@ import triton.language as tl
 
 __all__ = ["interpret_mode", "num_sms", "dot_precision", "pow2", "head_block", "split_pid",
            "chunk_tile_pid", "tile_rows", "gate_exponent", "load_tile", "store_tile",
-           "can_use_tma", "descriptor", "gluon_descriptor", "launch", "gluon_sm90"]
+           "can_use_tma", "descriptor", "gluon_descriptor", "launch", "gluon_sm90",
+           "gluon_takes"]
 
 
 def interpret_mode() -> bool:
@@ -248,3 +249,13 @@ def gluon_sm90(t: torch.Tensor) -> bool:
     except RuntimeError:
         return False
     return getattr(target, "backend", None) == "cuda" and getattr(target, "arch", 0) == 90
+
+
+def gluon_takes(*tensors: torch.Tensor, blocks) -> bool:
+    """Whether a Gluon kernel may take these tensors (the checks every Gluon rule shares):
+    one 16-bit dtype for all, Triton compiling for sm_90 (:func:`gluon_sm90`) and rows TMA
+    can address in tiles of ``blocks`` (:func:`can_use_tma`)."""
+    dtype = tensors[0].dtype
+    if dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != dtype for t in tensors):
+        return False
+    return gluon_sm90(tensors[0]) and can_use_tma(*tensors, blocks=blocks)
