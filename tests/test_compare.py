@@ -511,3 +511,30 @@ def test_run_ends_with_a_warning_naming_the_noisy_cases(tmp_path, capsys):
     assert "timing.iterations" in err
     _warn_noisy(write(tmp_path, "b", suite_rows(2)).rows)
     assert capsys.readouterr().err == ""
+
+
+def test_noise_warnings_say_whether_the_traced_gpu_slowed_down(tmp_path, capsys):
+    """With `run --gpu-trace` columns the warnings say during how many spread cases the
+    driver reported a slowdown; without them they point at the option."""
+    from tflabench.cli.run_cmds import _warn_noisy
+
+    rows = suite_rows(1)
+    for i in (2, 7):
+        rows[i] = make_row(rows[i]["backend"], rows[i]["seq_len"], samples=np.linspace(0.5, 1.5, N_ITER))
+    rows[2]["gpu_slowdowns"], rows[7]["gpu_slowdowns"] = "sw_power_cap,sw_thermal_slowdown", ""
+    rows[3]["gpu_slowdowns"] = "hw_slowdown"  # a steady case: not counted
+    traced = write(tmp_path, "a", rows).rows
+    (warning,) = cmp.noise_warnings(traced, "new")
+    assert "the GPU reported sw_power_cap, sw_thermal_slowdown during 1 of the 2 traced one(s)" in warning
+    assert "hw_slowdown" not in warning
+    _warn_noisy(traced)
+    assert "During them the GPU reported sw_power_cap, sw_thermal_slowdown during 1 of the 2" in capsys.readouterr().err
+    rows[2]["gpu_slowdowns"] = ""
+    (warning,) = cmp.noise_warnings(write(tmp_path, "b", rows).rows, "new")
+    assert "the GPU reported no slowdown reason during the 2 traced one(s)" in warning
+    untraced = suite_rows(1)
+    untraced[2] = rows[2] | {"gpu_slowdowns": None}
+    (warning,) = cmp.noise_warnings(write(tmp_path, "c", untraced).rows, "new")
+    assert "GPU reported" not in warning
+    _warn_noisy(write(tmp_path, "d", untraced).rows)
+    assert "`run --gpu-trace` records whether the GPU slowed down" in capsys.readouterr().err

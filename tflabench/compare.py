@@ -652,17 +652,37 @@ NOISE_ADVICE = ("measure on a quiet machine (close other programs), raise timing
                 "timing.warmup in the suite, or give each worker fewer threads (OMP_NUM_THREADS)")
 
 
+def slowdown_text(rows: pd.DataFrame, noisy: list[tuple[str, float]]) -> str:
+    """What ``run --gpu-trace`` saw during the ``noisy`` cases (:func:`noisy_cases`' pairs):
+    ``""`` where none of them was traced; else which slowdown reasons the driver reported in
+    how many of them (:mod:`tflabench.gpu_trace`), e.g. ``"the GPU reported sw_power_cap
+    during 3 of the 4 traced ones"``."""
+    if "gpu_slowdowns" not in rows.columns:
+        return ""
+    labels = {label for label, _ in noisy}
+    traced = [r.get("gpu_slowdowns") for r in rows.to_dict("records")
+              if _status(r) == OK and case_label(r) in labels and isinstance(r.get("gpu_slowdowns"), str)]
+    if not traced:
+        return ""
+    slowed = [t for t in traced if t]
+    if not slowed:
+        return f"the GPU reported no slowdown reason during the {len(traced)} traced one(s)"
+    seen = sorted({reason for t in slowed for reason in t.split(",")})
+    return f"the GPU reported {', '.join(seen)} during {len(slowed)} of the {len(traced)} traced one(s)"
+
+
 def noise_warnings(rows: pd.DataFrame, label: str) -> list[str]:
     """A warning when cases of one run spread more than :data:`NOISY_RELATIVE_IQR`
-    (IQR / median): a busy machine or too-short cases make every decision on them shaky
-    (:func:`noisy_cases`)."""
+    (IQR / median): a busy machine, a GPU slowed by its power or thermal limit, or too-short
+    cases make every decision on them shaky (:func:`noisy_cases`, :func:`slowdown_text`)."""
     noisy = noisy_cases(rows)
     if not noisy:
         return []
     worst_case, worst = noisy[0]
+    trace = slowdown_text(rows, noisy)
     return [
         f"{label}: {len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} (IQR / median; worst "
-        f"{worst:.0%}, {worst_case}); decisions on them are shaky: {NOISE_ADVICE}"
+        f"{worst:.0%}, {worst_case}){'; ' + trace if trace else ''}; decisions on them are shaky: {NOISE_ADVICE}"
     ]
 
 

@@ -26,11 +26,14 @@ too). Method (paper App. E.3; ``docs/harness.md``):
    calls under ``torch.profiler`` (:func:`tflabench.kernel_profile.capture`): the time of
    each kernel launched (CUDA) or operator run (CPU), per pass.
 
-A CUDA row also records the GPU it ran on (:func:`gpu_columns`).
+A CUDA row also records the GPU it ran on (:func:`gpu_columns`), and with ``run --gpu-trace``
+its clock, power and slowdown reasons over the warm-up and timed calls
+(:mod:`tflabench.gpu_trace`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import gc
 import json
@@ -39,6 +42,7 @@ from typing import Any, Callable
 
 from tflabench.backends import get_backend
 from tflabench.backends.base import Backend, BackendParams, Shape
+from tflabench.gpu_trace import GpuTrace
 from tflabench.numerics import budget as budget_of
 from tflabench.numerics import judge, reference_scales, tensor_error, tf32_text
 
@@ -452,11 +456,18 @@ def measure_case(case) -> dict:
             torch.cuda.empty_cache()
 
     clear_grads()
-    out["peak_mem_bytes"] = peak_memory_bytes(step, device)
-    clear_grads()
-    samples = time_callable(step, device=device, warmup=case.warmup, iterations=case.iterations,
-                            flush_l2=case.flush_l2, before_each=clear_grads if grad else None,
-                            sync_each=case.sync_each)
+    trace = GpuTrace(out["gpu_index"]) if case.gpu_trace and device.startswith("cuda") else None
+    with trace or contextlib.nullcontext():
+        if trace is not None:
+            trace.wait_first()
+        out["peak_mem_bytes"] = peak_memory_bytes(step, device)
+        clear_grads()
+        start = time.monotonic()
+        samples = time_callable(step, device=device, warmup=case.warmup, iterations=case.iterations,
+                                flush_l2=case.flush_l2, before_each=clear_grads if grad else None,
+                                sync_each=case.sync_each)
+        if trace is not None:
+            out.update(trace.columns(start, time.monotonic()))
     out.update(summarize(samples))
     out["ms_samples"] = json.dumps(out["ms_samples"])
     note = backend.note(params, device)

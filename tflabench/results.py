@@ -89,6 +89,10 @@ MEMORY_COLUMNS: tuple[str, ...] = ("peak_mem_bytes",)
 #: over several GPUs (``--gpus``, shards) or a host with mixed models says which row ran
 #: where, and ``compare`` can warn when it would compare rows across GPU models.
 DEVICE_COLUMNS: tuple[str, ...] = ("gpu_index", "gpu_name")
+#: ``run --gpu-trace`` (:mod:`tflabench.gpu_trace`): over the case's timed calls, the lowest
+#: SM clock while busy (MHz), the highest power draw (W) and the slowdown reasons the driver
+#: reported (comma-separated, ``""`` none); None without ``--gpu-trace`` or ``nvidia-smi``.
+GPU_TRACE_COLUMNS: tuple[str, ...] = ("gpu_sm_mhz_min", "gpu_power_w_max", "gpu_slowdowns")
 #: Numerics (tflabench.numerics): ``numerics_err`` the max-normalised error of the tensor
 #: that decides the verdict (largest error / budget), ``numerics_worst`` its name,
 #: ``numerics_budget`` its budget, ``numerics_relf`` its relative Frobenius error,
@@ -128,13 +132,14 @@ COLUMNS: tuple[str, ...] = (
     + NUMERICS_COLUMNS
     + MODEL_COLUMNS
     + DEVICE_COLUMNS
+    + GPU_TRACE_COLUMNS
     + PROFILE_COLUMNS
 )
 #: Columns that hold text (or JSON text) once loaded into a DataFrame.
 TEXT_COLUMNS: tuple[str, ...] = (
     "case_id", "suite", "kernel", "backend", "family", "params", "mode", "dtype", "device",
     "status", "reason", "algorithm", "ms_samples", "numerics_ref", "numerics_case", "numerics_worst",
-    "numerics_detail", "tf32", "gpu_index", "gpu_name", "kernel_profile",
+    "numerics_detail", "tf32", "gpu_index", "gpu_name", "gpu_slowdowns", "kernel_profile",
 )
 #: Columns that are numbers (NaN where not applicable): every other column, in order.
 NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COLUMNS)

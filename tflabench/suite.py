@@ -239,6 +239,9 @@ class Case:
     #: ``run --profile``: after the timings, profile the kernels of a few calls
     #: (:func:`tflabench.kernel_profile.capture`; the row's ``kernel_profile`` column).
     profile: bool = False
+    #: ``run --gpu-trace``: sample the GPU's clock, power and slowdown reasons over the timed
+    #: calls (:class:`tflabench.gpu_trace.GpuTrace`; the row's GPU trace columns).
+    gpu_trace: bool = False
 
     @property
     def numerics_case(self) -> str | None:

@@ -119,6 +119,7 @@ def run_suite(
     progress: bool = True,
     triton_cache: str | Path | None = None,
     profile: bool = False,
+    gpu_trace: bool = False,
 ) -> RunResult:
     """Run a validated suite end to end: expand, (shard), skip measured cases when
     resuming, run every case in workers with a progress bar, write the result set
@@ -140,6 +141,8 @@ def run_suite(
             once every check has passed.
         profile: after each case's timings, profile its kernels (the ``kernel_profile``
             column: :mod:`tflabench.kernel_profile`).
+        gpu_trace: sample each case's GPU clock, power and slowdown reasons over its timings
+            (the GPU trace columns: :mod:`tflabench.gpu_trace`).
 
     The result set is locked while the run writes it (:class:`~tflabench.results.ResultSetLock`).
     A resume checks that the suite describes the same measurement
@@ -159,7 +162,8 @@ def run_suite(
     try:
         return _run_suite(loaded, state, out_root=out_root, resume=resume, gpus=gpus, shard=shard, only=only,
                           max_kernel_failures=max_kernel_failures, ceilings=ceilings, device=device,
-                          console=console, progress=progress, triton_cache=triton_cache, profile=profile)
+                          console=console, progress=progress, triton_cache=triton_cache, profile=profile,
+                          gpu_trace=gpu_trace)
     except KeyboardInterrupt:
         directory = state["directory"]
         if directory is not None and state["created"]:  # stopped inside write_metadata: the file decides
@@ -175,7 +179,7 @@ def run_suite(
 
 
 def _run_suite(loaded: LoadedSuite, state: dict, *, out_root, resume, gpus, shard, only, max_kernel_failures,
-               ceilings, device, console, progress, triton_cache, profile=False) -> RunResult:
+               ceilings, device, console, progress, triton_cache, profile=False, gpu_trace=False) -> RunResult:
     """:func:`run_suite` itself; ``state`` records the result set and whether it was written."""
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
@@ -191,8 +195,8 @@ def _run_suite(loaded: LoadedSuite, state: dict, *, out_root, resume, gpus, shar
         k, n = parse_shard(shard)
         cases = select_shard(cases, k, n, case_cost)
         shard_text = format_shard(k, n)
-    if profile:
-        cases = [dataclasses.replace(c, profile=True) for c in cases]
+    if profile or gpu_trace:
+        cases = [dataclasses.replace(c, profile=profile, gpu_trace=gpu_trace) for c in cases]
 
     env = environment.collect()
     ceil = _ceilings(env.get("gpu_name") if dev == "cuda" else None, ceilings)
@@ -269,6 +273,7 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, state: dict
         "device": dev, "gpus": gpus, "cpu_threads": threads,
         "gpus_used": environment.gpus_used(gpus) if dev == "cuda" else [],
         "profile": any(c.profile for c in cases),
+        "gpu_trace": any(c.gpu_trace for c in cases),
         "cpu_allocator": cpu_allocator() if dev == "cpu" else None,
         "compare": suite.compare.model_dump(exclude_none=True),
         "only": list(only) if only else None,

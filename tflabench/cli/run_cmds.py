@@ -56,6 +56,10 @@ def run(
         False, "--profile", help="After each case's timings, record the time of every kernel it launched "
         "(torch.profiler: CUDA kernels on a GPU, operators on the CPU), forward and backward apart; "
         "`tflabench report` splits it over the model's parts, each against its own bound."),
+    gpu_trace: bool = typer.Option(
+        False, "--gpu-trace", help="Sample each case's GPU with nvidia-smi while it is timed: the lowest SM "
+        "clock, the highest power draw and the slowdown reasons the driver reported (power cap, thermal), "
+        "kept in the rows; the warning about spread cases then says which of them slowed down."),
 ) -> None:
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
     from tflabench.suite import default_suite_path
@@ -65,7 +69,8 @@ def run(
     with interruptible(lambda stop: _interrupted_line(stop, path)):
         _run_and_report(path, resume=resume, out=out, shard=shard, gpus=gpus, only=only,
                         max_kernel_failures=max_kernel_failures, ceilings=ceilings, device=device,
-                        progress=progress, plots=plots, triton_cache=triton_cache, profile=profile)
+                        progress=progress, plots=plots, triton_cache=triton_cache, profile=profile,
+                        gpu_trace=gpu_trace)
 
 
 class _AfterRun(KeyboardInterrupt):
@@ -94,7 +99,7 @@ def _interrupted_line(stop: KeyboardInterrupt, suite_path: Path) -> str:
 
 
 def _run_and_report(path: Path, *, resume, out, shard, gpus, only, max_kernel_failures, ceilings, device,
-                    progress, plots, triton_cache, profile=False) -> Path:
+                    progress, plots, triton_cache, profile=False, gpu_trace=False) -> Path:
     """``run``'s body: check the options, run the suite, print the table, draw the figures."""
     from tflabench.suite import load_suite
     from tflabench.suite_run import run_suite
@@ -114,7 +119,7 @@ def _run_and_report(path: Path, *, resume, out, shard, gpus, only, max_kernel_fa
         result = run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
                            only=comma_list("--only", only), max_kernel_failures=max_kernel_failures,
                            ceilings=ceilings, device=device, progress=progress, triton_cache=triton_cache,
-                           profile=profile)
+                           profile=profile, gpu_trace=gpu_trace)
     try:
         _report_run(loaded, result, plots)
     except KeyboardInterrupt:
@@ -154,16 +159,18 @@ NOISY_NAMED = 6
 def _warn_noisy(rows) -> None:
     """End a run with a warning naming the cases whose timings spread more than
     compare's noise level, and what to do (on stderr)."""
-    from tflabench.compare import NOISE_ADVICE, NOISY_RELATIVE_IQR, noisy_cases
+    from tflabench.compare import NOISE_ADVICE, NOISY_RELATIVE_IQR, noisy_cases, slowdown_text
 
     noisy = noisy_cases(rows)
     if not noisy:
         return
     named = "; ".join(f"{label} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
     more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
+    trace = slowdown_text(rows, noisy)
+    trace = f" During them {trace}." if trace else " (`run --gpu-trace` records whether the GPU slowed down.)"
     typer.echo(f"warning: {len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median "
-               f"(IQR / median): {named}{more}. Their medians are not to be trusted and `tflabench compare` "
-               f"cannot decide on them: {NOISE_ADVICE}.", err=True)
+               f"(IQR / median): {named}{more}.{trace} Their medians are not to be trusted and `tflabench "
+               f"compare` cannot decide on them: {NOISE_ADVICE}.", err=True)
 
 
 def _write_run_plots(directory: Path) -> list[Path]:

@@ -1,0 +1,102 @@
+"""`run --gpu-trace`: nvidia-smi's samples parsed and summarised, the sampler's process
+started, read, windowed and stopped (a fake nvidia-smi script stands in for the driver's)."""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+import time
+
+import pytest
+
+from tflabench.gpu_trace import GpuTrace, parse_sample, summarise
+
+
+def test_a_sample_line_parses_and_anything_else_is_none():
+    assert parse_sample("1980, 0x0000000000000004, 436.29\n") == (1980.0, 0x4, 436.29)
+    mhz, reasons, power = parse_sample("345, 0x0000000000000001, [N/A]")
+    assert (mhz, reasons) == (345.0, 1) and math.isnan(power)
+    for line in ("", "No devices were found", "1980, 0x4", "1980, busy, 400", "a, b, c, d"):
+        assert parse_sample(line) is None
+
+
+def test_summary_takes_busy_clocks_the_highest_power_and_names_slowdowns_in_order():
+    samples = [(345.0, 0x1, 70.0), (1980.0, 0x0, 480.0), (1755.0, 0x24, 699.0), (1965.0, 0x2, math.nan)]
+    cols = summarise(samples)
+    assert cols == {"gpu_sm_mhz_min": 1755.0, "gpu_power_w_max": 699.0,
+                    "gpu_slowdowns": "sw_power_cap,sw_thermal_slowdown"}
+    assert summarise([(1980.0, 0x0, 300.0), (1980.0, 0x2, 310.0)])["gpu_slowdowns"] == ""
+    idle_only = summarise([(345.0, 0x1, 70.0)])
+    assert idle_only["gpu_sm_mhz_min"] is None and idle_only["gpu_slowdowns"] == ""
+    assert summarise([]) == {"gpu_sm_mhz_min": None, "gpu_power_w_max": None, "gpu_slowdowns": None}
+
+
+@pytest.fixture
+def fake_smi(tmp_path):
+    """An executable that records its arguments and prints a sample every 20 ms: a first
+    phase of power-capped samples, then steady ones."""
+    args = tmp_path / "args.txt"
+    script = tmp_path / "nvidia-smi"
+    script.write_text(
+        "#!/usr/bin/env bash\n"
+        f'echo "$@" > "{args}"\n'
+        "for n in 1 2 3; do echo '1500, 0x0000000000000004, 700.00'; sleep 0.02; done\n"
+        "while true; do echo '1980, 0x0000000000000000, 450.00'; sleep 0.02; done\n")
+    script.chmod(script.stat().st_mode | stat.S_IEXEC)
+    return script, args
+
+
+def test_the_trace_samples_one_gpu_and_keeps_only_its_window(fake_smi):
+    script, args = fake_smi
+    with GpuTrace("3", period_ms=20, command=str(script)) as trace:
+        trace.wait_first()
+        time.sleep(0.15)  # the capped phase is over
+        start = time.monotonic()
+        time.sleep(0.15)
+        cols = trace.columns(start, time.monotonic())
+        everything = trace.columns(0.0, time.monotonic())
+    assert trace._process.poll() is not None  # stopped on exit
+    argv = args.read_text().split()
+    assert argv[:2] == ["-i", "3"] and "--query-gpu=clocks.sm,clocks_throttle_reasons.active,power.draw" in argv
+    assert argv[-2:] == ["-lms", "20"]
+    assert cols == {"gpu_sm_mhz_min": 1980.0, "gpu_power_w_max": 450.0, "gpu_slowdowns": ""}
+    assert everything == {"gpu_sm_mhz_min": 1500.0, "gpu_power_w_max": 700.0, "gpu_slowdowns": "sw_power_cap"}
+
+
+def test_without_nvidia_smi_the_trace_gives_none_columns_and_never_raises(tmp_path):
+    missing = os.fspath(tmp_path / "no-such-nvidia-smi")
+    with GpuTrace("0", command=missing) as trace:
+        trace.wait_first(timeout_s=0.2)
+        cols = trace.columns(0.0, time.monotonic())
+    assert cols == {"gpu_sm_mhz_min": None, "gpu_power_w_max": None, "gpu_slowdowns": None}
+    failing = tmp_path / "failing-smi"
+    failing.write_text("#!/usr/bin/env bash\necho 'NVIDIA-SMI has failed' >&2\nexit 9\n")
+    failing.chmod(0o755)
+    with GpuTrace("0", command=str(failing)) as trace:
+        trace.wait_first(timeout_s=2)
+        assert trace.columns(0.0, time.monotonic())["gpu_slowdowns"] is None
+
+
+def test_run_gpu_trace_reaches_the_cases_and_the_metadata(tmp_path):
+    """`tflabench run --gpu-trace` of a CPU suite: the run records the option; CPU rows have
+    no GPU to trace, so their trace columns stay None and the run is unchanged otherwise."""
+    import yaml
+    from typer.testing import CliRunner
+
+    from tflabench.cli import app
+    from tflabench.results import load_results
+
+    data = {"name": "trace_cpu", "device": "cpu", "dtype": "float32", "modes": ["fwd"],
+            "timing": {"warmup": 1, "iterations": 3, "timeout_s": 120}, "numerics": {"max_seq_len": 64},
+            "model": {"embedding_dim": 64}, "sweep": {"batch": 1, "seq_len": [64]},
+            "kernels": [{"backend": "sdpa", "label": "sdpa math", "params": {"impl": "math", "heads": 2, "d_hv": 32}}]}
+    (tmp_path / "trace_cpu.yaml").write_text(yaml.safe_dump(data))
+    result = CliRunner().invoke(app, ["run", str(tmp_path / "trace_cpu.yaml"), "--gpu-trace", "--no-progress",
+                                      "--no-plots", "--out", str(tmp_path / "out")])
+    assert result.exit_code == 0, result.output
+    (directory,) = [p.parent for p in (tmp_path / "out").glob("*/*/metadata.json")]
+    rs = load_results(directory)
+    assert rs.metadata["gpu_trace"] is True and rs.metadata["profile"] is False
+    assert set(rs.rows["status"]) == {"ok"}
+    assert rs.rows[["gpu_sm_mhz_min", "gpu_power_w_max", "gpu_slowdowns"]].isna().all().all()

@@ -1,0 +1,161 @@
+"""The GPU's clock, power and slowdown reasons while a case is timed (``run --gpu-trace``).
+
+A GPU that lowers its clocks under a power or thermal limit makes a kernel slower for a
+while, and the timings of that case spread (``compare``'s noise warning). The harness cannot
+tell that from a slower kernel by the timings alone; the driver can. :class:`GpuTrace` runs
+``nvidia-smi`` in a loop beside the worker (one query every :data:`PERIOD_MS` ms: SM clock,
+the active clock-event reasons, power draw) and :meth:`GpuTrace.columns` summarises the
+samples taken between two moments (the timed calls of a case) as the row's
+:data:`tflabench.results.GPU_TRACE_COLUMNS`:
+
+- ``gpu_sm_mhz_min``: the lowest SM clock (MHz) among the samples where the GPU was busy
+  (the idle reason not set);
+- ``gpu_power_w_max``: the highest power draw (W);
+- ``gpu_slowdowns``: the slowdown reasons seen, comma-separated in :data:`SLOWDOWNS`' order
+  (``""``: none seen); None, like the other two, when no sample fell in the window or
+  ``nvidia-smi`` is not there.
+
+The reasons are NVML's clock-event reasons (``nvmlClocksEventReasons``; ``nvidia-smi
+--help-query-gpu``, ``clocks_throttle_reasons.*``); of them, :data:`SLOWDOWNS` lower the
+clocks under load. Nothing here imports torch; a failing ``nvidia-smi`` costs the columns,
+never the measurement.
+"""
+
+from __future__ import annotations
+
+import math
+import subprocess
+import threading
+import time
+
+#: Milliseconds between two samples (``nvidia-smi -lms``).
+PERIOD_MS = 50
+#: The clock-event reasons that lower the clocks under load: bit of
+#: ``clocks_throttle_reasons.active`` -> name (NVML ``nvmlClocksEventReasons``).
+SLOWDOWNS: dict[int, str] = {
+    0x4: "sw_power_cap",
+    0x8: "hw_slowdown",
+    0x20: "sw_thermal_slowdown",
+    0x40: "hw_thermal_slowdown",
+    0x80: "hw_power_brake_slowdown",
+}
+#: The reason set while the GPU has nothing to run.
+IDLE = 0x1
+#: What one sample asks for, in this order.
+QUERY = "clocks.sm,clocks_throttle_reasons.active,power.draw"
+
+
+def _number(text: str) -> float:
+    """A float from one CSV field (NaN for ``[N/A]`` and the like)."""
+    try:
+        return float(text)
+    except ValueError:
+        return math.nan
+
+
+def parse_sample(line: str) -> tuple[float, int, float] | None:
+    """``(sm_mhz, reasons, power_w)`` from one line of ``nvidia-smi --query-gpu=`` :data:`QUERY`
+    ``--format=csv,noheader,nounits`` (e.g. ``1980, 0x0000000000000004, 436.29``); None for a
+    line that is not such a sample (a message, a truncated line)."""
+    fields = [f.strip() for f in line.split(",")]
+    if len(fields) != 3:
+        return None
+    try:
+        reasons = int(fields[1], 16)
+    except ValueError:
+        return None
+    return _number(fields[0]), reasons, _number(fields[2])
+
+
+def summarise(samples: list[tuple[float, int, float]]) -> dict:
+    """The :mod:`tflabench.gpu_trace` columns of parsed samples (the module docstring)."""
+    if not samples:
+        return {"gpu_sm_mhz_min": None, "gpu_power_w_max": None, "gpu_slowdowns": None}
+    busy = [mhz for mhz, reasons, _ in samples if not reasons & IDLE and not math.isnan(mhz)]
+    power = [w for _, _, w in samples if not math.isnan(w)]
+    seen = 0
+    for _, reasons, _ in samples:
+        seen |= reasons
+    return {
+        "gpu_sm_mhz_min": min(busy) if busy else None,
+        "gpu_power_w_max": max(power) if power else None,
+        "gpu_slowdowns": ",".join(name for bit, name in SLOWDOWNS.items() if seen & bit),
+    }
+
+
+class GpuTrace:
+    """``nvidia-smi`` sampling one GPU in the background; use as a context manager.
+
+    Args:
+        gpu: the GPU as ``nvidia-smi --id`` takes it (an index as ``CUDA_VISIBLE_DEVICES``
+            names it on the host, or a UUID).
+        period_ms: milliseconds between samples.
+        command: the ``nvidia-smi`` executable.
+
+    Starting never raises: without ``nvidia-smi`` (or when it exits at once) there are no
+    samples and :meth:`columns` gives None columns.
+    """
+
+    def __init__(self, gpu: str, period_ms: int = PERIOD_MS, command: str = "nvidia-smi"):
+        self.argv = [command, "-i", str(gpu), f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
+                     "-lms", str(period_ms)]
+        self.period_s = period_ms / 1e3
+        self._samples: list[tuple[float, tuple[float, int, float]]] = []
+        self._lock = threading.Lock()
+        self._process: subprocess.Popen | None = None
+        self._reader: threading.Thread | None = None
+
+    def __enter__(self) -> GpuTrace:
+        try:
+            self._process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                             stdin=subprocess.DEVNULL, text=True)
+        except OSError:
+            return self
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        return self
+
+    def _read(self) -> None:
+        """Collect ``(arrival time, sample)`` pairs until the process ends."""
+        for line in self._process.stdout:
+            sample = parse_sample(line)
+            if sample is not None:
+                with self._lock:
+                    self._samples.append((time.monotonic(), sample))
+
+    def wait_first(self, timeout_s: float = 3.0) -> None:
+        """Block until the first sample arrived (``nvidia-smi`` takes a moment to start), the
+        process ended, or ``timeout_s`` passed."""
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and self._process is not None and self._process.poll() is None:
+            with self._lock:
+                if self._samples:
+                    return
+            time.sleep(0.01)
+
+    def columns(self, start: float, end: float) -> dict:
+        """The columns of the samples that arrived from ``start`` to one period after ``end``
+        (``time.monotonic()`` seconds; a sample tells of the moment before it arrived); waits
+        for that period to pass while ``nvidia-smi`` runs."""
+        wait = end + self.period_s - time.monotonic()
+        if wait > 0 and self._process is not None and self._process.poll() is None:
+            time.sleep(wait)
+        with self._lock:
+            taken = [s for t, s in self._samples if start <= t <= end + self.period_s]
+        return summarise(taken)
+
+    def __exit__(self, *exc) -> None:
+        if self._process is None:
+            return
+        self._process.terminate()
+        try:
+            self._process.wait(timeout=5)
+        except subprocess.TimeoutExpired:
+            self._process.kill()
+            self._process.wait()
+        if self._reader is not None:
+            self._reader.join(timeout=5)
+        self._process.stdout.close()
+
+
+__all__ = ["GpuTrace", "parse_sample", "summarise", "SLOWDOWNS", "IDLE", "PERIOD_MS", "QUERY"]
