@@ -100,3 +100,45 @@ def test_run_gpu_trace_reaches_the_cases_and_the_metadata(tmp_path):
     assert rs.metadata["gpu_trace"] is True and rs.metadata["profile"] is False
     assert set(rs.rows["status"]) == {"ok"}
     assert rs.rows[["gpu_sm_mhz_min", "gpu_power_w_max", "gpu_slowdowns"]].isna().all().all()
+
+
+def test_a_killed_worker_leaves_no_sampler_behind(tmp_path):
+    """The pool kills a worker at its case's timeout (SIGKILL): its nvidia-smi goes too, even
+    one that ignores the broken pipe (the fake sampler below does)."""
+    import signal
+    import subprocess
+    import sys
+
+    pid_file = tmp_path / "smi.pid"
+    script = tmp_path / "nvidia-smi"
+    script.write_text("#!/usr/bin/env bash\n"
+                      f'echo $$ > "{pid_file}"\n'
+                      "trap '' PIPE\n"
+                      "while true; do echo '1980, 0x0000000000000000, 450.00' 2>/dev/null; sleep 0.02; done\n")
+    script.chmod(0o755)
+    worker = subprocess.Popen([sys.executable, "-c", (
+        "import time; from tflabench.gpu_trace import GpuTrace\n"
+        f"t = GpuTrace('0', period_ms=20, command={str(script)!r}).__enter__()\n"
+        "t.wait_first(); print('sampling', flush=True); time.sleep(60)\n")],
+        stdout=subprocess.PIPE, text=True, env=dict(os.environ))
+    try:
+        assert worker.stdout.readline().strip() == "sampling"
+        smi = int(pid_file.read_text())
+        os.kill(smi, 0)  # running
+        worker.send_signal(signal.SIGKILL)
+        worker.wait(timeout=10)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:
+            try:
+                os.kill(smi, 0)
+            except ProcessLookupError:
+                break
+            # a zombie until reaped by init counts as gone: check its state
+            state = open(f"/proc/{smi}/stat").read().split(")")[-1].split()[0]
+            if state == "Z":
+                break
+            time.sleep(0.05)
+        else:
+            raise AssertionError("nvidia-smi outlived the worker that started it")
+    finally:
+        worker.kill()

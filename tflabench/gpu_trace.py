@@ -24,7 +24,9 @@ never the measurement.
 from __future__ import annotations
 
 import math
+import signal
 import subprocess
+import sys
 import threading
 import time
 
@@ -83,6 +85,16 @@ def summarise(samples: list[tuple[float, int, float]]) -> dict:
     }
 
 
+def _die_with_parent() -> None:
+    """In the child, before ``nvidia-smi`` starts (Linux): have the kernel send it SIGTERM when
+    the process that started it dies (``prctl(PR_SET_PDEATHSIG)``), so that a worker killed
+    at its timeout leaves no sampler behind, even one that outlives its closed pipe."""
+    import ctypes
+
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 class GpuTrace:
     """``nvidia-smi`` sampling one GPU in the background; use as a context manager.
 
@@ -107,9 +119,10 @@ class GpuTrace:
 
     def __enter__(self) -> GpuTrace:
         try:
-            self._process = subprocess.Popen(self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-                                             stdin=subprocess.DEVNULL, text=True)
-        except OSError:
+            self._process = subprocess.Popen(
+                self.argv, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                text=True, preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None)
+        except (OSError, subprocess.SubprocessError):
             return self
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
