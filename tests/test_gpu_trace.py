@@ -142,3 +142,26 @@ def test_a_killed_worker_leaves_no_sampler_behind(tmp_path):
             raise AssertionError("nvidia-smi outlived the worker that started it")
     finally:
         worker.kill()
+
+
+def test_the_results_table_shows_the_trace_only_for_traced_rows(tmp_path):
+    from rich.console import Console
+
+    from tflabench.results import load_results, write_results
+    from tflabench.tables import summary_table
+
+    def row(seq_len, **trace):
+        return dict(suite="s", kernel="k", backend="tfla", family="mlstm", params={"chunk_size": 64},
+                    mode="fwd", dtype="bfloat16", device="cuda", batch=1, seq_len=seq_len, heads=8, d_qk=64,
+                    d_hv=64, chunk_size=64, embedding_dim=512, status="ok", ms_median=1.0, **trace)
+
+    def render(rows, name):
+        rs = load_results(write_results(tmp_path / name, rows, {"suite": "s"}))
+        console = Console(width=250, record=True)
+        console.print(summary_table(rs.rows))
+        return console.export_text()
+
+    traced = render([row(256, gpu_sm_mhz_min=1755.0, gpu_power_w_max=699.0, gpu_slowdowns="sw_power_cap"),
+                     row(512, gpu_sm_mhz_min=1980.0, gpu_power_w_max=450.0, gpu_slowdowns="")], "a")
+    assert "GPU clock" in traced and "1755 MHz sw_power_cap" in traced and "1980 MHz" in traced
+    assert "GPU clock" not in render([row(256), row(512)], "b")

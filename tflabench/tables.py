@@ -20,13 +20,25 @@ def _styled(status, colour: dict):
     return text
 
 
+def _trace_cell(row: dict) -> str:
+    """``"1755 MHz sw_power_cap"``: a row's lowest busy SM clock and slowdown reasons
+    (``run --gpu-trace``; empty where not traced)."""
+    mhz = row.get("gpu_sm_mhz_min")
+    clock = f"{mhz:.0f} MHz" if isinstance(mhz, (int, float)) and mhz == mhz else ""
+    return " ".join(x for x in (clock, row.get("gpu_slowdowns") or "") if x)
+
+
 def summary_table(frame, title: str | None = None):
     """A rich Table of result rows (kernel, mode, shape, status, ms_median, peak GiB,
     first-call s, numerics error and its tensor, TFLOP/s, reason), in row order; with a
-    ``GPU`` column (index, and the model where they differ) when the rows ran on several GPUs."""
-    gpus = {(r.get("gpu_index"), r.get("gpu_name")) for r in frame.to_dict("records") if r.get("gpu_index")}
+    ``GPU`` column (index, and the model where they differ) when the rows ran on several GPUs,
+    and a ``GPU clock`` column (the lowest busy SM clock in MHz and the slowdown reasons) when
+    they were measured with ``run --gpu-trace``."""
+    records = frame.to_dict("records")
+    gpus = {(r.get("gpu_index"), r.get("gpu_name")) for r in records if r.get("gpu_index")}
     show_gpu = len(gpus) > 1
     mixed = len({name for _, name in gpus}) > 1
+    show_trace = any(isinstance(r.get("gpu_slowdowns"), str) for r in records)
     table = Table(title=title, show_lines=False)
     for col, kw in (("kernel", {}), ("mode", {}), ("B", {"justify": "right"}), ("S", {"justify": "right"}),
                     ("NH x d_qk/d_hv", {}), ("L", {"justify": "right"}), ("status", {}),
@@ -36,6 +48,8 @@ def summary_table(frame, title: str | None = None):
         table.add_column(col, **kw)
     if show_gpu:
         table.add_column("GPU")
+    if show_trace:
+        table.add_column("GPU clock", overflow="fold", max_width=40)
     colour = {"ok": "green", "wrong": "red", "crash": "red", "timeout": "yellow", "oom": "yellow",
               "error": "red", "unavailable": "dim", "not_run": "yellow"}
 
@@ -44,7 +58,7 @@ def summary_table(frame, title: str | None = None):
             return ""
         return format(x, spec)
 
-    for r in frame.to_dict("records"):
+    for r in records:
         status = r.get("status") or ""
         peak = r.get("peak_mem_bytes")
         table.add_row(
@@ -57,6 +71,7 @@ def summary_table(frame, title: str | None = None):
             fmt(r.get("tflops_per_s"), ".3g"), L(str(r.get("reason") or "")[:160]),
             *([L(" ".join(str(x) for x in (r.get("gpu_index"), r.get("gpu_name") if mixed else None) if x))]
               if show_gpu else []),
+            *([L(_trace_cell(r))] if show_trace else []),
         )
     return table
 
