@@ -165,3 +165,21 @@ def test_the_results_table_shows_the_trace_only_for_traced_rows(tmp_path):
                      row(512, gpu_sm_mhz_min=1980.0, gpu_power_w_max=450.0, gpu_slowdowns="")], "a")
     assert "GPU clock" in traced and "1755 MHz sw_power_cap" in traced and "1980 MHz" in traced
     assert "GPU clock" not in render([row(256), row(512)], "b")
+
+
+def test_the_traced_gpu_is_named_by_its_uuid_whatever_order_cuda_counts_in(monkeypatch):
+    """nvidia-smi numbers GPUs in PCI order, CUDA fastest first: the harness names the GPU by
+    its UUID where torch gives one, by its index otherwise."""
+    import types
+
+    import torch
+
+    from tflabench import measure
+
+    props = types.SimpleNamespace(uuid="0b42632a-bc5c-f731-724b-6936a19c4b24")
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props if i == 1 else None)
+    assert measure.nvidia_smi_id() == "GPU-0b42632a-bc5c-f731-724b-6936a19c4b24"
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: types.SimpleNamespace())
+    monkeypatch.setattr(measure, "gpu_columns", lambda: {"gpu_index": "3", "gpu_name": "x"})
+    assert measure.nvidia_smi_id() == "3"

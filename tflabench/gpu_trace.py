@@ -99,8 +99,8 @@ class GpuTrace:
     """``nvidia-smi`` sampling one GPU in the background; use as a context manager.
 
     Args:
-        gpu: the GPU as ``nvidia-smi --id`` takes it (an index as ``CUDA_VISIBLE_DEVICES``
-            names it on the host, or a UUID).
+        gpu: the GPU as ``nvidia-smi -i`` takes it: ``GPU-<uuid>`` (what the harness passes,
+            :func:`tflabench.measure.nvidia_smi_id`) or an index in nvidia-smi's order.
         period_ms: milliseconds between samples.
         command: the ``nvidia-smi`` executable.
 

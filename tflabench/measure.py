@@ -379,6 +379,16 @@ def gpu_columns() -> dict:
     return {"gpu_index": index, "gpu_name": torch.cuda.get_device_name(position)}
 
 
+def nvidia_smi_id() -> str:
+    """The current CUDA device as ``nvidia-smi -i`` names it: ``GPU-<uuid>`` from torch's
+    device properties (the same GPU whatever order CUDA numbers the devices in), else its
+    ``gpu_index`` (:func:`gpu_columns`). Call only where CUDA is available."""
+    import torch
+
+    uuid = getattr(torch.cuda.get_device_properties(torch.cuda.current_device()), "uuid", None)
+    return f"GPU-{uuid}" if uuid else gpu_columns()["gpu_index"]
+
+
 def measure_case(case) -> dict:
     """Run one timing :class:`tflabench.suite.Case` in this process (a case with ``verify``
     set is :func:`tflabench.verify_case.verify_case`'s); returns the outcome columns
@@ -456,7 +466,7 @@ def measure_case(case) -> dict:
             torch.cuda.empty_cache()
 
     clear_grads()
-    trace = GpuTrace(out["gpu_index"]) if case.gpu_trace and device.startswith("cuda") else None
+    trace = GpuTrace(nvidia_smi_id()) if case.gpu_trace and device.startswith("cuda") else None
     with trace or contextlib.nullcontext():
         if trace is not None:
             trace.wait_first()
