@@ -528,7 +528,7 @@ def test_noise_warnings_say_whether_the_traced_gpu_slowed_down(tmp_path, capsys)
     assert "the GPU reported sw_power_cap, sw_thermal_slowdown during 1 of the 2 traced one(s)" in warning
     assert "hw_slowdown" not in warning
     _warn_noisy(traced)
-    assert "During them the GPU reported sw_power_cap, sw_thermal_slowdown during 1 of the 2" in capsys.readouterr().err
+    assert "The GPU reported sw_power_cap, sw_thermal_slowdown during 1 of the 2 traced one(s)." in capsys.readouterr().err
     rows[2]["gpu_slowdowns"] = ""
     (warning,) = cmp.noise_warnings(write(tmp_path, "b", rows).rows, "new")
     assert "the GPU reported no slowdown reason during the 2 traced one(s)" in warning
