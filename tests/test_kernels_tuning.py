@@ -204,54 +204,6 @@ def test_h_kernel_tiles_at_figure5_heads_where_measured():
 
 
 
-def test_gluon_h_kernel_takes_exactly_rule_h8s_calls(monkeypatch):
-    """Rule H8 (docs/kernels.md): mLSTMsig's H kernel in Gluon runs where H7's tiles do
-    (16-bit, L 256, d_hv > 256) at d_qk 256 without the normaliser, for an sm_90 target with
-    Triton compiling; every other call (the interpreter, another GPU, mLSTMexp, the
-    normaliser, fp32, L 128, d_qk 160, rows TMA cannot take, other tiles, ``GLUON`` off)
-    keeps ``_parallel_fw_kernel``."""
-    import triton
-    from triton.backends.compiler import GPUTarget
-
-    from tfla.triton import chunkwise_parallel_fw as pfw
-    from tfla.triton import chunkwise_parallel_fw_gluon as gfw
-
-    def case(L=256, d_qk=256, d_hv=512, dtype=torch.bfloat16, is_exp=False, normalize=False,
-             tuning=Tuning(), S=300, row_pad=0):
-        q = torch.empty(2, S, d_qk + row_pad, dtype=dtype)[..., :d_qk]
-        k = torch.empty(2, S, d_qk, dtype=dtype)
-        v = torch.empty(2, S, d_hv, dtype=dtype)
-        C = torch.empty(2, 3, d_qk, d_hv, dtype=dtype)
-        cfg = pfw.fw_config(L, d_qk, d_hv, dtype, False, is_exp, tuning)
-        return gfw.applies(cfg, q, k, v, C, L=L, is_exp=is_exp, normalize=normalize,
-                           limit=False)
-
-    # Triton's interpreter (this module's setting) never takes it
-    assert triton.knobs.runtime.interpret and not case()
-    monkeypatch.setattr(triton.knobs.runtime, "interpret", False)
-    class Target:                               # a compile-only driver's target
-        arch = 90
-
-        def get_current_target(self):
-            return GPUTarget("cuda", self.arch, 32)
-
-    monkeypatch.setattr(triton.runtime.driver, "_active", Target())
-    for arch, want in ((90, True), (80, False), (100, False)):
-        Target.arch = arch
-        assert case() is want, arch
-    Target.arch = 90
-    assert case(dtype=torch.float16) and case(d_hv=320) and case(S=1000)
-    assert not case(is_exp=True)
-    assert not case(normalize=True)
-    assert not case(dtype=torch.float32)
-    assert not case(L=128) and not case(L=512)
-    assert not case(d_qk=160, d_hv=320)
-    assert not case(d_hv=256)
-    assert not case(row_pad=4)                  # a row stride of 260 elements: not 16-byte aligned
-    assert not case(tuning=Tuning(fw={"B_LKV": 32}))
-    assert not case(tuning=Tuning(fw={"GLUON": False}))
-
-
 def _compiling_for_sm(monkeypatch):
     """Triton compiling (not interpreting) for a compile-only driver's target, sm_90 until
     the returned class's ``arch`` is changed."""
@@ -268,6 +220,46 @@ def _compiling_for_sm(monkeypatch):
 
     monkeypatch.setattr(triton.runtime.driver, "_active", Target())
     return Target
+
+
+def test_gluon_h_kernel_takes_exactly_rule_h8s_calls(monkeypatch):
+    """Rule H8 (docs/kernels.md): mLSTMsig's H kernel in Gluon runs where H7's tiles do
+    (16-bit, L 256, d_hv > 256) at d_qk 256 without the normaliser, for an sm_90 target with
+    Triton compiling; every other call (the interpreter, another GPU, mLSTMexp, the
+    normaliser, fp32, L 128, d_qk 160, rows TMA cannot take, other tiles, ``GLUON`` off)
+    keeps ``_parallel_fw_kernel``."""
+    import triton
+
+    from tfla.triton import chunkwise_parallel_fw as pfw
+    from tfla.triton import chunkwise_parallel_fw_gluon as gfw
+
+    def case(L=256, d_qk=256, d_hv=512, dtype=torch.bfloat16, is_exp=False, normalize=False,
+             tuning=Tuning(), S=300, row_pad=0):
+        q = torch.empty(2, S, d_qk + row_pad, dtype=dtype)[..., :d_qk]
+        k = torch.empty(2, S, d_qk, dtype=dtype)
+        v = torch.empty(2, S, d_hv, dtype=dtype)
+        C = torch.empty(2, 3, d_qk, d_hv, dtype=dtype)
+        cfg = pfw.fw_config(L, d_qk, d_hv, dtype, False, is_exp, tuning)
+        return gfw.applies(cfg, q, k, v, C, L=L, is_exp=is_exp, normalize=normalize,
+                           limit=False)
+
+    # Triton's interpreter (this module's setting) never takes it
+    assert triton.knobs.runtime.interpret and not case()
+    Target = _compiling_for_sm(monkeypatch)
+    for arch, want in ((90, True), (80, False), (100, False)):
+        Target.arch = arch
+        assert case() is want, arch
+    Target.arch = 90
+    assert case(dtype=torch.float16) and case(d_hv=320) and case(S=1000)
+    assert not case(is_exp=True)
+    assert not case(normalize=True)
+    assert not case(dtype=torch.float32)
+    assert not case(L=128) and not case(L=512)
+    assert not case(d_qk=160, d_hv=320)
+    assert not case(d_hv=256)
+    assert not case(row_pad=4)                  # a row stride of 260 elements: not 16-byte aligned
+    assert not case(tuning=Tuning(fw={"B_LKV": 32}))
+    assert not case(tuning=Tuning(fw={"GLUON": False}))
 
 
 def test_gluon_dq_kernel_takes_exactly_rule_b12s_calls(monkeypatch):
