@@ -538,3 +538,7 @@ def test_noise_warnings_say_whether_the_traced_gpu_slowed_down(tmp_path, capsys)
     assert "GPU reported" not in warning
     _warn_noisy(write(tmp_path, "d", untraced).rows)
     assert "`run --gpu-trace` records whether the GPU slowed down" in capsys.readouterr().err
+    on_cpu = [dict(r, device="cpu") for r in untraced]
+    _warn_noisy(write(tmp_path, "e", on_cpu).rows)
+    err = capsys.readouterr().err
+    assert err.startswith("warning: 1 case(s) spread") and "gpu-trace" not in err

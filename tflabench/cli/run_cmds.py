@@ -167,7 +167,11 @@ def _warn_noisy(rows) -> None:
     named = "; ".join(f"{label} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
     more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
     trace = slowdown_text(rows, noisy)
-    trace = f" {trace[:1].upper()}{trace[1:]}." if trace else " (`run --gpu-trace` records whether the GPU slowed down.)"
+    on_gpu = "device" in rows.columns and rows["device"].astype(str).str.startswith("cuda").any()
+    if trace:
+        trace = f" {trace[:1].upper()}{trace[1:]}."
+    elif on_gpu:
+        trace = " (`run --gpu-trace` records whether the GPU slowed down.)"
     typer.echo(f"warning: {len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median "
                f"(IQR / median): {named}{more}.{trace} Their medians are not to be trusted and `tflabench "
                f"compare` cannot decide on them: {NOISE_ADVICE}.", err=True)
