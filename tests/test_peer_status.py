@@ -132,6 +132,29 @@ def test_forget_autotuning_resets_autotuners_also_behind_heuristics():
     assert mod.not_a_kernel.fn.cache == {"x": 1}
 
 
+def test_forget_autotuning_keeps_foreign_deprecation_warnings_out_of_the_case():
+    """torch.distributed's deprecated ``reduce_op`` warns when isinstance looks at it; a
+    case's log must not carry that warning from the scan of every module."""
+    import types
+    import warnings
+
+    class Deprecated:
+        @property
+        def __class__(self):
+            warnings.warn("`reduce_op` is deprecated", FutureWarning)
+            return object
+
+    mod = types.ModuleType("fake_torch_distributed")
+    mod.reduce_op = Deprecated()
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        isinstance(mod.reduce_op, types.ModuleType)            # the attribute does warn
+        assert seen, "the fake attribute must warn for this test to mean anything"
+        seen.clear()
+        assert triton_cache.forget_autotuning([mod]) == 0
+        assert not seen
+
+
 def test_triton_reads_the_autotuning_knob_from_the_environment(monkeypatch, tmp_path):
     """The knob triton_cache sets is the one Triton's autotuner reads (checked on the installed triton)."""
     knobs = pytest.importorskip("triton.knobs")

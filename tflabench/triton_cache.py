@@ -35,6 +35,7 @@ from __future__ import annotations
 import os
 import shutil
 import sys
+import warnings
 from pathlib import Path
 
 from tflabench.errors import UserError
@@ -95,20 +96,24 @@ def forget_autotuning(modules=None) -> int:
     seen: set[int] = set()
     reset = 0
     mods = list(sys.modules.values()) if modules is None else list(modules)
-    for mod in mods:
-        try:
-            attrs = list(vars(mod).values())
-        except TypeError:
-            continue
-        for obj in attrs:
-            # Heuristics -> Autotuner -> JITFunction, each holding the next as .fn
-            while isinstance(obj, KernelInterface) and id(obj) not in seen:
-                seen.add(id(obj))
-                if isinstance(obj, Autotuner):
-                    obj.cache.clear()
-                    obj.cache_results = False
-                    reset += 1
-                obj = getattr(obj, "fn", None)
+    # Looking at every attribute of every module touches deprecated ones (torch.distributed's
+    # ``reduce_op`` warns on isinstance): those warnings are not the case's.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        for mod in mods:
+            try:
+                attrs = list(vars(mod).values())
+            except TypeError:
+                continue
+            for obj in attrs:
+                # Heuristics -> Autotuner -> JITFunction, each holding the next as .fn
+                while isinstance(obj, KernelInterface) and id(obj) not in seen:
+                    seen.add(id(obj))
+                    if isinstance(obj, Autotuner):
+                        obj.cache.clear()
+                        obj.cache_results = False
+                        reset += 1
+                    obj = getattr(obj, "fn", None)
     return reset
 
 
