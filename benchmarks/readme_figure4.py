@@ -20,13 +20,14 @@ import sys
 #: (h100_7b_auto, f5e5255); our mLSTMexp xl_chunk from h100_7b_ours (4dad859); FLA simple_gla
 #: from the run that tuned it per case (b5226ba); its rows in h100_7b_sig reused the S 512
 #: tuning (docs/harness.md). H100: our mLSTMsig (chunk 128 and "auto"), the authors' mLSTMsig,
-#: FlashAttention 4, cuDNN SDPA and Mamba 2 from one run (h100_7b_b13_fa4, 16917bb); our
+#: FlashAttention 4, cuDNN SDPA and Mamba 2 from one run with the GPU trace (h100_7b_trace,
+#: feec059, kernels of 16917bb); our
 #: mLSTMexp xl_chunk from h100_7b_auto (a2617c6); FLA simple_gla from h100_7b (2276887).
 SETS = {
     "h200": [("h100_7b_auto", None), ("h100_7b_ours", None),
              ("h100_7b_sig_fla", ["Simple GLA (FLA chunk)"]), ("h100_7b_sig", None),
              ("h100_7b_fla_gla", None), ("h100_7b_tfla", None), ("h100_7b", None)],
-    "h100": [("h100_7b_b13_fa4", None), ("h100_7b_auto", None), ("h100_7b", None)],
+    "h100": [("h100_7b_trace", None), ("h100_7b_auto", None), ("h100_7b", None)],
 }
 #: the GPU's name in the figures' titles
 GPU_NAMES = {"h200": "NVIDIA H200", "h100": "NVIDIA H100"}
