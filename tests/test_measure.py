@@ -84,6 +84,27 @@ def test_time_callable_runs_warmups_then_timed_iterations():
         time_callable(lambda: None, device="cpu", warmup=0, iterations=0)
 
 
+def test_time_callable_warms_up_for_warmup_s_seconds_after_the_counted_warmups(monkeypatch):
+    """warmup_s: untimed calls after the counted ones until that much wall time has passed,
+    never inside the timed calls; 0 keeps the count alone."""
+    import tflabench.measure as measure
+
+    now = [0.0]
+    monkeypatch.setattr(measure.time, "perf_counter", lambda: now[0])
+    calls = []
+
+    def call():                      # each call takes 0.25 s of the fake wall clock
+        calls.append(1)
+        now[0] += 0.25
+
+    samples = time_callable(call, device="cpu", warmup=2, iterations=3, warmup_s=1.0)
+    # 2 counted + 4 timed until 1 s has passed (the clock starts after the counted ones) + 3
+    assert len(samples) == 3 and len(calls) == 2 + 4 + 3
+    calls.clear()
+    time_callable(call, device="cpu", warmup=2, iterations=3)
+    assert len(calls) == 5
+
+
 def test_max_normalised_error_definition_and_non_finite_output():
     ref = torch.tensor([1.0, -4.0, 2.0])
     assert max_normalised_error(torch.tensor([1.0, -3.0, 2.0]), ref) == pytest.approx(0.25)

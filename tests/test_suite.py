@@ -43,8 +43,10 @@ def _modified(change):
 BAD_SUITES = {
     "yaml_syntax": (None, "name: t\nkernels: [\n", ":3:1: YAML syntax error"),
     "unknown_top_field": (lambda d: d.update(iterations=3), None, "iterations: unknown field (allowed: name"),
-    "unknown_nested_field": (lambda d: d["timing"].update(warmups=3), None,
-                             "timing.warmups: unknown field; did you mean 'warmup'? (allowed: warmup, iterations"),
+    "unknown_nested_field": (lambda d: d["timing"].update(warmpu=3), None,
+                             "timing.warmpu: unknown field; did you mean 'warmup'? (allowed: warmup, iterations"),
+    "warmup_s_not_below_timeout": (lambda d: d["timing"].update(warmup_s=30), None,
+                                   "timing.warmup_s: 30 s is not below timing.timeout_s (30 s)"),
     # a misspelled required field: the misspelling is named, not only the field it hides
     "misspelled_required_field": (lambda d: d.update(kernals=d.pop("kernels")), None,
                                   "kernals: unknown field; did you mean 'kernels'?"),
@@ -243,6 +245,32 @@ def test_sync_each_reaches_the_timing_and_keeps_the_case_ids(tmp_path, monkeypat
     monkeypatch.setattr(measure, "time_callable", spy)
     row = measure.measure_case(synced[0])
     assert row["status"] == "ok" and seen == [True]
+
+
+def test_warmup_s_reaches_the_timing_and_keeps_the_case_ids(tmp_path, monkeypatch):
+    """timing.warmup_s is how a case is timed, not what it is: the case ids stay those of the
+    default suite, measure_case hands it to time_callable, and a kernel's own timeout_s is
+    the one it must stay below."""
+    import tflabench.measure as measure
+
+    base = expand_cases(load_suite(_write(tmp_path, BASE)))
+    warm = expand_cases(load_suite(_write(tmp_path, _modified(
+        lambda d: d["timing"].update(warmup_s=0.2)))))
+    assert [c.case_id for c in warm] == [c.case_id for c in base]
+    assert {c.warmup_s for c in warm} == {0.2} and {c.warmup_s for c in base} == {0.0}
+    seen = []
+    original = measure.time_callable
+
+    def spy(fn, **kw):
+        seen.append(kw.get("warmup_s"))
+        return original(fn, **kw)
+
+    monkeypatch.setattr(measure, "time_callable", spy)
+    row = measure.measure_case(warm[0])
+    assert row["status"] == "ok" and seen == [0.2]
+    with pytest.raises(UserError, match=r"timing.warmup_s: 10 s is not below kernels\[0\].timeout_s \(5 s\)"):
+        expand_cases(load_suite(_write(tmp_path, _modified(lambda d: (
+            d["timing"].update(warmup_s=10), d["kernels"][0].update(timeout_s=5))))))
 
 
 @pytest.mark.parametrize("path", sorted(SUITES.glob("*.yaml")), ids=lambda p: p.name)

@@ -14,7 +14,9 @@ too). Method (paper App. E.3; ``docs/harness.md``):
 3. **Peak memory** (CUDA): one call after ``torch.cuda.reset_peak_memory_stats()``;
    ``max_memory_allocated()`` minus what was allocated before the call (inputs and the
    output gradient included in that base), i.e. the peak above the inputs.
-4. **Timings**: ``warmup`` untimed calls, then ``iterations`` calls each between two CUDA
+4. **Timings**: ``warmup`` untimed calls (and, with ``warmup_s``, more until that many
+   seconds have passed: a short kernel then meets the clock a long one runs at under the
+   GPU's power cap), then ``iterations`` calls each between two CUDA
    events (CPU: ``time.perf_counter`` around each call); optionally a 256 MiB buffer is
    overwritten before each timed call to flush L2, and optionally (``sync_each``) the device
    is synchronised before each timed call (per-call latency, CPU launch overhead
@@ -107,6 +109,7 @@ def time_callable(
     flush_l2: bool = False,
     before_each: Callable[[], Any] | None = None,
     sync_each: bool = False,
+    warmup_s: float = 0.0,
 ) -> list[float]:
     """Per-iteration runtimes of ``fn`` in milliseconds: the one timing function.
 
@@ -123,6 +126,8 @@ def time_callable(
             idle GPU and the CPU time to launch its kernels falls between the events
             (per-call latency). Default False: calls are queued back to back and the CPU
             may run ahead, so the events time the GPU's work (as triton.testing.do_bench).
+        warmup_s: after the ``warmup`` calls, untimed calls (each synchronised) until this
+            many seconds of wall time have passed; 0: none.
 
     Returns:
         ``iterations`` floats, milliseconds. Raises ValueError for iterations < 1.
@@ -133,19 +138,26 @@ def time_callable(
     gc.disable()  # as timeit: a garbage collection must not land inside a timed call
     try:
         return _time_calls(fn, device=device, warmup=warmup, iterations=iterations, flush_l2=flush_l2,
-                           before_each=before_each, sync_each=sync_each)
+                           before_each=before_each, sync_each=sync_each, warmup_s=warmup_s)
     finally:
         if collecting:
             gc.enable()
 
 
-def _time_calls(fn, *, device, warmup, iterations, flush_l2, before_each, sync_each) -> list[float]:
+def _time_calls(fn, *, device, warmup, iterations, flush_l2, before_each, sync_each,
+                warmup_s=0.0) -> list[float]:
     """:func:`time_callable`'s loop (garbage collection already off)."""
     for _ in range(warmup):
         if before_each is not None:
             before_each()
         fn()
     synchronize(device)
+    until = time.perf_counter() + warmup_s
+    while warmup_s > 0 and time.perf_counter() < until:
+        if before_each is not None:
+            before_each()
+        fn()
+        synchronize(device)
     if device.startswith("cuda"):
         import torch
 
@@ -475,7 +487,7 @@ def measure_case(case) -> dict:
         start = time.monotonic()
         samples = time_callable(step, device=device, warmup=case.warmup, iterations=case.iterations,
                                 flush_l2=case.flush_l2, before_each=clear_grads if grad else None,
-                                sync_each=case.sync_each)
+                                sync_each=case.sync_each, warmup_s=case.warmup_s)
         if trace is not None:
             out.update(trace.columns(start, time.monotonic()))
     out.update(summarize(samples))

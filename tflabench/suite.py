@@ -8,7 +8,7 @@ A suite (see ``docs/harness.md`` for a full example)::
     dtype: float32                    # bfloat16 | float16 | float32 | float64, or a list
     modes: [fwd, fwdbw]
     seed: 0
-    timing: {warmup: 10, iterations: 30, timeout_s: 300, flush_l2: false, sync_each: false}
+    timing: {warmup: 10, iterations: 30, timeout_s: 300, flush_l2: false, sync_each: false, warmup_s: 0}
     numerics: {check: true, max_seq_len: 512, tolerance: null}
     model: {embedding_dim: 4096}      # int or list
     sweep: {tokens: 65536, seq_len: [512, 1024]}     # batch = tokens / seq_len
@@ -68,6 +68,10 @@ class Timing(_Strict):
     sync_each: bool = Field(False, description="synchronise before each timed call, so that a call's CPU "
                             "launch overhead is timed (per-call latency); default: GPU time of back-to-back "
                             "calls, as triton.testing.do_bench (docs/harness.md, 'Timing method')")
+    warmup_s: B.Float(0.0, B.MAX_TIMEOUT_S) = Field(
+        0.0, description="after those, untimed calls until this many seconds have passed, so that every "
+        "kernel, short or long, is timed at the clock the GPU holds under sustained load (its power cap); "
+        "0: by count only (docs/harness.md, 'Sustained clocks')")
 
 
 class Numerics(_Strict):
@@ -223,6 +227,7 @@ class Case:
     chunk_size: int | None
     embedding_dim: int
     warmup: int = 10
+    warmup_s: float = 0.0
     iterations: int = 30
     timeout_s: float = 300.0
     flush_l2: bool = False
@@ -464,7 +469,8 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
     Raises UserError (field path: reason) for an unknown backend, a parameter the backend
     does not take or a bad value, an empty or repeating list of parameter values, an
     invalid sweep, an unresolvable layout, a label shared by two kernel entries, more cases
-    than the suite's ``max_cases``, or two entries that give the same case.
+    than the suite's ``max_cases``, two entries that give the same case, or a
+    ``timing.warmup_s`` not below a kernel's timeout.
     """
     suite = loaded.suite if isinstance(loaded, LoadedSuite) else loaded
     device = device or resolve_device(suite.device)
@@ -481,6 +487,12 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
         except UserError as exc:
             raise UserError(f"{where}.backend: {exc}") from None
         modes = spec.modes if spec.modes is not None else suite.modes
+        timeout_s = spec.timeout_s or suite.timing.timeout_s
+        if suite.timing.warmup_s >= timeout_s:
+            at = f"{where}.timeout_s" if spec.timeout_s else "timing.timeout_s"
+            raise UserError(f"timing.warmup_s: {suite.timing.warmup_s:g} s is not below {at} ({timeout_s:g} s), "
+                            "so every case would be killed while it warms up; lower timing.warmup_s or raise "
+                            f"{at}")
         for key, value in spec.params.items():
             problem = B.axis_problem(list(value)) if isinstance(value, (list, tuple)) else None
             if problem:
@@ -528,8 +540,9 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
                                 dtype=dtype, device=device, batch=batch, seq_len=seq_len,
                                 heads=heads, d_qk=d_qk, d_hv=d_hv, chunk_size=chunk,
                                 embedding_dim=emb, warmup=suite.timing.warmup,
+                                warmup_s=suite.timing.warmup_s,
                                 iterations=suite.timing.iterations,
-                                timeout_s=spec.timeout_s or suite.timing.timeout_s,
+                                timeout_s=timeout_s,
                                 flush_l2=suite.timing.flush_l2,
                                 sync_each=suite.timing.sync_each, seed=suite.seed,
                                 check_numerics=suite.numerics.check,
