@@ -306,6 +306,22 @@ def test_environment_mismatch_warns_and_still_compares(tmp_path):
     assert set(comparison.cases["outcome"]) == {"unchanged"}
 
 
+def test_a_different_timing_method_warns_but_not_a_different_timeout(tmp_path):
+    """timing.warmup_s 0 against 5 (count-only against sustained clocks) is a different
+    method: warned, as a changed GPU is; timeout_s is a limit and stays silent."""
+    rows = suite_rows(1)
+    timing = {"warmup": 10, "iterations": 30, "timeout_s": 300.0, "flush_l2": False, "sync_each": False,
+              "warmup_s": 0.0}
+    base = write(tmp_path, "a", rows, measurement={"timing": timing})
+    new = write(tmp_path, "b", rows, measurement={"timing": dict(timing, warmup_s=5.0, timeout_s=600.0)})
+    warned = cmp.compare_results(base, new).warnings
+    assert [w for w in warned if w.startswith("timing.")] == [
+        "timing.warmup_s differs: base 0.0, new 5.0; the cases were timed by different methods, so timings "
+        "may move for that reason alone"]
+    same = write(tmp_path, "c", rows, measurement={"timing": dict(timing, timeout_s=600.0)})
+    assert not [w for w in cmp.compare_results(base, same).warnings if w.startswith("timing.")]
+
+
 # ----------------------------------------------------------------------------- thresholds
 
 

@@ -559,6 +559,7 @@ def environment_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping
     for name in sorted(set(base_peers) | set(new_peers)):
         if base_peers.get(name) != new_peers.get(name):
             out.append(f"peer {name} differs: base {base_peers.get(name)!r}, new {new_peers.get(name)!r}")
+    out += timing_warnings(base_metadata, new_metadata)
     base_sha, new_sha = base_metadata.get("suite_sha256"), new_metadata.get("suite_sha256")
     if base_sha and new_sha and base_sha != new_sha:
         out.append("the suite file changed between the runs (suite_sha256 differs); added/removed cases may follow")
@@ -569,6 +570,21 @@ def environment_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping
             missing = ", ".join(str(s) for s in metadata["shards_missing"])
             out.append(f"{label} was merged without shard(s) {missing}; their cases count as missing")
     return out
+
+
+def timing_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str, Any]) -> list[str]:
+    """One warning per field of the suite's ``timing`` (``metadata.json``, ``measurement``)
+    that both runs record with different values, but ``timeout_s`` (a limit, not a
+    method): ``warmup_s`` 0 against 5, ``sync_each``, ``flush_l2``, the counts."""
+    def timing(metadata):
+        measurement = metadata.get("measurement")
+        got = measurement.get("timing") if isinstance(measurement, Mapping) else None
+        return got if isinstance(got, Mapping) else {}
+
+    base, new = timing(base_metadata), timing(new_metadata)
+    return [f"timing.{key} differs: base {base[key]!r}, new {new[key]!r}; the cases were timed by different "
+            "methods, so timings may move for that reason alone"
+            for key in sorted(set(base) & set(new)) if key != "timeout_s" and base[key] != new[key]]
 
 
 #: Metadata keys of the machine and interpreter: a difference is warned about (two CPU
