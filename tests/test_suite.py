@@ -225,49 +225,31 @@ def test_case_ids_are_stable_across_loads(tmp_path):
     assert first == second and len(set(first)) == len(first)
 
 
-def test_sync_each_reaches_the_timing_and_keeps_the_case_ids(tmp_path, monkeypatch):
-    """timing.sync_each is how a case is timed, not what it is: the case ids (compare's
-    key) stay those of the default suite, and measure_case hands it to time_callable."""
+@pytest.mark.parametrize("field, value, default", [("sync_each", True, False), ("warmup_s", 0.2, 0.0)])
+def test_a_timing_method_field_reaches_the_timing_and_keeps_the_case_ids(tmp_path, monkeypatch, field,
+                                                                        value, default):
+    """timing.sync_each and timing.warmup_s are how a case is timed, not what it is: the case
+    ids (compare's key) stay those of the default suite, and measure_case hands the value to
+    time_callable."""
     import tflabench.measure as measure
 
     base = expand_cases(load_suite(_write(tmp_path, BASE)))
-    synced = expand_cases(load_suite(_write(tmp_path, _modified(
-        lambda d: d["timing"].update(sync_each=True)))))
-    assert [c.case_id for c in synced] == [c.case_id for c in base]
-    assert {c.sync_each for c in synced} == {True} and {c.sync_each for c in base} == {False}
+    timed = expand_cases(load_suite(_write(tmp_path, _modified(lambda d: d["timing"].update({field: value})))))
+    assert [c.case_id for c in timed] == [c.case_id for c in base]
+    assert {getattr(c, field) for c in timed} == {value} and {getattr(c, field) for c in base} == {default}
     seen = []
     original = measure.time_callable
 
     def spy(fn, **kw):
-        seen.append(kw.get("sync_each"))
+        seen.append(kw.get(field))
         return original(fn, **kw)
 
     monkeypatch.setattr(measure, "time_callable", spy)
-    row = measure.measure_case(synced[0])
-    assert row["status"] == "ok" and seen == [True]
+    row = measure.measure_case(timed[0])
+    assert row["status"] == "ok" and seen == [value]
 
 
-def test_warmup_s_reaches_the_timing_and_keeps_the_case_ids(tmp_path, monkeypatch):
-    """timing.warmup_s is how a case is timed, not what it is: the case ids stay those of the
-    default suite, measure_case hands it to time_callable, and a kernel's own timeout_s is
-    the one it must stay below."""
-    import tflabench.measure as measure
-
-    base = expand_cases(load_suite(_write(tmp_path, BASE)))
-    warm = expand_cases(load_suite(_write(tmp_path, _modified(
-        lambda d: d["timing"].update(warmup_s=0.2)))))
-    assert [c.case_id for c in warm] == [c.case_id for c in base]
-    assert {c.warmup_s for c in warm} == {0.2} and {c.warmup_s for c in base} == {0.0}
-    seen = []
-    original = measure.time_callable
-
-    def spy(fn, **kw):
-        seen.append(kw.get("warmup_s"))
-        return original(fn, **kw)
-
-    monkeypatch.setattr(measure, "time_callable", spy)
-    row = measure.measure_case(warm[0])
-    assert row["status"] == "ok" and seen == [0.2]
+def test_warmup_s_must_stay_below_a_kernels_own_timeout(tmp_path):
     with pytest.raises(UserError, match=r"timing.warmup_s: 10 s is not below kernels\[0\].timeout_s \(5 s\)"):
         expand_cases(load_suite(_write(tmp_path, _modified(lambda d: (
             d["timing"].update(warmup_s=10), d["kernels"][0].update(timeout_s=5))))))
