@@ -20,12 +20,18 @@ def _styled(status, colour: dict):
     return text
 
 
+def _number(x, spec: str) -> str:
+    """``format(x, spec)``, or ``""`` for None and NaN (a cell where nothing was measured)."""
+    if x is None or (isinstance(x, float) and math.isnan(x)):
+        return ""
+    return format(x, spec)
+
+
 def _trace_cell(row: dict) -> str:
     """``"1755 MHz sw_power_cap"``: a row's lowest busy SM clock and slowdown reasons
     (``run --gpu-trace``; empty where not traced)."""
-    mhz = row.get("gpu_sm_mhz_min")
-    clock = f"{mhz:.0f} MHz" if isinstance(mhz, (int, float)) and mhz == mhz else ""
-    return " ".join(x for x in (clock, row.get("gpu_slowdowns") or "") if x)
+    mhz = _number(row.get("gpu_sm_mhz_min"), ".0f")
+    return " ".join(x for x in (mhz and f"{mhz} MHz", row.get("gpu_slowdowns") or "") if x)
 
 
 def summary_table(frame, title: str | None = None):
@@ -53,11 +59,7 @@ def summary_table(frame, title: str | None = None):
     colour = {"ok": "green", "wrong": "red", "crash": "red", "timeout": "yellow", "oom": "yellow",
               "error": "red", "unavailable": "dim", "not_run": "yellow"}
 
-    def fmt(x, spec):
-        if x is None or (isinstance(x, float) and math.isnan(x)):
-            return ""
-        return format(x, spec)
-
+    fmt = _number
     for r in records:
         status = r.get("status") or ""
         peak = r.get("peak_mem_bytes")
@@ -90,9 +92,7 @@ def verify_table(frame, title: str | None = None):
               "oom": "yellow", "unavailable": "dim"}
 
     def fmt(x):
-        if x is None or (isinstance(x, float) and math.isnan(x)):
-            return ""
-        return f"{x:.1e}"
+        return _number(x, ".1e")
 
     for r in summary.to_dict("records"):
         nonfinite = r.get("numerics_nonfinite")
