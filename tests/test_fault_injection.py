@@ -505,6 +505,19 @@ def test_resume_refuses_other_software(measured, tmp_path, monkeypatch):
         run_suite(load_suite(suite), resume=directory, progress=False)
 
 
+def test_resume_after_a_peer_was_installed_says_where_its_cases_can_go(measured, tmp_path, monkeypatch):
+    from tflabench import environment
+
+    suite, directory = _copy(measured, tmp_path)
+    real = environment.collect
+    monkeypatch.setattr(environment, "collect",
+                        lambda: {**real(), "peers": {**(real().get("peers") or {}), "flash-attn-4": "4.0.0b36"}})
+    with pytest.raises(UserError, match=r"peers is .* or resume with the peers it began with; to add a peer "
+                                        r"installed since, run its kernels alone \(--only LABEL\) as a new "
+                                        r"result set beside this one$"):
+        run_suite(load_suite(suite), resume=directory, progress=False)
+
+
 def test_resume_accepts_an_edited_sweep_and_lists_new_and_removed_cases(measured, tmp_path):
     suite, directory = _copy(measured, tmp_path)
     data = yaml.safe_load(suite.read_text())

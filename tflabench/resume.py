@@ -286,8 +286,11 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
     cpu = ("cpu",) if new_measurement.get("device") == "cpu" else ()  # CPU timings: the CPU is the device
     for key in ENVIRONMENT_KEYS + cpu:
         if key in old_meta and old_meta.get(key) != env.get(key):
-            diffs.append((key, old_meta.get(key), env.get(key),
-                          "resume where it began (the same GPU and software)"))
+            hint = "resume where it began (the same GPU and software)"
+            if key == "peers":   # a peer installed since: its cases can still stand beside the set
+                hint = ("resume with the peers it began with; to add a peer installed since, run its kernels "
+                        "alone (--only LABEL) as a new result set beside this one")
+            diffs.append((key, old_meta.get(key), env.get(key), hint))
     if "shard" in old_meta and old_meta.get("shard") != shard:
         diffs.append(("--shard", old_meta.get("shard"), shard, "give the --shard it began with"))
     if "ceilings" in old_meta and old_meta.get("ceilings") != ceilings:
