@@ -69,7 +69,7 @@ class Timing(_Strict):
                             "launch overhead is timed (per-call latency); default: GPU time of back-to-back "
                             "calls, as triton.testing.do_bench (docs/harness.md, 'Timing method')")
     warmup_s: B.Float(0.0, B.MAX_TIMEOUT_S) = Field(
-        0.0, description="after those, untimed calls until this many seconds have passed, so that every "
+        0.0, description="after the warmup calls, untimed calls until this many seconds have passed, so that every "
         "kernel, short or long, is timed at the clock the GPU holds under sustained load (its power cap); "
         "0: by count only (docs/harness.md, 'Sustained clocks')")
 
