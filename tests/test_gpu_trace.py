@@ -40,7 +40,8 @@ def fake_smi(tmp_path):
     script = tmp_path / "nvidia-smi"
     script.write_text(
         "#!/usr/bin/env bash\n"
-        f'echo "$@" > "{args}"\n'
+        f'echo "$@" >> "{args}"\n'
+        "case \"$*\" in *-lms*) ;; *) echo '612.50'; exit 0;; esac\n"   # the power-field probe
         "for n in 1 2 3; do echo '1500, 0x0000000000000004, 700.00'; sleep 0.02; done\n"
         "while true; do echo '1980, 0x0000000000000000, 450.00'; sleep 0.02; done\n")
     script.chmod(script.stat().st_mode | stat.S_IEXEC)
@@ -57,11 +58,27 @@ def test_the_trace_samples_one_gpu_and_keeps_only_its_window(fake_smi):
         cols = trace.columns(start, time.monotonic())
         everything = trace.columns(0.0, time.monotonic())
     assert trace._process.poll() is not None  # stopped on exit
-    argv = args.read_text().split()
-    assert argv[:2] == ["-i", "3"] and "--query-gpu=clocks.sm,clocks_throttle_reasons.active,power.draw" in argv
-    assert argv[-2:] == ["-lms", "20"]
+    probe, loop = (line.split() for line in args.read_text().splitlines())
+    assert probe == ["-i", "3", "--query-gpu=power.draw.instant", "--format=csv,noheader,nounits"]
+    assert loop[:2] == ["-i", "3"] and "--query-gpu=clocks.sm,clocks_throttle_reasons.active,power.draw.instant" in loop
+    assert loop[-2:] == ["-lms", "20"]
     assert cols == {"gpu_sm_mhz_min": 1980.0, "gpu_power_w_max": 450.0, "gpu_slowdowns": ""}
     assert everything == {"gpu_sm_mhz_min": 1500.0, "gpu_power_w_max": 700.0, "gpu_slowdowns": "sw_power_cap"}
+
+
+def test_the_power_field_falls_back_to_the_average_where_the_driver_has_no_instant_reading(tmp_path):
+    """An older driver refuses power.draw.instant (exit 2, 'not a valid field'), another
+    answers [N/A]: the trace then asks for power.draw, and a missing nvidia-smi costs nothing."""
+    from tflabench.gpu_trace import power_field
+
+    for name, answer in (("refuses", "echo 'Field \"power.draw.instant\" is not a valid field to query.'; exit 2"),
+                         ("na", "echo '[N/A]'; exit 0"), ("answers", "echo '431.07'; exit 0")):
+        script = tmp_path / f"smi-{name}"
+        script.write_text(f"#!/usr/bin/env bash\n{answer}\n")
+        script.chmod(0o755)
+        expected = "power.draw.instant" if name == "answers" else "power.draw"
+        assert power_field("0", str(script)) == expected, name
+    assert power_field("0", os.fspath(tmp_path / "no-such-nvidia-smi")) == "power.draw"
 
 
 def test_without_nvidia_smi_the_trace_gives_none_columns_and_never_raises(tmp_path):
@@ -112,6 +129,7 @@ def test_a_killed_worker_leaves_no_sampler_behind(tmp_path):
     pid_file = tmp_path / "smi.pid"
     script = tmp_path / "nvidia-smi"
     script.write_text("#!/usr/bin/env bash\n"
+                      "case \"$*\" in *-lms*) ;; *) echo '450.00'; exit 0;; esac\n"  # the power-field probe
                       f'echo $$ > "{pid_file}"\n'
                       "trap '' PIPE\n"
                       "while true; do echo '1980, 0x0000000000000000, 450.00' 2>/dev/null; sleep 0.02; done\n")

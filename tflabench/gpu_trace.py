@@ -10,7 +10,8 @@ samples taken between two moments (the timed calls of a case) as the row's
 
 - ``gpu_sm_mhz_min``: the lowest SM clock (MHz) among the samples where the GPU was busy
   (the idle reason not set);
-- ``gpu_power_w_max``: the highest power draw (W);
+- ``gpu_power_w_max``: the highest power draw (W): instantaneous where ``nvidia-smi`` gives it
+  (``power.draw.instant``), else its ``power.draw`` (:func:`power_field`);
 - ``gpu_slowdowns``: the slowdown reasons seen, comma-separated in :data:`SLOWDOWNS`' order
   (``""``: none seen); None, like the other two, when no sample fell in the window or
   ``nvidia-smi`` is not there.
@@ -23,6 +24,7 @@ never the measurement.
 
 from __future__ import annotations
 
+import functools
 import math
 import signal
 import subprocess
@@ -43,8 +45,12 @@ SLOWDOWNS: dict[int, str] = {
 }
 #: The reason set while the GPU has nothing to run.
 IDLE = 0x1
-#: What one sample asks for, in this order.
-QUERY = "clocks.sm,clocks_throttle_reasons.active,power.draw"
+#: What one sample asks for, in this order, before the power field.
+QUERY = "clocks.sm,clocks_throttle_reasons.active"
+#: The power fields, preferred first: the instantaneous draw, else ``power.draw``, which on
+#: recent GPUs is the driver's one-second average (``nvidia-smi --help-query-gpu``): a case
+#: shorter than a second reads below its kernel's draw there.
+POWER_FIELDS = ("power.draw.instant", "power.draw")
 
 
 def _number(text: str) -> float:
@@ -85,6 +91,21 @@ def summarise(samples: list[tuple[float, int, float]]) -> dict:
     }
 
 
+@functools.lru_cache(maxsize=None)
+def power_field(gpu: str, command: str = "nvidia-smi") -> str:
+    """The first of :data:`POWER_FIELDS` that ``nvidia-smi`` answers with a number for this GPU
+    (one query each, once per process); the last where none does."""
+    for field in POWER_FIELDS[:-1]:
+        try:
+            proc = subprocess.run([command, "-i", str(gpu), f"--query-gpu={field}", "--format=csv,noheader,nounits"],
+                                  capture_output=True, text=True, timeout=5, stdin=subprocess.DEVNULL)
+        except (OSError, subprocess.SubprocessError):
+            break
+        if proc.returncode == 0 and not math.isnan(_number(proc.stdout.strip())):
+            return field
+    return POWER_FIELDS[-1]
+
+
 def _die_with_parent() -> None:
     """In the child, before ``nvidia-smi`` starts (Linux): have the kernel send it SIGTERM when
     the process that started it dies (``prctl(PR_SET_PDEATHSIG)``), so that a worker killed
@@ -109,8 +130,9 @@ class GpuTrace:
     """
 
     def __init__(self, gpu: str, period_ms: int = PERIOD_MS, command: str = "nvidia-smi"):
-        self.argv = [command, "-i", str(gpu), f"--query-gpu={QUERY}", "--format=csv,noheader,nounits",
-                     "-lms", str(period_ms)]
+        self.power = power_field(str(gpu), command)
+        self.argv = [command, "-i", str(gpu), f"--query-gpu={QUERY},{self.power}",
+                     "--format=csv,noheader,nounits", "-lms", str(period_ms)]
         self.period_s = period_ms / 1e3
         self._samples: list[tuple[float, tuple[float, int, float]]] = []
         self._lock = threading.Lock()
@@ -171,4 +193,5 @@ class GpuTrace:
         self._process.stdout.close()
 
 
-__all__ = ["GpuTrace", "parse_sample", "summarise", "SLOWDOWNS", "IDLE", "PERIOD_MS", "QUERY"]
+__all__ = ["GpuTrace", "parse_sample", "power_field", "summarise", "SLOWDOWNS", "IDLE", "PERIOD_MS", "QUERY",
+           "POWER_FIELDS"]
