@@ -286,7 +286,12 @@ for name, dtype, d_qk, d_hv, L, S, normalize, tuning in (
         ("fp16 64/128 L64 S<L", torch.float16, 64, 128, 64, 40, False, Tuning()),
         ("bf16 128/256 S<L", torch.bfloat16, 128, 256, 128, 100, False, Tuning()),
         ("bf16 normalised", torch.bfloat16, 128, 256, 128, 600, True, Tuning()),
-        ("bf16 GLUON off", torch.bfloat16, 128, 256, 128, 600, False, Tuning(bw={"GLUON": False}))):
+        ("bf16 GLUON off", torch.bfloat16, 128, 256, 128, 600, False, Tuning(bw={"GLUON": False})),
+        ("bf16 256/512 L256", torch.bfloat16, 256, 512, 256, 600, False, Tuning()),
+        ("fp16 256/512 L256 S<L", torch.float16, 256, 512, 256, 200, False, Tuning()),
+        ("bf16 256/512 normalised", torch.bfloat16, 256, 512, 256, 600, True, Tuning()),
+        ("bf16 256/512 GLUON off", torch.bfloat16, 256, 512, 256, 600, False,
+         Tuning(bw={"GLUON": False}))):
     NC = -(-S // L)
     q, k = (torch.randn(2, S, d_qk, dtype=dtype) for _ in range(2))
     v, dh = (torch.randn(2, S, d_hv, dtype=dtype) for _ in range(2))
@@ -303,14 +308,17 @@ print(json.dumps(out))
 """
 
 
-def test_gluon_dkv_kernel_compiles_for_sm90_where_rule_b13_runs_it():
+def test_gluon_dkv_kernels_compile_for_sm90_where_rules_b13_and_b14_run_them():
     """Rule B13's Gluon dK/dV kernel (``chunkwise_parallel_bw_gluon._dkv_gluon_kernel``)
     compiles for sm_90 at both of rule B4's head pairs, in bfloat16 and float16, at L 64, 128
     and 256, with and without dC_last, within the SM's 227 KB of shared memory, and is what
     ``parallel_bw_dkv`` launches there; with the normaliser or ``GLUON`` off the Triton
-    one-launch kernel runs. Regression: a sequence of one chunk without dC_last (the number
-    of chunks 1 as a constant folded the inter-chunk part away) failed to lower in Triton 3.6.
-    (Numerics: against float64 on the GPU, ``benchmarks/kernel_matrix.py``.)"""
+    one-launch kernel runs. Rule B14's (``chunkwise_parallel_bw_gluon_once``) likewise at
+    Figure 5's heads (256 / 512, L 256), where the Triton kernel is ``_dkv_once_kernel``.
+    Regression: a sequence of one chunk without dC_last (the number of chunks 1 as a constant
+    folded the inter-chunk part away) failed to lower in Triton 3.6. (Numerics: bit for bit
+    against the Triton kernels on the GPU, ``benchmarks/check_dkv_once_gluon.py``; against
+    float64, ``benchmarks/kernel_matrix.py``.)"""
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(KERNELS),
                                                        os.environ.get("PYTHONPATH", "")]))
     env.pop("TRITON_INTERPRET", None)
@@ -324,3 +332,8 @@ def test_gluon_dkv_kernel_compiles_for_sm90_where_rule_b13_runs_it():
         assert all(0 < smem <= 232448 for _, smem in got[name]), got[name]
     for name in ("bf16 normalised", "bf16 GLUON off"):
         assert [k for k, _ in got[name]] == ["_dkv_fused_kernel"] * 2, (name, got[name])
+    for name in ("bf16 256/512 L256", "fp16 256/512 L256 S<L"):
+        assert [k for k, _ in got[name]] == ["_dkv_once_gluon_kernel"] * 2, (name, got[name])
+        assert all(0 < smem <= 232448 for _, smem in got[name]), got[name]
+    for name in ("bf16 256/512 normalised", "bf16 256/512 GLUON off"):
+        assert [k for k, _ in got[name]] == ["_dkv_once_kernel"] * 2, (name, got[name])

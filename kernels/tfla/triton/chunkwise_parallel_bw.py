@@ -483,13 +483,14 @@ def _once_rule(L: int, d_qk: int, d_hv: int, dtype: torch.dtype) -> dict:
 
     At d_qk 256 / d_hv 512 also at L 256 (what "auto" takes there, rule C2): dK/dV in
     128-row tiles (two of each per chunk), dQ in 64-row query tiles against 128-row key
-    tiles, in Gluon where rule B12 holds (``GLUON``).
+    tiles, both in Gluon where rules B12 and B14 hold (``GLUON``).
     """
     fig5 = (pow2(d_qk), pow2(d_hv)) == (256, 512)
     if dtype not in (torch.bfloat16, torch.float16) or L not in ((128, 256) if fig5 else (128,)):
         return {}
     if fig5:
-        # at L 256 dQ in Gluon where it can run (B12, chunkwise_parallel_bw_gluon)
+        # at L 256 dQ and dK/dV in Gluon where they can run (B12, chunkwise_parallel_bw_gluon;
+        # B14, chunkwise_parallel_bw_gluon_once)
         dq = dict(B_LKV=128, GLUON=True) if L == 256 else {}
         return dict(ONCE_DKV=True, DKV_B_LQ=128, DKV_B_LKV=128, DKV_num_warps=8,
                     DKV_num_stages=3, ONCE_DQ=True, num_stages=3, **dq)
@@ -617,8 +618,9 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
                     tuning: Tuning = DEFAULT):
     """dk, dv (input dtype) and the fp32 row sums k·dk (BNH, N_c*L): one launch of
     ``_dkv_fused_kernel`` where ``bw_config`` sets FUSED_DKV (in Gluon where rule B13 holds:
-    ``chunkwise_parallel_bw_gluon``), of ``_dkv_once_kernel`` where
-    it sets ONCE_DKV, else one of ``_dkv_kernel``.
+    ``chunkwise_parallel_bw_gluon``), of ``_dkv_once_kernel`` where it sets ONCE_DKV (in
+    Gluon where rule B14 holds: ``chunkwise_parallel_bw_gluon_once``), else one of
+    ``_dkv_kernel``.
     Tensors as :func:`parallel_bw_dq` takes them, and the state gradients dC_st (BNH, N_c+1,
     d_qk, d_hv). ``has_dc_last`` False: dC_st's slot N_c is zero (the last state has no
     gradient) and the one-launch kernel skips the last chunk's inter-chunk product."""
@@ -628,11 +630,16 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
     b_vec, a_vec, i_vec, mi_vec = gates
     if cfg["GLUON"]:
         from tfla.triton import chunkwise_parallel_bw_gluon as gbw
+        from tfla.triton import chunkwise_parallel_bw_gluon_once as gonce
 
         if gbw.applies_dkv(cfg, q, k, v, dC_st, dh, L=L, is_exp=is_exp, normalize=normalize):
             return gbw.parallel_bw_dkv_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, L=L,
                                              has_dc_last=has_dc_last,
                                              num_warps=cfg["DKV_num_warps"])
+        if gonce.applies_dkv_once(cfg, q, k, v, dC_st, dh, L=L, is_exp=is_exp,
+                                  normalize=normalize):
+            return gonce.parallel_bw_dkv_once_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, L=L,
+                                                    has_dc_last=has_dc_last)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     dC_view = dC_st.view(-1, d_qk, d_hv)
