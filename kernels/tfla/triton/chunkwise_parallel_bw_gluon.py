@@ -121,15 +121,31 @@ def _gated(ds, j, b_q, rows, B_vec, I_vec, g_base, scale, out_dtype: gl.constexp
 
 
 @gluon.jit
-def _tile_pid(L: gl.constexpr, B: gl.constexpr, NC):
-    # (tile, chunk, b·head, first gate index of the chunk) of the 1-D grid: the chunk's tiles
-    # of B rows fastest, then chunk·b·head (as the Triton kernels' chunk_tile_pid)
+def _ring_barriers(NBUF: gl.constexpr):
+    # one mbarrier per slot of a ring of NBUF TMA buffers, each for one arrival
+    bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(NBUF):
+        mbarrier.init(bars.index(i), count=1)
+    return bars
+
+
+@gluon.jit
+def _invalidate_ring(bars, NBUF: gl.constexpr):
+    for i in gl.static_range(NBUF):
+        mbarrier.invalidate(bars.index(i))
+
+
+@gluon.jit
+def _tile_pid(L: gl.constexpr, B: gl.constexpr, NC, ROLES: gl.constexpr):
+    # (role, tile, chunk, b·head, first gate index of the chunk) of the 1-D grid: ROLES
+    # programs per tile fastest, then the chunk's tiles of B rows, then chunk·b·head (as the
+    # Triton kernels' chunk_tile_pid)
     pid = gl.program_id(0)
     N_T: gl.constexpr = L // B
-    cbh = pid // N_T
+    cbh = pid // (ROLES * N_T)
     c = cbh % NC
     bh = cbh // NC
-    return pid % N_T, c, bh, bh.to(gl.int64) * (NC * L) + c * L
+    return pid % ROLES, (pid // ROLES) % N_T, c, bh, bh.to(gl.int64) * (NC * L) + c * L
 
 
 @gluon.jit
@@ -138,7 +154,7 @@ def _dq_gluon_kernel(q_desc, k_desc, v_desc, c_desc, dh_desc, dq_desc, B_vec, I_
                      B_T: gl.constexpr, N_RED: gl.constexpr, N_OUT: gl.constexpr,
                      NBUF: gl.constexpr, num_warps: gl.constexpr):
     # 1-D grid as _dq_once_kernel's: query tile fastest, then chunk·b·head
-    pid_q, c, bh, g_base = _tile_pid(L, B_LQ, NC)
+    _, pid_q, c, bh, g_base = _tile_pid(L, B_LQ, NC, 1)
     r0 = c * L + pid_q * B_LQ
     c_row = bh * (NC + 1) + c
     n_kv = (pid_q * B_LQ) // B_T + 1               # key tiles on or below the diagonal
@@ -159,10 +175,8 @@ def _dq_gluon_kernel(q_desc, k_desc, v_desc, c_desc, dh_desc, dq_desc, B_vec, I_
     ring = gl.allocate_shared_memory(v_desc.dtype, [NBUF] + v_desc.block_type.shape,
                                      v_desc.layout)
     bar_in = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     mbarrier.init(bar_in, count=1)
-    for i in gl.static_range(NBUF):
-        mbarrier.init(bars.index(i), count=1)
+    bars = _ring_barriers(NBUF)
 
     # the query tile's dH̃ and Q; the ring's first tiles
     mbarrier.expect(bar_in, N_DH * dh_desc.block_type.nbytes + N_OUT * q_desc.block_type.nbytes)
@@ -225,8 +239,7 @@ def _dq_gluon_kernel(q_desc, k_desc, v_desc, c_desc, dh_desc, dq_desc, B_vec, I_
     gl.store(QDQ + g_base + rows, rowsum)
     tma.store_wait(pendings=0)
     mbarrier.invalidate(bar_in)
-    for i in gl.static_range(NBUF):
-        mbarrier.invalidate(bars.index(i))
+    _invalidate_ring(bars, NBUF)
 
 
 def applies_dq(cfg: dict, q, k, v, C_st, dh, *, L: int, is_exp: bool, normalize: bool) -> bool:
@@ -298,7 +311,7 @@ def _dkv_gluon_kernel(q_desc, k_desc, v_desc, dh_desc, dc_desc, dk_desc, dv_desc
                       B_L: gl.constexpr, D_QK: gl.constexpr, D_HV: gl.constexpr,
                       NBUF: gl.constexpr, num_warps: gl.constexpr):
     # 1-D grid as _dkv_fused_kernel's: key/value tile fastest, then chunk·b·head
-    pid_kv, c, bh, g_base = _tile_pid(L, B_L, NC)
+    _, pid_kv, c, bh, g_base = _tile_pid(L, B_L, NC, 1)
     s0 = c * L + pid_kv * B_L
     n_q = L // B_L - pid_kv                         # query tiles on or after the diagonal
     inter = c < NC - 1 + HAS_DC_LAST                # dC_k != 0: the inter-chunk products
@@ -326,11 +339,9 @@ def _dkv_gluon_kernel(q_desc, k_desc, v_desc, dh_desc, dc_desc, dk_desc, dv_desc
                                         dh_desc.layout)
     bar_kv = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     bar_dc = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     mbarrier.init(bar_kv, count=1)
     mbarrier.init(bar_dc, count=1)
-    for i in gl.static_range(NBUF):
-        mbarrier.init(bars.index(i), count=1)
+    bars = _ring_barriers(NBUF)
 
     # every load at once: K and V, the first query tiles' Q and dH̃, then dC_k
     mbarrier.expect(bar_kv, k_desc.block_type.nbytes + v_desc.block_type.nbytes)
@@ -409,8 +420,7 @@ def _dkv_gluon_kernel(q_desc, k_desc, v_desc, dh_desc, dc_desc, dk_desc, dv_desc
     tma.store_wait(pendings=0)
     mbarrier.invalidate(bar_kv)
     mbarrier.invalidate(bar_dc)
-    for i in gl.static_range(NBUF):
-        mbarrier.invalidate(bars.index(i))
+    _invalidate_ring(bars, NBUF)
 
 
 def applies_dkv(cfg: dict, q, k, v, dC_st, dh, *, L: int, is_exp: bool,

@@ -35,6 +35,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
+from tfla.triton.chunkwise_parallel_bw_gluon import _invalidate_ring, _ring_barriers, _tile_pid
 from tfla.triton.common import gluon_descriptor, gluon_takes
 
 #: the tiles the kernel is written for (rule B10 at L 256): the side of every tile (query
@@ -225,24 +226,15 @@ def _dkv_once_gluon_kernel(q_desc, k_desc, v_desc, dh_desc, dc_desc, dk_desc, dv
                            num_warps: gl.constexpr):
     # 1-D grid as _dkv_once_kernel's (chunk_tile_pid(pid, 2, L // B, NC)): role (dK, dV)
     # fastest, then the key/value tile, then chunk·b·head
-    pid = gl.program_id(0)
-    N_T: gl.constexpr = L // B
-    role = pid % 2
-    pid_kv = (pid // 2) % N_T
-    cbh = pid // (2 * N_T)
-    c = cbh % NC
-    bh = cbh // NC
-    g_base = bh.to(gl.int64) * (NC * L) + c * L
+    role, pid_kv, c, bh, g_base = _tile_pid(L, B, NC, 2)
 
     keep = gl.allocate_shared_memory(v_desc.dtype, [N_KEEP] + v_desc.block_type.shape,
                                      v_desc.layout)
     ring = gl.allocate_shared_memory(v_desc.dtype, [NBUF] + v_desc.block_type.shape,
                                      v_desc.layout)
     bar_keep = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
-    bars = gl.allocate_shared_memory(gl.int64, [NBUF, 1], mbarrier.MBarrierLayout())
     mbarrier.init(bar_keep, count=1)
-    for i in gl.static_range(NBUF):
-        mbarrier.init(bars.index(i), count=1)
+    bars = _ring_barriers(NBUF)
     if role == 0:
         _once_tile(v_desc, dh_desc, q_desc, k_desc, dc_desc, dk_desc, keep, ring, bar_keep,
                    bars, B_vec, I_vec, A_vec, KDK, pid_kv, c, bh, g_base, NC, scale,
@@ -252,8 +244,7 @@ def _dkv_once_gluon_kernel(q_desc, k_desc, v_desc, dh_desc, dc_desc, dk_desc, dv
                    bars, B_vec, I_vec, A_vec, KDK, pid_kv, c, bh, g_base, NC, scale,
                    HAS_DC_LAST, L, B, N_QK, N_HV, NBUF, 0, num_warps)
     mbarrier.invalidate(bar_keep)
-    for i in gl.static_range(NBUF):
-        mbarrier.invalidate(bars.index(i))
+    _invalidate_ring(bars, NBUF)
 
 
 def applies_dkv_once(cfg: dict, q, k, v, dC_st, dh, *, L: int, is_exp: bool,
