@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from tflabench.errors import UserError
-from tflabench.results import case_label
+from tflabench.results import LIMIT_FIELDS, case_label
 
 #: Statuses that mean the case ran and produced a timing.
 OK = "ok"
@@ -574,8 +574,8 @@ def environment_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping
 
 def timing_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str, Any]) -> list[str]:
     """One warning per field of the suite's ``timing`` (``metadata.json``, ``measurement``)
-    that both runs record with different values, but ``timeout_s`` (a limit, not a
-    method): ``warmup_s`` 0 against 5, ``sync_each``, ``flush_l2``, the counts."""
+    that both runs record with different values, but the limits (:data:`LIMIT_FIELDS`:
+    ``timeout_s``): ``warmup_s`` 0 against 5, ``sync_each``, ``flush_l2``, the counts."""
     def timing(metadata):
         measurement = metadata.get("measurement")
         got = measurement.get("timing") if isinstance(measurement, Mapping) else None
@@ -584,7 +584,7 @@ def timing_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str,
     base, new = timing(base_metadata), timing(new_metadata)
     return [f"timing.{key} differs: base {base[key]!r}, new {new[key]!r}; the cases were timed by different "
             "methods, so timings may move for that reason alone"
-            for key in sorted(set(base) & set(new)) if key != "timeout_s" and base[key] != new[key]]
+            for key in sorted(set(base) & set(new)) if key not in LIMIT_FIELDS and base[key] != new[key]]
 
 
 #: Metadata keys of the machine and interpreter: a difference is warned about (two CPU

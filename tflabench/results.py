@@ -187,6 +187,12 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     "case_ids": list,
 }
 
+#: Fields of a ``measurement``'s ``timing`` / ``numerics`` (``metadata.json``) that do not
+#: change what ``run`` measures: the time limit of a case, and the grid of ``tflabench
+#: verify`` (``numerics.verify``), which ``run`` does not use. ``--resume`` lets them change;
+#: ``compare`` does not call two runs timed differently for them.
+LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
+
 ROWS_FILE = "rows.jsonl"
 PARQUET_FILE = "results.parquet"
 CSV_FILE = "results.csv"

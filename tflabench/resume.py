@@ -35,17 +35,13 @@ from typing import Any
 
 from tflabench import results as R
 from tflabench.errors import UserError
-from tflabench.results import case_label
+from tflabench.results import LIMIT_FIELDS, case_label
 from tflabench.suite import Case, LoadedSuite
 
 #: Environment keys of ``metadata.json`` that must match for a resume (as for merging
 #: shards, ``tflabench.shard.MERGE_ENVIRONMENT_KEYS``, less the git revision).
 ENVIRONMENT_KEYS: tuple[str, ...] = ("gpu_name", "driver", "cuda", "torch", "triton", "python", "peers",
                                      "tflabench")
-#: Fields of ``timing`` / ``numerics`` that do not change what ``run`` measures: the time
-#: limit of a case, and the grid of ``tflabench verify`` (``numerics.verify``), which
-#: ``run`` does not use.
-LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
 #: Cases listed by name in a resume's report (the rest are counted).
 LIST_LIMIT = 20
 
@@ -105,7 +101,7 @@ def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(field, value in the result set, value now) for every condition that differs
     between two :func:`measurement` records, in the order: device, dtype, seed, timing,
     numerics, kernels. Fields that only one side knows (a field added by a newer
-    tflabench) are not compared; neither are :data:`LIMIT_FIELDS` nor swept parameters."""
+    tflabench) are not compared; neither are :data:`tflabench.results.LIMIT_FIELDS` nor swept parameters."""
     out: list[tuple[str, Any, Any]] = []
     for key in ("device", "dtype", "seed"):
         if key in old and key in new and old[key] != new[key]:
