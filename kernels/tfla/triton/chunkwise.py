@@ -27,7 +27,7 @@ from dataclasses import dataclass
 import torch
 import triton
 
-from tfla.triton.common import num_sms
+from tfla.triton.common import num_sms, pow2
 from tfla.triton.tuning import DEFAULT, Tuning, active_tuning
 
 _MODULES = (
@@ -99,7 +99,7 @@ def effective_chunk(S: int, chunk_size: int) -> int:
     Any chunk size gives the same h and gradients up to round-off (docs/tfla-kernels.md 2.4), so a chunk
     longer than the padded sequence only adds padded work.
     """
-    return min(chunk_size, max(16, triton.next_power_of_2(S)))
+    return min(chunk_size, max(16, pow2(S)))
 
 
 def _flat(x, *tail):

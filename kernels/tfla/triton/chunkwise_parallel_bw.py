@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, dot_precision,
+from tfla.triton.common import (can_use_tma, cdiv, chunk_tile_pid, descriptor, dot_precision,
                                 gate_exponent, head_block, launch, load_tile, pow2,
                                 store_tile, tile_rows)
 from tfla.triton.tuning import DEFAULT, Tuning
@@ -566,8 +566,8 @@ def _launch_common(q, v, L: int, tuning: Tuning):
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     cfg = bw_config(L, d_qk, d_hv, q.dtype, tuning)
-    return (cfg, triton.cdiv(S, L), triton.cdiv(d_qk, cfg["B_DQK"]),
-            triton.cdiv(d_hv, cfg["B_DHV"]), d_qk ** -0.5, dot_precision(q.dtype))
+    return (cfg, cdiv(S, L), cdiv(d_qk, cfg["B_DQK"]),
+            cdiv(d_hv, cfg["B_DHV"]), d_qk ** -0.5, dot_precision(q.dtype))
 
 
 def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: bool,
@@ -676,7 +676,7 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
         D(dC_view, bqk, bhv), D(dk, blkv, bqk), D(dv, blkv, bhv),
         b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
         S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=blq, B_LKV=blkv, B_DQK=bqk, B_DHV=bhv,
-        NUM_DQK=triton.cdiv(d_qk, bqk), NUM_DHV=triton.cdiv(d_hv, bhv), IS_EXP=is_exp,
+        NUM_DQK=cdiv(d_qk, bqk), NUM_DHV=cdiv(d_hv, bhv), IS_EXP=is_exp,
         NORMALIZE=normalize, DOT_PREC=prec, USE_TMA=tma, num_warps=cfg[pre + "num_warps"],
         num_stages=cfg[pre + "num_stages"], **extra)
     return dk, dv, kdk

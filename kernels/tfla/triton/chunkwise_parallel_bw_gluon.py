@@ -41,7 +41,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from tfla.triton.common import gluon_descriptor, gluon_takes
+from tfla.triton.common import cdiv, gluon_descriptor, gluon_takes
 
 #: the tiles the kernel is written for (rules B11 and C2 at L 256): query rows, the side of
 #: every streamed tile (key/value rows, d_qk and d_hv blocks), d_qk, d_hv (blocks of 128),
@@ -268,7 +268,7 @@ def parallel_bw_dq_gluon(q, k, v, b_vec, i_vec, C_st, dh, *, L: int, has_c0: boo
     """
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     dq = torch.empty_like(q)
     qdq = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
     _dq_gluon_kernel[((L // B_LQ) * NC * BNH,)](
@@ -453,7 +453,7 @@ def parallel_bw_dkv_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, *, L: int,
     """
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)

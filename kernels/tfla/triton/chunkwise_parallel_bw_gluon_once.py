@@ -36,7 +36,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from tfla.triton.chunkwise_parallel_bw_gluon import _invalidate_ring, _ring_barriers, _tile_pid
-from tfla.triton.common import gluon_descriptor, gluon_takes
+from tfla.triton.common import cdiv, gluon_descriptor, gluon_takes
 
 #: the tiles the kernel is written for (rule B10 at L 256): the side of every tile (query
 #: and key/value rows, d_qk and d_hv blocks), L, d_qk, d_hv, ring buffers, warps
@@ -281,7 +281,7 @@ def parallel_bw_dkv_once_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, *, L: in
     """
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)

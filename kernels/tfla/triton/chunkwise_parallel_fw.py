@@ -23,7 +23,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import (can_use_tma, chunk_tile_pid, descriptor, dot_precision,
+from tfla.triton.common import (can_use_tma, cdiv, chunk_tile_pid, descriptor, dot_precision,
                                 gate_exponent, head_block, launch, load_tile,
                                 store_tile, tile_rows)
 from tfla.triton.tuning import DEFAULT, Tuning
@@ -220,7 +220,7 @@ def inter_slice(cfg: dict, d_qk: int) -> int:
     inter-chunk product runs inside the loop (``INTER_IN_LOOP``), or 0 where it cannot: the
     B_LQ / B_LKV iterations of the first query tile must cover d_qk in one d_qk block, in
     slices of at least 16 rows (the smallest tl.dot depth)."""
-    if not cfg.get("INTER_IN_LOOP") or triton.cdiv(d_qk, cfg["B_DQK"]) != 1:
+    if not cfg.get("INTER_IN_LOOP") or cdiv(d_qk, cfg["B_DQK"]) != 1:
         return 0
     b_cs = cfg["B_DQK"] // (cfg["B_LQ"] // cfg["B_LKV"])
     return b_cs if b_cs >= 16 else 0
@@ -233,7 +233,7 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     ``tuning``: overrides of :func:`fw_config`'s rules."""
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     cfg = fw_config(L, d_qk, d_hv, q.dtype, limit, is_exp, tuning)
     n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
     if cfg["GLUON"]:
@@ -243,13 +243,13 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
                        limit=limit):
             return gfw.parallel_fw_gluon(q, k, v, b_vec, i_vec, C_st, L=L), n_out
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
-    grid = (triton.cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
+    grid = (cdiv(d_hv, cfg["B_DHV"]) * (L // cfg["B_LQ"]) * NC * BNH,)
     b_lq, b_lkv, b_qk, b_hv = cfg["B_LQ"], cfg["B_LKV"], cfg["B_DQK"], cfg["B_DHV"]
     b_cs = inter_slice(cfg, d_qk)
     use_tma = bool(cfg["USE_TMA"]) and can_use_tma(
         q, k, v, C_st, h, blocks=(b_lq, b_lkv, b_qk, b_hv))
     C_view = C_st.view(-1, d_qk, d_hv)
-    num_dqk = triton.cdiv(d_qk, b_qk)
+    num_dqk = cdiv(d_qk, b_qk)
     QD, CD = descriptor(q, (1, b_lq, b_qk), use_tma), descriptor(C_view, (1, b_qk, b_hv), use_tma)
     # the d_qk-slice views of Q and C_{k-1} (INTER_IN_LOOP; else unused, the full ones passed)
     QSD = descriptor(q, (1, b_lq, b_cs), use_tma) if 0 < b_cs < b_qk else QD

@@ -33,7 +33,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from tfla.triton.common import gluon_descriptor, gluon_takes
+from tfla.triton.common import cdiv, gluon_descriptor, gluon_takes
 
 #: the tiles the kernel is written for (rule H7's): query and key/value rows, d_qk, d_hv
 #: block, d_qk rows of C_{k-1} per slice, warps
@@ -188,9 +188,9 @@ def parallel_fw_gluon(q, k, v, b_vec, i_vec, C_st, *, L: int) -> torch.Tensor:
     """
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
-    n_dhv = triton.cdiv(d_hv, B_DHV)
+    n_dhv = cdiv(d_hv, B_DHV)
     grid = (n_dhv * (L // B_LQ) * NC * BNH,)
     _parallel_fw_gluon_kernel[grid](
         gluon_descriptor(q, [1, B_LQ, D_QK]), gluon_descriptor(k, [1, B_LKV, D_QK]),

@@ -31,8 +31,8 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import (can_use_tma, descriptor, dot_precision, head_block,
-                                launch, load_tile, num_sms, split_pid, store_tile)
+from tfla.triton.common import (can_use_tma, cdiv, descriptor, dot_precision, head_block,
+                                launch, load_tile, num_sms, pow2, split_pid, store_tile)
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
@@ -339,7 +339,7 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     min_programs = over.get("MIN_PROGRAMS", n_sms // 2)
 
     def programs(a, b):
-        return triton.cdiv(d_qk, a) * triton.cdiv(d_hv, b) * BNH
+        return cdiv(d_qk, a) * cdiv(d_hv, b) * BNH
 
     while programs(b_qk, b_hv) < min_programs and max(b_qk, b_hv) > 32:
         if step < 128:
@@ -391,7 +391,7 @@ def chunk_gates(i, f, *, L: int, is_exp: bool):
     """Gate vectors of every chunk: b, a, ī (BNH, N_c*L), m^intra (exp; else a dummy),
     g and max a per chunk (BNH, N_c), all fp32. i, f (BNH, S) contiguous, any float dtype."""
     BNH, S = f.shape
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     dev = f.device
     vec = lambda: torch.empty((BNH, NC * L), device=dev, dtype=torch.float32)  # noqa: E731
     b_vec, a_vec, i_vec = vec(), vec(), vec()
@@ -450,8 +450,8 @@ def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
     df = torch.empty((BNH, S), device=f.device, dtype=out(f.dtype))
     if T is None:
         T = torch.zeros((BNH,), device=f.device, dtype=torch.float32)
-    block = min(4096, max(16, triton.next_power_of_2(S)))
-    _gate_grads_kernel[(BNH * triton.cdiv(S, block),)](
+    block = min(4096, max(16, pow2(S)))
+    _gate_grads_kernel[(BNH * cdiv(S, block),)](
         qdq, kdk, i, f, T, di, df, S, qdq.shape[1], BLOCK=block, IS_EXP=is_exp,
         num_warps=4 if block <= 1024 else 8)
     return di.to(i.dtype), df.to(f.dtype)
@@ -471,7 +471,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     """
     BNH, S, d_qk = k.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     dev = k.device
     C_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=dev, dtype=k.dtype)
     n_st = torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32)
@@ -480,7 +480,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     P = piece(L, tuning)
     b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(k.device), k.dtype, P,
                                              sig_forward=not is_exp, tuning=tuning)
-    grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
+    grid = (cdiv(d_qk, b_qk) * cdiv(d_hv, b_hv) * BNH,)
     dummy = m_st
     use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P, tuning)
     C_view = C_st.view(BNH * (NC + 1), d_qk, d_hv)
@@ -526,7 +526,7 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
     overrides of the rules (``tuning.state``, then ``tuning.state_bw``).
     """
     BNH, S, d_qk = q.shape
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
     dC_0 = torch.empty((BNH, d_qk, d_hv) if with_dc0 else (1,), device=q.device,
                        dtype=torch.float32)
@@ -538,7 +538,7 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
     b_hv = over.get("B_DHV", b_hv)
     warps = over.get("num_warps", warps)
     stages = over.get("num_stages", stages)
-    grid = (triton.cdiv(d_qk, b_qk) * triton.cdiv(d_hv, b_hv) * BNH,)
+    grid = (cdiv(d_qk, b_qk) * cdiv(d_hv, b_hv) * BNH,)
     use_tma, scale_dh = bw_state_options(q, dh, dC_st, b_qk, b_hv, P, tuning)
     dC_view = dC_st.view(BNH * (NC + 1), d_qk, d_hv)
     launch(

@@ -11,7 +11,7 @@ import torch
 import triton
 import triton.language as tl
 
-__all__ = ["interpret_mode", "num_sms", "dot_precision", "pow2", "head_block", "split_pid",
+__all__ = ["interpret_mode", "num_sms", "dot_precision", "pow2", "cdiv", "head_block", "split_pid",
            "chunk_tile_pid", "tile_rows", "gate_exponent", "load_tile", "store_tile",
            "can_use_tma", "descriptor", "gluon_descriptor", "launch", "gluon_sm90",
            "gluon_takes"]
@@ -77,8 +77,15 @@ def dot_precision(dtype: torch.dtype) -> str:
 
 
 def pow2(x: int) -> int:
-    """The smallest power of two >= x (1 for x <= 1)."""
-    return triton.next_power_of_2(max(int(x), 1))
+    """The smallest power of two >= x (1 for x <= 1). Plain Python: the launchers call it
+    (and :func:`cdiv`) on every call, where Triton's ``next_power_of_2`` and ``cdiv``, which
+    also serve inside kernels, cost microseconds each."""
+    return 1 << (max(int(x), 1) - 1).bit_length()
+
+
+def cdiv(a: int, b: int) -> int:
+    """ceil(a / b) for integers (the launchers' grids and chunk counts)."""
+    return -(-a // b)
 
 
 def head_block(d: int, cap: int) -> int:
@@ -195,13 +202,20 @@ def descriptor(t, block_shape, use_tma: bool):
 def gluon_descriptor(t, block_shape):
     """A Gluon TensorDescriptor over the 16-bit tensor t, its block in the NVMMA shared-memory
     layout that TMA and wgmma take (the Gluon kernels' tiles)."""
-    from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    dtype = gl.bfloat16 if t.dtype == torch.bfloat16 else gl.float16
     block = list(block_shape)
-    return TensorDescriptor.from_tensor(t, block,
-                                        gl.NVMMASharedLayout.get_default_for(block, dtype))
+    return TensorDescriptor.from_tensor(t, block, _nvmma_layout(tuple(block), t.dtype))
+
+
+@functools.lru_cache(maxsize=None)
+def _nvmma_layout(block: tuple, dtype: torch.dtype):
+    """The NVMMA shared-memory layout of a 16-bit block (one per block and dtype: the
+    launchers ask for it on every call)."""
+    from triton.experimental.gluon import language as gl
+
+    return gl.NVMMASharedLayout.get_default_for(
+        list(block), gl.bfloat16 if dtype == torch.bfloat16 else gl.float16)
 
 
 #: the pipeline depth that fitted in shared memory, per kernel and compile-time configuration

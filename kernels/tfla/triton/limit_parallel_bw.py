@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import dot_precision, gate_exponent, head_block
+from tfla.triton.common import cdiv, dot_precision, gate_exponent, head_block
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
@@ -161,7 +161,7 @@ def limit_parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
     ``tuning``: overrides of :func:`limit_bw_config`'s rule."""
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     cfg = limit_bw_config(L, d_qk, d_hv, q.dtype, tuning)
     qdq = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
     kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
@@ -173,7 +173,7 @@ def limit_parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
         q, k, v, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, C_st, dC_st, dh, dq, dk, dv, qdq, kdk,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
-        NUM_DQK=triton.cdiv(d_qk, cfg["B_DQK"]), NUM_DHV=triton.cdiv(d_hv, cfg["B_DHV"]),
+        NUM_DQK=cdiv(d_qk, cfg["B_DQK"]), NUM_DHV=cdiv(d_hv, cfg["B_DHV"]),
         IS_EXP=is_exp, NORMALIZE=normalize, DOT_PREC=dot_precision(q.dtype),
         num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )

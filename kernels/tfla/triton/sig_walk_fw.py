@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import (can_use_tma, descriptor, dot_precision, gate_exponent, head_block,
+from tfla.triton.common import (can_use_tma, cdiv, descriptor, dot_precision, gate_exponent, head_block,
                                 launch, load_tile, pow2, store_tile)
 from tfla.triton.tuning import DEFAULT, Tuning
 
@@ -186,7 +186,7 @@ def _segments_fit(segments: int, S: int, L: int, states_every: int, with_last: b
     segmented walk carries no normaliser state) and the chunks of S in equal segments of
     whole steps of ``states_every`` chunks."""
     step = segments * max(states_every, 1)
-    return not with_last and S > 0 and triton.cdiv(S, L) % step == 0
+    return not with_last and S > 0 and cdiv(S, L) % step == 0
 
 
 def walk_segments(programs: int, target: float, S: int, L: int, states_every: int = 1,
@@ -209,7 +209,7 @@ def walk_segments(programs: int, target: float, S: int, L: int, states_every: in
     while programs * seg < target and seg < MAX_SEGMENTS:
         seg *= 2
     if (programs * seg < target or not _segments_fit(seg, S, L, states_every, with_last)
-            or triton.cdiv(S, L) // seg < MIN_SEGMENT_CHUNKS):
+            or cdiv(S, L) // seg < MIN_SEGMENT_CHUNKS):
         return None
     return seg
 
@@ -228,7 +228,7 @@ def _is_block(x) -> bool:
 def _pass_chunks(S: int, L: int, segments: int) -> tuple[int, int]:
     """(chunk, chunks per segment) of the segment-state pass: chunks of 2L where a segment
     holds an even number of chunks of L, else of L."""
-    per_seg = triton.cdiv(S, L) // segments
+    per_seg = cdiv(S, L) // segments
     return (L, per_seg) if per_seg % 2 else (2 * L, per_seg // 2)
 
 
@@ -313,7 +313,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     if (L != 64 or d_qk > 128 or d_hv > 256 or dtype not in (torch.bfloat16, torch.float16)):
         return None
     b_hv = over.get("B_DHV", head_block(d_hv, 128 if d_qk <= 64 else 64))
-    programs = triton.cdiv(d_hv, b_hv) * BNH
+    programs = cdiv(d_hv, b_hv) * BNH
     if "SEGMENTS" in over:
         segments = over["SEGMENTS"]
         if not _int_at_least(segments, 1):
@@ -337,7 +337,7 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     if not _int_at_least(stages, 1):
         raise ValueError(f"Tuning.walk SEGMENT_STAGES: got {stages!r}; allowed: an integer >= 1")
     split = over.get("SEGMENT_SPLIT", segment_split(
-        triton.cdiv(d_hv, seg_b_hv) * (segments - 1) * BNH,
+        cdiv(d_hv, seg_b_hv) * (segments - 1) * BNH,
         over.get("SEGMENT_PROGRAMS_PER_SM", 2) * n_sms, S, L, segments))
     return dict(L=L, B_DHV=b_hv, num_warps=over.get("num_warps", 4),
                 num_stages=over.get("num_stages", 2), maxnreg=over.get("maxnreg", cap),
@@ -383,13 +383,13 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
 
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     b_vec, a_vec, i_vec, _, g_ch, _ = chunk_gates(i, f, L=L, is_exp=False)
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
     C_last = n_last = C_st = h
     NC_st = 0
     if states_every:
-        NC_st = triton.cdiv(S, states_every * L)
+        NC_st = cdiv(S, states_every * L)
         C_st = torch.empty((BNH, NC_st + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
     if with_last:
         C_last = torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32)
@@ -398,7 +398,7 @@ def sig_walk_fw(q, k, v, i, f, C0, n0=None, *, L: int, B_DHV: int, num_warps: in
     C_view = C_st.view(-1, d_qk, d_hv) if states_every else C_st
     use_tma = q.dtype in (torch.bfloat16, torch.float16) and can_use_tma(
         q, k, v, h, C_view, blocks=(L, b_qk, B_DHV))
-    n_v = triton.cdiv(d_hv, B_DHV)
+    n_v = cdiv(d_hv, B_DHV)
     C_seg = G_seg = h
     NC_seg = NC
     if segments > 1:
@@ -449,7 +449,7 @@ def _segment_states(k, v, i, f, *, L: int, segments: int, split: int, B_DHV: int
 
     BNH, S, d_qk = k.shape
     d_hv = v.shape[-1]
-    NC = triton.cdiv(S, L)
+    NC = cdiv(S, L)
     if gates is None:
         gates = chunk_gates(i, f, L=L, is_exp=False)
     _, a_vec, _, _, g_ch, _ = gates
@@ -458,7 +458,7 @@ def _segment_states(k, v, i, f, *, L: int, segments: int, split: int, B_DHV: int
     G_seg = torch.empty((BNH, n_sum), device=k.device, dtype=torch.float32)
     use_tma = k.dtype in (torch.bfloat16, torch.float16) and can_use_tma(
         k, v, blocks=(L, b_qk, B_DHV))
-    n_v = triton.cdiv(d_hv, B_DHV)
+    n_v = cdiv(d_hv, B_DHV)
     launch(_sig_segment_states_kernel, (n_v * n_sum * BNH,),
            k, v, descriptor(k, (1, L, b_qk), use_tma), descriptor(v, (1, L, B_DHV), use_tma),
            a_vec, g_ch, C_seg, G_seg, S, NC, NC // (segments * split), n_sum, d_qk, d_hv,
