@@ -27,7 +27,6 @@ overrides, addresses TMA cannot take, Triton's interpreter, a GPU other than sm_
 from __future__ import annotations
 
 import torch
-import triton
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
