@@ -3,9 +3,8 @@
 A call is made of several kernels, launched from Python. While the CPU launches the next
 call's kernels faster than the GPU runs this call's, back-to-back calls keep the GPU busy
 and the timed median is the GPU's work. Where the host time per call comes near the GPU
-time, the GPU waits on the CPU and the median swings with the CPU's speed: at the small
-heads (B 16, 32 heads, 64 / 128, S 4096) a fwd+bwd that runs 2.8 ms on the GPU measured 2.8
-to 3.4 ms from one round to the next when its host time was 2.0-3.0 ms.
+time, the GPU waits on the CPU and the median swings with the CPU's speed (docs/kernels.md,
+"Host time").
 
 Per shape and mode, ``--rounds`` rounds of: the median and minimum of ``--iters`` calls
 back to back (``tflabench.measure.time_callable``: CUDA events, after 5 warm-ups), then the
