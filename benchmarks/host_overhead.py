@@ -15,6 +15,13 @@ ROOT/kernels), ``--tag`` names it in the output. Shapes: ``benchmarks/bench_sig_
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/host_overhead.py [--shapes small,fig4,b7]
         [--root DIR] [--tag NAME] [--rounds 4] [--iters 30]
 
+``--graph``: each mode is also captured once as a CUDA graph (``torch.cuda.CUDAGraph``, after
+three warm-up calls on a side stream) and replayed: a caller bound by the host can run the
+step that way. One line per shape and mode first says whether the replayed h and gradients
+equal the eager call's (the largest difference relative to each tensor's largest value;
+the row sums that several programs add atomically may differ in their last bits), then each
+round adds the replay's GPU median and host time.
+
 Prints one line per round: tag, shape, mode, round, GPU median and minimum (ms), host ms per
 call. Exit status 2 without a CUDA GPU.
 """
@@ -35,6 +42,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tag", default="")
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--iters", type=int, default=30)
+    ap.add_argument("--graph", action="store_true", help="also replay each mode as a CUDA graph")
     args = ap.parse_args(argv)
     root = os.path.abspath(args.root)
     sys.path[:0] = [os.path.join(root, "kernels"), os.path.dirname(os.path.abspath(__file__))]
@@ -61,30 +69,67 @@ def main(argv=None) -> int:
             for x in xs:
                 x.grad = None
             tfla.mlstm_sig(*xs).backward(dh)
+            return [x.grad for x in xs]
 
         def fwd():
             with torch.no_grad():
-                tfla.mlstm_sig(*xs)
+                return [tfla.mlstm_sig(*xs)]
 
         fwdbw()
         fwd()
         torch.cuda.synchronize()
         for mode, fn in (("fwdbw", fwdbw), ("fwd", fwd)):
+            runs = [("", fn)]
+            if args.graph:
+                replay = graph_of(fn, mode, shape, args.tag, torch)
+                if replay is not None:
+                    runs.append((" graph", replay))
             for r in range(args.rounds):
-                ms = time_callable(fn, device="cuda", warmup=5, iterations=args.iters)
-                host = []
-                for _ in range(10):
+                for how, call in runs:
+                    ms = time_callable(call, device="cuda", warmup=5, iterations=args.iters)
+                    host = []
+                    for _ in range(10):
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        call()
+                        host.append((time.perf_counter() - t0) * 1e3)
                     torch.cuda.synchronize()
-                    t0 = time.perf_counter()
-                    fn()
-                    host.append((time.perf_counter() - t0) * 1e3)
-                torch.cuda.synchronize()
-                print(f"{args.tag} {shape} {mode} round {r}: GPU median {statistics.median(ms):.3f}"
-                      f" min {min(ms):.3f} ms | host {statistics.median(host):.3f} ms per call",
-                      flush=True)
+                    print(f"{args.tag} {shape} {mode}{how} round {r}: GPU median "
+                          f"{statistics.median(ms):.3f} min {min(ms):.3f} ms | host "
+                          f"{statistics.median(host):.3f} ms per call", flush=True)
         del xs, dh
         torch.cuda.empty_cache()
     return 0
+
+
+def graph_of(fn, mode: str, shape: str, tag: str, torch):
+    """``fn`` (returning its output tensors) captured as a CUDA graph: the graph's replay,
+    after printing how its outputs compare with an eager call's; None (and a line saying
+    why) where capture fails."""
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            fn()
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(graph):
+            static = fn()
+    except RuntimeError as err:
+        print(f"{tag} {shape} {mode} graph: capture failed: {str(err).splitlines()[0]}")
+        return None
+    eager = [t.clone() for t in fn()]
+    graph.replay()
+    torch.cuda.synchronize()
+    diffs = []
+    for a, b in zip(static, eager):
+        scale = b.float().abs().max().clamp_min(1e-30)
+        diffs.append(f"{(a.float() - b.float()).abs().max().div(scale).item():.1e}"
+                     + (" (equal)" if torch.equal(a, b) else ""))
+    print(f"{tag} {shape} {mode} graph: replay against eager, largest difference per output "
+          f"relative to its largest value: {', '.join(diffs)}", flush=True)
+    return graph.replay
 
 
 if __name__ == "__main__":

@@ -5,12 +5,18 @@ calls Triton's constexpr functions from Python, which cost microseconds per call
 from __future__ import annotations
 
 import ast
+import os
 from pathlib import Path
 
 import pytest
-import triton
 
-from tfla.triton.common import cdiv, pow2
+# as every kernel test module: Triton reads the switch when it is first imported, and a
+# module collected before the others must not fix it the other way for them
+os.environ["TRITON_INTERPRET"] = "1"
+
+import triton  # noqa: E402
+
+from tfla.triton.common import cdiv, pow2  # noqa: E402
 
 KERNELS = Path(__file__).resolve().parents[1] / "kernels" / "tfla"
 #: Triton functions that are constexpr functions in Triton 3.6: fine inside a kernel,

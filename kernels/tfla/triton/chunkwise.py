@@ -45,16 +45,25 @@ def kernels():
     ``@triton.jit`` decides between compiled and interpreted kernels when a module is
     imported; a test that sets TRITON_INTERPRET=1 after an import would otherwise get
     compiled kernels for CPU tensors. Returns (recurrent, parallel_fw, parallel_bw, limit_bw,
-    sig_walk_fw).
+    sig_walk_fw); every call of a fwd+bwd asks, so the modules are kept and only checked
+    against the switch (docs/kernels.md, "Host time").
     """
     want = bool(triton.knobs.runtime.interpret)
+    mods = _KERNEL_MODULES.get("mods")
+    if mods is not None and all(m.INTERPRET == want for m in mods):
+        return mods
     if want:
         from tfla.triton.common import _fix_interpreter_index
         _fix_interpreter_index()
     mods = [importlib.import_module(name) for name in _MODULES]
     if any(m.INTERPRET != want for m in mods):
         mods = [importlib.reload(m) for m in mods]   # chunkwise_recurrent first: the others import it
-    return tuple(mods)
+    _KERNEL_MODULES["mods"] = tuple(mods)
+    return _KERNEL_MODULES["mods"]
+
+
+#: the kernel modules :func:`kernels` last returned
+_KERNEL_MODULES: dict = {}
 
 
 @dataclass(frozen=True)

@@ -26,6 +26,8 @@ they are added atomically.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -511,7 +513,14 @@ def bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype,
 
     ONCE_DQ: dQ as ``_dq_once_kernel`` (rule B11), only where a chunk holds at most two
     key/value tiles. ``tuning.bw``'s keys win over every default (FUSED is
-    :func:`fused_bw`'s)."""
+    :func:`fused_bw`'s). A new dict per call, worked out once per set of arguments (both
+    launches of every backward ask: docs/kernels.md, "Host time")."""
+    return dict(_bw_config(L, d_qk, d_hv, dtype, tuning))
+
+
+@functools.lru_cache(maxsize=256)
+def _bw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, tuning: Tuning) -> dict:
+    """:func:`bw_config`'s rule (the cached dict: callers get a copy)."""
     fp32 = dtype == torch.float32
     b_l = min(64, L)
     cap = 64 if fp32 else 128

@@ -27,6 +27,8 @@ mLSTMsig runs the same code with every max state fixed at 0 (docs/tfla-kernels.m
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -299,6 +301,7 @@ def _recurrent_bw_kernel(
         tl.store(DC_0 + bh * d_qk * d_hv + c_offs, dC, mask=mask_kv)
 
 
+@functools.lru_cache(maxsize=256)
 def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
                  dtype: torch.dtype = torch.bfloat16, step: int = 128,
                  sig_forward: bool = False, tuning: Tuning = DEFAULT) -> tuple[int, int, int, int]:

@@ -180,13 +180,16 @@ def store_tile(desc, ptr, x, bh, t0, d0, S, D, BL: tl.constexpr, BD: tl.constexp
 
 def can_use_tma(*tensors, blocks) -> bool:
     """TMA needs 16-byte aligned bases and row strides and block sides <= 256."""
-    if any(b > 256 for b in blocks):
+    if max(blocks) > 256:
         return False
-    for t in tensors:
-        if t.data_ptr() % 16 or t.stride(-1) != 1:
+    for t in tensors:      # plain loops: every launch asks (docs/kernels.md, "Host time")
+        strides = t.stride()
+        if t.data_ptr() % 16 or strides[-1] != 1:
             return False
-        if any((s * t.element_size()) % 16 for s in t.stride()[:-1]):
-            return False
+        size = t.element_size()
+        for s in strides[:-1]:
+            if (s * size) % 16:
+                return False
     return True
 
 
