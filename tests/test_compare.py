@@ -322,6 +322,20 @@ def test_a_different_timing_method_warns_but_not_a_different_timeout(tmp_path):
     assert not [w for w in cmp.compare_results(base, same).warnings if w.startswith("timing.")]
 
 
+def test_cuda_graph_timing_warns_against_a_set_that_predates_the_field(tmp_path):
+    """A set written before timing.cuda_graph existed was timed eagerly: against a set of
+    graph replays that is a different method (warned); against an eager set, silent."""
+    rows = suite_rows(1)
+    old = {"warmup": 10, "iterations": 30, "timeout_s": 300.0, "flush_l2": False, "sync_each": False}
+    base = write(tmp_path, "a", rows, measurement={"timing": old})
+    graphs = write(tmp_path, "b", rows, measurement={"timing": dict(old, warmup_s=0.0, cuda_graph=True)})
+    eager = write(tmp_path, "c", rows, measurement={"timing": dict(old, warmup_s=0.0, cuda_graph=False)})
+    assert [w for w in cmp.compare_results(base, graphs).warnings if w.startswith("timing.")] == [
+        "timing.cuda_graph differs: base False, new True; the cases were timed by different methods, so "
+        "timings may move for that reason alone"]
+    assert not [w for w in cmp.compare_results(base, eager).warnings if w.startswith("timing.")]
+
+
 # ----------------------------------------------------------------------------- thresholds
 
 

@@ -495,6 +495,17 @@ def test_resume_refuses_a_suite_measuring_differently_naming_the_field(measured,
     assert {p: p.read_bytes() for p in _files(directory)} == files  # refused before touching anything
 
 
+def test_a_timing_field_the_result_set_predates_counts_with_its_value_then():
+    """A set written before timing.cuda_graph existed was timed eagerly: resuming it with
+    graph replays is a different method, with eager timing it is the same."""
+    from tflabench.resume import differences
+
+    old = {"timing": {"warmup": 1, "iterations": 2, "timeout_s": 30.0, "sync_each": False}}
+    now = {"warmup": 1, "iterations": 2, "timeout_s": 60.0, "sync_each": False, "warmup_s": 0.0}
+    assert differences(old, {"timing": dict(now, cuda_graph=True)}) == [("timing.cuda_graph", False, True)]
+    assert differences(old, {"timing": dict(now, cuda_graph=False)}) == []
+
+
 def test_resume_refuses_other_software(measured, tmp_path, monkeypatch):
     from tflabench import environment
 

@@ -105,6 +105,39 @@ def test_time_callable_warms_up_for_warmup_s_seconds_after_the_counted_warmups(m
     assert len(calls) == 5
 
 
+def test_cuda_graph_timing_needs_cuda_and_a_failed_capture_names_the_setting(monkeypatch):
+    """time_callable refuses cuda_graph off CUDA; graph_replay turns any capture failure
+    (here: no CUDA stream to capture on) into GraphCaptureError naming timing.cuda_graph."""
+    import tflabench.measure as measure
+
+    with pytest.raises(ValueError, match="cuda_graph: CUDA graphs need a CUDA device; got device 'cpu'"):
+        time_callable(lambda: None, device="cpu", warmup=0, iterations=1, cuda_graph=True)
+
+    def no_stream(*args, **kwargs):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    monkeypatch.setattr(torch.cuda, "Stream", no_stream)
+    with pytest.raises(measure.GraphCaptureError) as info:
+        measure.graph_replay(lambda: None)
+    assert str(info.value) == ("the call cannot be captured as a CUDA graph (RuntimeError: operation not "
+                               "permitted when stream is capturing); time this kernel without timing.cuda_graph")
+
+
+def test_a_failed_capture_is_an_error_row_that_keeps_what_was_measured(monkeypatch):
+    """A kernel that cannot be captured loses its timings only: the numerics and the peak
+    memory measured before stay in the row."""
+    import tflabench.measure as measure
+
+    def refuse(fn, **kw):
+        assert kw["cuda_graph"] is True
+        raise measure.GraphCaptureError("the call cannot be captured as a CUDA graph (x)")
+
+    monkeypatch.setattr(measure, "time_callable", refuse)
+    out = measure_case(_case(cuda_graph=True))
+    assert out["status"] == "error" and "cannot be captured as a CUDA graph" in out["reason"]
+    assert out["numerics_err"] < 1e-5 and "peak_mem_bytes" in out and "ms_median" not in out
+
+
 def test_max_normalised_error_definition_and_non_finite_output():
     ref = torch.tensor([1.0, -4.0, 2.0])
     assert max_normalised_error(torch.tensor([1.0, -3.0, 2.0]), ref) == pytest.approx(0.25)

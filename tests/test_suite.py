@@ -249,6 +249,21 @@ def test_a_timing_method_field_reaches_the_timing_and_keeps_the_case_ids(tmp_pat
     assert row["status"] == "ok" and seen == [value]
 
 
+def test_cuda_graph_reaches_the_cases_keeps_their_ids_and_is_refused_on_the_cpu(tmp_path):
+    """timing.cuda_graph is how a case is timed (its ids stay the default suite's); a run
+    on the CPU, where there is no graph to replay, is refused before anything is written."""
+    from tflabench.suite_run import run_suite
+
+    base = expand_cases(load_suite(_write(tmp_path, BASE)))
+    loaded = load_suite(_write(tmp_path, _modified(lambda d: d["timing"].update(cuda_graph=True))))
+    timed = expand_cases(loaded)
+    assert [c.case_id for c in timed] == [c.case_id for c in base]
+    assert {c.cuda_graph for c in timed} == {True} and {c.cuda_graph for c in base} == {False}
+    with pytest.raises(UserError, match=r"timing.cuda_graph replays CUDA graphs, but this run is on the CPU"):
+        run_suite(loaded, out_root=tmp_path / "out", progress=False)
+    assert not (tmp_path / "out").exists() or not any((tmp_path / "out").rglob("rows.jsonl"))
+
+
 def test_warmup_s_must_stay_below_a_kernels_own_timeout(tmp_path):
     with pytest.raises(UserError, match=r"timing.warmup_s: 10 s is not below kernels\[0\].timeout_s \(5 s\)"):
         expand_cases(load_suite(_write(tmp_path, _modified(lambda d: (

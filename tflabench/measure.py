@@ -110,6 +110,7 @@ def time_callable(
     before_each: Callable[[], Any] | None = None,
     sync_each: bool = False,
     warmup_s: float = 0.0,
+    cuda_graph: bool = False,
 ) -> list[float]:
     """Per-iteration runtimes of ``fn`` in milliseconds: the one timing function.
 
@@ -128,24 +129,35 @@ def time_callable(
             may run ahead, so the events time the GPU's work (as triton.testing.do_bench).
         warmup_s: after the ``warmup`` calls, untimed calls (each synchronised) until this
             many seconds of wall time have passed; 0: none.
+        cuda_graph: (CUDA) after the warm-ups, capture one call as a CUDA graph
+            (:func:`graph_replay`) and time its replays: the GPU's work with no host time
+            between its kernels (docs/harness.md, "Timing method"). ``before_each`` then
+            runs only before the capture (a replay writes the captured outputs again).
 
     Returns:
-        ``iterations`` floats, milliseconds. Raises ValueError for iterations < 1.
+        ``iterations`` floats, milliseconds.
+
+    Raises:
+        ValueError: iterations < 1, or ``cuda_graph`` on a device other than CUDA.
+        GraphCaptureError: ``cuda_graph`` and the call cannot be captured.
     """
     if iterations < 1:
         raise ValueError(f"iterations: got {iterations}; allowed: >= 1")
+    if cuda_graph and not device.startswith("cuda"):
+        raise ValueError(f"cuda_graph: CUDA graphs need a CUDA device; got device {device!r}")
     collecting = gc.isenabled()
     gc.disable()  # as timeit: a garbage collection must not land inside a timed call
     try:
         return _time_calls(fn, device=device, warmup=warmup, iterations=iterations, flush_l2=flush_l2,
-                           before_each=before_each, sync_each=sync_each, warmup_s=warmup_s)
+                           before_each=before_each, sync_each=sync_each, warmup_s=warmup_s,
+                           cuda_graph=cuda_graph)
     finally:
         if collecting:
             gc.enable()
 
 
 def _time_calls(fn, *, device, warmup, iterations, flush_l2, before_each, sync_each,
-                warmup_s=0.0) -> list[float]:
+                warmup_s=0.0, cuda_graph=False) -> list[float]:
     """:func:`time_callable`'s loop (garbage collection already off)."""
     for _ in range(warmup):
         if before_each is not None:
@@ -161,6 +173,9 @@ def _time_calls(fn, *, device, warmup, iterations, flush_l2, before_each, sync_e
     if device.startswith("cuda"):
         import torch
 
+        if cuda_graph:
+            fn = graph_replay(fn, before_each)
+            before_each = None
         flush = torch.empty(L2_FLUSH_BYTES, dtype=torch.int8, device=device) if flush_l2 else None
         starts = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
         ends = [torch.cuda.Event(enable_timing=True) for _ in range(iterations)]
@@ -187,6 +202,54 @@ def _time_calls(fn, *, device, warmup, iterations, flush_l2, before_each, sync_e
         fn()
         samples.append((clock() - t0) * 1e3)
     return samples
+
+
+#: untimed calls on a side stream before a capture (:func:`graph_replay`)
+GRAPH_WARMUP = 3
+
+
+class GraphCaptureError(RuntimeError):
+    """A call that cannot be captured as a CUDA graph (``timing.cuda_graph``)."""
+
+
+def graph_replay(fn: Callable[[], Any], before_each: Callable[[], Any] | None = None) -> Callable[[], None]:
+    """``fn`` captured once as a CUDA graph; returns the graph's ``replay``.
+
+    As PyTorch's CUDA-graph notes ask, :data:`GRAPH_WARMUP` calls run first on a side
+    stream (so that lazy initialisation, autotuning and cuBLAS workspaces happen outside the
+    capture); then ``before_each`` and one call under ``torch.cuda.graph``. A replay runs the
+    captured kernels on the same buffers: the outputs and gradients the capture allocated are
+    written again, the host launches one graph instead of each kernel.
+
+    Raises:
+        GraphCaptureError: the call could not be captured (it synchronises with the host,
+            reads a GPU value on the host, or uses an operation a graph cannot hold); the
+            message names the error and says to time the kernel without ``cuda_graph``.
+    """
+    import torch
+
+    def call():
+        if before_each is not None:
+            before_each()
+        fn()
+
+    try:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(GRAPH_WARMUP):
+                call()
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        if before_each is not None:
+            before_each()
+        with torch.cuda.graph(graph):
+            fn()
+    except Exception as exc:  # noqa: BLE001 - every capture failure becomes this one error
+        first = (str(exc).strip().splitlines() or [""])[0][:300]
+        raise GraphCaptureError(f"the call cannot be captured as a CUDA graph ({type(exc).__name__}: "
+                                f"{first}); time this kernel without timing.cuda_graph") from exc
+    return graph.replay
 
 
 def first_call_seconds(fn: Callable[[], Any], device: str) -> float:
@@ -485,9 +548,13 @@ def measure_case(case) -> dict:
         out["peak_mem_bytes"] = peak_memory_bytes(step, device)
         clear_grads()
         start = time.monotonic()
-        samples = time_callable(step, device=device, warmup=case.warmup, iterations=case.iterations,
-                                flush_l2=case.flush_l2, before_each=clear_grads if grad else None,
-                                sync_each=case.sync_each, warmup_s=case.warmup_s)
+        try:
+            samples = time_callable(step, device=device, warmup=case.warmup, iterations=case.iterations,
+                                    flush_l2=case.flush_l2, before_each=clear_grads if grad else None,
+                                    sync_each=case.sync_each, warmup_s=case.warmup_s,
+                                    cuda_graph=case.cuda_graph)
+        except GraphCaptureError as exc:   # keeps what was measured (numerics, peak memory)
+            return {**out, "status": "error", "reason": str(exc)}
         if trace is not None:
             out.update(trace.columns(start, time.monotonic()))
     out.update(summarize(samples))
@@ -510,6 +577,6 @@ def measure_case(case) -> dict:
 
 
 __all__ = [
-    "time_callable", "summarize", "first_call_seconds", "peak_memory_bytes", "numerics_gate",
+    "time_callable", "graph_replay", "GraphCaptureError", "GRAPH_WARMUP", "summarize", "first_call_seconds", "peak_memory_bytes", "numerics_gate",
     "max_normalised_error", "measure_case", "GateResult", "is_oom", "torch_dtype", "dtype_name",
 ]

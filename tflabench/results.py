@@ -193,6 +193,10 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
 #: ``compare`` does not call two runs timed differently for them.
 LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
 
+#: fields of a suite's ``timing`` added after result sets were first written, with the value
+#: a set that does not record one was timed with (``compare`` reads them so)
+TIMING_DEFAULTS: dict = {"warmup_s": 0.0, "cuda_graph": False}
+
 ROWS_FILE = "rows.jsonl"
 PARQUET_FILE = "results.parquet"
 CSV_FILE = "results.csv"

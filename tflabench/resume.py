@@ -35,7 +35,7 @@ from typing import Any
 
 from tflabench import results as R
 from tflabench.errors import UserError
-from tflabench.results import LIMIT_FIELDS, case_label
+from tflabench.results import LIMIT_FIELDS, TIMING_DEFAULTS, case_label
 from tflabench.suite import Case, LoadedSuite
 
 #: Environment keys of ``metadata.json`` that must match for a resume (as for merging
@@ -101,7 +101,9 @@ def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     """(field, value in the result set, value now) for every condition that differs
     between two :func:`measurement` records, in the order: device, dtype, seed, timing,
     numerics, kernels. Fields that only one side knows (a field added by a newer
-    tflabench) are not compared; neither are :data:`tflabench.results.LIMIT_FIELDS` nor swept parameters."""
+    tflabench) are not compared, but a timing field the result set predates counts with
+    the value it was timed with (:data:`tflabench.results.TIMING_DEFAULTS`); neither are
+    :data:`tflabench.results.LIMIT_FIELDS` nor swept parameters."""
     out: list[tuple[str, Any, Any]] = []
     for key in ("device", "dtype", "seed"):
         if key in old and key in new and old[key] != new[key]:
@@ -109,6 +111,8 @@ def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
                         _one(new[key]) if isinstance(new[key], list) else new[key]))
     for group in ("timing", "numerics"):
         a, b = old.get(group) or {}, new.get(group) or {}
+        if group == "timing" and a:
+            a = {**TIMING_DEFAULTS, **a}
         for key in a:
             if key in b and key not in LIMIT_FIELDS and a[key] != b[key]:
                 out.append((f"{group}.{key}", a[key], b[key]))

@@ -8,7 +8,8 @@ A suite (see ``docs/harness.md`` for a full example)::
     dtype: float32                    # bfloat16 | float16 | float32 | float64, or a list
     modes: [fwd, fwdbw]
     seed: 0
-    timing: {warmup: 10, iterations: 30, timeout_s: 300, flush_l2: false, sync_each: false, warmup_s: 0}
+    timing: {warmup: 10, iterations: 30, timeout_s: 300, flush_l2: false, sync_each: false, warmup_s: 0,
+             cuda_graph: false}
     numerics: {check: true, max_seq_len: 512, tolerance: null}
     model: {embedding_dim: 4096}      # int or list
     sweep: {tokens: 65536, seq_len: [512, 1024]}     # batch = tokens / seq_len
@@ -72,6 +73,10 @@ class Timing(_Strict):
         0.0, description="after the warmup calls, untimed calls until this many seconds have passed, so that every "
         "kernel, short or long, is timed at the clock the GPU holds under sustained load (its power cap); "
         "0: by count only (docs/harness.md, 'Sustained clocks')")
+    cuda_graph: bool = Field(False, description="after the warm-ups, capture one call as a CUDA graph and time its "
+                             "replays: the GPU's work without the host's launch time between kernels; a kernel "
+                             "that cannot be captured gives an error row; CUDA only (docs/harness.md, 'Timing "
+                             "method')")
 
 
 class Numerics(_Strict):
@@ -232,6 +237,7 @@ class Case:
     timeout_s: float = 300.0
     flush_l2: bool = False
     sync_each: bool = False
+    cuda_graph: bool = False
     seed: int = 0
     check_numerics: bool = True
     numerics_max_seq_len: int = 512
@@ -544,7 +550,8 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
                                 iterations=suite.timing.iterations,
                                 timeout_s=timeout_s,
                                 flush_l2=suite.timing.flush_l2,
-                                sync_each=suite.timing.sync_each, seed=suite.seed,
+                                sync_each=suite.timing.sync_each,
+                                cuda_graph=suite.timing.cuda_graph, seed=suite.seed,
                                 check_numerics=suite.numerics.check,
                                 numerics_max_seq_len=suite.numerics.max_seq_len,
                                 tolerance=suite.numerics.tolerance,

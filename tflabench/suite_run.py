@@ -184,6 +184,9 @@ def _run_suite(loaded: LoadedSuite, state: dict, *, out_root, resume, gpus, shar
     suite = loaded.suite
     dev = device or resolve_device(suite.device)
     require_device(suite.name, dev)
+    if suite.timing.cuda_graph and dev != "cuda":
+        raise UserError(f"suite {suite.name!r}: timing.cuda_graph replays CUDA graphs, but this run is on "
+                        f"the {dev.upper()}; set timing.cuda_graph: false to time it there, or run on a GPU")
     all_cases = expand_cases(loaded, device=dev)
     only_kept = False
     if resume is not None and not only:
