@@ -278,7 +278,11 @@ def test_gluon_dq_kernel_takes_exactly_rule_b12s_calls(monkeypatch):
         dh = torch.empty(2, 300, d_hv, dtype=dh_dtype or dtype)
         C = torch.empty(2, 3, d_qk, d_hv, dtype=dtype)
         cfg = pbw.bw_config(L, d_qk, d_hv, dtype, tuning)
-        return gbw.applies_dq(cfg, q, k, v, C, dh, L=L, is_exp=is_exp, normalize=normalize)
+        applies = gbw.applies_dq(cfg, q, k, v, C, dh, L=L, is_exp=is_exp, normalize=normalize)
+        # the backward's launch order (rule B7) asks the same question of the same tensors
+        assert pbw.dq_in_gluon(q, k, v, C, dh, L=L, is_exp=is_exp, normalize=normalize,
+                               tuning=tuning) == applies
+        return applies
 
     assert triton.knobs.runtime.interpret and not case()
     Target = _compiling_for_sm(monkeypatch)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import types
 from dataclasses import dataclass
 
 import torch
@@ -242,15 +243,23 @@ class ChunkwiseFunction(torch.autograd.Function):
         else:
             # dQ needs no state gradient: on a side stream it runs beside the state-gradient
             # kernel, whose few long programs leave most of the GPU idle at long sequences
-            # (docs/kernels.md, rule B7); the tiled kernels skip the inter-chunk products with a
-            # zero state (B6)
-            with _side_stream(qf) as join:
+            # (docs/kernels.md, rule B7). That kernel is launched first, so that its programs
+            # hold their SMs before dQ's grid fills the rest (a CUDA graph of the call runs
+            # them in launch order); where dQ runs in Gluon (B12), dQ first. The tiled
+            # kernels skip the inter-chunk products with a zero state (B6).
+            dq_first = pbw.dq_in_gluon(qf, kf, vf, C_st, dhf, L=cfg.L, is_exp=cfg.is_exp,
+                                       normalize=cfg.normalize, tuning=cfg.tuning)
+            with _side_stream(qf) as fork:
+                if not dq_first:
+                    with fork.main():
+                        dC_st, dC_0 = state_bw()
                 dq, qdq = pbw.parallel_bw_dq(qf, kf, vf, gates, m_st, n_out, C_st, dhf,
                                              has_c0=has_C0, **kw)
-            dC_st, dC_0 = state_bw()
+            if dq_first:
+                dC_st, dC_0 = state_bw()
             dk, dv, kdk = pbw.parallel_bw_dkv(qf, kf, vf, gates, m_st, n_out, dC_st, dhf,
                                               has_dc_last=dCf is not None, **kw)
-            join(dq, qdq)
+            fork.join(dq, qdq)
         del C_st, dC_st
         # gate gradients (docs/tfla-kernels.md 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
         T = (dCf * C_last_f).sum((-2, -1)) if dCf is not None else None
@@ -270,12 +279,14 @@ _SIDE_STREAMS: dict = {}
 
 @contextlib.contextmanager
 def _side_stream(x: torch.Tensor):
-    """``with _side_stream(x) as join:`` runs the block's CUDA launches on a second stream of
-    x's device that starts after the work queued so far; ``join(*outputs)`` then makes the
-    current stream wait for it and marks the outputs as used there. On the CPU (Triton's
-    interpreter) the block runs in line and ``join`` does nothing."""
+    """``with _side_stream(x) as fork:`` runs the block's CUDA launches on a second stream of
+    x's device that starts after the work queued so far. Inside the block, ``with
+    fork.main():`` launches on the stream the fork left (after the fork, before the side
+    stream's launches that follow it); ``fork.join(*outputs)`` then makes the current stream
+    wait for the side stream and marks the outputs as used there. On the CPU (Triton's
+    interpreter) everything runs in line and both do nothing."""
     if not x.is_cuda:
-        yield lambda *outputs: None
+        yield types.SimpleNamespace(main=contextlib.nullcontext, join=lambda *outputs: None)
         return
     main = torch.cuda.current_stream(x.device)
     if x.device not in _SIDE_STREAMS:
@@ -289,7 +300,7 @@ def _side_stream(x: torch.Tensor):
             t.record_stream(main)
 
     with torch.cuda.stream(side):
-        yield join
+        yield types.SimpleNamespace(main=lambda: torch.cuda.stream(main), join=join)
 
 
 def _dot_operands(q, k, v):

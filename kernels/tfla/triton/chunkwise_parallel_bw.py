@@ -579,6 +579,19 @@ def _launch_common(q, v, L: int, tuning: Tuning):
             cdiv(d_hv, cfg["B_DHV"]), d_qk ** -0.5, dot_precision(q.dtype))
 
 
+def dq_in_gluon(q, k, v, C_st, dh, *, L: int, is_exp: bool, normalize: bool,
+                tuning: Tuning = DEFAULT) -> bool:
+    """Whether :func:`parallel_bw_dq` runs dQ as the Gluon kernel (rule B12:
+    ``bw_config``'s ``GLUON`` and ``chunkwise_parallel_bw_gluon.applies_dq``) for these
+    tensors, as it takes them."""
+    cfg = bw_config(L, q.shape[-1], v.shape[-1], q.dtype, tuning)
+    if not cfg["GLUON"]:
+        return False
+    from tfla.triton import chunkwise_parallel_bw_gluon as gbw
+
+    return gbw.applies_dq(cfg, q, k, v, C_st, dh, L=L, is_exp=is_exp, normalize=normalize)
+
+
 def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: bool,
                    normalize: bool, eps: float, has_c0: bool = True, tuning: Tuning = DEFAULT):
     """dq (input dtype) and the fp32 row sums q·dq (BNH, N_c*L) (``_dq_kernel``, or
@@ -592,12 +605,11 @@ def parallel_bw_dq(q, k, v, gates, m_st, n_out, C_st, dh, *, L: int, is_exp: boo
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     cfg, NC, n_dqk, n_dhv, scale, prec = _launch_common(q, v, L, tuning)
-    if cfg["GLUON"]:
+    if dq_in_gluon(q, k, v, C_st, dh, L=L, is_exp=is_exp, normalize=normalize, tuning=tuning):
         from tfla.triton import chunkwise_parallel_bw_gluon as gbw
 
-        if gbw.applies_dq(cfg, q, k, v, C_st, dh, L=L, is_exp=is_exp, normalize=normalize):
-            return gbw.parallel_bw_dq_gluon(q, k, v, gates[0], gates[2], C_st, dh, L=L,
-                                            has_c0=has_c0)
+        return gbw.parallel_bw_dq_gluon(q, k, v, gates[0], gates[2], C_st, dh, L=L,
+                                        has_c0=has_c0)
     atomic = n_dqk > 1 and not cfg["ONCE_DQ"]
     qdq = _rowsum_buffer(q, NC, L, atomic)
     dq = torch.empty_like(q)
