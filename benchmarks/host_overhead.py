@@ -13,10 +13,10 @@ it; median of 10). ``--root`` measures another checkout's kernels (package ``tfl
 ROOT/kernels), ``--tag`` names it in the output. Shapes: ``benchmarks/bench_sig_tfla.py``'s.
 
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/host_overhead.py [--shapes small,fig4,b7]
-        [--root DIR] [--tag NAME] [--rounds 4] [--iters 30]
+        [--root DIR] [--tag NAME] [--rounds 4] [--iters 30] [--graph]
 
-``--graph``: each mode is also captured once as a CUDA graph (``torch.cuda.CUDAGraph``, after
-three warm-up calls on a side stream) and replayed: a caller bound by the host can run the
+``--graph``: each mode is also captured once as a CUDA graph (``tflabench.measure.graph_replay``,
+as ``timing.cuda_graph`` does) and replayed: a caller bound by the host can run the
 step that way. One line per shape and mode first says whether the replayed h and gradients
 equal the eager call's (the largest difference relative to each tensor's largest value;
 the row sums that several programs add atomically may differ in their last bits), then each
@@ -103,24 +103,23 @@ def main(argv=None) -> int:
 
 
 def graph_of(fn, mode: str, shape: str, tag: str, torch):
-    """``fn`` (returning its output tensors) captured as a CUDA graph: the graph's replay,
-    after printing how its outputs compare with an eager call's; None (and a line saying
-    why) where capture fails."""
-    side = torch.cuda.Stream()
-    side.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(side):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(side)
-    graph = torch.cuda.CUDAGraph()
+    """``fn`` (returning its output tensors) captured as a CUDA graph
+    (``tflabench.measure.graph_replay``): the graph's replay, after printing how its outputs
+    compare with an eager call's; None (and a line saying why) where capture fails."""
+    from tflabench.measure import GraphCaptureError, graph_replay
+
+    static = []
+
+    def call():            # the last call, the captured one, leaves the graph's outputs
+        static[:] = fn()
+
     try:
-        with torch.cuda.graph(graph):
-            static = fn()
-    except RuntimeError as err:
-        print(f"{tag} {shape} {mode} graph: capture failed: {str(err).splitlines()[0]}")
+        replay = graph_replay(call)
+    except GraphCaptureError as err:
+        print(f"{tag} {shape} {mode} graph: {err}")
         return None
     eager = [t.clone() for t in fn()]
-    graph.replay()
+    replay()
     torch.cuda.synchronize()
     diffs = []
     for a, b in zip(static, eager):
@@ -129,7 +128,7 @@ def graph_of(fn, mode: str, shape: str, tag: str, torch):
                      + (" (equal)" if torch.equal(a, b) else ""))
     print(f"{tag} {shape} {mode} graph: replay against eager, largest difference per output "
           f"relative to its largest value: {', '.join(diffs)}", flush=True)
-    return graph.replay
+    return replay
 
 
 if __name__ == "__main__":
