@@ -246,8 +246,7 @@ class ChunkwiseFunction(torch.autograd.Function):
             # (docs/kernels.md, rule B7). That kernel is launched first, so that its programs
             # hold their SMs before dQ's grid fills the rest (launched after dQ, it waited for
             # dQ's last programs in a CUDA graph of the call); where dQ runs in Gluon (B12),
-            # dQ first. The tiled
-            # kernels skip the inter-chunk products with a zero state (B6).
+            # dQ first. The tiled kernels skip the inter-chunk products with a zero state (B6).
             dq_first = pbw.dq_in_gluon(qf, kf, vf, C_st, dhf, L=cfg.L, is_exp=cfg.is_exp,
                                        normalize=cfg.normalize, tuning=cfg.tuning)
             with _side_stream(qf) as fork:
