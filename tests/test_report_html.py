@@ -76,6 +76,8 @@ def test_every_kind_of_result_set_gets_a_page_without_none(reports, kind):
 
 def test_the_run_page_carries_the_terminal_reports_columns_and_notes(reports):
     _, text, output = reports["run"]
+    assert "timed: not recorded" in output and "<td>timed</td><td>not recorded</td>" in text   # no record
+    assert "timed" not in reports["verify"][2] and "<td>timed</td>" not in reports["verify"][1]
     assert "no model comparison" in output and "no model comparison" in text
     assert "<th>numerics err</th>" in text and "3.2e-07 dq" in text
     assert "No &quot;of bound&quot; column: no roofline comparison" in text  # empty, and said why

@@ -69,6 +69,19 @@ def test_results_round_trip_through_each_file(tmp_path, keep):
     assert json.loads(rs.rows.loc[0, "params"]) == {"chunk_size": 64, "variant": "sig"}
 
 
+def test_timing_text_says_how_a_set_was_timed():
+    """report's "timed:" line: the method in words; a field the set predates counts with the
+    value it was timed with; a set without a timing record says so."""
+    timing = {"warmup": 10, "iterations": 30, "timeout_s": 300.0, "flush_l2": False, "sync_each": False}
+    meta = lambda **t: {"measurement": {"timing": dict(timing, **t)}}  # noqa: E731
+    assert R.timing_text(meta()) == "median of 30 calls queued back to back, after 10 warm-up calls"
+    assert R.timing_text(meta(cuda_graph=True, warmup_s=5.0)) == (
+        "median of 30 replays of one captured CUDA graph, after 10 warm-up calls and 5 s of them")
+    assert R.timing_text(meta(sync_each=True, flush_l2=True)) == (
+        "median of 30 calls, each after a synchronise, after 10 warm-up calls, L2 flushed before each")
+    assert R.timing_text({}) == "not recorded" and R.timing_text({"measurement": {"timing": None}}) == "not recorded"
+
+
 def test_metadata_has_every_contract_key(tmp_path):
     R.write_results(tmp_path, [_row()], {"suite": "s"})
     meta = json.loads((tmp_path / "metadata.json").read_text())

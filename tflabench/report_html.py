@@ -20,6 +20,7 @@ from typing import Iterable
 
 from tflabench.errors import UserError
 from tflabench.outputs import check_writable, write_text
+from tflabench.results import timing_text
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1400px;
@@ -218,6 +219,8 @@ def _environment(rs, counts) -> list[tuple[str, str]]:
                                 + (f"; missing {', '.join(map(str, missing))}" if missing else "")))
     elif known("shard"):
         lines.append(("shard", f"{known('shard')} only (merge the shards for the whole run)"))
+    if not rs.rows["numerics_case"].notna().any():   # a verify set has no timings
+        lines.append(("timed", timing_text(meta)))
     lines += [("result set", str(rs.path)), ("rows", ", ".join(f"{n} {s}" for s, n in counts.most_common()))]
     return lines
 

@@ -197,6 +197,26 @@ LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
 #: a set that does not record one was timed with (``compare`` reads them so)
 TIMING_DEFAULTS: dict = {"warmup_s": 0.0, "cuda_graph": False}
 
+
+def timing_text(metadata: dict) -> str:
+    """How a result set's cases were timed, in words, from ``metadata.json``'s
+    ``measurement.timing`` (a field the set predates read as :data:`TIMING_DEFAULTS`), e.g.
+    "median of 30 replays of one captured CUDA graph, after 10 warm-up calls";
+    "not recorded" where the set has no timing record."""
+    measurement = metadata.get("measurement") if isinstance(metadata, dict) else None
+    timing = measurement.get("timing") if isinstance(measurement, dict) else None
+    if not isinstance(timing, dict):
+        return "not recorded"
+    t = {**TIMING_DEFAULTS, **timing}
+    how = ("replays of one captured CUDA graph" if t.get("cuda_graph")
+           else "calls, each after a synchronise" if t.get("sync_each") else "calls queued back to back")
+    text = f"median of {t.get('iterations', '?')} {how}, after {t.get('warmup', '?')} warm-up calls"
+    if t.get("warmup_s"):
+        text += f" and {t['warmup_s']:g} s of them"
+    if t.get("flush_l2"):
+        text += ", L2 flushed before each"
+    return text
+
 ROWS_FILE = "rows.jsonl"
 PARQUET_FILE = "results.parquet"
 CSV_FILE = "results.csv"

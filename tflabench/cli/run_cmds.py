@@ -223,7 +223,7 @@ def report(
         from tflabench import model_vs_measured as mm
         from tflabench.outputs import check_writable
         from tflabench.report_html import check_html_path, html_report, write_html_report
-        from tflabench.results import load_results
+        from tflabench.results import load_results, timing_text
         from tflabench.kernel_profile import breakdowns
         from tflabench.tables import (distance_table, kernels_table, profile_table, summary_table, sweep_table,
                                       verify_table)
@@ -254,6 +254,7 @@ def report(
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
             con.print(_status_line(rs.rows.to_dict("records")))
         else:
+            con.print(f"timed: {timing_text(meta)}", markup=False)
             con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
             con.print(_status_line(rs.rows.to_dict("records")))
             try:
