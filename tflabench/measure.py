@@ -577,6 +577,7 @@ def measure_case(case) -> dict:
 
 
 __all__ = [
-    "time_callable", "graph_replay", "GraphCaptureError", "GRAPH_WARMUP", "summarize", "first_call_seconds", "peak_memory_bytes", "numerics_gate",
-    "max_normalised_error", "measure_case", "GateResult", "is_oom", "torch_dtype", "dtype_name",
+    "time_callable", "graph_replay", "GraphCaptureError", "GRAPH_WARMUP", "summarize", "first_call_seconds",
+    "peak_memory_bytes", "numerics_gate", "max_normalised_error", "measure_case", "GateResult", "is_oom",
+    "torch_dtype", "dtype_name",
 ]
