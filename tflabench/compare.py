@@ -45,7 +45,7 @@ import numpy as np
 import pandas as pd
 
 from tflabench.errors import UserError
-from tflabench.results import LIMIT_FIELDS, TIMING_DEFAULTS, case_label
+from tflabench.results import LIMIT_FIELDS, case_label, recorded_timing
 
 #: Statuses that mean the case ran and produced a timing.
 OK = "ok"
@@ -577,13 +577,8 @@ def timing_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str,
     that both runs record with different values, but the limits (:data:`LIMIT_FIELDS`:
     ``timeout_s``): ``warmup_s`` 0 against 5, ``sync_each``, ``flush_l2``, ``cuda_graph``,
     the counts. A field a set does not record (written before the field existed) counts
-    with its value then (:data:`~tflabench.results.TIMING_DEFAULTS`)."""
-    def timing(metadata):
-        measurement = metadata.get("measurement")
-        got = measurement.get("timing") if isinstance(measurement, Mapping) else None
-        return {**TIMING_DEFAULTS, **got} if isinstance(got, Mapping) else {}
-
-    base, new = timing(base_metadata), timing(new_metadata)
+    with its value then (:func:`~tflabench.results.recorded_timing`)."""
+    base, new = recorded_timing(base_metadata), recorded_timing(new_metadata)
     return [f"timing.{key} differs: base {base[key]!r}, new {new[key]!r}; the cases were timed by different "
             "methods, so timings may move for that reason alone"
             for key in sorted(set(base) & set(new)) if key not in LIMIT_FIELDS and base[key] != new[key]]

@@ -194,20 +194,27 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
 LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
 
 #: fields of a suite's ``timing`` added after result sets were first written, with the value
-#: a set that does not record one was timed with (``compare`` reads them so)
+#: a set that does not record one was timed with (read so by :func:`recorded_timing` and
+#: ``resume.differences``)
 TIMING_DEFAULTS: dict = {"warmup_s": 0.0, "cuda_graph": False}
 
 
-def timing_text(metadata: dict) -> str:
-    """How a result set's cases were timed, in words, from ``metadata.json``'s
-    ``measurement.timing`` (a field the set predates read as :data:`TIMING_DEFAULTS`), e.g.
+def recorded_timing(metadata: Mapping[str, Any]) -> dict:
+    """``metadata.json``'s ``measurement.timing`` (the suite's ``timing`` a set was measured
+    with), a field the set predates read as :data:`TIMING_DEFAULTS`; {} where the set has
+    no timing record."""
+    measurement = metadata.get("measurement") if isinstance(metadata, Mapping) else None
+    timing = measurement.get("timing") if isinstance(measurement, Mapping) else None
+    return {**TIMING_DEFAULTS, **timing} if isinstance(timing, Mapping) else {}
+
+
+def timing_text(metadata: Mapping[str, Any]) -> str:
+    """How a result set's cases were timed, in words (:func:`recorded_timing`), e.g.
     "median of 30 replays of one captured CUDA graph, after 10 warm-up calls";
     "not recorded" where the set has no timing record."""
-    measurement = metadata.get("measurement") if isinstance(metadata, dict) else None
-    timing = measurement.get("timing") if isinstance(measurement, dict) else None
-    if not isinstance(timing, dict):
+    t = recorded_timing(metadata)
+    if not t:
         return "not recorded"
-    t = {**TIMING_DEFAULTS, **timing}
     how = ("replays of one captured CUDA graph" if t.get("cuda_graph")
            else "calls, each after a synchronise" if t.get("sync_each") else "calls queued back to back")
     text = f"median of {t.get('iterations', '?')} {how}, after {t.get('warmup', '?')} warm-up calls"
