@@ -197,3 +197,20 @@ def test_measure_case_reports_cuda_case_without_gpu_as_unavailable(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     out = measure_case(_case(device="cuda"))
     assert out["status"] == "unavailable" and "CUDA" in out["reason"]
+
+
+def test_host_ms_per_call_is_the_median_host_time_and_clears_before_each(monkeypatch):
+    """host_ms_per_call: one synchronise before each call, the median of the calls' host times."""
+    import time as _time
+
+    import torch
+
+    from tflabench.measure import host_ms_per_call
+
+    syncs, cleared, delays = [], [], iter([0.001, 0.030, 0.002, 0.003, 0.004])
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: syncs.append(1))
+    got = host_ms_per_call(lambda: _time.sleep(next(delays)), lambda: cleared.append(1), calls=5)
+    assert len(cleared) == 5 and len(syncs) == 6
+    assert 2.9 <= got < 25.0   # the median (3 ms), not the 30 ms outlier nor the mean
+    with pytest.raises(ValueError, match="calls"):
+        host_ms_per_call(lambda: None, calls=0)

@@ -39,6 +39,7 @@ import contextlib
 import dataclasses
 import gc
 import json
+import statistics
 import time
 from typing import Any, Callable
 
@@ -250,6 +251,41 @@ def graph_replay(fn: Callable[[], Any], before_each: Callable[[], Any] | None = 
         raise GraphCaptureError(f"the call cannot be captured as a CUDA graph ({type(exc).__name__}: "
                                 f"{first}); time this kernel without timing.cuda_graph") from exc
     return graph.replay
+
+
+#: calls whose host time :func:`host_ms_per_call` takes the median of
+HOST_CALLS = 7
+#: a case is host-bound where its host time per call is at least this share of its GPU time
+#: (``report`` marks it; docs/harness.md "Host time")
+HOST_BOUND_SHARE = 0.8
+
+
+def host_ms_per_call(fn: Callable[[], Any], before_each: Callable[[], Any] | None = None,
+                     calls: int = HOST_CALLS) -> float:
+    """The host's time to issue one call of ``fn`` on a CUDA device, in milliseconds: the
+    median over ``calls`` calls of the wall time from the call's start until it returns,
+    each started on an idle GPU (a synchronise before it, so that a full launch queue never
+    blocks the host). This is the CPU time a training step pays for the call's launches and
+    Python around them; where it reaches the GPU time, the host sets the speed of a step
+    that has no other work to overlap it (docs/harness.md "Host time").
+
+    Raises:
+        ValueError: ``calls`` < 1.
+    """
+    import torch
+
+    if calls < 1:
+        raise ValueError(f"calls: got {calls}; allowed: >= 1")
+    samples = []
+    for _ in range(calls):
+        if before_each is not None:
+            before_each()
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - t0) * 1e3)
+    torch.cuda.synchronize()
+    return float(statistics.median(samples))
 
 
 def first_call_seconds(fn: Callable[[], Any], device: str) -> float:
@@ -557,6 +593,9 @@ def measure_case(case) -> dict:
             return {**out, "status": "error", "reason": str(exc)}
         if trace is not None:
             out.update(trace.columns(start, time.monotonic()))
+    if device.startswith("cuda"):
+        out["host_ms"] = host_ms_per_call(step, clear_grads if grad else None)
+        clear_grads()
     out.update(summarize(samples))
     out["ms_samples"] = json.dumps(out["ms_samples"])
     note = backend.note(params, device)
@@ -578,6 +617,7 @@ def measure_case(case) -> dict:
 
 __all__ = [
     "time_callable", "graph_replay", "GraphCaptureError", "GRAPH_WARMUP", "summarize", "first_call_seconds",
+    "host_ms_per_call", "HOST_CALLS", "HOST_BOUND_SHARE",
     "peak_memory_bytes", "numerics_gate", "max_normalised_error", "measure_case", "GateResult", "is_oom",
     "torch_dtype", "dtype_name",
 ]

@@ -81,7 +81,10 @@ TIMING_COLUMNS: tuple[str, ...] = (
     "ms_samples",
     "n_iter",
     "first_call_s",
+    "host_ms",
 )
+#: ``host_ms``: on a GPU, the host's time to issue one call (ms, median; measure.host_ms_per_call),
+#: beside the GPU's ``ms_median``; None on the CPU and in sets that predate it.
 MEMORY_COLUMNS: tuple[str, ...] = ("peak_mem_bytes",)
 #: Where the case ran: ``gpu_index`` the GPU as ``CUDA_VISIBLE_DEVICES`` names it on the
 #: host (``"1"``, or a UUID where the run was pinned by UUID), ``gpu_name`` its model as
