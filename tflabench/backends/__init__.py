@@ -38,6 +38,7 @@ BACKEND_MODULES: dict[str, str] = {
     "fla": "tflabench.backends.fla",
     "lightning_attn": "tflabench.backends.lightning",
     "custom": "tflabench.backends.custom",
+    "layer": "tflabench.backends.layer",
 }
 
 _REGISTRY: dict[str, Backend] = {}
