@@ -6,6 +6,7 @@ Commands live in one module per area, each registering on :data:`app`:
 - ``run_cmds``: run, report, backends, doctor, calibrate
 - ``compare_cmds``: compare, merge
 - ``verify_cmds``: verify (the numerics grid)
+- ``history_cmds``: history (steps over a series of result sets, one per commit)
 """
 
 from __future__ import annotations
@@ -254,7 +255,7 @@ def echo_warnings(*result_sets) -> None:
 
 def _register() -> None:
     # Each command module registers its commands on `app` when imported.
-    for name in ("analytic_cmds", "run_cmds", "compare_cmds", "verify_cmds"):
+    for name in ("analytic_cmds", "run_cmds", "compare_cmds", "verify_cmds", "history_cmds"):
         __import__(f"tflabench.cli.{name}")
 
 
