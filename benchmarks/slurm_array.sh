@@ -2,16 +2,17 @@
 # Run one suite as a SLURM job array, one shard per array task, then merge the shards.
 #
 #   mkdir -p logs
-#   JOB=$(sbatch --parsable --array=1-8 benchmarks/slurm_array.sh suites/h100_7b.yaml)
-#   sbatch --dependency=afterany:$JOB benchmarks/slurm_array.sh --merge "$JOB"
+#   N=$(( ($(tflabench run suites/h100_7b.yaml --count) + 7) / 8 ))   # about 8 cases a task
+#   JOB=$(sbatch --parsable --array=1-$N benchmarks/slurm_array.sh suites/h100_7b.yaml)
+#   sbatch --dependency=afterok:$JOB --kill-on-invalid-dep=yes benchmarks/slurm_array.sh --merge "$JOB"
 #
 # Array task K of N runs `tflabench run SUITE --shard K/N` into
 # $TFLABENCH_RESULTS/shards/<job>/<K>/<suite>/<timestamp>/; options after SUITE go to
 # `tflabench run` (e.g. --gpus all for a node of several GPUs per task). The merge job
-# joins them into $TFLABENCH_RESULTS/merged-<job>/ and names a missing shard (afterany
-# starts it even when a task failed). The array must be one contiguous range (1-N or
-# 0-(N-1)); every task needs the same checkout, software and GPU model (merge refuses
-# otherwise: add `#SBATCH --constraint=...` where the cluster mixes GPUs).
+# joins them into $TFLABENCH_RESULTS/merged-<job>/ and refuses a partial set, naming the
+# missing shard (with afterany instead of afterok it runs even when a task failed). The
+# array must be one contiguous range (1-N or 0-(N-1)); every task needs the same
+# checkout, software and GPU model (merge refuses otherwise: add `#SBATCH --constraint=...` where the cluster mixes GPUs).
 #
 # A cancelled or failed task K of job JOB (array FIRST-LAST) is submitted again alone; it
 # finishes the shard it left (`run --resume`) in the same folder, and the merge follows:
