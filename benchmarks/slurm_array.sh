@@ -12,7 +12,8 @@
 # joins them into $TFLABENCH_RESULTS/merged-<job>/ and refuses a partial set, naming the
 # missing shard (with afterany instead of afterok it runs even when a task failed). The
 # array must be one contiguous range (1-N or 0-(N-1)); every task needs the same
-# checkout, software and GPU model (merge refuses otherwise: add `#SBATCH --constraint=...` where the cluster mixes GPUs).
+# checkout, software and GPU model (merge refuses otherwise: add
+# `#SBATCH --constraint=...` where the cluster mixes GPUs).
 #
 # A cancelled or failed task K of job JOB (array FIRST-LAST) is submitted again alone; it
 # finishes the shard it left (`run --resume`) in the same folder, and the merge follows:
