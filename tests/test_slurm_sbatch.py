@@ -66,13 +66,6 @@ def _missing_programs() -> list[str]:
     return [p for p in PROGRAMS if shutil.which(p) is None]
 
 
-pytestmark = pytest.mark.skipif(
-    bool(_missing_programs()),
-    reason=f"SLURM is not installed ({', '.join(_missing_programs())} missing): "
-           "apt-get install -y slurm-wlm munge (as .ci/run does)",
-)
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -138,6 +131,10 @@ class Cluster:
 def cluster():
     """munged, slurmctld and slurmd of a one-node cluster; all three process groups are
     ended and the folder removed when the module's tests are done."""
+    missing = _missing_programs()
+    if missing:
+        pytest.skip(f"SLURM is not installed ({', '.join(missing)} missing): apt-get install -y slurm-wlm munge "
+                    "(as .ci/run does)")
     work = Path(tempfile.mkdtemp(prefix="tflabench-slurm-"))
     work.chmod(0o755)  # munged wants its socket's folder (and the path to it) open to all
     daemons: list[subprocess.Popen] = []
@@ -306,3 +303,22 @@ def test_scancel_of_one_array_task_is_refused_by_merge_and_resubmitted_to_comple
     assert all(_whole(r) for r in merged.rows.to_dict("records"))
     print(f"\njob {job}: task 1 cancelled, merge refused ({refused.stderr.strip()}); job {again} "
           f"(--array=1) completed it: {done.stdout.strip()}")
+
+
+def test_run_count_gives_the_array_size_and_a_bad_resubmission_range_is_refused(tmp_path):
+    """`run --count` prints the cases (after --only and --shard) and measures nothing; the
+    script refuses a TFLABENCH_ARRAY_OF that is not JOB:FIRST-LAST (exit 2, one line)."""
+    suite = tmp_path / "slurm_tiny.yaml"
+    suite.write_text(SUITE)
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), str(ROOT / "kernels"),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    assert _case_count(suite, env) == 6
+    for options, expected in ((["--only", "torch*"], 3), (["--shard", "2/3"], 2)):
+        done = subprocess.run([sys.executable, "-m", "tflabench", "run", str(suite), "--count", *options,
+                               "--out", str(tmp_path / "none")], env=env, capture_output=True, text=True, timeout=120)
+        assert done.returncode == 0 and done.stdout.strip() == str(expected), done.stderr
+    assert not (tmp_path / "none").exists()
+    bad = subprocess.run(["bash", str(SCRIPT), str(suite)], cwd=tmp_path, capture_output=True, text=True, timeout=60,
+                         env=dict(env, SLURM_ARRAY_TASK_ID="1", TFLABENCH_ARRAY_OF="12:three",
+                                  TFLABENCH=f"{sys.executable} -m tflabench"))
+    assert bad.returncode == 2 and "is not JOB:FIRST-LAST" in bad.stderr

@@ -242,7 +242,8 @@ def collect() -> dict:
     may use, None on CPU), ``gpu_count`` (how many it may use: ``CUDA_VISIBLE_DEVICES``
     applies), ``driver``, ``cuda`` (torch's CUDA build), ``torch``, ``triton``,
     ``python``, ``peers`` (name -> version), ``git_revision``, ``git_commit_date``
-    (:func:`commit_date`), ``sources_sha256``
+    (:func:`commit_date`; a tree without ``.git`` names it in ``TFLABENCH_GIT_COMMIT_DATE``),
+    ``sources_sha256``
     (:func:`sources_sha256`), ``hostname``, ``cpu``
     (:func:`cpu_name`), ``tflabench``.
     Imports torch (not CUDA-initialising)."""
@@ -265,7 +266,7 @@ def collect() -> dict:
         "python": platform.python_version(),
         "peers": peer_versions(),
         "git_revision": revision,
-        "git_commit_date": commit_date(revision),
+        "git_commit_date": os.environ.get("TFLABENCH_GIT_COMMIT_DATE") or commit_date(revision),
         "sources_sha256": sources_sha256(),
         "hostname": socket.gethostname(),
         "cpu": cpu_name(),
