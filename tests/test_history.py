@@ -229,3 +229,38 @@ def test_change_points_find_no_step_below_the_threshold_and_refuse_nothing_on_tw
     assert H.change_points([1.0, 2.0], 0.05) in ([], [1])
     with pytest.raises(UserError):
         H.check_series([])
+
+
+def test_damaged_metadata_and_rows_end_in_0_1_or_2_without_a_traceback(real_set, tmp_path):
+    """Whatever a set's commit date, run date or timings hold, history ends in 0, 1 or 2 (one
+    error line), never in a traceback (docs/harness.md, "Exit status")."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    values = st.one_of(st.none(), st.text(max_size=30), st.integers(-10**20, 10**20), st.floats(allow_nan=True),
+                       st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=3), st.integers(),
+                                                                            max_size=2))
+    counter = iter(range(10**6))
+
+    @settings(max_examples=15, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(commit=values, run_date=values, median=st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True)),
+           samples=st.one_of(st.none(), st.just("[1, 2"), st.just("[]"), st.just("[0.5, 0.6]")))
+    def check(commit, run_date, median, samples):
+        root = tmp_path / str(next(counter))
+        dirs = make_series(real_set, root, [1.0, 1.0, 1.5])
+        victim = load_results(dirs[0])
+        rows = [{k: (None if isinstance(v, float) and v != v else v) for k, v in r.items()}
+                for r in victim.rows.to_dict("records")]
+        rows[0]["ms_median"], rows[0]["ms_samples"] = median, samples
+        meta = dict(victim.metadata, git_commit_date=commit, date=run_date)
+        try:
+            write_results(dirs[0], rows, meta)
+        except (UserError, TypeError, ValueError):
+            return  # a set the writer itself refuses cannot be read either
+        result = CliRunner().invoke(app, ["history", *map(str, dirs), "--format", "json"])
+        assert result.exit_code in (0, 1, 2), result.output
+        assert result.exception is None or isinstance(result.exception, SystemExit), result.exception
+        if result.exit_code == 2:
+            assert result.stderr.startswith("error: ")
+
+    check()
