@@ -78,6 +78,23 @@ def git_revision(path: str | Path | None = None) -> str | None:
         return None
 
 
+def commit_date(revision: str | None, path: str | Path | None = None) -> str | None:
+    """The committer date (ISO 8601) of ``revision`` (``+dirty`` ignored) in the checkout
+    holding tflabench (or ``path``); None where git, the checkout or the commit is absent
+    (a shallow clone lacks older commits). ``tflabench history`` orders result sets by it
+    (docs/ci.md, "History")."""
+    if not revision or revision.startswith("-") or shutil.which("git") is None:
+        return None
+    root = Path(path) if path else Path(__file__).resolve().parent.parent
+    try:
+        done = subprocess.run(["git", "-C", str(root), "show", "-s", "--format=%cI",
+                               revision.removesuffix("+dirty"), "--"], capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    text = done.stdout.strip()
+    return text.splitlines()[0] if done.returncode == 0 and text else None
+
+
 def sources_sha256(roots: list[str | Path] | None = None) -> str | None:
     """SHA-256 (hex) of the measured code itself: every ``.py`` file under ``roots``
     (default: the ``tflabench`` package and the ``tfla`` kernels it imports), by relative
@@ -224,7 +241,9 @@ def collect() -> dict:
     """The environment part of ``metadata.json``: ``gpu_name`` (the first GPU this process
     may use, None on CPU), ``gpu_count`` (how many it may use: ``CUDA_VISIBLE_DEVICES``
     applies), ``driver``, ``cuda`` (torch's CUDA build), ``torch``, ``triton``,
-    ``python``, ``peers`` (name -> version), ``git_revision``, ``sources_sha256``
+    ``python``, ``peers`` (name -> version), ``git_revision``, ``git_commit_date``
+    (:func:`commit_date`; a tree without ``.git`` names it in ``TFLABENCH_GIT_COMMIT_DATE``),
+    ``sources_sha256``
     (:func:`sources_sha256`), ``hostname``, ``cpu``
     (:func:`cpu_name`), ``tflabench``.
     Imports torch (not CUDA-initialising)."""
@@ -236,6 +255,7 @@ def collect() -> dict:
         torch_version, cuda = torch.__version__, torch.version.cuda
     except ImportError:  # pragma: no cover
         torch_version, cuda = None, None
+    revision = git_revision()
     return {
         "gpu_name": visible[0].name if visible else None,
         "gpu_count": len(visible),
@@ -245,7 +265,8 @@ def collect() -> dict:
         "triton": _version("triton"),
         "python": platform.python_version(),
         "peers": peer_versions(),
-        "git_revision": git_revision(),
+        "git_revision": revision,
+        "git_commit_date": os.environ.get("TFLABENCH_GIT_COMMIT_DATE") or commit_date(revision),
         "sources_sha256": sources_sha256(),
         "hostname": socket.gethostname(),
         "cpu": cpu_name(),

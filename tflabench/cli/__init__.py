@@ -6,6 +6,7 @@ Commands live in one module per area, each registering on :data:`app`:
 - ``run_cmds``: run, report, backends, doctor, calibrate
 - ``compare_cmds``: compare, merge
 - ``verify_cmds``: verify (the numerics grid)
+- ``history_cmds``: history (steps over a series of result sets, one per commit)
 """
 
 from __future__ import annotations
@@ -111,7 +112,7 @@ class _Group(_PlainHelp, TyperGroup):
     """The ``tflabench`` group: its help like its commands'. A usage error (an unknown
     option, a value of the wrong type, a missing argument) is one ``error:`` line and exit
     status 2, like every other refusal (:func:`user_errors`); Ctrl-C is exit status 130:
-    never 1, which ``compare`` and ``verify`` keep for what they find."""
+    never 1, which ``compare``, ``verify`` and ``history`` keep for what they find."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
@@ -254,7 +255,7 @@ def echo_warnings(*result_sets) -> None:
 
 def _register() -> None:
     # Each command module registers its commands on `app` when imported.
-    for name in ("analytic_cmds", "run_cmds", "compare_cmds", "verify_cmds"):
+    for name in ("analytic_cmds", "run_cmds", "compare_cmds", "verify_cmds", "history_cmds"):
         __import__(f"tflabench.cli.{name}")
 
 
@@ -262,13 +263,13 @@ _register()
 
 
 #: Exit status of an internal error (a bug in tflabench, never a finding about the kernels):
-#: distinct from 1, which ``compare`` and ``verify`` use for what they find.
+#: distinct from 1, which ``compare``, ``verify`` and ``history`` use for what they find.
 EXIT_INTERNAL_ERROR = 3
 
 
 def main() -> None:
     """Console-script entry point. Exit statuses (docs/harness.md, "Exit status"): 0 done,
-    1 only where a command says so (``compare --fail-on``, ``verify``), 2 unusable input or
+    1 only where a command says so (``compare --fail-on``, ``verify``, ``history``), 2 unusable input or
     output (one ``error:`` line), 130 interrupted, :data:`EXIT_INTERNAL_ERROR` for a bug
     (the traceback follows a one-line summary)."""
     import traceback

@@ -60,17 +60,42 @@ def run(
         False, "--gpu-trace", help="Sample each case's GPU with nvidia-smi while it is timed: the lowest SM "
         "clock, the highest power draw and the slowdown reasons the driver reported (power cap, thermal), "
         "kept in the rows; the warning about spread cases then says which of them slowed down."),
+    count: bool = typer.Option(
+        False, "--count", help="Print the number of cases the run would measure (after --only, --shard and "
+        "--device) and exit, measuring nothing: the size of a SLURM job array (docs/ci.md)."),
 ) -> None:
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
     from tflabench.suite import default_suite_path
 
     path = suite if suite is not None else default_suite_path()
+    if count:
+        _print_case_count(path, shard=shard, only=only, device=device)
+        return
     # from the start: the message is true at every moment
     with interruptible(lambda stop: _interrupted_line(stop, path)):
         _run_and_report(path, resume=resume, out=out, shard=shard, gpus=gpus, only=only,
                         max_kernel_failures=max_kernel_failures, ceilings=ceilings, device=device,
                         progress=progress, plots=plots, triton_cache=triton_cache, profile=profile,
                         gpu_trace=gpu_trace)
+
+
+def _print_case_count(path: Path, *, shard, only, device) -> None:
+    """``run --count``: the number of cases of suite ``path`` after ``--only``, ``--shard``
+    and ``--device``, on stdout alone (a script reads it). Raises UserError (exit 2) where
+    ``run`` would refuse the suite or an option."""
+    from tflabench.shard import parse_shard, select_shard
+    from tflabench.suite import expand_cases, load_suite, resolve_device
+    from tflabench.suite_run import case_cost, select_kernels
+
+    with user_errors():
+        if device not in (None, "cpu", "cuda"):
+            raise UserError(f"--device={device!r}; allowed: cpu, cuda")
+        loaded = load_suite(path)
+        cases = select_kernels(expand_cases(loaded, device=resolve_device(device or loaded.suite.device)),
+                               comma_list("--only", only))
+        if shard is not None:
+            cases = select_shard(cases, *parse_shard(shard), case_cost)
+    typer.echo(str(len(cases)))
 
 
 class _AfterRun(KeyboardInterrupt):
