@@ -35,7 +35,9 @@ BACKEND_MODULES: dict[str, str] = {
     "fa4": "tflabench.backends.flash_attn",
     "mamba2": "tflabench.backends.mamba",
     "mamba": "tflabench.backends.mamba",
+    "mamba3": "tflabench.backends.mamba",
     "fla": "tflabench.backends.fla",
+    "fla_delta": "tflabench.backends.delta",
     "lightning_attn": "tflabench.backends.lightning",
     "custom": "tflabench.backends.custom",
 }
