@@ -59,7 +59,7 @@ from pydantic import model_validator
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
-from tflabench.environment import FLA_640_GUARD_ENV
+from tflabench.environment import FLA_640_GUARD_ENV, fla_640_refused
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
 
 INSTALL_HINT = "pip install fla-core einops (Triton kernels: a CUDA GPU)"
@@ -162,9 +162,8 @@ def fla_backward_refused() -> tuple[bool, str]:
     else:
         hopper = bool(gpu_is_hopper())
         tv = triton_version()
-        above_340 = tv is not None and tv >= (3, 4, 0)
-        above_371 = tv is not None and tv >= (3, 7, 1)
         version = ".".join(map(str, tv)) if tv else "absent"
+        return fla_640_refused(hopper, tv), f"Hopper GPU={hopper}, triton {version}"
     refused = hopper and above_340 and not above_371
     return refused, f"Hopper GPU={hopper}, triton {version}"
 
