@@ -236,3 +236,29 @@ def test_mamba3_reference_trapezoid_and_rotation():
                        q1[:, 0] * delta.sin() + q1[:, 1] * delta.cos()), dim=-1)
     want = 0.3 * (k0 * q1r).sum() * v[0, 0, 0].double()
     assert torch.allclose(y[0, 1, 0], want, atol=1e-10)
+
+
+# ------------------------------------------------------------------------ report: "no model"
+
+
+def test_report_says_no_model_for_a_measured_kernel_the_model_does_not_count():
+    import pandas as pd
+    from rich.console import Console
+
+    from tflabench.tables import summary_table
+
+    rows = pd.DataFrame([
+        {"kernel": "Gated DeltaNet (FLA chunk)", "mode": "fwd", "status": "ok", "ms_median": 1.5,
+         "flops": float("nan"), "tflops_per_s": float("nan"), "batch": 4, "seq_len": 1024},
+        {"kernel": "mLSTMsig TFLA", "mode": "fwd", "status": "ok", "ms_median": 1.0,
+         "flops": 2.5e12, "tflops_per_s": 2500.0, "batch": 4, "seq_len": 1024},
+        {"kernel": "Mamba-3 (SISO, Triton)", "mode": "fwd", "status": "unavailable", "ms_median": float("nan"),
+         "flops": float("nan"), "tflops_per_s": float("nan"), "batch": 4, "seq_len": 1024},
+    ])
+    console = Console(width=300, record=True)
+    console.print(summary_table(rows))
+    lines = {line.split("│")[1].strip(): line for line in console.export_text().splitlines()
+             if line.count("│") > 2}
+    assert "no model" in lines["Gated DeltaNet (FLA chunk)"]
+    assert "2.5e+03" in lines["mLSTMsig TFLA"] and "no model" not in lines["mLSTMsig TFLA"]
+    assert "no model" not in lines["Mamba-3 (SISO, Triton)"]      # nothing measured: no claim either way
