@@ -36,7 +36,7 @@ def _trace_cell(row: dict) -> str:
 
 def _tflops_cell(row: dict) -> str:
     """The achieved TFLOP/s of a row; ``no model`` for a measured row whose kernel the
-    analytic model does not count (no FLOPs: docs/model.md), never a made-up figure."""
+    analytic model does not count (no FLOPs: docs/offline-peers.md, section 5), never a made-up figure."""
     if row.get("status") == "ok" and _number(row.get("flops"), ".3g") == "":
         return "no model"
     return _number(row.get("tflops_per_s"), ".3g")

@@ -21,7 +21,7 @@ is pinned as fla-core 0.6.0 (``pyproject.toml``, extra ``peers``; docs/offline-p
 Layout: the mLSTM's (paper App. E.3): 16 heads, d_qk 128, d_hv 256 at embedding 4096.
 The analytic model has no published count of these kernels' FLOPs and bytes (the papers give
 their asymptotic cost only), so :meth:`DeltaRuleBackend.model_kind` is None and ``report``
-says "no model" (docs/model.md).
+says "no model" (docs/offline-peers.md, section 5).
 
 torch and the peer are imported inside the methods only (``backends/base.py``).
 """

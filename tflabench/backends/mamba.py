@@ -16,7 +16,8 @@ Mamba (v1): the embedding dimension 4096 as the inner dimension, state size 16.
 
 Mamba-3: the mLSTM's head layout (16 heads, state N = d_qk 128, head dimension P = d_hv 256).
 
-Native layouts: Mamba-3 q, k (B, S, H, N), v (B, S, H, P), adt/dt/trap (B, H, S); Mamba 2 x (B, S, H, P), dt (B, S, H), B/C (B, S, G, N); Mamba x (B, D, S),
+Native layouts: Mamba-3 q, k (B, S, H, N), v (B, S, H, P), adt/dt/trap (B, H, S);
+Mamba 2 x (B, S, H, P), dt (B, S, H), B/C (B, S, G, N); Mamba x (B, D, S),
 B/C (B, N, S). The row's (heads, d_qk, d_hv) are (H, N, P) for Mamba 2 and (1, N, D) for
 Mamba (d_qk is the state size N).
 
@@ -634,7 +635,7 @@ class Mamba3Backend(Backend):
                                 D=inputs["D"])
 
     def model_kind(self, params: Mamba3Params, shape: Shape, mode: str):
-        """None: Mamba-3 has no published FLOP/byte count of its kernels (docs/model.md)."""
+        """None: Mamba-3 has no published FLOP/byte count of its kernels (docs/offline-peers.md, section 5)."""
         return None
 
 
