@@ -130,6 +130,14 @@ def test_fla_delta_inputs_are_in_flas_layout(op, gated):
     assert torch.equal(again["v"], inputs["v"].detach())
 
 
+def test_fla_delta_rule_refuses_float32_as_fla_does():
+    backend = get_backend("fla_delta")
+    with pytest.raises(ValueError, match="float32"):
+        backend.make_inputs(backend.parse_params({"op": "chunk_delta_rule"}), SHAPE, torch.float32, "cpu", 0)
+    gated = backend.make_inputs(backend.parse_params({}), SHAPE, torch.float32, "cpu", 0)
+    assert gated["q"].dtype == torch.float32
+
+
 def test_mamba3_inputs_follow_the_module_and_refuse_other_dtypes():
     backend = get_backend("mamba3")
     params = backend.parse_params({})

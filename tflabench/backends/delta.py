@@ -155,9 +155,13 @@ class DeltaRuleBackend(Backend):
         ~ N(0, 1) in ``dtype``; beta = sigmoid(N(0, 1)) (B, T, H) in ``dtype`` (the layers'
         ``b_proj(x).sigmoid()``); for the gated op the log decay g = logsigmoid(N(3, 1))
         (B, T, H) in float32 (the layer computes its gate in float32). With
-        ``requires_grad`` all are leaves with gradients."""
+        ``requires_grad`` all are leaves with gradients. Raises ValueError for float32 with
+        ``chunk_delta_rule`` (fla-core 0.6.0's ``ChunkDeltaRuleFunction`` asserts against it)."""
         import torch
         import torch.nn.functional as F
+
+        if params.op == "chunk_delta_rule" and dtype == torch.float32:
+            raise ValueError("dtype: fla's chunk_delta_rule refuses float32 (fla-core 0.6.0); use bfloat16 or float16")
 
         gen = torch.Generator(device=device).manual_seed(seed)
         B, T, H = shape.batch, shape.seq_len, shape.heads
