@@ -270,3 +270,16 @@ def test_report_says_no_model_for_a_measured_kernel_the_model_does_not_count():
     assert "no model" in lines["Gated DeltaNet (FLA chunk)"]
     assert "2.5e+03" in lines["mLSTMsig TFLA"] and "no model" not in lines["mLSTMsig TFLA"]
     assert "no model" not in lines["Mamba-3 (SISO, Triton)"]      # nothing measured: no claim either way
+
+
+@pytest.mark.parametrize("name, gates", [("fla_delta", {"beta", "g"}),
+                                         ("mamba3", {"adt", "dt", "trap", "angles", "q_bias", "k_bias", "D"})])
+def test_every_gradient_of_the_new_peers_has_a_budget_class(name, gates):
+    from tflabench.numerics import tensor_class
+
+    backend = get_backend(name)
+    inputs = backend.make_inputs(backend.parse_params({}), Shape(1, 8, 1, 8, 8), torch.bfloat16, "cpu", 0,
+                                 requires_grad=True)
+    classes = {key: tensor_class("d" + key) for key in inputs}
+    assert {key for key, cls in classes.items() if cls == "gate_grad"} == gates
+    assert all(cls == "grad" for key, cls in classes.items() if key not in gates)
