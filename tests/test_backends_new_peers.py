@@ -283,3 +283,19 @@ def test_every_gradient_of_the_new_peers_has_a_budget_class(name, gates):
     classes = {key: tensor_class("d" + key) for key in inputs}
     assert {key for key, cls in classes.items() if cls == "gate_grad"} == gates
     assert all(cls == "grad" for key, cls in classes.items() if key not in gates)
+
+
+def test_the_html_report_says_no_model_too():
+    from tflabench.report_html import _results_table
+
+    nan = float("nan")
+    records = [
+        {"kernel": "DeltaNet (FLA chunk)", "mode": "fwd", "status": "ok", "ms_median": 2.0, "flops": nan,
+         "tflops_per_s": nan, "roofline_fraction": nan, "batch": 4, "seq_len": 1024},
+        {"kernel": "mLSTMsig TFLA", "mode": "fwd", "status": "ok", "ms_median": 1.0, "flops": 2.5e12,
+         "tflops_per_s": 2500.0, "roofline_fraction": 0.5, "batch": 4, "seq_len": 1024},
+    ]
+    html, _ = _results_table(records)
+    delta_row, ours_row = (part for part in html.split("<tr")[2:4])
+    assert delta_row.count("no model") == 2 and "DeltaNet" in delta_row
+    assert "no model" not in ours_row and "2.5e+03" in ours_row
