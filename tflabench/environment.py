@@ -323,8 +323,8 @@ def known_problems(env: dict) -> list[str]:
     if peers.get("mamba_ssm") and importlib.util.find_spec("selective_scan_cuda") is None:
         problems.append(
             f"mamba_ssm {peers['mamba_ssm']} has no compiled selective_scan_cuda: Mamba (v1) is "
-            "unavailable; the Mamba 2 SSD Triton kernel still runs. Fix: build mamba_ssm with its "
-            "CUDA extension (pip install mamba_ssm --no-build-isolation).")
+            "unavailable; the Mamba 2 SSD Triton kernel still runs. Fix: install the mamba_ssm wheel "
+            "that benchmarks/build_mamba_wheel.sh builds with its CUDA extension (docs/offline-peers.md).")
     if env.get("gpu_count", 0) == 0:
         problems.append("no GPU visible: only the CPU suite (suites/cpu_demo.yaml) can run; "
                         "GPU suites need a CUDA build of torch and an NVIDIA driver.")
