@@ -152,6 +152,10 @@ def test_mamba3_inputs_follow_the_module_and_refuse_other_dtypes():
     assert full["angles"].shape[-1] == 4
     with pytest.raises(ValueError, match="bfloat16"):
         backend.make_inputs(params, shape, torch.float32, "cpu", 0)
+    with pytest.raises(ValueError, match="d_hv"):
+        backend.make_inputs(params, Shape(1, 16, 1, 8, 12), torch.bfloat16, "cpu", 0)
+    with pytest.raises(ValueError, match="even"):
+        backend.make_inputs(params, Shape(1, 16, 1, 4, 8), torch.bfloat16, "cpu", 0)
 
 
 # ------------------------------------------------------------------------ float64 references

@@ -587,7 +587,8 @@ class Mamba3Backend(Backend):
 
         With ``requires_grad`` all ten are leaves with gradients. Raises ValueError for a
         dtype other than bfloat16 (``mamba3_siso_combined`` casts q, k, v, trap and angles
-        to bfloat16 itself).
+        to bfloat16 itself), for d_qk or d_hv not a power of two (its TMA tiles), and for an
+        odd number of angles (its kernel asserts an even count).
         """
         import torch
         import torch.nn.functional as F
@@ -595,7 +596,13 @@ class Mamba3Backend(Backend):
         if dtype != torch.bfloat16:
             raise ValueError(f"dtype: mamba3_siso_combined runs bfloat16 only, got {dtype}")
         B_, S, H, N, P = shape.batch, shape.seq_len, shape.heads, shape.d_qk, shape.d_hv
+        for field, value in (("d_qk", N), ("d_hv", P)):
+            if value < 2 or value & (value - 1):
+                raise ValueError(f"{field}: mamba3_siso_combined takes a power of two, got {value}")
         n_angles = int(N * params.rope_fraction) // 2
+        if n_angles % 2:
+            raise ValueError(f"d_qk: {N} * rope_fraction {params.rope_fraction} / 2 = {n_angles} angles; "
+                             "mamba3_siso_combined takes an even number")
         gen = torch.Generator(device=device).manual_seed(seed)
 
         def normal(dims):
