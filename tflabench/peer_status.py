@@ -56,7 +56,7 @@ import importlib.util
 from typing import Callable
 
 from tflabench.backends import get_backend
-from tflabench.backends.flash_attn import FA3_FORWARD_ONLY, fa3_build, fa3_build_text
+from tflabench.backends.flash_attn import FA3_DISTRIBUTIONS, FA3_FORWARD_ONLY, fa3_build, fa3_build_text
 from tflabench.environment import FLA_640_GUARD_ENV as GUARD_ENV
 from tflabench.environment import _parse_version, fla_640_refused, is_hopper
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
@@ -156,7 +156,7 @@ def _fa3_rows(env: dict, find_spec) -> list[PeerMode]:
                          "neither flash_attn_interface (built from source) nor fa3_fwd_interface (fa3_fwd wheel) "
                          "is found", _hint("fa3"), "fa3")]
     if build["version"] is None:  # the environment given may know it (tests, a set's metadata)
-        dist = {"flash_attn_interface": "flash_attn_3", "fa3_fwd_interface": "fa3_fwd"}[build["module"]]
+        dist = FA3_DISTRIBUTIONS[build["module"]][0]
         build = {**build, "version": (env.get("peers") or {}).get(dist)}
     found = f"found {fa3_build_text(build)}"
     if build["extension_missing"]:
