@@ -303,3 +303,19 @@ def test_the_html_report_says_no_model_too():
     delta_row, ours_row = (part for part in html.split("<tr")[2:4])
     assert delta_row.count("no model") == 2 and "DeltaNet" in delta_row
     assert "no model" not in ours_row and "2.5e+03" in ours_row
+
+
+def test_verify_applies_forget_gate_regimes_to_gated_deltanet_only():
+    from tflabench.numerics import VerifySettings
+    from tflabench.verify_case import FAMILY_PROFILES, regimes_for
+
+    backend = get_backend("fla_delta")
+    gated = backend.numerics_family(backend.parse_params({}))
+    plain = backend.numerics_family(backend.parse_params({"op": "chunk_delta_rule"}))
+    settings = VerifySettings()
+    assert len(regimes_for(gated, settings)) > len(regimes_for(plain, settings)) >= 1
+    inputs = backend.make_inputs(backend.parse_params({}), SHAPE, torch.bfloat16, "cpu", 0, requires_grad=True)
+    spec = settings.regime(next(n for n in regimes_for(gated, settings) if settings.regime(n).f is not None))
+    redrawn = FAMILY_PROFILES[gated].apply(inputs, spec, torch.Generator().manual_seed(1))
+    assert not torch.equal(redrawn["g"], inputs["g"]) and (redrawn["g"] <= 0).all()
+    assert redrawn["g"].requires_grad and redrawn["q"] is inputs["q"]

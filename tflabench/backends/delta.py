@@ -204,6 +204,12 @@ class DeltaRuleBackend(Backend):
         return delta_rule_reference(inputs["q"], inputs["k"], inputs["v"], inputs["beta"],
                                     g=inputs.get("g"))
 
+    def numerics_family(self, params: DeltaRuleParams) -> str:
+        """``delta_rule_gated`` for the gated op (``verify`` redraws its log decay g as GLA's
+        forget-gate regimes), else the family (no regime field: q and k are L2-normalised in
+        the kernel, so scaling them changes nothing)."""
+        return "delta_rule_gated" if params.op in GATED_OPS else self.family
+
     def model_kind(self, params: DeltaRuleParams, shape: Shape, mode: str):
         """None: no published FLOP/byte count of the chunkwise WY kernels (module docstring)."""
         return None
