@@ -154,18 +154,14 @@ def fla_backward_refused() -> tuple[bool, str]:
     :meth:`FlaBackend.available`), fla's own flags decide; otherwise the triton version
     and the GPU's compute capability."""
     fla_utils = sys.modules.get("fla.utils")
-    if fla_utils is not None and hasattr(fla_utils, "TRITON_ABOVE_3_7_1"):
+    if fla_utils is not None and hasattr(fla_utils, "TRITON_ABOVE_3_7_1"):  # fla's own flags
         hopper = bool(fla_utils.IS_NVIDIA_HOPPER)
-        above_340 = bool(fla_utils.TRITON_ABOVE_3_4_0)
-        above_371 = bool(fla_utils.TRITON_ABOVE_3_7_1)
-        version = "fla.utils flags"
-    else:
-        hopper = bool(gpu_is_hopper())
-        tv = triton_version()
-        version = ".".join(map(str, tv)) if tv else "absent"
-        return fla_640_refused(hopper, tv), f"Hopper GPU={hopper}, triton {version}"
-    refused = hopper and above_340 and not above_371
-    return refused, f"Hopper GPU={hopper}, triton {version}"
+        refused = hopper and bool(fla_utils.TRITON_ABOVE_3_4_0) and not bool(fla_utils.TRITON_ABOVE_3_7_1)
+        return refused, f"Hopper GPU={hopper}, triton fla.utils flags"
+    hopper = bool(gpu_is_hopper())
+    tv = triton_version()
+    version = ".".join(map(str, tv)) if tv else "absent"
+    return fla_640_refused(hopper, tv), f"Hopper GPU={hopper}, triton {version}"
 
 
 def hopper_key_block(d_qk: int) -> int:

@@ -549,8 +549,8 @@ class Mamba3Backend(Backend):
     install_hint = MAMBA3_INSTALL_HINT
     Params = Mamba3Params
     default_heads = 16
-    #: mamba3's Triton kernels: the forward walks its chunks with the state on chip (one
-    #: kernel), the backward's state gradients are the recurrent part.
+    #: mamba3's Triton kernels: its forward walks the chunks with the state on chip in one
+    #: kernel, so nothing splits into recurrent and parallel parts; all count as ``whole``.
     KERNEL_PARTS = ((r"mamba3|angle_dt|dqkv|dzdo|ddt", "whole"),)
 
     def layout(self, params: Mamba3Params, embedding_dim: int) -> tuple[int, int, int]:
