@@ -190,6 +190,33 @@ def test_fa3_with_only_the_forward_wheel_reports_fwdbw_unsupported(monkeypatch):
     assert reason is not None and "forward only" in reason
 
 
+def test_fa3_says_which_build_it_found_and_whether_it_has_a_backward(monkeypatch):
+    _absent(monkeypatch, fa_mod, "flash_attn_interface")
+    fa3 = get_backend("fa3")
+    params = fa3.parse_params({})
+    assert "forward only: fa3_fwd wheel; fwd+bwd needs flash_attn_interface, see docs/offline-peers.md" in (
+        fa3.unsupported_mode(params, "fwdbw"))
+    build = fa_mod.fa3_build("auto")
+    assert (build["module"], build["backward"]) == ("fa3_fwd_interface", False)
+    assert fa3.note(params, "cuda").startswith("via fa3_fwd_interface") and "forward only" in fa3.note(params, "cuda")
+    specs = {"flash_attn_interface": types.SimpleNamespace(origin="/x/flash_attn_interface.py"),
+             "flash_attn_3": types.SimpleNamespace(origin="/x/flash_attn_3/__init__.py")}
+    built = fa_mod.fa3_build("auto", find_spec=specs.get)
+    assert built["module"] == "flash_attn_interface" and built["backward"] and built["extension_missing"] is None
+    text = fa_mod.fa3_build_text(built)       # a version between the two where flash_attn_3 is installed
+    assert text.startswith("flash_attn_interface") and text.endswith(" at /x/flash_attn_interface.py (fwd+bwd)")
+    without_ext = fa_mod.fa3_build("auto", find_spec={"flash_attn_interface": specs["flash_attn_interface"]}.get)
+    assert without_ext["extension_missing"] == "flash_attn_3"
+    assert fa_mod.fa3_build("auto", find_spec=lambda name: None) is None
+
+
+def test_fa3_interface_without_its_extension_is_unavailable_with_that_reason(monkeypatch):
+    _absent(monkeypatch, fa_mod, "flash_attn_3")
+    fa3 = get_backend("fa3")
+    reason = fa3.available(fa3.parse_params({}))
+    assert "flash_attn_3._C" in reason and "build_peer_wheel.sh fa3" in reason
+
+
 def test_fa3_prefers_the_fwd_bwd_interface_and_then_supports_fwdbw(monkeypatch):
     _absent(monkeypatch, fa_mod)  # both interfaces "installed"
     fa3 = get_backend("fa3")

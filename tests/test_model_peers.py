@@ -119,3 +119,13 @@ def test_peer_counts_reject_bad_sizes(fn, kw):
         fn(**kw)
     with pytest.raises(UserError, match="mode"):
         attention_counts("backward", B=1, H=1, T=64, d_qk=8)
+
+
+@pytest.mark.parametrize("kind", ["gated_delta_rule", "delta_rule", "mamba3"])
+def test_the_model_has_no_count_where_none_is_published(kind):
+    # gated DeltaNet, DeltaNet and Mamba-3 have no published FLOP/byte count: no kind, no bound
+    from tflabench.model import KINDS
+
+    assert kind not in KINDS
+    with pytest.raises((UserError, ValueError)):
+        counts_for_case(kind, "fwd", B=1, NH=16, T=1024, d_qk=128, d_hv=256)

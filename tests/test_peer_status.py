@@ -14,6 +14,8 @@ import pytest
 from typer.testing import CliRunner
 
 from tflabench import triton_cache
+from tflabench.backends import fla as fla_mod
+from tflabench.backends import get_backend
 from tflabench.cli import app
 from tflabench.peer_status import peer_modes
 
@@ -56,7 +58,8 @@ def test_fla_gated_backward_verdict_follows_the_guard(env_change, runs):
 
 
 def test_installed_fwdbw_builds_are_reported_as_running():
-    v = _verdicts({**H200_ENV, "triton": "3.5.1"}, _only("flash_attn_interface", "selective_scan_cuda"))
+    v = _verdicts({**H200_ENV, "triton": "3.5.1"},
+                  _only("flash_attn_interface", "flash_attn_3", "selective_scan_cuda"))
     assert v[("FlashAttention 3", "fwd, fwdbw")].runs is True
     assert v[("Mamba (v1)", "fwd, fwdbw")].runs is True
     assert ("mlstm_kernels mLSTMexp xl_chunk", "fwd, fwdbw") not in v
@@ -65,13 +68,18 @@ def test_installed_fwdbw_builds_are_reported_as_running():
 def test_missing_peers_say_what_to_install():
     v = _verdicts({"gpu_name": None, "triton": "3.6.0", "peers": {}}, _only())
     assert v[("FLA chunk_gla", "fwd, fwdbw")].fix.startswith("pip install fla-core")
-    assert v[("Mamba 2 (SSD) / Mamba", "fwd, fwdbw")].runs is False
+    for peer, backend in (("Mamba 2 (SSD)", "mamba2"), ("Mamba (v1)", "mamba"), ("Mamba-3 (SISO)", "mamba3"),
+                          ("FLA chunk_gated_delta_rule (gated DeltaNet)", "fla_delta")):
+        row = v[(peer, "fwd, fwdbw")]
+        # the fix is the backend's own install hint (one home)
+        assert row.runs is False and row.backend == backend and row.fix == get_backend(backend).install_hint
 
 
 def test_doctor_prints_the_peer_mode_table_and_the_triton_cache():
     result = CliRunner().invoke(app, ["doctor"], env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
-    assert "the paper's peers, mode by mode" in result.output and "triton cache" in result.output
+    assert "the peers (the paper's and beyond), mode by mode" in result.output and "triton cache" in result.output
+    assert "FlashQLA" in result.output and "fla_delta" in result.output and "mamba3" in result.output
 
 
 def _fake_cache(root, n):
@@ -267,16 +275,17 @@ def test_doctor_says_how_each_flashattention_is_found_or_why_not():
     assert fa4.runs is False and "flash_attn.cute not found" in fa4.why and "offline-peers.md" in fa4.fix
     assert "found fa3_fwd_interface" in v[("FlashAttention 3", "fwd")].why
     fa3 = v[("FlashAttention 3", "fwdbw")]
-    assert "flash_attn_interface not found" in fa3.why and "fa4" in fa3.fix
+    assert "fwd+bwd needs flash_attn_interface" in fa3.why and "fa4" in fa3.fix
     v = _verdicts(H200_ENV, _only("flash_attn.cute"))                   # FA4 without nvidia-cutlass-dsl
     fa4 = v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")]
     assert fa4.runs is False and "not cutlass" in fa4.why and "dsl_packages" in fa4.fix
     assert "neither flash_attn_interface" in v[("FlashAttention 3", "fwd, fwdbw")].why
     v = _verdicts({**H200_ENV, "peers": {**H200_ENV["peers"], "flash-attn-4": "4.0.0b36"}},
-                  _only("flash_attn.cute", "cutlass", "flash_attn_interface"))
+                  _only("flash_attn.cute", "cutlass", "flash_attn_interface", "flash_attn_3"))
     fa4 = v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")]
     assert fa4.runs is True and "flash-attn-4 4.0.0b36" in fa4.why
-    assert "built from flash-attention's hopper/" in v[("FlashAttention 3", "fwd, fwdbw")].why
+    assert "found flash_attn_interface" in v[("FlashAttention 3", "fwd, fwdbw")].why
+    assert "(fwd+bwd)" in v[("FlashAttention 3", "fwd, fwdbw")].why
     for row in peer_modes(H200_ENV, find_spec=_only()):
         assert "\n" not in row.why + row.fix                             # one line each
 
@@ -314,3 +323,42 @@ def test_known_problems_say_when_the_guard_is_narrowed(monkeypatch):
     monkeypatch.setenv(FLA_640_GUARD_ENV, "narrow")
     (line,) = [p for p in known_problems(env) if "#640" in p]
     assert "guard is narrowed" in line and "unavailable" not in line
+
+
+def test_an_fa3_interface_without_its_compiled_extension_does_not_run():
+    v = _verdicts({**H200_ENV, "peers": {**H200_ENV["peers"], "flash_attn_3": "3.0.0"}}, _only("flash_attn_interface"))
+    row = v[("FlashAttention 3", "fwd, fwdbw")]
+    assert row.runs is False and "flash_attn_3._C" in row.why and "3.0.0" in row.why
+    assert row.fix == get_backend("fa3").install_hint
+
+
+def test_doctor_lists_the_peers_beyond_the_paper():
+    v = _verdicts(H200_ENV, _only())
+    for peer in ("FLA chunk_gated_delta_rule (gated DeltaNet)", "FLA chunk_delta_rule (DeltaNet)", "Mamba-3 (SISO)"):
+        assert v[(peer, "fwd, fwdbw")].runs is True and "no model" in v[(peer, "fwd, fwdbw")].why
+    flashqla = v[("FlashQLA (TileLang)", "fwd, fwdbw")]
+    assert flashqla.runs is False and "package index" in flashqla.why and flashqla.backend is None
+    old = _verdicts({**H200_ENV, "peers": {**H200_ENV["peers"], "mamba_ssm": "2.2.4", "fla-core": "0.5.0"}}, _only())
+    assert old[("Mamba-3 (SISO)", "fwd, fwdbw")].runs is False and "2.3.2" in old[("Mamba-3 (SISO)", "fwd, fwdbw")].why
+    assert "fla-core==0.6.0" in old[("FLA chunk_delta_rule (DeltaNet)", "fwd, fwdbw")].fix
+
+
+def test_every_row_names_a_registered_backend():
+    for row in peer_modes(H200_ENV, find_spec=_only()):
+        if row.backend is not None:
+            assert get_backend(row.backend).name == row.backend
+
+
+@pytest.mark.parametrize("gpu, triton", [("NVIDIA H200", (3, 6, 0)), ("NVIDIA H100 80GB HBM3", (3, 7, 0)),
+                                         ("NVIDIA H200", (3, 7, 1)), ("NVIDIA H200", (3, 3, 1)),
+                                         ("NVIDIA A100-SXM4-80GB", (3, 6, 0))])
+def test_doctor_and_the_fla_backend_decide_the_640_guard_alike(monkeypatch, gpu, triton):
+    # one rule (tflabench.environment.fla_640_refused): the backend's refusal and doctor's agree
+    monkeypatch.delenv("TFLABENCH_FLA_640_GUARD", raising=False)
+    monkeypatch.setattr(fla_mod, "gpu_is_hopper", lambda: "H1" in gpu or "H2" in gpu)
+    monkeypatch.setattr(fla_mod, "triton_version", lambda: triton)
+    monkeypatch.delitem(__import__("sys").modules, "fla.utils", raising=False)
+    refused, _ = fla_mod.fla_backward_refused()
+    v = _verdicts({**H200_ENV, "gpu_name": gpu, "triton": ".".join(map(str, triton))}, _only())
+    assert v[("FLA chunk_simple_gla", "fwdbw")].runs is (not refused)
+    assert refused is (gpu != "NVIDIA A100-SXM4-80GB" and (3, 4) <= triton < (3, 7, 1))

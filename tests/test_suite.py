@@ -289,7 +289,7 @@ def test_h100_7b_suite_has_the_paper_protocol_and_layouts():
     layouts = {}
     for c in cases:
         layouts.setdefault(c.backend, set()).add((c.heads, c.d_qk, c.d_hv))
-    for backend in ("tfla", "mlstm_kernels", "fla"):
+    for backend in ("tfla", "mlstm_kernels", "fla", "fla_delta", "mamba3"):  # beyond the paper: the mLSTM's
         assert layouts[backend] == {(16, 128, 256)}, backend
     for backend in ("sdpa", "fa3"):
         assert layouts[backend] == {(32, 128, 128)}, backend

@@ -312,6 +312,14 @@ def fla_640_guard_narrowed() -> bool:
     return os.environ.get(FLA_640_GUARD_ENV, "").strip().lower() == "narrow"
 
 
+def fla_640_refused(hopper: bool | None, triton: tuple[int, ...] | None) -> bool:
+    """fla's #640 rule, its one home here: fla-core 0.6.0 refuses the gated backward of
+    ``chunk_simple_gla`` (``chunk_bwd_dqkwg``) on a Hopper GPU with 3.4.0 <= triton < 3.7.1
+    (fla/ops/common/chunk_o.py; fla issue #640). ``triton``: the version as a tuple
+    (:func:`_parse_version`), None when triton is absent."""
+    return bool(hopper) and triton is not None and (3, 4) <= tuple(triton) < (3, 7, 1)
+
+
 def known_problems(env: dict) -> list[str]:
     """Known-bad combinations in ``env`` (as :func:`collect` returns it), one advice line
     each (measured on an H200 with triton 3.6)."""
@@ -320,12 +328,13 @@ def known_problems(env: dict) -> list[str]:
     peers = env.get("peers") or {}
     hopper = is_hopper(env.get("gpu_name"))
     fla = peers.get("fla-core") or peers.get("flash-linear-attention")
-    if fla and hopper and triton and (3, 4) <= triton < (3, 7, 1) and fla_640_guard_narrowed():
+    refused = bool(fla) and fla_640_refused(hopper, triton)
+    if refused and fla_640_guard_narrowed():
         problems.append(
             f"fla {fla} on triton {env.get('triton')} on Hopper: fla's #640 guard is narrowed "
             f"({FLA_640_GUARD_ENV}=narrow): chunk_simple_gla's gated backward runs where fla's key "
             "block width is not 64 and stays refused at 64; the numerics gate checks its gradients.")
-    elif fla and hopper and triton and (3, 4) <= triton < (3, 7, 1):
+    elif refused:
         problems.append(
             f"fla {fla} on triton {env.get('triton')} on Hopper: the gated backward of "
             "chunk_simple_gla (chunk_bwd_dqkwg) refuses to run (fla issue #640: Triton 3.4-3.7.0 "
@@ -335,8 +344,8 @@ def known_problems(env: dict) -> list[str]:
     if peers.get("mamba_ssm") and importlib.util.find_spec("selective_scan_cuda") is None:
         problems.append(
             f"mamba_ssm {peers['mamba_ssm']} has no compiled selective_scan_cuda: Mamba (v1) is "
-            "unavailable; the Mamba 2 SSD Triton kernel still runs. Fix: build mamba_ssm with its "
-            "CUDA extension (pip install mamba_ssm --no-build-isolation).")
+            "unavailable; the Mamba 2 SSD Triton kernel still runs. Fix: install the mamba_ssm wheel "
+            "that benchmarks/build_peer_wheel.sh mamba builds with its CUDA extension (docs/offline-peers.md).")
     if env.get("gpu_count", 0) == 0:
         problems.append("no GPU visible: only the CPU suite (suites/cpu_demo.yaml) can run; "
                         "GPU suites need a CUDA build of torch and an NVIDIA driver.")

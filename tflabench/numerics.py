@@ -50,9 +50,12 @@ TENSOR_CLASSES: tuple[str, ...] = ("out", "state", "grad", "gate_grad")
 
 #: Gradient names that are gate / decay gradients (class ``gate_grad``), across families:
 #: mLSTM ``di``, ``df``; GLA ``dg``; Mamba 2 ``ddt``, ``dA``, ``dD``, ``ddt_bias``;
-#: Mamba ``ddelta``, ``ddelta_bias``.
+#: Mamba ``ddelta``, ``ddelta_bias``; delta rule ``dbeta`` (and ``dg``); Mamba-3 ``dadt``,
+#: ``dtrap``, ``dangles`` and the biases ``dq_bias``, ``dk_bias`` (per-step scalars, and
+#: per-head vectors summed over the sequence as ``dD`` is).
 GATE_GRADIENTS: frozenset[str] = frozenset(
-    {"di", "df", "dg", "ddt", "dA", "dD", "ddt_bias", "ddelta", "ddelta_bias"})
+    {"di", "df", "dg", "ddt", "dA", "dD", "ddt_bias", "ddelta", "ddelta_bias",
+     "dbeta", "dadt", "dtrap", "dangles", "dq_bias", "dk_bias"})
 
 #: Prefix of last-state tensor names (class ``state``), e.g. ``last_C``.
 STATE_PREFIX = "last_"

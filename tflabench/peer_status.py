@@ -1,8 +1,12 @@
-"""Which mode of each peer of the paper can run here, and if not, exactly why and what would fix it.
+"""Which mode of each peer can run here, and if not, exactly why and what would fix it.
 
 ``doctor`` prints :func:`peer_modes`; the result set keeps the same reasons in the rows of
 cases that could not run (``unavailable``, from each backend's ``available`` /
-``unsupported_mode``). Sources of the facts below (checked 2026-11-23):
+``unsupported_mode``). The rows derive from the backends (issue 44): each names its backend,
+its fix is that backend's ``install_hint`` where installing helps, and the decisions are the
+backends' own functions (fla's #640 rule: :func:`tflabench.environment.fla_640_refused`;
+FlashAttention 3's build: :func:`tflabench.backends.flash_attn.fa3_build`), applied to the
+environment given (so that tests can give one). Sources of the facts below (checked 2026-11-23):
 
 - FLA gated backward: fla-core 0.6.0 ``fla/ops/common/chunk_o.py`` raises in
   ``chunk_bwd_dqkwg`` (used by ``chunk_simple_gla``'s backward, not by ``chunk_gla``'s)
@@ -33,6 +37,12 @@ cases that could not run (``unavailable``, from each backend's ``available`` /
   ``mamba_ssm`` wheel built with ``MAMBA_SKIP_CUDA_BUILD=TRUE`` has none. Building it needs a
   CUDA build of torch and nvcc of the same CUDA major version, and compiles many template
   instantiations (tens of minutes for sm_90 alone, hours for every architecture).
+- Beyond the paper: fla-core 0.6.0's ``chunk_gated_delta_rule`` and ``chunk_delta_rule``
+  (backend ``fla_delta``), and mamba_ssm 2.3.2's Mamba-3 SISO Triton kernels
+  (``ops/triton/mamba3``, backend ``mamba3``; its MIMO form needs TileLang and its CuTe path
+  is a decoding step, neither measured). FlashQLA has no package on the package index
+  (``pip download flashqla``: no matching distribution, checked 2026-11-28), so it has no
+  backend: its row says so.
 - mlstm_kernels mLSTMexp ``xl_chunk`` is not listed: an abort while compiling was seen once on
   triton 3.6 (2026-11-22), but every H200 result set of this
   project with the same versions measured it (912a5aa, 6039bb3: all rows ok); a crash would
@@ -45,21 +55,29 @@ import dataclasses
 import importlib.util
 from typing import Callable
 
+from tflabench.backends import get_backend
+from tflabench.backends.flash_attn import FA3_DISTRIBUTIONS, FA3_FORWARD_ONLY, fa3_build, fa3_build_text
 from tflabench.environment import FLA_640_GUARD_ENV as GUARD_ENV
-from tflabench.environment import _parse_version, fla_640_guard_narrowed as guard_narrowed
-from tflabench.environment import is_hopper
+from tflabench.environment import _parse_version, fla_640_refused, is_hopper
+from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
+
+#: FlashQLA's row: no backend, since no package of it installs (module docstring).
+FLASHQLA_REASON = ("no FlashQLA package on the package index (pip download flashqla: no matching distribution), "
+                   "so nothing installs beside the other peers; not measured")
 
 
 @dataclasses.dataclass
 class PeerMode:
     """One peer kernel in one mode: ``runs`` (True, False, or None when it depends on
-    something not checked here), ``why`` it cannot run (or a caveat when it runs), ``fix``."""
+    something not checked here), ``why`` it cannot run (or a caveat when it runs), ``fix``,
+    and the ``backend`` that measures it (None: no backend)."""
 
     peer: str
     mode: str
     runs: bool | None
     why: str
     fix: str = ""
+    backend: str | None = None
 
     def as_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -72,126 +90,167 @@ def _spec(module: str):
         return None
 
 
-def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[PeerMode]:
-    """Every peer mode of the paper's Figures 4, 12 and 13 and what stops it, for the environment ``env``
-    (:func:`tflabench.environment.collect`: ``gpu_name``, ``triton``, ``peers``).
-    ``find_spec`` looks modules up (tests replace it)."""
+def _hint(backend: str) -> str:
+    """The install hint of ``backend`` (its one home)."""
+    return get_backend(backend).install_hint
+
+
+def _fla_rows(env: dict, find_spec) -> list[PeerMode]:
     peers = env.get("peers") or {}
+    fla = peers.get("fla-core") or peers.get("flash-linear-attention")
     triton = _parse_version(env.get("triton"))
     tv = env.get("triton") or "absent"
-    hopper = is_hopper(env.get("gpu_name"))
     gpu = env.get("gpu_name") or "no GPU"
-    out: list[PeerMode] = []
-
-    # --- FLA
-    fla = peers.get("fla-core") or peers.get("flash-linear-attention")
+    hopper = is_hopper(env.get("gpu_name"))
     if not fla:
-        for op in ("chunk_simple_gla", "chunk_gla"):
-            out.append(PeerMode(f"FLA {op}", "fwd, fwdbw", False, "fla-core is not installed",
-                                "pip install fla-core einops"))
-    else:
-        guarded = hopper and triton is not None and (3, 4) <= triton < (3, 7, 1)
-        out.append(PeerMode("FLA chunk_simple_gla", "fwd", True, ""))
-        if guarded and guard_narrowed():
-            out.append(PeerMode(
-                "FLA chunk_simple_gla", "fwdbw", True,
-                f"fla's #640 guard narrowed ({GUARD_ENV}=narrow): its gated backward runs where the key block "
-                "width is not 64 (d_qk 128 and 256 run 128) and is refused at 64; the numerics gate checks "
-                "dq, dk, dv, dg against float64"))
-        elif guarded:
-            tilelang = ("tilelang is installed but its kernel refuses chunk_simple_gla (float32 states)"
-                        if find_spec("tilelang") is not None else
-                        "fla's TileLang fallback would not help: it refuses chunk_simple_gla (float32 states)")
-            out.append(PeerMode(
-                "FLA chunk_simple_gla", "fwdbw", False,
-                f"fla {fla} refuses its gated backward (chunk_bwd_dqkwg) on Hopper ({gpu}) with triton {tv}: "
-                f"Triton 3.4-3.7.0 miscompiles that kernel there (fla issue #640); {tilelang}",
-                "triton >= 3.7.1 (torch >= 2.12.1 ships it); or TFLABENCH_FLA_640_GUARD=narrow: run it where "
-                "fla's key block width is not 64 (d_qk 128 runs BK 128; #640 found BK 64 wrong), every "
-                "gradient checked by the numerics gate"))
-        else:
-            out.append(PeerMode("FLA chunk_simple_gla", "fwdbw", True,
-                                "" if hopper or triton is None else "not on Hopper: fla's #640 guard does not apply"))
+        rows = [PeerMode(f"FLA {op}", "fwd, fwdbw", False, "fla-core is not installed", _hint("fla"), "fla")
+                for op in ("chunk_simple_gla", "chunk_gla")]
+        rows += [PeerMode(f"FLA {op} ({name})", "fwd, fwdbw", False, "fla-core is not installed",
+                          _hint("fla_delta"), "fla_delta") for op, name in DELTA_PEERS]
+        return rows
+    out = [PeerMode("FLA chunk_simple_gla", "fwd", True, "", backend="fla")]
+    guarded = fla_640_refused(hopper, triton)
+    if guarded and guard_narrowed():
         out.append(PeerMode(
-            "FLA chunk_gla", "fwd, fwdbw", True,
-            "no #640 guard on its backward; its first call autotunes for minutes per shape",
-            "keep Triton's autotune results: `tflabench run --triton-cache DIR` (fla stores them with "
-            "cache_results=True; FLA_CACHE_RESULTS=1 is its default)"))
-
-    # --- FlashAttention 3: flash_attn_interface (fwd+bwd, built from source) or the fa3_fwd wheel
-    if find_spec("flash_attn_interface") is not None:
-        out.append(PeerMode("FlashAttention 3", "fwd, fwdbw", True,
-                            "found flash_attn_interface (built from flash-attention's hopper/): forward and backward"))
-    elif find_spec("fa3_fwd_interface") is not None:
-        out.append(PeerMode("FlashAttention 3", "fwd", True,
-                            f"found fa3_fwd_interface (the fa3_fwd wheel {peers.get('fa3_fwd', '')})".replace(" )", ")")))
+            "FLA chunk_simple_gla", "fwdbw", True,
+            f"fla's #640 guard narrowed ({GUARD_ENV}=narrow): its gated backward runs where the key block "
+            "width is not 64 (d_qk 128 and 256 run 128) and is refused at 64; the numerics gate checks "
+            "dq, dk, dv, dg against float64", backend="fla"))
+    elif guarded:
+        tilelang = ("tilelang is installed but its kernel refuses chunk_simple_gla (float32 states)"
+                    if find_spec("tilelang") is not None else
+                    "fla's TileLang fallback would not help: it refuses chunk_simple_gla (float32 states)")
         out.append(PeerMode(
-            "FlashAttention 3", "fwdbw", False,
-            "flash_attn_interface not found; the fa3_fwd wheel is built with FLASHATTENTION_DISABLE_BACKWARD "
-            "(forward only, bf16 only)",
-            "build flash_attn_interface from flash-attention's hopper/ (hours of nvcc), or measure the "
-            "FA3-class backward with FlashAttention 4 (backend fa4) or sdpa impl=cudnn"))
+            "FLA chunk_simple_gla", "fwdbw", False,
+            f"fla {fla} refuses its gated backward (chunk_bwd_dqkwg) on Hopper ({gpu}) with triton {tv}: "
+            f"Triton 3.4-3.7.0 miscompiles that kernel there (fla issue #640); {tilelang}",
+            "triton >= 3.7.1 (torch >= 2.12.1 ships it); or TFLABENCH_FLA_640_GUARD=narrow: run it where "
+            "fla's key block width is not 64 (d_qk 128 runs BK 128; #640 found BK 64 wrong), every "
+            "gradient checked by the numerics gate", "fla"))
     else:
-        out.append(PeerMode("FlashAttention 3", "fwd, fwdbw", False,
-                            "neither flash_attn_interface (built from source) nor fa3_fwd_interface (fa3_fwd wheel) "
-                            "is found", "build flash-attention's hopper/ (fwd+bwd), or pip install the fa3_fwd "
-                            "wheel (forward only)"))
+        out.append(PeerMode("FLA chunk_simple_gla", "fwdbw", True,
+                            "" if hopper or triton is None else "not on Hopper: fla's #640 guard does not apply",
+                            backend="fla"))
+    out.append(PeerMode(
+        "FLA chunk_gla", "fwd, fwdbw", True,
+        "no #640 guard on its backward; its first call autotunes for minutes per shape",
+        "keep Triton's autotune results: `tflabench run --triton-cache DIR` (fla stores them with "
+        "cache_results=True; FLA_CACHE_RESULTS=1 is its default)", "fla"))
+    for op, name in DELTA_PEERS:
+        out.append(PeerMode(
+            f"FLA {op} ({name})", "fwd, fwdbw", True,
+            f"fla {fla}: chunkwise WY kernels, their own backward (no #640 guard); beyond the paper, no model count"
+            + ("" if fla == "0.6.0" else "; the version measured is fla-core 0.6.0"),
+            "" if fla == "0.6.0" else "pip install fla-core==0.6.0 (the pinned version)", "fla_delta"))
+    return out
 
-    # --- FlashAttention 4 (CuTe DSL): the FA3-class peer with a backward that installs from the index
-    fa4 = peers.get("flash-attn-4")
+
+#: fla_delta's ops and the names of their models.
+DELTA_PEERS = (("chunk_gated_delta_rule", "gated DeltaNet"), ("chunk_delta_rule", "DeltaNet"))
+
+
+def _fa3_rows(env: dict, find_spec) -> list[PeerMode]:
+    build = fa3_build("auto", find_spec=find_spec)
+    if build is None:
+        return [PeerMode("FlashAttention 3", "fwd, fwdbw", False,
+                         "neither flash_attn_interface (built from source) nor fa3_fwd_interface (fa3_fwd wheel) "
+                         "is found", _hint("fa3"), "fa3")]
+    if build["version"] is None:  # the environment given may know it (tests, a set's metadata)
+        dist = FA3_DISTRIBUTIONS[build["module"]][0]
+        build = {**build, "version": (env.get("peers") or {}).get(dist)}
+    found = f"found {fa3_build_text(build)}"
+    if build["extension_missing"]:
+        return [PeerMode("FlashAttention 3", "fwd, fwdbw", False,
+                         f"{found}, but not its compiled extension {build['extension_missing']}._C", _hint("fa3"), "fa3")]
+    if build["backward"]:
+        return [PeerMode("FlashAttention 3", "fwd, fwdbw", True, found, backend="fa3")]
+    return [PeerMode("FlashAttention 3", "fwd", True, found, backend="fa3"),
+            PeerMode("FlashAttention 3", "fwdbw", False,
+                     f"{FA3_FORWARD_ONLY}; the fa3_fwd wheel is built with FLASHATTENTION_DISABLE_BACKWARD "
+                     "(forward only, bf16 only)",
+                     "install the flash_attn_3 wheel that benchmarks/build_peer_wheel.sh fa3 builds from "
+                     "flash-attention's hopper/ (docs/offline-peers.md), or measure the FA3-class backward "
+                     "with FlashAttention 4 (backend fa4) or sdpa impl=cudnn", "fa3")]
+
+
+def _fa4_rows(env: dict, find_spec) -> list[PeerMode]:
+    fa4 = (env.get("peers") or {}).get("flash-attn-4")
     if find_spec("flash_attn.cute") is not None and find_spec("cutlass") is not None:
-        out.append(PeerMode("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", True,
-                            f"found flash_attn.cute (flash-attn-4 {fa4 or '?'}) and cutlass (nvidia-cutlass-dsl)"))
-    elif find_spec("flash_attn.cute") is not None:
-        out.append(PeerMode(
+        return [PeerMode("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", True,
+                         f"found flash_attn.cute (flash-attn-4 {fa4 or '?'}) and cutlass (nvidia-cutlass-dsl)",
+                         backend="fa4")]
+    if find_spec("flash_attn.cute") is not None:
+        return [PeerMode(
             "FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", False,
             f"found flash_attn.cute (flash-attn-4 {fa4 or '?'}) but not cutlass: nvidia-cutlass-dsl is missing, "
             "or installed with --target, which skips the .pth file that puts its dsl_packages on sys.path",
             "pip install 'flash-attn-4[cu13]' (CUDA 13 torch) into site-packages, or add "
-            "<target>/nvidia_cutlass_dsl/dsl_packages to PYTHONPATH (docs/offline-peers.md)"))
-    else:
-        out.append(PeerMode(
-            "FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", False,
-            "flash_attn.cute not found: flash-attn-4 is not installed",
-            "pip install -e '.[peers]' (Linux x86-64; add flash-attn-4[cu13] for a CUDA 13 torch); a GPU node "
-            "without internet: docs/offline-peers.md"))
+            "<target>/nvidia_cutlass_dsl/dsl_packages to PYTHONPATH (docs/offline-peers.md)", "fa4")]
+    return [PeerMode("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", False,
+                     "flash_attn.cute not found: flash-attn-4 is not installed", _hint("fa4"), "fa4")]
 
-    # --- Lightning Attention 2 (paper Figure 13): fla's port and the original kernels
+
+def _lightning_rows(env: dict, find_spec) -> list[PeerMode]:
+    peers = env.get("peers") or {}
+    fla = peers.get("fla-core") or peers.get("flash-linear-attention")
+    out = []
     if fla:
         out.append(PeerMode("FLA lightning_attn (Lightning Attention 2)", "fwd, fwdbw", True,
-                            "fla's chunk_simple_gla with a fixed decay (no #640 guard: no data-dependent gate)"))
+                            "fla's chunk_simple_gla with a fixed decay (no #640 guard: no data-dependent gate)",
+                            backend="fla"))
         out.append(PeerMode("FLA fused_chunk_simple_gla (non-materialising)", "fwd, fwdbw", True,
-                            "its own fused forward and backward kernels (no #640 guard)"))
+                            "its own fused forward and backward kernels (no #640 guard)", backend="fla"))
         if (_parse_version(fla) or (0,)) >= (0, 5):
             out.append(PeerMode("FLA fused_chunk_gla (non-materialising)", "fwd, fwdbw", False,
                                 f"fla {fla} ships fused_chunk_gla as a stub that raises NotImplementedError",
-                                "measure fused_chunk_simple_gla, its non-materialising form with a scalar gate"))
+                                "measure fused_chunk_simple_gla, its non-materialising form with a scalar gate", "fla"))
     if peers.get("lightning-attn") or find_spec("lightning_attn") is not None:
         out.append(PeerMode("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw", True,
                             f"found lightning_attn {peers.get('lightning-attn', '')}".rstrip()
-                            + ": its Triton kernels, head dimensions 16-128"))
+                            + ": its Triton kernels, head dimensions 16-128", backend="lightning_attn"))
     else:
         out.append(PeerMode("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw", False,
-                            "lightning-attn is not installed", "pip install lightning-attn einops"))
-
-    # --- Mamba (v1) and Mamba 2
-    if not peers.get("mamba_ssm"):
-        out.append(PeerMode("Mamba 2 (SSD) / Mamba", "fwd, fwdbw", False, "mamba_ssm is not installed",
-                            "pip install mamba_ssm einops (Mamba 2's SSD is Triton, no build needed)"))
-    else:
-        out.append(PeerMode("Mamba 2 (SSD)", "fwd, fwdbw", True, "Triton kernels; mamba_ssm/__init__ not executed"))
-        if find_spec("selective_scan_cuda") is None:
-            out.append(PeerMode(
-                "Mamba (v1)", "fwd, fwdbw", False,
-                f"mamba_ssm {peers['mamba_ssm']} has no compiled selective_scan_cuda (built with "
-                "MAMBA_SKIP_CUDA_BUILD=TRUE), and selective_scan_fn has no other implementation",
-                "on a machine with a CUDA build of torch and nvcc of its CUDA version: "
-                "TORCH_CUDA_ARCH_LIST=9.0 MAMBA_FORCE_BUILD=TRUE pip install mamba_ssm --no-build-isolation "
-                "(tens of minutes to hours of nvcc)"))
-        else:
-            out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, "selective_scan_cuda compiled"))
-
+                            "lightning-attn is not installed", _hint("lightning_attn"), "lightning_attn"))
     return out
+
+
+def _mamba_rows(env: dict, find_spec) -> list[PeerMode]:
+    version = (env.get("peers") or {}).get("mamba_ssm")
+    if not version:
+        return [PeerMode("Mamba 2 (SSD)", "fwd, fwdbw", False, "mamba_ssm is not installed", _hint("mamba2"), "mamba2"),
+                PeerMode("Mamba (v1)", "fwd, fwdbw", False, "mamba_ssm is not installed", _hint("mamba"), "mamba"),
+                PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", False, "mamba_ssm is not installed", _hint("mamba3"), "mamba3")]
+    out = [PeerMode("Mamba 2 (SSD)", "fwd, fwdbw", True, "Triton kernels; mamba_ssm/__init__ not executed",
+                    backend="mamba2")]
+    if find_spec("selective_scan_cuda") is None:
+        out.append(PeerMode(
+            "Mamba (v1)", "fwd, fwdbw", False,
+            f"mamba_ssm {version} has no compiled selective_scan_cuda (built with "
+            "MAMBA_SKIP_CUDA_BUILD=TRUE), and selective_scan_fn has no other implementation",
+            "install the mamba_ssm wheel that benchmarks/build_peer_wheel.sh mamba builds for sm_90 "
+            "(docs/offline-peers.md); or, with a CUDA build of torch and nvcc of its CUDA version: "
+            "TORCH_CUDA_ARCH_LIST=9.0 MAMBA_FORCE_BUILD=TRUE pip install mamba_ssm --no-build-isolation", "mamba"))
+    else:
+        out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, "selective_scan_cuda compiled", backend="mamba"))
+    if (_parse_version(version) or (0,)) >= (2, 3, 2):
+        out.append(PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", True,
+                            f"mamba_ssm {version}: Triton kernels (mamba3_siso_combined, TMA: sm_90 or newer); "
+                            "beyond the paper, no model count", backend="mamba3"))
+    else:
+        out.append(PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", False,
+                            f"mamba_ssm {version} has no Mamba-3 (ops/triton/mamba3 arrived in 2.3.2)",
+                            _hint("mamba3"), "mamba3"))
+    return out
+
+
+def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[PeerMode]:
+    """Every peer mode (the paper's Figures 4, 12 and 13, and the rows beyond the paper) and
+    what stops it, for the environment ``env`` (:func:`tflabench.environment.collect`:
+    ``gpu_name``, ``triton``, ``peers``). ``find_spec`` looks modules up (tests replace it)."""
+    return [*_fla_rows(env, find_spec), *_fa3_rows(env, find_spec), *_fa4_rows(env, find_spec),
+            *_lightning_rows(env, find_spec), *_mamba_rows(env, find_spec),
+            PeerMode("FlashQLA (TileLang)", "fwd, fwdbw", False, FLASHQLA_REASON,
+                     "none published to install; docs/offline-peers.md")]
 
 
 __all__ = ["PeerMode", "peer_modes"]

@@ -118,6 +118,8 @@ def _results_table(records: list[dict]) -> tuple[str, list[str]]:
                 cells.append(" ".join(x for x in (_num(value, ".1e"), str(worst) if _present(worst) else "") if x))
             elif key == "first_call_s":
                 cells.append(_num(value, ".2f"))
+            elif key in ("tflops_per_s", "roofline_fraction") and status == "ok" and not _present(r.get("flops")):
+                cells.append("no model")  # a kernel the analytic model does not count: no figure made up
             elif key == "tflops_per_s":
                 cells.append(_num(value, ".3g"))
             elif key == "numerics_case":

@@ -34,9 +34,18 @@ def _trace_cell(row: dict) -> str:
     return " ".join(x for x in (mhz and f"{mhz} MHz", row.get("gpu_slowdowns") or "") if x)
 
 
+def _tflops_cell(row: dict) -> str:
+    """The achieved TFLOP/s of a row; ``no model`` for a measured row whose kernel the
+    analytic model does not count (no FLOPs: docs/offline-peers.md, section 5), never a made-up figure."""
+    if row.get("status") == "ok" and _number(row.get("flops"), ".3g") == "":
+        return "no model"
+    return _number(row.get("tflops_per_s"), ".3g")
+
+
 def summary_table(frame, title: str | None = None):
     """A rich Table of result rows (kernel, mode, shape, status, ms_median, peak GiB,
-    first-call s, numerics error and its tensor, TFLOP/s, reason), in row order; with a
+    first-call s, numerics error and its tensor, TFLOP/s (``no model`` where the model has no
+    count of the kernel), reason), in row order; with a
     ``GPU`` column (index, and the model where they differ) when the rows ran on several GPUs,
     and a ``GPU clock`` column (the lowest busy SM clock in MHz and the slowdown reasons) when
     they were measured with ``run --gpu-trace``."""
@@ -70,7 +79,7 @@ def summary_table(frame, title: str | None = None):
             fmt(r.get("ms_median"), ".3f"), fmt(peak / 2**30 if peak is not None and peak == peak else None, ".2f"),
             fmt(r.get("first_call_s"), ".2f"),
             L(" ".join(x for x in (fmt(r.get("numerics_err"), ".1e"), str(r.get("numerics_worst") or "")) if x)),
-            fmt(r.get("tflops_per_s"), ".3g"), L(str(r.get("reason") or "")[:160]),
+            _tflops_cell(r), L(str(r.get("reason") or "")[:160]),
             *([L(" ".join(str(x) for x in (r.get("gpu_index"), r.get("gpu_name") if mixed else None) if x))]
               if show_gpu else []),
             *([L(_trace_cell(r))] if show_trace else []),
@@ -145,7 +154,8 @@ def profile_table(cases, title: str | None = None):
     """A rich Table of :class:`tflabench.kernel_profile.CaseBreakdown` objects, one row per
     case: the measured median, the profiled kernels' time, each model part's time with
     ``(bound / time)`` against the part's own roofline bound, the model's bound of the whole
-    call and the physical floor, each with ``(bound / measured median)``."""
+    call and the physical floor, each with ``(bound / measured median)``; ``no model`` where
+    the model has no count of the case's kernel."""
     labels: list[str] = []
     for case in cases:
         labels.extend(p.label for p in case.parts if p.label not in labels)
@@ -173,7 +183,8 @@ def profile_table(cases, title: str | None = None):
             part = case.part(label)
             cells.append("" if part is None else _ms_and_fraction(part.ms, part.bound_ms))
         for bound in (case.bound_ms, case.floor_ms):
-            cells.append("" if bound is None else (
+            empty = "no model" if case.bound_ms is None else ""   # a counted kind may lack a floor
+            cells.append(empty if bound is None else (
                 f"{bound:.3f}" if not case.measured_ms else f"{bound:.3f} ({bound / case.measured_ms:.2f})"))
         t.add_row(*cells)
     return t

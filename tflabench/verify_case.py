@@ -98,6 +98,9 @@ FAMILY_PROFILES: dict[str, FamilyProfile] = {
     "gla": FamilyProfile(frozenset({"f", "qk"}), _apply_gla),
     "mamba2": FamilyProfile(frozenset({"f"}), _apply_mamba2),
     "attention": FamilyProfile(frozenset({"qk"}), _apply_attention),
+    # gated DeltaNet: its log decay g as GLA's; q and k are L2-normalised in the kernel, so
+    # no qk regime (backends.delta: the ungated delta rule has no regime field)
+    "delta_rule_gated": FamilyProfile(frozenset({"f"}), _apply_gla),
 }
 
 

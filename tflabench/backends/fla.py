@@ -59,7 +59,7 @@ from pydantic import model_validator
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
-from tflabench.environment import FLA_640_GUARD_ENV
+from tflabench.environment import FLA_640_GUARD_ENV, fla_640_refused
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
 
 INSTALL_HINT = "pip install fla-core einops (Triton kernels: a CUDA GPU)"
@@ -154,19 +154,14 @@ def fla_backward_refused() -> tuple[bool, str]:
     :meth:`FlaBackend.available`), fla's own flags decide; otherwise the triton version
     and the GPU's compute capability."""
     fla_utils = sys.modules.get("fla.utils")
-    if fla_utils is not None and hasattr(fla_utils, "TRITON_ABOVE_3_7_1"):
+    if fla_utils is not None and hasattr(fla_utils, "TRITON_ABOVE_3_7_1"):  # fla's own flags
         hopper = bool(fla_utils.IS_NVIDIA_HOPPER)
-        above_340 = bool(fla_utils.TRITON_ABOVE_3_4_0)
-        above_371 = bool(fla_utils.TRITON_ABOVE_3_7_1)
-        version = "fla.utils flags"
-    else:
-        hopper = bool(gpu_is_hopper())
-        tv = triton_version()
-        above_340 = tv is not None and tv >= (3, 4, 0)
-        above_371 = tv is not None and tv >= (3, 7, 1)
-        version = ".".join(map(str, tv)) if tv else "absent"
-    refused = hopper and above_340 and not above_371
-    return refused, f"Hopper GPU={hopper}, triton {version}"
+        refused = hopper and bool(fla_utils.TRITON_ABOVE_3_4_0) and not bool(fla_utils.TRITON_ABOVE_3_7_1)
+        return refused, f"Hopper GPU={hopper}, triton fla.utils flags"
+    hopper = bool(gpu_is_hopper())
+    tv = triton_version()
+    version = ".".join(map(str, tv)) if tv else "absent"
+    return fla_640_refused(hopper, tv), f"Hopper GPU={hopper}, triton {version}"
 
 
 def hopper_key_block(d_qk: int) -> int:

@@ -32,9 +32,21 @@ FA3_INTERFACES: dict[str, bool] = {
     "fa3_fwd_interface": False,
 }
 
+#: FA3 interface module -> (distribution whose version it reports, compiled extension it
+#: imports). The hopper/ build's extension is ``flash_attn_3._C`` (hopper/setup.py,
+#: ``PACKAGE_NAME``); the fa3_fwd wheel's interface loads its own.
+FA3_DISTRIBUTIONS: dict[str, tuple[str, str | None]] = {
+    "flash_attn_interface": ("flash_attn_3", "flash_attn_3"),
+    "fa3_fwd_interface": ("fa3_fwd", None),
+}
+
+#: What a forward-only FA3 says (availability, ``doctor``, the ok rows' reason).
+FA3_FORWARD_ONLY = ("forward only: fa3_fwd wheel; fwd+bwd needs flash_attn_interface, "
+                    "see docs/offline-peers.md")
+
 FA3_INSTALL_HINT = (
-    "build FlashAttention 3 from the flash-attention repository's hopper/ folder "
-    "(cd hopper && python setup.py install: module flash_attn_interface, fwd+bwd), "
+    "install the flash_attn_3 wheel that benchmarks/build_peer_wheel.sh fa3 builds from flash-attention's "
+    "hopper/ (module flash_attn_interface, fwd+bwd; docs/offline-peers.md), "
     "or pip install the fa3_fwd wheel (module fa3_fwd_interface, forward only)"
 )
 FA2_INSTALL_HINT = "pip install flash-attn --no-build-isolation"
@@ -87,6 +99,38 @@ def resolve_fa3_interface(interface: str) -> str | None:
         if _find_spec(module) is not None:
             return module
     return None
+
+
+def fa3_build(interface: str = "auto", find_spec=None) -> dict | None:
+    """Which FlashAttention 3 build ``interface`` resolves to here, without importing it:
+    ``{"module", "path" (its file, or None), "version" (its distribution's, or None),
+    "backward" (bool), "extension_missing" (the compiled module it needs and lacks, or
+    None)}``; None when no FA3 interface is installed. ``find_spec``: module lookup (default
+    :func:`tflabench.backends.base.find_spec`; tests pass their own)."""
+    import importlib.metadata
+
+    find_spec = find_spec or _find_spec
+    candidates = list(FA3_INTERFACES) if interface == "auto" else [interface]
+    module = next((m for m in candidates if find_spec(m) is not None), None)
+    if module is None:
+        return None
+    dist, extension = FA3_DISTRIBUTIONS[module]
+    try:
+        version = importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        version = None
+    missing = extension if extension is not None and find_spec(extension) is None else None
+    return {"module": module, "path": getattr(find_spec(module), "origin", None), "version": version,
+            "backward": FA3_INTERFACES[module], "extension_missing": missing}
+
+
+def fa3_build_text(build: dict) -> str:
+    """One line for ``doctor`` / ``backends``: module, version, path, and whether it has a
+    backward (:func:`fa3_build`'s dict)."""
+    what = "fwd+bwd" if build["backward"] else FA3_FORWARD_ONLY
+    version = f" {build['version']}" if build.get("version") else ""
+    where = f" at {build['path']}" if build.get("path") else ""
+    return f"{build['module']}{version}{where} ({what})"
 
 
 def _alias_fa3_fwd_config() -> None:
@@ -176,6 +220,20 @@ class Fa3Backend(_FlashAttnBase):
     def _module(self, params: Fa3Params) -> str | None:
         return resolve_fa3_interface(params.interface)
 
+    def available(self, params: Fa3Params) -> str | None:
+        """As the other FlashAttention backends; a ``flash_attn_interface`` without its
+        compiled ``flash_attn_3._C`` is named as such."""
+        build = fa3_build(params.interface)
+        if build is not None and build["extension_missing"]:
+            return (f"{build['module']} is installed but its compiled extension {build['extension_missing']}._C "
+                    f"is not; {self.install_hint}")
+        return super().available(params)
+
+    def note(self, params: Fa3Params, device: str) -> str | None:
+        """Which FA3 build ran: module, version, path, and fwd+bwd or forward only."""
+        build = fa3_build(params.interface)
+        return f"via {fa3_build_text(build)}" if build else None
+
     def _missing_text(self, params: Fa3Params) -> str:
         if params.interface == "auto":
             return "neither flash_attn_interface nor fa3_fwd_interface is installed"
@@ -189,9 +247,8 @@ class Fa3Backend(_FlashAttnBase):
             return base
         module = self._module(params)
         if mode == "fwdbw" and module is not None and not FA3_INTERFACES[module]:
-            return (f"fa3 via {module} is forward only (the fa3_fwd wheel is built without "
-                    "backward); for fwdbw build flash_attn_interface from flash-attention's hopper/, "
-                    "or measure sdpa impl=cudnn")
+            return (f"fa3 via {module}: {FA3_FORWARD_ONLY} (the fa3_fwd wheel is built without "
+                    "backward; or measure fa4 / sdpa impl=cudnn)")
         return None
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):

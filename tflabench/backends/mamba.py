@@ -1,5 +1,6 @@
-"""Mamba backends: ``mamba2`` (the Mamba 2 SSD Triton kernel) and ``mamba`` (Mamba v1's
-selective scan, a compiled CUDA extension).
+"""Mamba backends: ``mamba2`` (the Mamba 2 SSD Triton kernel), ``mamba`` (Mamba v1's
+selective scan, a compiled CUDA extension) and ``mamba3`` (Mamba-3 SISO, Triton kernels of
+mamba_ssm >= 2.3.2, forward and backward; :class:`Mamba3Backend`).
 
 ``mamba2`` calls ``mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined``, loaded
 **without executing** ``mamba_ssm/__init__.py``: that file imports the v1 selective scan,
@@ -13,7 +14,10 @@ Paper App. E.3: Mamba 2 with head dimension 64 and 4096 / 64 = 64 heads; state s
 one group, chunk 256 (the Mamba2 module's defaults).
 Mamba (v1): the embedding dimension 4096 as the inner dimension, state size 16.
 
-Native layouts: Mamba 2 x (B, S, H, P), dt (B, S, H), B/C (B, S, G, N); Mamba x (B, D, S),
+Mamba-3: the mLSTM's head layout (16 heads, state N = d_qk 128, head dimension P = d_hv 256).
+
+Native layouts: Mamba-3 q, k (B, S, H, N), v (B, S, H, P), adt/dt/trap (B, H, S);
+Mamba 2 x (B, S, H, P), dt (B, S, H), B/C (B, S, G, N); Mamba x (B, D, S),
 B/C (B, N, S). The row's (heads, d_qk, d_hv) are (H, N, P) for Mamba 2 and (1, N, D) for
 Mamba (d_qk is the state size N).
 
@@ -27,19 +31,22 @@ import importlib
 import math
 import sys
 import types
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import field_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, BackendParams, Shape, peer_unavailable, resolve_layout
+from tflabench.backends.base import Backend, BackendParams, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.errors import UserError
 
 MAMBA2_INSTALL_HINT = ("pip install mamba_ssm einops (the Mamba 2 SSD Triton kernels need no compiled "
                        "extension; a CUDA GPU)")
-MAMBA_INSTALL_HINT = ("install mamba_ssm with its compiled CUDA extension, built against this torch: "
+MAMBA_INSTALL_HINT = ("install mamba_ssm with its compiled CUDA extension, built against this torch: the wheel "
+                      "of benchmarks/build_peer_wheel.sh mamba from the wheelhouse (docs/offline-peers.md), or "
                       "pip install mamba-ssm --no-build-isolation (needs nvcc)")
+MAMBA3_INSTALL_HINT = ("pip install mamba_ssm>=2.3.2 einops (Mamba-3's SISO Triton kernels need no compiled "
+                       "extension; a CUDA GPU with TMA, sm_90 or newer)")
 
 #: Mamba 2 head dimension P when a suite sets neither heads nor d_hv (paper App. E.3).
 MAMBA2_DEFAULT_HEAD_DIM = 64
@@ -69,6 +76,11 @@ def import_mamba_submodule(name: str):
 @functools.lru_cache(maxsize=None)
 def _chunk_scan_combined():
     return import_mamba_submodule("ops.triton.ssd_combined").mamba_chunk_scan_combined
+
+
+@functools.lru_cache(maxsize=None)
+def _mamba3_siso_combined():
+    return import_mamba_submodule("ops.triton.mamba3.mamba3_siso_combined").mamba3_siso_combined
 
 
 @functools.lru_cache(maxsize=None)
@@ -201,6 +213,62 @@ def selective_scan_reference(u, delta, A, B, C, D=None, z=None, delta_bias=None,
         y = y + D.to(torch.float64)[:, None] * u
     if z is not None:
         y = y * F.silu(z.to(torch.float64))
+    return y
+
+
+def mamba3_reference(q, k, v, adt, dt, trap, q_bias, k_bias, angles, D=None):
+    """Mamba-3 (SISO, trapezoidal discretisation, data-dependent rotary) by its recurrence,
+    one step at a time, float64, differentiable; the conventions of mamba_ssm 2.3.2's
+    ``mamba3_siso_combined`` (its docstring and step kernel; Lahoti et al. 2026, Mamba-3).
+
+    Per head: θ_t = Σ_{s<=t} π tanh(angles_s) dt_s (one angle per pair of adjacent key
+    dimensions, pairs beyond ``angles``' width unrotated); q̃_t, k̃_t the rotations by θ_t of
+    q_t + q_bias and k_t + k_bias; λ_t = sigmoid(trap_t), α_t = exp(adt_t);
+    h_t = α_t h_{t-1} + α_t dt_t (1 - λ_t) v_{t-1} k̃_{t-1}ᵀ + λ_t dt_t v_t k̃_tᵀ (d_hv x d_qk,
+    nothing before t = 0), y_t = h_t q̃_t + D v_t.
+
+    Args:
+        q, k: (B, S, H, N); v: (B, S, H, P); adt, dt, trap: (B, H, S) (adt = A dt, dt after
+        softplus, trap before its sigmoid); q_bias, k_bias: (H, N); angles: (B, S, H, A),
+        A <= N / 2, before tanh; D: (H,) or None.
+
+    Returns:
+        y (B, S, H, P) float64.
+    """
+    import math as _math
+
+    import torch
+
+    q, k, v, adt, dt, trap, q_bias, k_bias, angles = (
+        t.to(torch.float64) for t in (q, k, v, adt, dt, trap, q_bias, k_bias, angles))
+    B_, S, H, N = q.shape
+    n_angles = angles.shape[-1]
+    dt_bsh = dt.transpose(1, 2)                                              # (B, S, H)
+    theta = (torch.tanh(angles) * _math.pi * dt_bsh[..., None]).cumsum(1)   # (B, S, H, A)
+    cos, sin = theta.cos(), theta.sin()
+
+    def rotate(x):
+        pairs = x.reshape(*x.shape[:-1], N // 2, 2)
+        x0, x1 = pairs[..., :n_angles, 0], pairs[..., :n_angles, 1]
+        rotated = torch.stack((x0 * cos - x1 * sin, x0 * sin + x1 * cos), dim=-1)
+        return torch.cat((rotated, pairs[..., n_angles:, :]), dim=-2).reshape(x.shape)
+
+    q_rot = rotate(q + q_bias)
+    k_rot = rotate(k + k_bias)
+    lam = torch.sigmoid(trap)                                                # (B, H, S)
+    alpha = adt.exp()
+    state = v.new_zeros(B_, H, v.shape[-1], N)
+    ys = []
+    for t in range(S):
+        state = alpha[:, :, t, None, None] * state
+        if t > 0:
+            w_prev = (alpha[:, :, t] * dt[:, :, t] * (1 - lam[:, :, t]))[..., None, None]
+            state = state + w_prev * v[:, t - 1, :, :, None] * k_rot[:, t - 1, :, None, :]
+        state = state + (lam[:, :, t] * dt[:, :, t])[..., None, None] * v[:, t, :, :, None] * k_rot[:, t, :, None, :]
+        ys.append(torch.einsum("bhpn,bhn->bhp", state, q_rot[:, t]))
+    y = torch.stack(ys, dim=1)
+    if D is not None:
+        y = y + D.to(torch.float64)[:, None] * v
     return y
 
 
@@ -443,5 +511,141 @@ class MambaBackend(Backend):
                                         delta_bias=inputs["delta_bias"], delta_softplus=True)
 
 
+# ------------------------------------------------------------------------ Mamba-3
+
+
+class Mamba3Params(HeadLayoutParams):
+    """What a suite may set for ``mamba3``.
+
+    Attributes:
+        heads, d_hv, d_qk, p_qk: head layout (heads H, state size N as d_qk, head dimension P
+            as d_hv); with neither heads nor d_hv set, 16 heads with d_qk = 0.5 d_hv (the
+            mLSTM's layout, paper App. E.3). mamba_ssm needs powers of two for N and P.
+        chunk_size: the kernel's chunk length (default 64, the Mamba3 module's for SISO).
+        rope_fraction: share of the key dimensions rotated (0.5, the module's default, or 1.0):
+            N * rope_fraction / 2 angles per head.
+    """
+
+    p_qk: float = 0.5
+    chunk_size: int = 64
+    rope_fraction: Literal[0.5, 1.0] = 0.5
+
+    @field_validator("chunk_size")
+    @classmethod
+    def _power_of_two(cls, value):
+        if value < 16 or value & (value - 1):
+            raise ValueError(f"must be a power of two >= 16, got {value}")
+        return value
+
+
+class Mamba3Backend(Backend):
+    """Mamba-3 SISO through ``mamba_ssm.ops.triton.mamba3.mamba3_siso_combined`` (Triton
+    forward and backward; mamba_ssm's TileLang path is its MIMO variant and its CuTe path a
+    decoding step, neither measured here)."""
+
+    name = "mamba3"
+    family = "mamba3"
+    description = "Mamba-3 SISO Triton kernel (mamba3_siso_combined); 16 heads, state 128, head dim 256 by default"
+    install_hint = MAMBA3_INSTALL_HINT
+    Params = Mamba3Params
+    default_heads = 16
+    #: mamba3's Triton kernels: its forward walks the chunks with the state on chip in one
+    #: kernel, so nothing splits into recurrent and parallel parts; all count as ``whole``.
+    KERNEL_PARTS = ((r"mamba3|angle_dt|dqkv|dzdo|ddt", "whole"),)
+
+    def layout(self, params: Mamba3Params, embedding_dim: int) -> tuple[int, int, int]:
+        """(H, N, P) as (heads, d_qk, d_hv). Raises UserError naming the field."""
+        return resolve_layout(params, embedding_dim, self.default_heads)
+
+    def available(self, params: Mamba3Params) -> str | None:
+        """None when ``mamba_ssm.ops.triton.mamba3`` imports (without ``mamba_ssm/__init__``)
+        and a CUDA GPU is present; else the reason with the install hint (a mamba_ssm before
+        2.3.2 has no ``ops/triton/mamba3``)."""
+        reason = peer_unavailable(("mamba_ssm", "einops", "triton"), find_spec=_find_spec,
+                                  install_hint=self.install_hint, load=_mamba3_siso_combined,
+                                  gpu_subject="Mamba-3's Triton kernels need",
+                                  import_subject="mamba_ssm.ops.triton.mamba3.mamba3_siso_combined")
+        if reason and "No module named 'mamba_ssm.ops.triton.mamba3" in reason:
+            return f"this mamba_ssm has no Mamba-3 (ops/triton/mamba3 arrived in 2.3.2); {self.install_hint}"
+        return reason
+
+    def note(self, params, device):
+        return "mamba3_siso_combined (Triton), mamba_ssm/__init__ not executed"
+
+    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
+        """Mamba3-module-like inputs in the kernel's layout, contiguous (H heads, N = d_qk,
+        P = d_hv, A = N * rope_fraction / 2 angles):
+
+        - q (C), k (B): (B, S, H, N); v (x): (B, S, H, P): N(0, 1) in bfloat16 (the module
+          normalises B and C by RMSNorm, so unit scale);
+        - dt (B, H, S) float32 = softplus(N(0, 1) + dt_bias), dt_bias the module's init
+          (softplus^-1 of a log-uniform dt in [1e-3, 1e-1]); adt = A dt with
+          A = -max(softplus(N(0, 1)), 1e-4) (the module's A_floor), float32;
+        - trap (B, H, S) N(0, 1) bfloat16 (before its sigmoid); angles (B, S, H, A) N(0, 1)
+          bfloat16 (before tanh); q_bias, k_bias (H, N) float32 ones and D (H,) float32 ones
+          (the module's init).
+
+        With ``requires_grad`` all ten are leaves with gradients. Raises ValueError for a
+        dtype other than bfloat16 (``mamba3_siso_combined`` casts q, k, v, trap and angles
+        to bfloat16 itself), for d_qk or d_hv not a power of two (its TMA tiles), and for an
+        odd number of angles (its kernel asserts an even count).
+        """
+        import torch
+        import torch.nn.functional as F
+
+        if dtype != torch.bfloat16:
+            raise ValueError(f"dtype: mamba3_siso_combined runs bfloat16 only, got {dtype}")
+        B_, S, H, N, P = shape.batch, shape.seq_len, shape.heads, shape.d_qk, shape.d_hv
+        for field, value in (("d_qk", N), ("d_hv", P)):
+            if value < 2 or value & (value - 1):
+                raise ValueError(f"{field}: mamba3_siso_combined takes a power of two, got {value}")
+        n_angles = int(N * params.rope_fraction) // 2
+        if n_angles % 2:
+            raise ValueError(f"d_qk: {N} * rope_fraction {params.rope_fraction} / 2 = {n_angles} angles; "
+                             "mamba3_siso_combined takes an even number")
+        gen = torch.Generator(device=device).manual_seed(seed)
+
+        def normal(dims):
+            return torch.randn(dims, generator=gen, device=device, dtype=torch.float32)
+
+        dt = F.softplus(normal((B_, H, S)) + _inverse_softplus_dt_bias(H, gen, device)[:, None])
+        A = -F.softplus(normal((B_, H, S))).clamp(min=1e-4)
+        inputs = {
+            "q": normal((B_, S, H, N)).to(dtype),
+            "k": normal((B_, S, H, N)).to(dtype),
+            "v": normal((B_, S, H, P)).to(dtype),
+            "adt": (A * dt).contiguous(),
+            "dt": dt.contiguous(),
+            "trap": normal((B_, H, S)).to(dtype),
+            "q_bias": torch.ones(H, N, device=device, dtype=torch.float32),
+            "k_bias": torch.ones(H, N, device=device, dtype=torch.float32),
+            "angles": normal((B_, S, H, n_angles)).to(dtype),
+            "D": torch.ones(H, device=device, dtype=torch.float32),
+        }
+        for t in inputs.values():
+            t.requires_grad_(requires_grad)
+        return inputs
+
+    def forward(self, params: Mamba3Params, inputs: dict[str, Any]):
+        """``mamba3_siso_combined(Q=q, K=k, V=v, ADT=adt, DT=dt, Trap=trap, Q_bias=q_bias,
+        K_bias=k_bias, Angles=angles, D=D, Z=None, chunk_size=chunk_size)`` (as the Mamba3
+        module with its output norm); y (B, S, H, P)."""
+        return _mamba3_siso_combined()(
+            Q=inputs["q"], K=inputs["k"], V=inputs["v"], ADT=inputs["adt"], DT=inputs["dt"],
+            Trap=inputs["trap"], Q_bias=inputs["q_bias"], K_bias=inputs["k_bias"],
+            Angles=inputs["angles"], D=inputs["D"], Z=None, chunk_size=params.chunk_size)
+
+    def reference(self, params: Mamba3Params, inputs: dict[str, Any]):
+        """float64 Mamba-3 (:func:`mamba3_reference`), y (B, S, H, P)."""
+        return mamba3_reference(inputs["q"], inputs["k"], inputs["v"], inputs["adt"], inputs["dt"],
+                                inputs["trap"], inputs["q_bias"], inputs["k_bias"], inputs["angles"],
+                                D=inputs["D"])
+
+    def model_kind(self, params: Mamba3Params, shape: Shape, mode: str):
+        """None: Mamba-3 has no published FLOP/byte count of its kernels (docs/offline-peers.md, section 5)."""
+        return None
+
+
 register(Mamba2Backend())
 register(MambaBackend())
+register(Mamba3Backend())

@@ -417,17 +417,17 @@ def doctor() -> None:
 
 
 def peer_mode_table(modes):
-    """A rich Table of :func:`tflabench.peer_status.peer_modes`: each peer mode, whether it
-    runs here, why not and what would fix it."""
+    """A rich Table of :func:`tflabench.peer_status.peer_modes`: each peer mode, the backend
+    that measures it, whether it runs here, why not and what would fix it."""
     from rich.table import Table
 
-    t = Table(title="the paper's peers, mode by mode")
-    for col, kw in (("peer", {}), ("mode", {}), ("runs", {}), ("why (not)", {"overflow": "fold", "ratio": 3}),
-                    ("fix", {"overflow": "fold", "ratio": 3})):
+    t = Table(title="the peers (the paper's and beyond), mode by mode")
+    for col, kw in (("peer", {}), ("backend", {}), ("mode", {}), ("runs", {}),
+                    ("why (not)", {"overflow": "fold", "ratio": 3}), ("fix", {"overflow": "fold", "ratio": 3})):
         t.add_column(col, **kw)
     for m in modes:
         runs = "[green]yes[/]" if m.runs else "[red]no[/]" if m.runs is False else "[yellow]?[/]"
-        t.add_row(escape(m.peer), m.mode, runs, escape(m.why), escape(m.fix))
+        t.add_row(escape(m.peer), m.backend or "-", m.mode, runs, escape(m.why), escape(m.fix))
     return t
 
 

@@ -3,6 +3,11 @@
 The peers' own benchmark conventions count matmul FLOPs only (2 per multiply-add) and ignore
 pointwise work; these functions follow them. Each docstring states its assumptions and sources;
 docs/model.md summarises them. Every function returns a :class:`Counts` per call.
+
+Not counted, for want of a published FLOP/byte count to cite: gated DeltaNet and DeltaNet
+(the papers, Yang et al. ICLR 2025 and NeurIPS 2024, give the chunkwise WY form's asymptotic
+cost, not its FLOPs and bytes per call) and Mamba-3. Their backends return no model kind and
+``report`` says "no model" for them (docs/offline-peers.md, section 5).
 """
 
 from __future__ import annotations
