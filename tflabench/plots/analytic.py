@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from tflabench.analytic_inputs import ceilings_text
 from tflabench.plots import new_figure, save_figure
 
-from tflabench.plots.style import PALETTE, kernel_styles, legend_below, log_axis, log_log_axes, place_labels
+from tflabench.plots.style import (PALETTE, ax_title, kernel_styles, legend_below, log_axis, log_log_axes,
+                                   place_labels)
 
 #: Dash patterns of the GPUs' lines (roofs, I_acc lines), one per GPU with its colour.
 GPU_DASHES = ("-", (0, (6, 2)), (0, (2, 1.5)), (0, (6, 2, 1.5, 2)), (0, (1, 1)), (0, (9, 3)),
@@ -110,9 +112,9 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
     if any(m.get("mode") == "fwdbw" for m in measured_points):
         labels[-len(styles)] += " (small: forward + backward)"
     log_log_axes(ax, xlabel="arithmetic intensity I (FLOP/byte)", ylabel="attainable performance (TFLOP/s)")
-    ax.set_title(title or "Roofline", fontsize=9)
+    ax_title(ax, title or "Roofline", fontsize=9)
     _label_lines_right(ax, roof_labels)
-    legend_below(fig, handles, labels, ncol=3, fontsize=7.5)
+    legend_below(fig, handles, labels, ncol=3, fontsize=7.5, title=f"roofs: {ceilings_text(gpus)}")
     return save_figure(fig, path)
 
 
@@ -154,12 +156,11 @@ def intensity_figure(curves, gpus, *, T, path, title=None) -> Path:
         gpu_labels.append((g.intensity_flop_per_byte, f"{g.name}: I_acc {g.intensity_flop_per_byte:.1f}",
                            st["color"]))
     log_log_axes(ax, xlabel="chunk size L (tokens)", ylabel="arithmetic intensity (FLOP/byte)", x_base=2)
-    ax.set_title(title or "Arithmetic intensity", fontsize=9)
+    ax_title(ax, title or "Arithmetic intensity", fontsize=9)
     _label_lines_right(ax, gpu_labels)
-    ceilings = sorted({g.ceilings for g in gpus})
     legend_below(fig, handles, labels, ncol=min(4, len(labels)),
                  title=f"curves: state bytes and F_causal; lines: each GPU's I_acc = alpha / beta "
-                       f"({', '.join(ceilings)} ceilings), compute-bound above")
+                       f"({ceilings_text(gpus)}), compute-bound above")
     return save_figure(fig, path)
 
 
@@ -188,8 +189,8 @@ def optimal_chunk_figure(gpus, *, variant="sig", p_qk=0.5, F_causal=0.66, bytes_
     ax1.plot(dg, [l_opt_flop(coeffs(d)) for d in dg], color="k", ls="-.", lw=1.4, label="FLOP-optimal (eq. 111)")
     log_log_axes(ax1, xlabel="head dimension d_hv", ylabel="optimal chunk size L (tokens)", x_base=2, y_base=2)
     ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
-    ax1.set_title(f"optimal L over d_hv (p_qk={p_qk:g}, F_causal={F_causal:g}, bytes_Cmn={bytes_Cmn:g})",
-                  fontsize=9)
+    ax_title(ax1, f"optimal L over d_hv (p_qk={p_qk:g}, F_causal={F_causal:g}, bytes_Cmn={bytes_Cmn:g}; "
+             f"{ceilings_text(gpus)})", fontsize=9)
 
     Ig = _logspace(10, 2000, 120)
     for j, d in enumerate((128, 256, 512, 1024)):
@@ -216,6 +217,6 @@ def optimal_chunk_figure(gpus, *, variant="sig", p_qk=0.5, F_causal=0.66, bytes_
     ax2.set_ylabel("runtime-optimal chunk size L (tokens)")
     ax2.grid(True, which="both", alpha=0.3)
     ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False, ncol=4)
-    ax2.set_title(f"runtime-optimal L over accelerator intensity (eq. 121, mLSTM{variant}; dots: the GPUs)",
-                  fontsize=9, pad=28)
+    ax_title(ax2, f"runtime-optimal L over accelerator intensity (eq. 121, mLSTM{variant}; dots: the GPUs)",
+             fontsize=9, pad=28)
     return save_figure(plt_fig, path)

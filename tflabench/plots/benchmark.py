@@ -92,7 +92,7 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     Args:
         frame: result rows (:attr:`tflabench.results.ResultSet.rows`).
     """
-    from tflabench.plots.style import OURS_KEY, legend_below, log_axis, order_kernels
+    from tflabench.plots.style import OURS_KEY, fig_title, legend_below, log_axis, order_kernels
 
     ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()].copy()
     if ok.empty:
@@ -121,7 +121,7 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     legend_below(fig, [handles[s] for s in order], order, ncol=3 if len(order) > 4 else len(order),
                  title=OURS_KEY if any(st.ours for st in styles.values()) else None)
     if title:
-        fig.suptitle(title)
+        fig_title(fig, title)
     return save_figure(fig, path)
 
 
@@ -142,7 +142,7 @@ def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Pa
     panel per mode, one line per kernel and shape, points labelled with L where the labels
     do not collide (paper Fig. 5), one legend below the panels. Returns the path, or None
     when no kernel sweeps chunk sizes (or no memory was measured, as on the CPU)."""
-    from tflabench.plots.style import kernel_styles, legend_below
+    from tflabench.plots.style import fig_title, kernel_styles, legend_below
 
     sweep = chunk_sweeps(frame)
     if sweep.empty:
@@ -176,7 +176,7 @@ def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Pa
         ax.grid(True, alpha=0.3)
     legend_below(fig, list(handles.values()), list(handles), ncol=2)
     if title:
-        fig.suptitle(title)
+        fig_title(fig, title)
     return save_figure(fig, path)
 
 
@@ -194,9 +194,9 @@ def write_plots(directory: str | Path, out_dir: str | Path | None = None, *, mod
     rs = load_results(directory)
     out = Path(out_dir) if out_dir is not None else rs.path / "plots"
     frame = rs.rows
-    suite = rs.metadata.get("suite") or ""
-    gpu = rs.metadata.get("gpu_name") or "CPU"
-    title = f"{suite} on {gpu}".strip()
+    from tflabench.plots.style import set_label
+
+    title = set_label(rs.metadata)
     written = []
     for fn, name in ((plot_runtime, "runtime.png"), (plot_memory_runtime, "memory_vs_runtime.png")):
         path = fn(frame, out / name, title=title)

@@ -44,8 +44,8 @@ def heatmap_title(metadata) -> str:
     """The heat map's title from a verify set's metadata: which suite, on which device, and
     what the colours mean."""
     suite = str(metadata.get("suite") or "?").removesuffix("-verify")
-    where = metadata.get("gpu_name") or ("CPU" if metadata.get("device") in (None, "cpu") else metadata.get("device"))
-    return f"Numerics of suite {suite} on {where}: worst error per kernel and regime, as a share of its budget"
+    where = metadata.get("gpu_name") or ("the CPU" if metadata.get("device") in (None, "cpu") else metadata.get("device"))
+    return f"Numerics of suite {suite} · measured on {where}: worst error per kernel and regime, as a share of its budget"
 
 
 def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:

@@ -221,6 +221,36 @@ def place_labels(ax, labels, *, axis: str = "y", min_gap_pt: float = 9.0, limits
     return out
 
 
+def wrap_text(text: str, width_in: float, fontsize: float = 10.0) -> str:
+    """``text`` broken at spaces into lines that fit ``width_in`` inches at ``fontsize``
+    points (an average glyph is taken as 0.6 em wide, a safe bound for DejaVu Sans), so
+    that a title never runs past the canvas (constrained layout does not shrink text)."""
+    import textwrap
+
+    chars = max(20, int(width_in * 72.0 / (0.6 * fontsize)))
+    return "\n".join(textwrap.wrap(text, chars, break_long_words=False, break_on_hyphens=False)) or text
+
+
+def fig_title(fig, text: str, fontsize: float = 10.0):
+    """The figure's title, wrapped to its width (:func:`wrap_text`)."""
+    return fig.suptitle(wrap_text(text, fig.get_figwidth() * 0.96, fontsize), fontsize=fontsize)
+
+
+def ax_title(ax, text: str, fontsize: float = 9.0, **kwargs):
+    """An axes' title, wrapped to the axes' width (:func:`wrap_text`)."""
+    fig = ax.get_figure()
+    width = fig.get_figwidth() * ax.get_position().width
+    return ax.set_title(wrap_text(text, width, fontsize), fontsize=fontsize, **kwargs)
+
+
+def set_label(metadata: dict) -> str:
+    """Which result set a figure shows, with the suite and the device apart: ``suite h100_7b
+    · measured on NVIDIA H200`` (a suite's name is no claim about the GPU it ran on); ``the
+    CPU`` for a run without a GPU."""
+    suite = str((metadata or {}).get("suite") or "?")
+    return f"suite {suite} · measured on {(metadata or {}).get('gpu_name') or 'the CPU'}"
+
+
 def legend_below(fig, handles, labels, *, ncol: int | None = None, title: str | None = None, fontsize=8):
     """One legend for the whole figure, below the axes (outside the data)."""
     n = len(labels)
@@ -242,4 +272,5 @@ def log_log_axes(ax, *, xlabel: str, ylabel: str, x_base: float = 10, y_base: fl
 
 
 __all__ = ["AUTHORS_BACKENDS", "OURS_KEY", "KernelStyle", "MARKERS", "NEUTRALS", "OURS_BACKENDS", "PALETTE", "family_key",
-           "is_ours", "kernel_styles", "order_kernels", "legend_below", "log_axis", "log_log_axes", "place_labels", "styles_for_rows", "tick_text"]
+           "is_ours", "kernel_styles", "order_kernels", "legend_below", "log_axis", "log_log_axes", "place_labels", "set_label", "styles_for_rows", "tick_text",
+           "wrap_text", "fig_title", "ax_title"]
