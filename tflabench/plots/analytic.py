@@ -14,8 +14,8 @@ from pathlib import Path
 from tflabench.analytic_inputs import ceilings_text
 from tflabench.plots import new_figure, save_figure
 
-from tflabench.plots.style import (PALETTE, ax_title, kernel_styles, legend_below, log_axis, log_log_axes,
-                                   place_labels)
+from tflabench.plots.style import (PALETTE, ax_title, kernel_styles, label_points, legend_below, log_axis,
+                                   log_log_axes, place_labels)
 
 #: Dash patterns of the GPUs' lines (roofs, I_acc lines), one per GPU with its colour.
 GPU_DASHES = ("-", (0, (6, 2)), (0, (2, 1.5)), (0, (6, 2, 1.5, 2)), (0, (1, 1)), (0, (9, 3)),
@@ -74,7 +74,7 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
     lo = max(min(xs) / 3, 0.1)
     hi = max(xs) * 3
     grid = _logspace(lo, hi)
-    roof_labels = []
+    roof_labels, to_label, markers = [], [], []
     for i, g in enumerate(gpus):
         st = gpu_style(i)
         ax.plot(grid, [min(g.bytes_per_s * x, g.flops_per_s) / 1e12 for x in grid], lw=1.8, **st)
@@ -88,14 +88,12 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
             compute = x >= g.intensity_flop_per_byte
             ax.plot([x], [y], marker="s" if compute else "o", color=st["color"], ms=5.5,
                     mfc=st["color"] if compute else "white", ls="none", zorder=3)
-            if i == 0:
-                ax.annotate(p["label"], (x, y), textcoords="offset points", xytext=(5, -11), fontsize=7)
+            (to_label if i == 0 else markers).append((x, y, p["label"], "k"))
         for p in peer_points:
             x = p["intensity_flop_per_byte"]
             y = min(g.bytes_per_s * x, g.flops_per_s) / 1e12
             ax.plot([x], [y], marker="D", color=st["color"], ms=5.5, ls="none", mfc="white", zorder=3)
-            if i == 0:
-                ax.annotate(p["label"], (x, y), textcoords="offset points", xytext=(-5, 5), fontsize=7, ha="right")
+            (to_label if i == 0 else markers).append((x, y, p["label"], "k"))
     handles = [ax.plot([], [], "o", mfc="white", color="k", ls="none")[0],
                ax.plot([], [], "s", color="k", ls="none")[0]]
     labels = ["model point, memory-bound", "model point, compute-bound"]
@@ -115,6 +113,12 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
     ax_title(ax, title or "Roofline", fontsize=9)
     _label_lines_right(ax, roof_labels)
     legend_below(fig, handles, labels, ncol=3, fontsize=7.5, title=f"roofs: {ceilings_text(gpus)}")
+    dropped = label_points(ax, to_label, obstacles=[(m[0], m[1]) for m in markers]
+                           + [(m["intensity_flop_per_byte"], m["flops_per_s"] / 1e12) for m in measured_points])
+    if dropped:
+        ax.text(0.99, 0.01, f"{dropped} point label{'s' if dropped > 1 else ''} left out where "
+                f"{'they' if dropped > 1 else 'it'} would overlap (the table names every point)",
+                transform=ax.transAxes, va="bottom", ha="right", fontsize=6.5, color="0.35")  # below the roof
     return save_figure(fig, path)
 
 
