@@ -239,7 +239,7 @@ def label_points(ax, items, *, obstacles=(), fontsize: float = 7.0, marker_pt: f
         how many labels were left out.
     """
     fig = ax.get_figure()
-    fig.canvas.draw()  # the layout and the data-to-pixel transform as they will be written
+    fig.draw_without_rendering()  # the layout and the data-to-pixel transform as they will be written
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
     half = marker_pt * fig.dpi / 72.0 / 2
