@@ -27,7 +27,7 @@ def new_figure(figsize=(7.0, 4.8)):
 
 
 def save_figure(fig, path: str | Path, *, dpi: int = 150) -> Path:
-    """Write ``fig`` to ``path`` (parent directories created), close it and return the path.
+    """Write ``fig`` to ``path`` (parent directories created) and return the path.
 
     The format follows the extension: ``.png`` (default when there is none), ``.svg`` or ``.pdf``.
     Every text is drawn as written: matplotlib's mathtext is off, so a kernel label such as
@@ -56,6 +56,4 @@ def save_figure(fig, path: str | Path, *, dpi: int = 150) -> Path:
             fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."))
     except OSError as exc:
         raise UserError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}") from None
-    finally:
-        fig.clear()  # no pyplot registry to close it from: free its artists now
-    return path
+    return path  # no pyplot registry holds the figure: it is freed with its last reference
