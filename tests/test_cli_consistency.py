@@ -117,3 +117,12 @@ def test_doctor_says_when_a_cuda_build_of_torch_sits_on_a_machine_without_a_gpu(
     assert any("is a CUDA build" in line and environment.CPU_TORCH_INSTALL in line for line in lines)
     cpu_build = environment.known_problems({**env, "cuda": None, "torch": "2.9.0+cpu"})
     assert not any("is a CUDA build" in line for line in cpu_build)
+
+
+def test_every_gpu_the_project_measured_is_shown_by_default():
+    for command in ("roofline", "intensity", "optimal-chunk"):
+        r = runner.invoke(app, [command, "--no-plots", "--json"])
+        assert r.exit_code == 0, (command, r.output)
+        d = json.loads(r.stdout)
+        keys = [g["key"] for g in d["gpus"]] if "gpus" in d else list(dict.fromkeys(x["gpu"] for x in d["results"]))
+        assert {"h100", "h200"} <= set(keys), (command, keys)
