@@ -254,8 +254,8 @@ def _measured_gpu(result_set, gpu_name, ceilings, hardware):
 
 @app.command()
 def roofline(
-    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default h100,h200 (with --results: the "
-                                             "set's GPU)."),
+    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default h100,h200; --results places "
+                                             "its rows on the first --gpu, else on the set's GPU."),
     chunk_size: str = typer.Option(DEFAULT_ROOFLINE_L, "--chunk-size", "-L", show_default=False,
                                    help="Chunk sizes L." + _H_LIST + " Default " + DEFAULT_ROOFLINE_L.replace(",", ", ")
                                    + " (those up to T)."),
