@@ -126,3 +126,13 @@ def test_every_gpu_the_project_measured_is_shown_by_default():
         d = json.loads(r.stdout)
         keys = [g["key"] for g in d["gpus"]] if "gpus" in d else list(dict.fromkeys(x["gpu"] for x in d["results"]))
         assert {"h100", "h200"} <= set(keys), (command, keys)
+
+
+def test_looking_for_gpus_imports_torch_only_where_a_driver_is_loaded():
+    code = ("import sys\nfrom tflabench import environment\n"
+            "environment.DRIVER_PATHS = ('/nonexistent/driver',)\n"        # a machine without a GPU driver
+            "environment.shutil.which = lambda name: None\n"                # and without nvidia-smi
+            "info = environment.gpu_info()\n"
+            "print(environment.gpu_driver_present(), len(info.devices), 'torch' in sys.modules)\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT)
+    assert out.stdout.split() == ["False", "0", "False"]
