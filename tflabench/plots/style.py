@@ -239,6 +239,10 @@ def label_points(ax, items, *, obstacles=(), fontsize: float = 7.0, marker_pt: f
         how many labels were left out.
     """
     fig = ax.get_figure()
+    if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure: the Agg canvas it is saved with
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
     fig.draw_without_rendering()  # the layout and the data-to-pixel transform as they will be written
     renderer = fig.canvas.get_renderer()
     frame = ax.get_window_extent(renderer)
