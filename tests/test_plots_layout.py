@@ -178,3 +178,26 @@ def test_titles_name_the_suite_and_the_gpu_apart():
     assert set_label({"suite": "cpu_demo", "gpu_name": None}) == "suite cpu_demo · measured on the CPU"
     assert "suite h100_7b · measured on NVIDIA H200" in heatmap_title({"suite": "h100_7b-verify",
                                                                        "gpu_name": "NVIDIA H200"})
+
+
+def test_numerics_heat_map_at_default_size(tmp_path, monkeypatch):
+    import pandas as pd
+
+    from tflabench.plots import numerics
+
+    found = {}
+    original = numerics.save_figure
+
+    def save(fig, path, **kw):
+        found["heatmap"] = layout_problems(fig)
+        return original(fig, path, **kw)
+
+    monkeypatch.setattr(numerics, "save_figure", save)
+    rows = [dict(kernel=k, dtype=d, numerics_case=regime, status="ok", numerics_err=err, numerics_budget=1e-2,
+                 numerics_worst="df", numerics_nonfinite=0, seq_len=64, mode="fwd", reason=None)
+            for k in ("mLSTMsig TFLA xl_chunk (ours)", "mLSTMexp TFLA xl_chunk (ours)")
+            for d in ("float32", "bfloat16")
+            for regime, err in (("standard", 1e-4), ("f_open", 5e-3), ("f_closed+init", 3e-3))]
+    numerics.write_heatmap(pd.DataFrame(rows), tmp_path / "h.png",
+                           title=numerics.heatmap_title({"suite": "verify_cpu-verify", "gpu_name": None}))
+    assert found == {"heatmap": []}

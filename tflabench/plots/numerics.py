@@ -135,7 +135,9 @@ def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=7, frameon=False,
                title="worst error / its budget (the case that decides the cell: the worst over lengths, "
                      "initial state and modes; framed: fails)", title_fontsize=7.5)
-    ax.set_title(title or "Numerics: worst error per kernel and regime, as a share of its budget", fontsize=10)
+    from tflabench.plots.style import fig_title
+
+    fig_title(fig, title or "Numerics: worst error per kernel and regime, as a share of its budget", fontsize=10)
     return save_figure(fig, path)
 
 
