@@ -137,9 +137,12 @@ def test_roofline_measured_ceilings_svg_and_fwdbw(tmp_path):
                  "--out", str(tmp_path), "--figure-format", "svg")
     assert d["gpus"][0]["flops_per_s"] == 772e12 and d["gpus"][0]["ceilings"] == "measured"
     assert (tmp_path / "roofline_h200_sig_fwdbw.svg").read_text().lstrip().startswith("<?xml")
-    # auto (the default everywhere): measured where recorded (the H200), datasheet elsewhere
+    # auto (the default everywhere): measured where every GPU shown has them recorded, else
+    # datasheet for all (one ceilings source per figure: the H200 alone, then beside the H100)
+    d = run_json("roofline", "--gpu", "h200", "--no-plots", "-L", "128")
+    assert [g["ceilings"] for g in d["gpus"]] == ["measured"]
     d = run_json("roofline", "--gpu", "h200,h100", "--no-plots", "-L", "128")
-    assert [g["ceilings"] for g in d["gpus"]] == ["measured", "datasheet"]
+    assert [g["ceilings"] for g in d["gpus"]] == ["datasheet", "datasheet"]
 
 
 def test_roofline_and_intensity_drop_default_chunk_sizes_longer_than_the_sequence():

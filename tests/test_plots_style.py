@@ -145,7 +145,7 @@ def test_heatmap_colours_follow_the_budget_and_the_key_explains_grey(tmp_path):
                          title=heatmap_title({"suite": "demo-verify", "gpu_name": None, "device": "cpu"}))
     assert path.stat().st_size > 10_000
     assert BUDGET_STEPS[5] == 1.0  # the colour changes at the budget
-    assert heatmap_title({"suite": "demo-verify", "device": "cpu"}).startswith("Numerics of suite demo on CPU")
+    assert heatmap_title({"suite": "demo-verify", "device": "cpu"}).startswith("Numerics of suite demo · measured on the CPU")
 
 
 def test_runtime_plot_puts_its_legend_outside_the_axes(tmp_path):

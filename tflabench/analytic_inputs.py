@@ -100,9 +100,39 @@ def counted_shape(formulation: str, mode: str, L: int, T: int, pad: bool) -> Non
 
 def gpus(names, ceilings: str, hardware):
     """The catalogue GPUs named (``--gpu``'s items) with ``--ceilings`` auto, datasheet or
-    measured (:func:`tflabench.hardware.get_gpu`; ``hardware``: a user YAML or None)."""
+    measured (:func:`tflabench.hardware.get_gpu`; ``hardware``: a user YAML or None).
+
+    One ceilings source for all of them: ``auto`` takes the measured ceilings only where
+    every GPU named has them, else every GPU's datasheet ceilings, so that two GPUs in one
+    figure or table are compared like for like (a measured roof is lower than a datasheet
+    one: mixing them would draw the H200 below the H100).
+
+    Raises:
+        UserError: an unknown GPU, bad ``ceilings``, a GPU without the ceilings asked for.
+    """
     one_of("--ceilings", ceilings, ("auto", "datasheet", "measured"))
-    return [get_gpu(n, ceilings=ceilings, hardware_file=hardware) for n in names]
+    chosen = [get_gpu(n, ceilings=ceilings, hardware_file=hardware) for n in names]
+    if ceilings == "auto" and len({g.ceilings for g in chosen}) > 1:
+        chosen = [get_gpu(n, ceilings="datasheet", hardware_file=hardware) for n in names]
+    return chosen
 
 
-__all__ = ["causal", "chunk_at_most", "counted_shape", "dqk_pqk", "gpus", "one_of", "parse_list", "positive"]
+def ceilings_text(gpus) -> str:
+    """What a title or legend says of the ceilings of ``gpus``: ``datasheet ceilings``,
+    ``measured ceilings``, or each GPU's where they differ (``--ceilings`` measured with a
+    GPU that has none is refused before)."""
+    sources = list(dict.fromkeys(g.ceilings for g in gpus))
+    if len(sources) == 1:
+        return f"{sources[0]} ceilings"
+    return "ceilings " + ", ".join(f"{g.key} {g.ceilings}" for g in gpus)
+
+
+def state_bytes(value) -> float:
+    """``--state-bytes``: 4 (fp32 states) or 2 (bf16 states), the two the kernels store
+    (paper App. F, bytes_Cmn). Raises UserError for any other value."""
+    if value not in (2, 4):
+        raise UserError(f"--state-bytes={value:g} is not valid; allowed: 4 (fp32 states) or 2 (bf16 states)")
+    return value
+
+
+__all__ = ["causal", "ceilings_text", "chunk_at_most", "counted_shape", "dqk_pqk", "gpus", "one_of", "parse_list", "positive", "state_bytes"]

@@ -154,10 +154,21 @@ class GpuInfo:
         return [d.name for d in self.devices]
 
 
+#: Paths that exist where a GPU driver is loaded (NVIDIA's; AMD's ROCm for a ROCm build of torch).
+DRIVER_PATHS = ("/proc/driver/nvidia", "/dev/nvidiactl", "/dev/nvidia0", "/dev/kfd")
+
+
+def gpu_driver_present() -> bool:
+    """Whether this machine has a GPU driver loaded (:data:`DRIVER_PATHS`), known without
+    importing torch or starting CUDA."""
+    return any(os.path.exists(p) for p in DRIVER_PATHS)
+
+
 def gpu_info() -> GpuInfo:
     """GPUs and driver from ``nvidia-smi`` (no CUDA context here; every GPU of the host,
     whatever ``CUDA_VISIBLE_DEVICES`` says); falls back to torch (which creates a context
-    and sees only the visible GPUs) when ``nvidia-smi`` is absent. Empty on a CPU machine."""
+    and sees only the visible GPUs) when ``nvidia-smi`` is absent but a driver is loaded
+    (:func:`gpu_driver_present`). Empty on a CPU machine, found without importing torch."""
     if shutil.which("nvidia-smi"):
         try:
             res = subprocess.run(
@@ -170,6 +181,8 @@ def gpu_info() -> GpuInfo:
                 return GpuInfo(devices, driver, "nvidia-smi")
         except (OSError, subprocess.TimeoutExpired):
             pass
+    if not gpu_driver_present():  # no driver: no GPU, and no need to import torch (seconds) to learn it
+        return GpuInfo([], None, None)
     try:
         import torch
 
@@ -320,6 +333,10 @@ def fla_640_refused(hopper: bool | None, triton: tuple[int, ...] | None) -> bool
     return bool(hopper) and triton is not None and (3, 4) <= tuple(triton) < (3, 7, 1)
 
 
+#: The command that installs CPU-only torch from PyTorch's own index (an extra cannot pin an index).
+CPU_TORCH_INSTALL = "pip install torch --index-url https://download.pytorch.org/whl/cpu"
+
+
 def known_problems(env: dict) -> list[str]:
     """Known-bad combinations in ``env`` (as :func:`collect` returns it), one advice line
     each (measured on an H200 with triton 3.6)."""
@@ -349,6 +366,11 @@ def known_problems(env: dict) -> list[str]:
     if env.get("gpu_count", 0) == 0:
         problems.append("no GPU visible: only the CPU suite (suites/cpu_demo.yaml) can run; "
                         "GPU suites need a CUDA build of torch and an NVIDIA driver.")
+        if env.get("cuda"):
+            problems.append(
+                f"torch {env.get('torch')} is a CUDA build (CUDA {env['cuda']}) on a machine without a GPU: "
+                "it runs on the CPU, but its nvidia-* packages are gigabytes unused. CPU-only torch: "
+                f"{CPU_TORCH_INSTALL} (README, Set-up).")
     return problems
 
 

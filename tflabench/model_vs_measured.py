@@ -11,7 +11,8 @@ of row dicts) and one GPU's ceilings ``alpha`` (FLOP/s) and ``beta`` (byte/s):
   §4.7 max-form optimum); the measured optimum is the L of the lowest median time.
 - :func:`roofline_placement`: every ``ok`` row placed against the roofline at its *own*
   shape: its model FLOPs and bytes (the row's ``flops``/``bytes`` columns, computed at the
-  row's shape by :func:`tflabench.model.counts_for_case`), its intensity, the attainable
+  row's shape by :func:`tflabench.model.counts_for_case`; an mLSTM row of ``chunk_size:
+  auto`` counted again at the chunk size that ran), its intensity, the attainable
   FLOP/s there (eq. 119) and the fraction of it achieved (= ``roofline_fraction``).
 - :func:`distance_to_bound`: per kernel and mode, the median, worst and best fraction.
 
@@ -28,7 +29,7 @@ from typing import Any, Iterable
 
 from tflabench import hardware
 from tflabench.errors import UserError
-from tflabench.model import mlstm_counts, mlstm_fwdbw_counts, place_on_roofline, runtime
+from tflabench.model import counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline, runtime
 from tflabench.model.analysis import golden_min, optimal_chunk
 from tflabench.results import case_label, number
 
@@ -293,6 +294,9 @@ def roofline_placement(rows, *, alpha, beta) -> list[dict]:
         flops, nbytes, ms = number(r.get("flops")), number(r.get("bytes")), number(r.get("ms_median"))
         if r.get("status") != "ok" or not flops or not nbytes or not ms or ms <= 0:
             continue
+        ran = _counts_at_chunk_run(r)
+        if ran is not None:
+            flops, nbytes = ran
         placed = place_on_roofline(flops, nbytes, ms, alpha=alpha, beta=beta)
         out.append({
             "kernel": str(r.get("kernel") or r.get("backend") or "?"), "mode": str(r.get("mode") or ""),
@@ -305,6 +309,33 @@ def roofline_placement(rows, *, alpha, beta) -> list[dict]:
         })
     mark_outliers(out)
     return out
+
+
+#: Bytes per element of the dtypes a row names (the model's ``bytes_qkv``).
+_DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
+
+
+def _counts_at_chunk_run(row: dict) -> tuple[float, float] | None:
+    """(flops, bytes) of an mLSTM row whose suite asked for ``chunk_size: auto``, counted at
+    the chunk size that ran (the row's ``chunk_size``), so that each row sits at its own
+    intensity; None for every other row (its recorded counts were made at its own chunk
+    size). docs/model.md: intensity rises with L, so one assumed L would stack rows of
+    different chunk sizes at one intensity."""
+    variant, L = row_variant(row), number(row.get("chunk_size"))
+    if variant is None or not L or _params(row).get("chunk_size") != "auto":
+        return None
+    shape = {k: number(row.get(k)) for k in ("batch", "seq_len", "heads", "d_qk", "d_hv")}
+    if not all(shape.values()) or row.get("mode") not in ("fwd", "fwdbw"):
+        return None
+    kind = "mlstm_sig" if variant == "sig" else (
+        "mlstm_exp_limit" if row_kernel_split(row) == "limit_chunk" else "mlstm_exp")
+    try:
+        c = counts_for_case(kind, row["mode"], B=int(shape["batch"]), NH=int(shape["heads"]), T=int(shape["seq_len"]),
+                            d_qk=int(shape["d_qk"]), d_hv=int(shape["d_hv"]), L=int(L),
+                            bytes_qkv=_DTYPE_BYTES.get(str(row.get("dtype")), 2))
+    except (UserError, ValueError, NotImplementedError):
+        return None
+    return float(c.flops), float(c.bytes)
 
 
 def mark_outliers(points: list[dict], factor: float = OUTLIER_FACTOR) -> list[dict]:

@@ -13,6 +13,7 @@ UserError too.
 from __future__ import annotations
 
 import os
+import sys
 import tempfile
 from pathlib import Path
 
@@ -54,11 +55,15 @@ def _umask() -> int:
 
 
 def write_text(path: str | os.PathLike, text: str, what: str, append: bool = False) -> Path:
-    """Write ``text`` to ``path`` (parents created): whole, through a temporary file and a
-    rename, or appended when ``append``. Raises UserError naming ``what`` and the path."""
+    """Write ``text`` to ``path``: whole, through a temporary file and a rename, or appended
+    when ``append``. A missing directory is created, and said on stderr (``created directory
+    D for --html``), the same for every report file (``--html``, ``--markdown``, ``--json``),
+    so a mistyped path is seen. Raises UserError naming ``what`` and the path."""
     p = Path(path)
     try:
-        p.parent.mkdir(parents=True, exist_ok=True)
+        if not p.parent.exists():
+            p.parent.mkdir(parents=True, exist_ok=True)
+            sys.stderr.write(f"created directory {str(p.parent)!r} for {what}\n")
         if append:
             with open(p, "a", encoding="utf-8") as handle:
                 handle.write(text)

@@ -380,6 +380,8 @@ def load_suite(path: str | os.PathLike) -> LoadedSuite:
     than ``max_cases``. Expansion with :func:`expand_cases` then cannot fail.
     """
     p = Path(path)
+    if p.is_dir():
+        raise UserError(f"suite file {str(p)!r} is a directory; give a suite YAML file (e.g. suites/cpu_demo.yaml)")
     if not p.is_file():
         raise UserError(f"suite file {str(p)!r} does not exist")
     data = load_yaml(p)

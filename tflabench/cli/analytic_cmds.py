@@ -167,8 +167,9 @@ def flops(
         results = []
         for cfg in grid:
             L, d_hv, sb, fc, m = cfg["L"], cfg["d_hv"], cfg["bytes_Cmn"], cfg["F_causal"], cfg["mode"]
-            for name, v in (("--dhv", d_hv), ("--chunk-size", L), ("--state-bytes", sb)):
+            for name, v in (("--dhv", d_hv), ("--chunk-size", L)):
                 inputs.positive(name, v)
+            inputs.state_bytes(sb)
             d_qk, p_qk = inputs.dqk_pqk(d_hv, dqk, pqk)
             inputs.causal(fc)
             inputs.counted_shape(formulation, m, L, seq_len, pad)
@@ -227,24 +228,34 @@ def _render_counts(config: dict, c) -> None:
 # ------------------------------------------------------------------ roofline
 
 
-def load_rows(path):
-    """The rows (DataFrame) of the result set at ``path``; UserError when it is none."""
+def _load_set(path):
+    """``roofline --results``: the result set at ``path`` (None when not given); UserError when
+    it is none or has no usable row."""
+    if path is None:
+        return None
     from tflabench.results import load_results
 
-    return load_results(path).rows
-
-
-def _measured_points(path) -> list[dict]:
-    """``roofline --results``: the measured points of a result set; UserError when none is usable."""
-    pts = measured_points(load_rows(path))
-    if not pts:
+    result_set = load_results(path)
+    if not measured_points(result_set.rows):
         raise UserError(f"--results={str(path)!r} has no rows with status ok and usable flops/bytes/tflops_per_s")
-    return pts
+    return result_set
+
+
+def _measured_gpu(result_set, gpu_name, ceilings, hardware):
+    """``roofline --results``: the GPU whose roofline the set's rows are placed on: the first
+    ``--gpu``, else the GPU the set was measured on (a CPU set needs ``--gpu``, as ``report``
+    does: :func:`tflabench.model_vs_measured.ceilings_for`); None without ``--results``."""
+    if result_set is None:
+        return None
+    from tflabench.model_vs_measured import ceilings_for
+
+    return ceilings_for(result_set.metadata, ceilings, gpu_name, hardware_file=hardware)
 
 
 @app.command()
 def roofline(
-    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default h100."),
+    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default h100,h200; --results places "
+                                             "its rows on the first --gpu, else on the set's GPU."),
     chunk_size: str = typer.Option(DEFAULT_ROOFLINE_L, "--chunk-size", "-L", show_default=False,
                                    help="Chunk sizes L." + _H_LIST + " Default " + DEFAULT_ROOFLINE_L.replace(",", ", ")
                                    + " (those up to T)."),
@@ -263,8 +274,9 @@ def roofline(
     ceilings: str = ceilings_option(),
     peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, T)."),
     results: Optional[Path] = typer.Option(
-        None, "--results", help="Result set whose measured rows to place, each at its own shape, on the first "
-        "GPU's roofline (a second figure, *_measured, and a distance-to-the-bound table)."),
+        None, "--results", help="Result set whose measured rows to place, each at its own shape, on the "
+        "roofline of the GPU it was measured on, or of the first --gpu (a second figure, *_measured, and a "
+        "distance-to-the-bound table); a CPU set needs --gpu."),
     plots: bool = plots_option(),
     out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
     figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
@@ -275,7 +287,7 @@ def roofline(
 
     Defaults: the paper's roofline figure (mLSTMsig, d_hv 512, p_qk 0.5, B 8, NH 8, T 8192, F_causal 0.66). --dhv, --state-bytes, --causal-factor and --mode take comma lists: a set of points per combination.
 
-    Example: tflabench roofline --gpu h100,h200 -L 64,128,256 --results results/h100_7b/latest
+    Example: tflabench roofline --gpu h100,h200 -L 64,128,256 --results results/reference/h100/h100_7b
     """
     with user_errors():
         variant = inputs.one_of("--variant", variant, ("sig", "exp"))
@@ -290,12 +302,15 @@ def roofline(
         grid = _grid(d_hv=inputs.parse_list("--dhv", dhv, int), bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes),
                      F_causal=inputs.parse_list("--causal-factor", causal_factor), mode=_modes(mode))
         varying = {k for k in grid[0] if len({cfg[k] for cfg in grid}) > 1}
-        gpus = inputs.gpus(comma_list("--gpu", gpu) or ["h100"], ceilings, hardware)
+        gpu_names = comma_list("--gpu", gpu)
+        gpus = inputs.gpus(gpu_names or ["h100", "h200"], ceilings, hardware)
+        result_set = _load_set(results)
+        measured_gpu = _measured_gpu(result_set, gpu_names[0] if gpu_names else None, ceilings, hardware)
         plot_dir, fmt = _plot_dir(out, figure_format) if plots else (None, "png")
         pts, peer_pts = [], []
         for cfg in grid:
             inputs.positive("--dhv", cfg["d_hv"])
-            inputs.positive("--state-bytes", cfg["bytes_Cmn"])
+            inputs.state_bytes(cfg["bytes_Cmn"])
             inputs.causal(cfg["F_causal"])
             d_qk, p_qk = inputs.dqk_pqk(cfg["d_hv"], dqk, pqk)
             tag = _varying_label(cfg, varying)
@@ -307,16 +322,16 @@ def roofline(
                 for p in peer_points(cfg["mode"], T=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"], d_qk=d_qk,
                                       F_causal=cfg["F_causal"], bytes_qkv=qkv_bytes):
                     peer_pts.append({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()})
-        measured = _measured_points(results) if results is not None else []
+        measured = measured_points(result_set.rows) if result_set is not None else []
         shown = pts + peer_pts
         table = [{**row, "mode": p["mode"], "d_hv": p["d_hv"], "bytes_Cmn": p["bytes_Cmn"], "F_causal": p["F_causal"]}
                  for row, p in zip(roofline_rows(gpus, shown), shown * len(gpus))]
         placement, distance = [], []
-        if measured:  # each measured row against its own bound, on the first GPU's roofline
+        if measured:  # each measured row against its own bound, on the set's (or the first --gpu's) roofline
             from tflabench.model_vs_measured import distance_to_bound, roofline_placement
 
-            placement = roofline_placement(load_rows(results), alpha=gpus[0].flops_per_s,
-                                           beta=gpus[0].bytes_per_s)
+            placement = roofline_placement(result_set.rows, alpha=measured_gpu.flops_per_s,
+                                           beta=measured_gpu.bytes_per_s)
             distance = distance_to_bound(placement)
         path = measured_path = None
         modes = list(dict.fromkeys(cfg["mode"] for cfg in grid))
@@ -331,15 +346,16 @@ def roofline(
                 gpus, pts, path=plot_dir / name, peer_points=peer_pts,
                 title=(f"Roofline, mLSTM{variant} chunkwise {'+'.join(modes)} (d_hv={values('d_hv')}, "
                        f"p_qk={inputs.dqk_pqk(grid[0]['d_hv'], dqk, pqk)[1]:g}, F_causal={values('F_causal', '{:g}'.format)}, "
-                       f"states {values('bytes_Cmn', _state_name)}, ceilings {ceilings})"),
+                       f"states {values('bytes_Cmn', _state_name)}; {inputs.ceilings_text(gpus)})"),
             )
             if placement:
                 from tflabench.plots.model_measured import roofline_measured_figure
+                from tflabench.plots.style import set_label
 
                 measured_path = roofline_measured_figure(
-                    placement, gpus[0], path=path.with_name(f"{path.stem}_measured{path.suffix}"),
-                    title=(f"Every case of {results} against the {gpus[0].name} roofline at its own shape "
-                           f"({gpus[0].ceilings} ceilings)"))
+                    placement, measured_gpu, path=path.with_name(f"{path.stem}_measured{path.suffix}"),
+                    title=(f"Every measured case against the {measured_gpu.name} roofline at its own shape "
+                           f"({measured_gpu.ceilings} ceilings), {set_label(result_set.metadata)}"))
         if as_json:
             _echo_json({
                 "config": {"variant": variant, "modes": modes, "counts": counts, "T": seq_len, "N_batch": batch,
@@ -348,6 +364,7 @@ def roofline(
                            "bytes_Cmn": sorted({c["bytes_Cmn"] for c in grid}), "bytes_qkv": qkv_bytes,
                            "ceilings": ceilings},
                 "gpus": [g.as_dict() for g in gpus],
+                "measured_gpu": measured_gpu.as_dict() if measured_gpu else None,
                 "points": table,
                 "measured": measured,
                 "placement": placement,
@@ -371,7 +388,7 @@ def roofline(
                   "ms max: roofline bound FLOPs/attainable = max form (eq. 114); ms sum: eq. 113/116[/dim]")
         if measured:
             con.print(f"{len(measured)} measured points from {results}, each placed at its own shape "
-                      f"on the {gpus[0].name} roofline ({gpus[0].ceilings} ceilings):", markup=False)
+                      f"on the {measured_gpu.name} roofline ({measured_gpu.ceilings} ceilings):", markup=False)
             from tflabench.tables import distance_table
 
             con.print(distance_table(distance))
@@ -385,7 +402,7 @@ def roofline(
 
 @app.command()
 def intensity(
-    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default v100,a100,h100,b200."),
+    gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default v100,a100,h100,h200,b200."),
     chunk_size: str = typer.Option(DEFAULT_INTENSITY_L, "--chunk-size", "-L", show_default=False,
                                    help="Chunk sizes L for the table." + _H_LIST + " Default "
                                    + DEFAULT_INTENSITY_L.replace(",", ", ") + " (those up to T)."),
@@ -424,9 +441,9 @@ def intensity(
                      F_causal=inputs.parse_list("--causal-factor", causal_factor))
         for cfg in grid:
             inputs.positive("--dhv", cfg["d_hv"])
-            inputs.positive("--state-bytes", cfg["bytes_Cmn"])
+            inputs.state_bytes(cfg["bytes_Cmn"])
             inputs.causal(cfg["F_causal"])
-        gpus = inputs.gpus(comma_list("--gpu", gpu) or ["v100", "a100", "h100", "b200"], ceilings, hardware)
+        gpus = inputs.gpus(comma_list("--gpu", gpu) or ["v100", "a100", "h100", "h200", "b200"], ceilings, hardware)
         plot_dir, fmt = _plot_dir(out, figure_format) if plots else (None, "png")
         d_hvs = list(dict.fromkeys(cfg["d_hv"] for cfg in grid))
         curves = []
@@ -446,7 +463,7 @@ def intensity(
             path = intensity_figure(
                 curves, gpus, T=seq_len, path=plot_dir / f"intensity_{variant}_dhv{dhvs.replace(',', '_')}.{fmt}",
                 title=(f"Arithmetic intensity of mLSTM{variant} chunkwise over chunk size (d_hv={dhvs}, "
-                       f"p_qk={p_qk:g}), against each GPU's I_acc ({ceilings} ceilings)"),
+                       f"p_qk={p_qk:g}), against each GPU's I_acc ({inputs.ceilings_text(gpus)})"),
             )
         if as_json:
             _echo_json({
@@ -484,7 +501,7 @@ def intensity(
 def optimal_chunk(
     dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST + " (one with --measure)"),
     gpu: Optional[List[str]] = typer.Option(
-        None, "--gpu", help=_H_GPU + " Default h100; with --measure the GPU measured on (one)."),
+        None, "--gpu", help=_H_GPU + " Default h100,h200; with --measure the GPU measured on (one)."),
     variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
     dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
     pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
@@ -550,9 +567,9 @@ def optimal_chunk(
             raise UserError(f"--pqk={pqk!r} is not valid; p_qk must be > 0")
         for cfg in grid:
             inputs.positive("--dhv", cfg["d_hv"])
-            inputs.positive("--state-bytes", cfg["bytes_Cmn"])
+            inputs.state_bytes(cfg["bytes_Cmn"])
             inputs.causal(cfg["F_causal"])
-        gpus = inputs.gpus(comma_list("--gpu", gpu) or ["h100"], ceilings, hardware)
+        gpus = inputs.gpus(comma_list("--gpu", gpu) or ["h100", "h200"], ceilings, hardware)
         plot_dir, fmt = _plot_dir(out, figure_format) if plots else (None, "png")
         rows = []
         d_hvs = list(dict.fromkeys(cfg["d_hv"] for cfg in grid))
@@ -577,7 +594,8 @@ def optimal_chunk(
             return
         con = _console()
         several = len({(r["bytes_Cmn"], r["F_causal"]) for r in rows}) > 1
-        t = _table((f"Optimal chunk size, mLSTM{variant} chunkwise forward (counts={counts}, {ceilings} ceilings; "
+        t = _table((f"Optimal chunk size, mLSTM{variant} chunkwise forward (counts={counts}, "
+                    f"{inputs.ceilings_text(gpus)}; "
                     f"runtime for B={batch}, NH={heads}, T={seq_len})"))
         cols = ["GPU", "I_acc", "d_hv", "d_qk"] + (["states", "F_c"] if several else []) + [
             "L_flop", "L_runtime", "numeric", "best 2^k", "ms at 2^k", "L_max"]
@@ -619,7 +637,7 @@ def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_f
             single[name] = values[0]
         d_hv, sb, fc = single["--dhv"], single["--state-bytes"], single["--causal-factor"]
         inputs.positive("--dhv", d_hv)
-        inputs.positive("--state-bytes", sb)
+        inputs.state_bytes(sb)
         d_qk, _ = inputs.dqk_pqk(d_hv, dqk, pqk)
         if float(d_qk) != int(d_qk):
             raise UserError(f"--pqk={pqk!r} gives d_qk={d_qk} (not an integer); give --dqk")
@@ -663,11 +681,11 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
     path = None
     if sweeps and plot_dir is not None:
         from tflabench.plots.model_measured import chunk_sweep_figure
+        from tflabench.plots.style import set_label
 
         path = chunk_sweep_figure(
             sweeps, path=Path(plot_dir) / f"optimal_chunk_measured.{figure_format}",
-            title=(f"Runtime over chunk size L, measured and modelled: {rs.metadata.get('suite')} on "
-                   f"{rs.metadata.get('gpu_name')}"))
+            title=f"Runtime over chunk size L, measured and modelled, {set_label(rs.metadata)}")
     figures = [_shown(p) for p in (run_plots or [])] + ([_shown(path)] if path else [])
     if as_json:
         _echo_json({"results": str(rs.path), "gpu": g.as_dict(), "sweeps": [s.as_dict() for s in sweeps],

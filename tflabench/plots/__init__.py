@@ -1,7 +1,7 @@
 """Plots (matplotlib, imported lazily): analytic figures (analytic.py) and benchmark figures.
 
 Shared helpers: :func:`save_figure` (directories, format by extension, returns the path) and
-:func:`new_figure` (a figure on the non-interactive Agg backend).
+:func:`new_figure` (a figure on the Agg canvas, without pyplot).
 """
 
 from __future__ import annotations
@@ -15,24 +15,19 @@ DEFAULT_PLOT_DIR = Path("results") / "plots"
 _FORMATS = {".png", ".svg", ".pdf"}
 
 
-def _pyplot():
-    import matplotlib
-
-    matplotlib.use("Agg", force=True)
-    import matplotlib.pyplot as plt
-
-    return plt
-
-
 def new_figure(figsize=(7.0, 4.8)):
-    """A new (figure, axes) pair on the Agg backend (no display needed)."""
-    plt = _pyplot()
-    fig, ax = plt.subplots(figsize=figsize, layout="constrained")
-    return fig, ax
+    """A new (figure, axes) pair with constrained layout on the Agg canvas (no display
+    needed; pyplot is not imported, so a figure costs no GUI backend and no global state)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize, layout="constrained")
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots()
 
 
 def save_figure(fig, path: str | Path, *, dpi: int = 150) -> Path:
-    """Write ``fig`` to ``path`` (parent directories created), close it and return the path.
+    """Write ``fig`` to ``path`` (parent directories created) and return the path.
 
     The format follows the extension: ``.png`` (default when there is none), ``.svg`` or ``.pdf``.
     Every text is drawn as written: matplotlib's mathtext is off, so a kernel label such as
@@ -61,6 +56,4 @@ def save_figure(fig, path: str | Path, *, dpi: int = 150) -> Path:
             fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."))
     except OSError as exc:
         raise UserError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}") from None
-    finally:
-        _pyplot().close(fig)
-    return path
+    return path  # no pyplot registry holds the figure: it is freed with its last reference

@@ -11,9 +11,11 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from tflabench.analytic_inputs import ceilings_text
 from tflabench.plots import new_figure, save_figure
 
-from tflabench.plots.style import PALETTE, kernel_styles, legend_below, log_axis, log_log_axes, place_labels
+from tflabench.plots.style import (PALETTE, ax_title, kernel_styles, label_points, legend_below, log_axis,
+                                   log_log_axes, place_labels)
 
 #: Dash patterns of the GPUs' lines (roofs, I_acc lines), one per GPU with its colour.
 GPU_DASHES = ("-", (0, (6, 2)), (0, (2, 1.5)), (0, (6, 2, 1.5, 2)), (0, (1, 1)), (0, (9, 3)),
@@ -72,7 +74,7 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
     lo = max(min(xs) / 3, 0.1)
     hi = max(xs) * 3
     grid = _logspace(lo, hi)
-    roof_labels = []
+    roof_labels, to_label, markers = [], [], []
     for i, g in enumerate(gpus):
         st = gpu_style(i)
         ax.plot(grid, [min(g.bytes_per_s * x, g.flops_per_s) / 1e12 for x in grid], lw=1.8, **st)
@@ -86,14 +88,12 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
             compute = x >= g.intensity_flop_per_byte
             ax.plot([x], [y], marker="s" if compute else "o", color=st["color"], ms=5.5,
                     mfc=st["color"] if compute else "white", ls="none", zorder=3)
-            if i == 0:
-                ax.annotate(p["label"], (x, y), textcoords="offset points", xytext=(5, -11), fontsize=7)
+            (to_label if i == 0 else markers).append((x, y, p["label"], "k"))
         for p in peer_points:
             x = p["intensity_flop_per_byte"]
             y = min(g.bytes_per_s * x, g.flops_per_s) / 1e12
             ax.plot([x], [y], marker="D", color=st["color"], ms=5.5, ls="none", mfc="white", zorder=3)
-            if i == 0:
-                ax.annotate(p["label"], (x, y), textcoords="offset points", xytext=(-5, 5), fontsize=7, ha="right")
+            (to_label if i == 0 else markers).append((x, y, p["label"], "k"))
     handles = [ax.plot([], [], "o", mfc="white", color="k", ls="none")[0],
                ax.plot([], [], "s", color="k", ls="none")[0]]
     labels = ["model point, memory-bound", "model point, compute-bound"]
@@ -110,9 +110,15 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
     if any(m.get("mode") == "fwdbw" for m in measured_points):
         labels[-len(styles)] += " (small: forward + backward)"
     log_log_axes(ax, xlabel="arithmetic intensity I (FLOP/byte)", ylabel="attainable performance (TFLOP/s)")
-    ax.set_title(title or "Roofline", fontsize=9)
+    ax_title(ax, title or "Roofline", fontsize=9)
     _label_lines_right(ax, roof_labels)
-    legend_below(fig, handles, labels, ncol=3, fontsize=7.5)
+    legend_below(fig, handles, labels, ncol=3, fontsize=7.5, title=f"roofs: {ceilings_text(gpus)}")
+    dropped = label_points(ax, to_label, obstacles=[(m[0], m[1]) for m in markers]
+                           + [(m["intensity_flop_per_byte"], m["flops_per_s"] / 1e12) for m in measured_points])
+    if dropped:
+        ax.text(0.99, 0.01, f"{dropped} point label{'s' if dropped > 1 else ''} left out where "
+                f"{'they' if dropped > 1 else 'it'} would overlap (the table names every point)",
+                transform=ax.transAxes, va="bottom", ha="right", fontsize=6.5, color="0.35")  # below the roof
     return save_figure(fig, path)
 
 
@@ -154,12 +160,11 @@ def intensity_figure(curves, gpus, *, T, path, title=None) -> Path:
         gpu_labels.append((g.intensity_flop_per_byte, f"{g.name}: I_acc {g.intensity_flop_per_byte:.1f}",
                            st["color"]))
     log_log_axes(ax, xlabel="chunk size L (tokens)", ylabel="arithmetic intensity (FLOP/byte)", x_base=2)
-    ax.set_title(title or "Arithmetic intensity", fontsize=9)
+    ax_title(ax, title or "Arithmetic intensity", fontsize=9)
     _label_lines_right(ax, gpu_labels)
-    ceilings = sorted({g.ceilings for g in gpus})
     legend_below(fig, handles, labels, ncol=min(4, len(labels)),
                  title=f"curves: state bytes and F_causal; lines: each GPU's I_acc = alpha / beta "
-                       f"({', '.join(ceilings)} ceilings), compute-bound above")
+                       f"({ceilings_text(gpus)}), compute-bound above")
     return save_figure(fig, path)
 
 
@@ -188,8 +193,8 @@ def optimal_chunk_figure(gpus, *, variant="sig", p_qk=0.5, F_causal=0.66, bytes_
     ax1.plot(dg, [l_opt_flop(coeffs(d)) for d in dg], color="k", ls="-.", lw=1.4, label="FLOP-optimal (eq. 111)")
     log_log_axes(ax1, xlabel="head dimension d_hv", ylabel="optimal chunk size L (tokens)", x_base=2, y_base=2)
     ax1.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False)
-    ax1.set_title(f"optimal L over d_hv (p_qk={p_qk:g}, F_causal={F_causal:g}, bytes_Cmn={bytes_Cmn:g})",
-                  fontsize=9)
+    ax_title(ax1, f"optimal L over d_hv (p_qk={p_qk:g}, F_causal={F_causal:g}, bytes_Cmn={bytes_Cmn:g}; "
+             f"{ceilings_text(gpus)})", fontsize=9)
 
     Ig = _logspace(10, 2000, 120)
     for j, d in enumerate((128, 256, 512, 1024)):
@@ -216,6 +221,6 @@ def optimal_chunk_figure(gpus, *, variant="sig", p_qk=0.5, F_causal=0.66, bytes_
     ax2.set_ylabel("runtime-optimal chunk size L (tokens)")
     ax2.grid(True, which="both", alpha=0.3)
     ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False, ncol=4)
-    ax2.set_title(f"runtime-optimal L over accelerator intensity (eq. 121, mLSTM{variant}; dots: the GPUs)",
-                  fontsize=9, pad=28)
+    ax_title(ax2, f"runtime-optimal L over accelerator intensity (eq. 121, mLSTM{variant}; dots: the GPUs)",
+             fontsize=9, pad=28)
     return save_figure(plt_fig, path)

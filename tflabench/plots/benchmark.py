@@ -7,7 +7,7 @@
   case that did not measure (the results table gives its status and reason).
 - :func:`plot_memory_runtime`: peak memory against runtime over chunk size, one panel per
   mode (the paper's Figure 5), for every kernel measured at more than one chunk size at
-  the same shape; points are labelled with L.
+  the same shape; points are labelled with L where a label finds room.
 
 :func:`write_plots` draws whichever apply into ``<result dir>/plots/`` (used by ``run``
 and ``report``).
@@ -92,7 +92,7 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     Args:
         frame: result rows (:attr:`tflabench.results.ResultSet.rows`).
     """
-    from tflabench.plots.style import OURS_KEY, legend_below, log_axis, order_kernels
+    from tflabench.plots.style import OURS_KEY, fig_title, legend_below, log_axis, order_kernels
 
     ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()].copy()
     if ok.empty:
@@ -121,7 +121,7 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     legend_below(fig, [handles[s] for s in order], order, ncol=3 if len(order) > 4 else len(order),
                  title=OURS_KEY if any(st.ours for st in styles.values()) else None)
     if title:
-        fig.suptitle(title)
+        fig_title(fig, title)
     return save_figure(fig, path)
 
 
@@ -142,7 +142,7 @@ def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Pa
     panel per mode, one line per kernel and shape, points labelled with L where the labels
     do not collide (paper Fig. 5), one legend below the panels. Returns the path, or None
     when no kernel sweeps chunk sizes (or no memory was measured, as on the CPU)."""
-    from tflabench.plots.style import kernel_styles, legend_below
+    from tflabench.plots.style import fig_title, kernel_styles, label_points, legend_below
 
     sweep = chunk_sweeps(frame)
     if sweep.empty:
@@ -154,29 +154,26 @@ def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Pa
     modes = [m for m in ("fwd", "fwdbw") if (sweep["mode"] == m).any()]
     fig, axes = _figure(len(modes))
     handles: dict = {}
+    labels: dict = {}
     for ax, mode in zip(axes, modes):
         part = sweep[sweep["mode"] == mode]
-        taken: list[tuple[float, float]] = []
         for series, group in part.groupby("series", sort=False):
             group = group.sort_values("chunk_size")
             (line,) = ax.plot(group["ms_median"], group["peak_mem_bytes"] / GIB, **styles[series].line())
             handles.setdefault(series, line)
-            for _, r in group.iterrows():
-                x, y = float(r["ms_median"]), float(r["peak_mem_bytes"] / GIB)
-                # one label per spot: skip a label that would sit on one already drawn
-                if any(abs(x - tx) <= 0.04 * max(x, tx) and abs(y - ty) <= 0.04 * max(abs(y), abs(ty), 1e-9)
-                       for tx, ty in taken):
-                    continue
-                taken.append((x, y))
-                ax.annotate(f"L={int(r['chunk_size'])}", (x, y), textcoords="offset points", xytext=(5, 3),
-                            fontsize="small", color=styles[series].color)
+            labels.setdefault(ax, []).extend(
+                (float(r["ms_median"]), float(r["peak_mem_bytes"] / GIB), f"L={int(r['chunk_size'])}",
+                 styles[series].color) for _, r in group.iterrows())
+        ax.margins(x=0.08, y=0.1)  # room for the L labels of the outermost points
         ax.set_xlabel("runtime, median (ms)")
         ax.set_ylabel("peak memory above inputs (GiB)")
         ax.set_title(MODE_TITLES.get(mode, mode))
         ax.grid(True, alpha=0.3)
     legend_below(fig, list(handles.values()), list(handles), ncol=2)
     if title:
-        fig.suptitle(title)
+        fig_title(fig, title)
+    for ax, items in labels.items():  # after the layout is whole: labels clear of each other and the markers
+        label_points(ax, items, fontsize=7.5)
     return save_figure(fig, path)
 
 
@@ -194,9 +191,9 @@ def write_plots(directory: str | Path, out_dir: str | Path | None = None, *, mod
     rs = load_results(directory)
     out = Path(out_dir) if out_dir is not None else rs.path / "plots"
     frame = rs.rows
-    suite = rs.metadata.get("suite") or ""
-    gpu = rs.metadata.get("gpu_name") or "CPU"
-    title = f"{suite} on {gpu}".strip()
+    from tflabench.plots.style import set_label
+
+    title = set_label(rs.metadata)
     written = []
     for fn, name in ((plot_runtime, "runtime.png"), (plot_memory_runtime, "memory_vs_runtime.png")):
         path = fn(frame, out / name, title=title)

@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+from tflabench.model_vs_measured import OUTLIER_FACTOR
 from tflabench.plots import save_figure
 
 GIB = 2**30
@@ -29,33 +30,9 @@ def _figure(nrows, ncols, size, **kw):
     return fig, axes
 
 
-#: Most outlier labels per kernel and mode in the distance panel; the rest are counted.
-MAX_OUTLIER_LABELS = 2
-
-
-def _label_outliers(ax, pts: list[dict], y: float, colour: str, above: bool) -> None:
-    """Label the outliers of one kernel row of a distance panel with their case, spread so
-    that no two labels overlap; those that find no room are counted at the row's end."""
-    outliers = sorted((p for p in pts if p.get("outlier")), key=lambda p: p["fraction"])
-    if not outliers:
-        return
-    x_lo, x_hi = ax.get_xlim()
-    width_pt = ax.get_window_extent().width * 72.0 / ax.get_figure().dpi
-    per_char = 6.0 * 0.6 * (x_hi - x_lo) / max(width_pt, 1.0)  # data units per character at 6 pt
-    taken: list[tuple[float, float]] = []
-    dropped = 0
-    for p in outliers:
-        start = p["fraction"] + 0.004 * (x_hi - x_lo)
-        end = start + per_char * len(p["case"])
-        if len(taken) >= MAX_OUTLIER_LABELS or end > x_hi or any(start < b and a < end for a, b in taken):
-            dropped += 1
-            continue
-        taken.append((start, end))
-        ax.annotate(p["case"], (p["fraction"], y), textcoords="offset points", xytext=(2, 5 if above else -5),
-                    va="bottom" if above else "top", fontsize=6, color=colour)
-    if dropped:
-        ax.annotate(f"+{dropped} more outlier{'s' if dropped > 1 else ''}", (1.0, y), xycoords=("axes fraction", "data"),
-                    xytext=(-2, 0), textcoords="offset points", ha="right", va="center", fontsize=6, color=colour)
+#: How an outlier is ringed in the distance panel (its case is named by the distance table).
+OUTLIER_RING = {"marker": "o", "markersize": 12, "markerfacecolor": "none", "markeredgecolor": "k",
+                "markeredgewidth": 0.9, "linestyle": "none"}
 
 
 def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | None = None) -> Path:
@@ -73,13 +50,13 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
     at each case's own bound, a thin line down to the marker of what it achieved (the
     vertical distance is the time left on the table). Right: achieved / bound per case,
     one row per kernel, the kernel's median as a bar; outliers
-    (:data:`tflabench.model_vs_measured.OUTLIER_FACTOR` from the median) labelled with
-    their case where there is room, else counted. Kernels keep one colour and marker
+    (:data:`tflabench.model_vs_measured.OUTLIER_FACTOR` from the median) ringed (the
+    distance table names their case: no text on the markers). Kernels keep one colour and marker
     throughout (:mod:`tflabench.plots.style`: ours filled, peers hollow), named in one
     legend below the panels.
     """
     from tflabench.errors import UserError
-    from tflabench.plots.style import OURS_KEY, kernel_styles, legend_below, log_axis, order_kernels
+    from tflabench.plots.style import OURS_KEY, ax_title, fig_title, kernel_styles, legend_below, log_axis, order_kernels
 
     if not placement:
         raise UserError("no measured case with model FLOPs/bytes and a time to place on the roofline")
@@ -87,7 +64,7 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
     kernels = order_kernels(list(dict.fromkeys(p["kernel"] for p in placement)), styles)
     modes = [m for m in ("fwd", "fwdbw") if any(p["mode"] == m for p in placement)]
     modes += sorted({p["mode"] for p in placement} - set(modes))
-    row_height = max(3.2, 0.27 * len(kernels) + 1.4)
+    row_height = max(3.9, 0.3 * len(kernels) + 1.6)
     fig, axes = _figure(len(modes), 2, (13.0, row_height * len(modes) + 0.35 * math.ceil(len(kernels) / 3) + 0.6),
                         gridspec_kw={"width_ratios": [1.0, 1.0]})
     xs = [p["intensity_flop_per_byte"] for p in placement] + [gpu.intensity_flop_per_byte]
@@ -112,10 +89,10 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
         ax.set_yscale("log")
         log_axis(ax, "x")
         log_axis(ax, "y")
-        ax.set_xlabel("arithmetic intensity of the case, I (FLOP/byte; model counts at its shape)")
-        ax.set_ylabel("performance (TFLOP/s; model FLOPs / measured time)")
+        ax.set_xlabel("intensity I of the case (FLOP/byte)", fontsize=9)
+        ax.set_ylabel("achieved TFLOP/s", fontsize=9)
         ax.grid(True, which="both", alpha=0.3)
-        ax.set_title(f"{mode_names.get(mode, mode)}: each case against its own bound", fontsize=9)
+        ax_title(ax, f"{mode_names.get(mode, mode)}: each case against its own bound", fontsize=9)
         if row == 0:
             bound_handle = ax.plot([], [], "o", mfc="white", mec="0.4", ms=3, ls="none")[0]
             roof_handle = roof
@@ -129,6 +106,10 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
             st = styles[kernel]
             fr = [p["fraction"] for p in pts]
             ax2.plot(fr, [k] * len(fr), **st.point(6.0))
+            out = [p["fraction"] for p in pts if p.get("outlier")]
+            if out:
+                ring = ax2.plot(out, [k] * len(out), **OUTLIER_RING)[0]
+                handles.setdefault("__outlier__", ring)
             med = sorted(fr)[len(fr) // 2]
             ax2.plot([med, med], [k - 0.32, k + 0.32], color=st.color, lw=2.4)
         ax2.set_yticks(range(len(kernels)), kernels, fontsize=7)
@@ -136,21 +117,20 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
         for tick, kernel in zip(ax2.get_yticklabels(), kernels):
             tick.set_alpha(1.0 if kernel in present else 0.35)
         ax2.axvline(1.0, color="k", lw=1.0)
-        ax2.set_xlabel("achieved / bound at the case's own intensity")
+        ax2.set_xlabel("achieved / bound at the case's own intensity", fontsize=9)
         ax2.grid(True, axis="x", alpha=0.3)
-        ax2.set_title(f"{mode_names.get(mode, mode)}: distance to the bound (bar: median; labelled: outliers)",
-                      fontsize=9)
-        fig.canvas.draw()  # sizes for the label placement
-        for k, kernel in enumerate(kernels):
-            pts = [p for p in pts_mode if p["kernel"] == kernel]
-            if pts:
-                _label_outliers(ax2, pts, k, styles[kernel].color, above=True)
+        ax_title(ax2, f"{mode_names.get(mode, mode)}: distance to the bound (bar: each kernel's median)", fontsize=9)
     labels = list(kernels) + [f"{gpu.name} roof: {gpu.flops_per_s / 1e12:.0f} TFLOP/s, "
-                              f"{gpu.bytes_per_s / 1e12:.3g} TB/s ({gpu.ceilings})", "model bound at the case's own shape"]
-    legend_below(fig, [handles[k] for k in kernels] + [roof_handle, bound_handle], labels, ncol=3, fontsize=7.5,
+                              f"{gpu.bytes_per_s / 1e12:.3g} TB/s ({gpu.ceilings} ceilings)",
+                              "model bound at the case's own shape"]
+    extra = [roof_handle, bound_handle]
+    if "__outlier__" in handles:
+        labels.append(f"ringed: outlier, over {OUTLIER_FACTOR:g}x from its kernel's median")
+        extra.append(handles["__outlier__"])
+    legend_below(fig, [handles[k] for k in kernels] + extra, labels, ncol=3, fontsize=7.5,
                  title=OURS_KEY if any(styles[k].ours for k in kernels) else None)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig_title(fig, title, fontsize=10)
     return save_figure(fig, path)
 
 
@@ -166,9 +146,9 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
     filled, the authors' dashed and hollow: :mod:`tflabench.plots.style`), the model's
     runtime curve (eq. 116 sum form, dashed black; the max form = roofline bound, dotted
     grey), vertical lines at the model's optima (eq. 111 FLOP-optimal, eq. 121
-    runtime-optimal) and a star at each kernel's measured optimum; bottom row: measured /
-    model (sum form) per L, and the peak memory (GiB, right axis, thin dotted) where
-    measured. Each column's key sits below it, outside the data.
+    runtime-optimal) and a star at each kernel's measured optimum; middle row: measured /
+    model (sum form) per L; bottom row (where measured): the peak memory above the inputs
+    (GiB). Each column's key sits below it, outside the data.
 
     Args:
         sweeps: :class:`tflabench.model_vs_measured.ChunkSweep` list (one per kernel,
@@ -179,7 +159,7 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
         UserError: no sweep given.
     """
     from tflabench.errors import UserError
-    from tflabench.plots.style import kernel_styles, log_axis
+    from tflabench.plots.style import ax_title, fig_title, kernel_styles, log_axis
 
     if not sweeps:
         raise UserError("no chunk-size sweep of an mLSTM kernel (two or more chunk sizes at one shape) to draw")
@@ -188,8 +168,10 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
         panels.setdefault((tuple(sorted(s.shape.items())), s.mode), []).append(s)
     keys = list(panels)
     styles = kernel_styles((s.kernel, None, None) for s in sweeps)
-    fig, axes = _figure(2, len(keys), (6.4 * len(keys), 8.6), sharex="col",
-                        gridspec_kw={"height_ratios": [2.2, 1.0]})
+    has_mem = any(p.get("peak_mem_bytes") for s in sweeps for p in s.points)
+    ratios = [2.2, 1.0] + ([1.0] if has_mem else [])
+    fig, axes = _figure(len(ratios), len(keys), (max(6.4 * len(keys), 7.5), 9.0 + (2.2 if has_mem else 0)),
+                        sharex="col", gridspec_kw={"height_ratios": ratios})
     mode_names = {"fwd": "forward", "fwdbw": "forward + backward"}
     for col, key in enumerate(keys):
         ax, axr = axes[0][col], axes[1][col]
@@ -219,21 +201,21 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
             else:
                 handles.append(ax.plot([], [], " ")[0])
                 labels.append(f"model {lab}: L={o[name]:.0f} (off the axis)")
-        mem_ax = None
-        for s in group:
-            mem = [(p["L"], p["peak_mem_bytes"] / GIB) for p in s.points if p.get("peak_mem_bytes")]
-            if mem:
-                mem_ax = mem_ax or axr.twinx()
-                mem_ax.plot([m[0] for m in mem], [m[1] for m in mem], marker=styles[s.kernel].marker, ms=3,
-                            color=styles[s.kernel].color, ls=":", lw=0.9,
-                            mfc=styles[s.kernel].color if styles[s.kernel].ours else "white")
-        if mem_ax is not None:
-            mem_ax.set_ylabel("peak memory, thin dotted (GiB)", fontsize=8)
-            mem_ax.set_ylim(bottom=0)
+        bottom = axr
+        if has_mem:
+            bottom = axm = axes[2][col]
+            for s in group:
+                mem = [(p["L"], p["peak_mem_bytes"] / GIB) for p in s.points if p.get("peak_mem_bytes")]
+                if mem:
+                    axm.plot([m[0] for m in mem], [m[1] for m in mem], **styles[s.kernel].line())
+            axm.set_ylabel("peak memory (GiB)", fontsize=8)
+            axm.set_ylim(bottom=0)
+            axm.set_xscale("log", base=2)
+            axm.grid(True, which="both", alpha=0.3)
         s0 = first.shape
-        ax.set_title(f"{mode_names.get(first.mode, first.mode)}: B={s0['batch']} S={s0['seq_len']} "
-                     f"NH={s0['heads']} d_qk={s0['d_qk']} d_hv={s0['d_hv']}\n({first.ceilings} ceilings: "
-                     f"{first.alpha / 1e12:.0f} TFLOP/s, {first.beta / 1e12:.3g} TB/s)", fontsize=8.5)
+        ax_title(ax, f"{mode_names.get(first.mode, first.mode)}: B={s0['batch']} S={s0['seq_len']} "
+                 f"NH={s0['heads']} d_qk={s0['d_qk']} d_hv={s0['d_hv']} ({first.ceilings} ceilings: "
+                 f"{first.alpha / 1e12:.0f} TFLOP/s, {first.beta / 1e12:.3g} TB/s)", fontsize=8.5)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         log_axis(ax, "y")
@@ -242,14 +224,14 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
         axr.set_xscale("log", base=2)
         axr.axhline(1.0, color="k", lw=0.8)
         axr.set_ylim(bottom=0)
-        axr.set_xlabel("chunk size L (tokens)")
         axr.set_ylabel("measured / model (sum form)", fontsize=8)
         axr.grid(True, which="both", alpha=0.3)
-        axr.set_xticks(Ls, [str(L) for L in Ls])
-        axr.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.32), fontsize=7, ncol=1,
-                   frameon=False)
+        bottom.set_xlabel("chunk size L (tokens)")
+        bottom.set_xticks(Ls, [str(L) for L in Ls])
+        bottom.legend(handles, labels, loc="upper center", bbox_to_anchor=(0.5, -0.32), fontsize=7, ncol=1,
+                      frameon=False)
     if title:
-        fig.suptitle(title, fontsize=10)
+        fig_title(fig, title, fontsize=10)
     return save_figure(fig, path)
 
 
@@ -268,8 +250,9 @@ def model_figures(rs, out_dir: str | Path, *, gpu=None, F_causal: float = 0.66, 
         except UserError:
             return []
     out = Path(out_dir)
-    suite = rs.metadata.get("suite") or ""
-    where = f"suite {suite} on {rs.metadata.get('gpu_name') or gpu.name}"
+    from tflabench.plots.style import set_label
+
+    where = set_label(rs.metadata)
     written = []
     placement = mm.roofline_placement(rs.rows, alpha=gpu.flops_per_s, beta=gpu.bytes_per_s)
     if placement:

@@ -44,8 +44,8 @@ def heatmap_title(metadata) -> str:
     """The heat map's title from a verify set's metadata: which suite, on which device, and
     what the colours mean."""
     suite = str(metadata.get("suite") or "?").removesuffix("-verify")
-    where = metadata.get("gpu_name") or ("CPU" if metadata.get("device") in (None, "cpu") else metadata.get("device"))
-    return f"Numerics of suite {suite} on {where}: worst error per kernel and regime, as a share of its budget"
+    where = metadata.get("gpu_name") or ("the CPU" if metadata.get("device") in (None, "cpu") else metadata.get("device"))
+    return f"Numerics of suite {suite} · measured on {where}: worst error per kernel and regime, as a share of its budget"
 
 
 def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
@@ -135,7 +135,9 @@ def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=7, frameon=False,
                title="worst error / its budget (the case that decides the cell: the worst over lengths, "
                      "initial state and modes; framed: fails)", title_fontsize=7.5)
-    ax.set_title(title or "Numerics: worst error per kernel and regime, as a share of its budget", fontsize=10)
+    from tflabench.plots.style import fig_title
+
+    fig_title(fig, title or "Numerics: worst error per kernel and regime, as a share of its budget", fontsize=10)
     return save_figure(fig, path)
 
 

@@ -221,6 +221,82 @@ def place_labels(ax, labels, *, axis: str = "y", min_gap_pt: float = 9.0, limits
     return out
 
 
+#: Where :func:`label_points` tries a point's label, in points from the point, in order.
+LABEL_OFFSETS = ((5, -11), (5, 4), (-5, 4), (-5, -11), (7, -4), (-7, -4), (0, 7), (0, -14))
+
+
+def label_points(ax, items, *, obstacles=(), fontsize: float = 7.0, marker_pt: float = 6.0) -> int:
+    """Label points of ``ax`` with text that neither overlaps another label nor sits on a
+    marker, nor leaves the axes: each label takes the first of :data:`LABEL_OFFSETS` where
+    it fits, else it is left out (the command's table gives every value).
+
+    Args:
+        items: ``(x, y, text, colour)`` in data coordinates, in order of importance.
+        obstacles: further ``(x, y)`` markers to keep clear of (the labelled points are).
+        fontsize: points. marker_pt: a marker's size in points (its box is kept clear).
+
+    Returns:
+        how many labels were left out.
+    """
+    fig = ax.get_figure()
+    if not hasattr(fig.canvas, "get_renderer"):  # a bare Figure: the Agg canvas it is saved with
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        FigureCanvasAgg(fig)
+    fig.draw_without_rendering()  # the layout and the data-to-pixel transform as they will be written
+    renderer = fig.canvas.get_renderer()
+    frame = ax.get_window_extent(renderer)
+    half = marker_pt * fig.dpi / 72.0 / 2
+    taken = []
+    for x, y in [(i[0], i[1]) for i in items] + list(obstacles):
+        px, py = ax.transData.transform((x, y))
+        taken.append((px - half, py - half, px + half, py + half))
+    dropped = 0
+    for x, y, text, colour in items:
+        for dx, dy in LABEL_OFFSETS:
+            a = ax.annotate(text, (x, y), textcoords="offset points", xytext=(dx, dy), fontsize=fontsize,
+                            ha="left" if dx > 0 else "right" if dx < 0 else "center", color=colour)
+            b = a.get_window_extent(renderer)
+            inside = frame.x0 <= b.x0 and b.x1 <= frame.x1 and frame.y0 <= b.y0 and b.y1 <= frame.y1
+            if inside and not any(b.x0 < t[2] and t[0] < b.x1 and b.y0 < t[3] and t[1] < b.y1 for t in taken):
+                taken.append((b.x0, b.y0, b.x1, b.y1))
+                break
+            a.remove()
+        else:
+            dropped += 1
+    return dropped
+
+
+def wrap_text(text: str, width_in: float, fontsize: float = 10.0) -> str:
+    """``text`` broken at spaces into lines that fit ``width_in`` inches at ``fontsize``
+    points (an average glyph is taken as 0.6 em wide, a safe bound for DejaVu Sans), so
+    that a title never runs past the canvas (constrained layout does not shrink text)."""
+    import textwrap
+
+    chars = max(20, int(width_in * 72.0 / (0.6 * fontsize)))
+    return "\n".join(textwrap.wrap(text, chars, break_long_words=False, break_on_hyphens=False)) or text
+
+
+def fig_title(fig, text: str, fontsize: float = 10.0):
+    """The figure's title, wrapped to its width (:func:`wrap_text`)."""
+    return fig.suptitle(wrap_text(text, fig.get_figwidth() * 0.96, fontsize), fontsize=fontsize)
+
+
+def ax_title(ax, text: str, fontsize: float = 9.0, **kwargs):
+    """An axes' title, wrapped to the axes' width (:func:`wrap_text`)."""
+    fig = ax.get_figure()
+    width = fig.get_figwidth() * ax.get_position().width
+    return ax.set_title(wrap_text(text, width, fontsize), fontsize=fontsize, **kwargs)
+
+
+def set_label(metadata: dict) -> str:
+    """Which result set a figure shows, with the suite and the device apart: ``suite h100_7b
+    · measured on NVIDIA H200`` (a suite's name is no claim about the GPU it ran on); ``the
+    CPU`` for a run without a GPU."""
+    suite = str((metadata or {}).get("suite") or "?")
+    return f"suite {suite} · measured on {(metadata or {}).get('gpu_name') or 'the CPU'}"
+
+
 def legend_below(fig, handles, labels, *, ncol: int | None = None, title: str | None = None, fontsize=8):
     """One legend for the whole figure, below the axes (outside the data)."""
     n = len(labels)
@@ -242,4 +318,5 @@ def log_log_axes(ax, *, xlabel: str, ylabel: str, x_base: float = 10, y_base: fl
 
 
 __all__ = ["AUTHORS_BACKENDS", "OURS_KEY", "KernelStyle", "MARKERS", "NEUTRALS", "OURS_BACKENDS", "PALETTE", "family_key",
-           "is_ours", "kernel_styles", "order_kernels", "legend_below", "log_axis", "log_log_axes", "place_labels", "styles_for_rows", "tick_text"]
+           "is_ours", "kernel_styles", "order_kernels", "legend_below", "log_axis", "log_log_axes", "place_labels", "set_label", "styles_for_rows", "tick_text",
+           "wrap_text", "fig_title", "ax_title", "label_points", "LABEL_OFFSETS"]
