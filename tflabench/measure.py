@@ -44,8 +44,9 @@ import time
 from typing import Any, Callable
 
 from tflabench.backends import get_backend
-from tflabench.backends.base import Backend, BackendParams, Shape
+from tflabench.backends.base import Backend, BackendParams, Shape, model_breakdown
 from tflabench.gpu_trace import GpuTrace
+from tflabench.model import plan_counts_kwargs
 from tflabench.numerics import budget as budget_of
 from tflabench.numerics import judge, reference_scales, tensor_error, tf32_text
 
@@ -500,6 +501,27 @@ def nvidia_smi_id() -> str:
     return f"GPU-{uuid}" if uuid else gpu_columns()["gpu_index"]
 
 
+def counts_for_plan(backend: Backend, params: BackendParams, shape: Shape, mode: str,
+                    ran: dict) -> tuple[float, float] | None:
+    """(FLOPs, bytes) of one call counted for the algorithm that ran: the backend's model kind
+    at the plan's chunk size (``ran["chunk_size"]``) with the plan's algorithm
+    (:func:`tflabench.model.plan_counts_kwargs`: an mLSTMsig walk keeps its states on chip);
+    None where the backend has no model count or recorded no plan (the counts made before
+    the run stand)."""
+    if not ran:
+        return None
+    found = backend.model_kind(params, shape, mode)
+    if found is None:
+        return None
+    kind, kwargs = found
+    kwargs = dict(kwargs)
+    if ran.get("chunk_size") and "L" in kwargs:
+        kwargs["L"] = int(ran["chunk_size"])
+    kwargs.update(plan_counts_kwargs(kind, ran.get("algorithm")))
+    counts = model_breakdown(kind, mode, shape, **kwargs)
+    return None if counts is None else (float(counts.flops), float(counts.bytes))
+
+
 def measure_case(case) -> dict:
     """Run one timing :class:`tflabench.suite.Case` in this process (a case with ``verify``
     set is :func:`tflabench.verify_case.verify_case`'s); returns the outcome columns
@@ -599,7 +621,11 @@ def measure_case(case) -> dict:
     out.update(summarize(samples))
     out["ms_samples"] = json.dumps(out["ms_samples"])
     note = backend.note(params, device)
-    out.update(backend.run_plan(params, shape, case.mode, dtype, device))
+    ran = backend.run_plan(params, shape, case.mode, dtype, device)
+    out.update(ran)
+    counts = counts_for_plan(backend, params, shape, case.mode, ran)
+    if counts is not None:
+        out["flops"], out["bytes"] = counts
     if case.profile:
         from tflabench.kernel_profile import capture
 

@@ -29,7 +29,8 @@ from typing import Any, Iterable
 
 from tflabench import hardware
 from tflabench.errors import UserError
-from tflabench.model import counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline, runtime
+from tflabench.model import (WALK_ALGORITHMS, counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline,
+                             plan_counts_kwargs, runtime)
 from tflabench.model.analysis import golden_min, optimal_chunk
 from tflabench.results import case_label, number
 
@@ -316,13 +317,16 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 
 
 def _counts_at_chunk_run(row: dict) -> tuple[float, float] | None:
-    """(flops, bytes) of an mLSTM row whose suite asked for ``chunk_size: auto``, counted at
-    the chunk size that ran (the row's ``chunk_size``), so that each row sits at its own
-    intensity; None for every other row (its recorded counts were made at its own chunk
-    size). docs/model.md: intensity rises with L, so one assumed L would stack rows of
+    """(flops, bytes) of an mLSTM row whose suite asked for ``chunk_size: auto`` or that ran a
+    walk (the row's ``algorithm``), counted at the chunk size that ran (the row's
+    ``chunk_size``) for the algorithm that ran (a walk keeps its states on chip:
+    :func:`tflabench.model.plan_counts_kwargs`), so that each row sits at its own intensity
+    and under its own bound; None for every other row (its recorded counts were made at its
+    own chunk size). docs/model.md: intensity rises with L, so one assumed L would stack rows of
     different chunk sizes at one intensity."""
     variant, L = row_variant(row), number(row.get("chunk_size"))
-    if variant is None or not L or _params(row).get("chunk_size") != "auto":
+    walk = row.get("algorithm") in WALK_ALGORITHMS
+    if variant is None or not L or (_params(row).get("chunk_size") != "auto" and not walk):
         return None
     shape = {k: number(row.get(k)) for k in ("batch", "seq_len", "heads", "d_qk", "d_hv")}
     if not all(shape.values()) or row.get("mode") not in ("fwd", "fwdbw"):
@@ -332,7 +336,8 @@ def _counts_at_chunk_run(row: dict) -> tuple[float, float] | None:
     try:
         c = counts_for_case(kind, row["mode"], B=int(shape["batch"]), NH=int(shape["heads"]), T=int(shape["seq_len"]),
                             d_qk=int(shape["d_qk"]), d_hv=int(shape["d_hv"]), L=int(L),
-                            bytes_qkv=_DTYPE_BYTES.get(str(row.get("dtype")), 2))
+                            bytes_qkv=_DTYPE_BYTES.get(str(row.get("dtype")), 2),
+                            **plan_counts_kwargs(kind, row.get("algorithm")))
     except (UserError, ValueError, NotImplementedError):
         return None
     return float(c.flops), float(c.bytes)

@@ -52,8 +52,21 @@ DEFAULT_CHUNK = {"mlstm_sig": 128, "mlstm_exp": 128, "mlstm_exp_limit": 64, "gla
                  "simple_gla": 64, "gla_fused": 64, "simple_gla_fused": 64, "mamba2_ssd": 256}
 
 
+#: the plan algorithms (``tfla.plan.ALGORITHMS``) whose forward walks the chunks with the
+#: state on chip (mLSTMsig's walk; docs/kernels.md): the model counts their forward without
+#: state traffic (:func:`plan_counts_kwargs`)
+WALK_ALGORITHMS = ("walk", "walk_segments", "walk_two_level", "walk_segments_two_level")
+
+
+def plan_counts_kwargs(kind: str, algorithm: str | None) -> dict:
+    """The :func:`counts_for_case` keyword arguments that make the count the algorithm's that
+    ran (a row's ``algorithm``): ``{"states_on_chip": True}`` for an mLSTMsig walk, else {}."""
+    return {"states_on_chip": True} if kind == "mlstm_sig" and algorithm in WALK_ALGORITHMS else {}
+
+
 def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_state=None,
-                    bytes_qkv=2, bytes_Cmn=4, F_causal=0.5, counts="rows") -> Counts:
+                    bytes_qkv=2, bytes_Cmn=4, F_causal=0.5, counts="rows",
+                    states_on_chip: bool = False) -> Counts:
     """FLOPs and HBM bytes of one benchmark case (one kernel call), for a result row.
 
     Args:
@@ -71,6 +84,8 @@ def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_sta
         F_causal: fraction of each causal score matrix counted, the same for every kind so that
             achieved FLOP/s compare like for like (0.5: useful work only, FlashAttention's habit).
         counts: ``rows`` or ``paper`` (mLSTM forward only; see :mod:`tflabench.model.mlstm`).
+        states_on_chip: (mLSTM) the forward keeps the chunk states on chip, as the walk of
+            :data:`WALK_ALGORITHMS` does (:func:`tflabench.model.mlstm.mlstm_counts`).
 
     Returns:
         :class:`Counts` (``.flops``, ``.bytes``, ``.intensity_flop_per_byte``, breakdown rows).
@@ -91,7 +106,8 @@ def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_sta
     if kind.startswith("mlstm"):
         variant = "sig" if kind == "mlstm_sig" else "exp"
         kw = dict(T=T, d_hv=d_hv, L=L, d_qk=d_qk, N_batch=B, N_head=NH, F_causal=F_causal,
-                  bytes_qkv=bytes_qkv, bytes_if=bytes_qkv, bytes_Cmn=bytes_Cmn, chunks="pad")
+                  bytes_qkv=bytes_qkv, bytes_if=bytes_qkv, bytes_Cmn=bytes_Cmn, chunks="pad",
+                  states_on_chip=states_on_chip)
         if mode == "fwd":
             return mlstm_counts(variant, "chunkwise", counts=counts, **kw)
         split = "limit_chunk" if kind == "mlstm_exp_limit" else "xl_chunk"
@@ -109,7 +125,7 @@ def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_sta
 
 
 __all__ = [
-    "COUNT_MODES", "FORMULATIONS", "KINDS", "MODES", "VARIANTS", "Counts", "FOps", "UserError",
+    "COUNT_MODES", "FORMULATIONS", "KINDS", "WALK_ALGORITHMS", "plan_counts_kwargs", "MODES", "VARIANTS", "Counts", "FOps", "UserError",
     "attention_counts", "best_power_of_two", "check_positive", "chunkwise_coefficients",
     "counts_for_case", "gla_counts", "intensity", "l_opt_flop", "l_opt_flop_numeric",
     "l_opt_runtime", "l_opt_runtime_max_numeric", "l_opt_runtime_numeric", "l_ridge",

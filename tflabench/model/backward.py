@@ -193,6 +193,7 @@ def mlstm_fwdbw_counts(variant: str, *, counts: str = "rows", **kw) -> Counts:
     ``recompute_states``, ``convention`` and ``kernel_split``).
     """
     fwd_kw = {k: v for k, v in kw.items() if k not in ("recompute_states", "convention", "kernel_split")}
+    kw.pop("states_on_chip", None)   # the forward's alone: the backward recomputes its states
     fwd = mlstm_counts(variant, "chunkwise", counts=counts, **fwd_kw)
     fwd = Counts(fwd.flops, fwd.bytes, {f"fwd_{k}": v for k, v in fwd.flop_rows.items()},
                  {f"fwd_{k}": v for k, v in fwd.byte_rows.items()}, fwd.matmul_flops, fwd.notes)

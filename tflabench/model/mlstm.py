@@ -121,6 +121,17 @@ def chunkwise_byte_rows(variant: str, L, d_qk, d_hv, bytes_qkv=2, bytes_if=2, by
     }
 
 
+def walk_byte_rows(variant: str, L, d_qk, d_hv, bytes_qkv=2, bytes_if=2, bytes_Cmn=4) -> dict:
+    """HBM bytes per head and chunk of a kernel that walks the chunks with the state on chip
+    (mLSTMsig's forward walk): Table 9's parallel-kernel loads and stores without C_{k-1}
+    (n, m) and without the recurrent kernel, whose state never leaves the chip. ``bytes_Cmn``
+    counts only mLSTMexp's per-row normaliser and max state written with H."""
+    return {
+        "walk_load": L * (2 * d_qk + d_hv) * bytes_qkv + 2 * L * bytes_if,
+        "walk_store": L * d_hv * bytes_qkv + (2 * L * bytes_Cmn if variant == "exp" else 0.0),
+    }
+
+
 def parallel_flop_rows(variant: str, T, d_qk, d_hv, F_causal, F: FOps = FOps()) -> dict:
     """FLOPs per head and full sequence, paper Table 10 (Table 15 at F_OP = 1).
 
@@ -204,6 +215,7 @@ def mlstm_counts(
     bytes_Cmn=4,
     counts: str = "rows",
     chunks: str = "divide",
+    states_on_chip: bool = False,
 ) -> Counts:
     """Forward FLOPs and HBM bytes of one mLSTM call (paper App. F, Tables 8-17).
 
@@ -218,6 +230,10 @@ def mlstm_counts(
         bytes_qkv, bytes_if, bytes_Cmn: bytes per element of q/k/v/h, gate pre-activations, states.
         counts: ``"rows"`` or ``"paper"`` (module docstring).
         chunks: N_c convention: ``"divide"`` (T % L == 0 required), ``"pad"`` (ceil) or ``"real"``.
+        states_on_chip: (chunkwise) one kernel walks the chunks and keeps C_k (n_k, m_k) on chip,
+            as mLSTMsig's forward walk does (docs/kernels.md): the byte rows are Q, K, V and
+            the gates read once and H written (:func:`walk_byte_rows`), no state traffic; the
+            FLOP rows are the chunkwise ones.
 
     Returns:
         :class:`Counts` per call: ``flop_rows`` named as the tables' rows (plus
@@ -255,7 +271,10 @@ def mlstm_counts(
                 variant, L, d_qk, d_hv, F_causal
             ) - sum(rows.values())
             notes.append("paper mode: total = printed Table 17 (includes the I2/I3 discrepancy)")
-        brows = chunkwise_byte_rows(variant, L, d_qk, d_hv, bytes_qkv, bytes_if, bytes_Cmn)
+        brows = (walk_byte_rows if states_on_chip else chunkwise_byte_rows)(
+            variant, L, d_qk, d_hv, bytes_qkv, bytes_if, bytes_Cmn)
+        if states_on_chip:
+            notes.append("states on chip: one kernel walks the chunks (no C_k in HBM)")
         mm = chunkwise_matmul_flops(L, d_qk, d_hv, F_causal)
         factor = NB * Nc
     elif formulation == "parallel":
