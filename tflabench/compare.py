@@ -1308,48 +1308,126 @@ def verdict_line(comparison: Comparison, fail_on: str = "any") -> str:
     return text + (f"; fails on {'; '.join(reasons)}" if reasons else "")
 
 
+#: Console width (characters) from which the terminal table puts every column side by side;
+#: narrower (an 80-column terminal), each case folds its p, resolution, memory, tail and
+#: status into a second line under its label (``compare --wide`` forces one line).
+WIDE_TABLE = 140
+
+#: Longest kernel label the narrow table prints whole; longer ones are shortened and
+#: named in a legend above the table (:func:`short_kernel_names`).
+SHORT_KERNEL = 14
+
+
+def short_kernel_names(kernels: Iterable[Any], limit: int = SHORT_KERNEL) -> dict[str, str]:
+    """A short, readable name for each kernel label longer than ``limit`` characters: its
+    first word (cut to ``limit``), ``#2``, ``#3`` added where two would read alike. Labels
+    that fit are left out (they print whole)."""
+    labels = sorted({str(k) for k in kernels if k is not None})
+    out: dict[str, str] = {}
+    taken = {label for label in labels if len(label) <= limit}
+    for label in labels:
+        if len(label) <= limit:
+            continue
+        first = (label.split() or [label])[0][:limit - 2]
+        name, index = first, 1
+        while name in taken:
+            index += 1
+            name = f"{first}#{index}"
+        taken.add(name)
+        out[label] = name
+    return out
+
+
+def _short_case(record: Mapping[str, Any], names: Mapping[str, str]) -> str:
+    case, kernel = str(record.get("case") or ""), record.get("kernel")
+    if kernel is not None and str(kernel) in names and case.startswith(str(kernel)):
+        return names[str(kernel)] + case[len(str(kernel)):]
+    return case
+
+
+def _fmt_tail(record: Mapping[str, Any]) -> str:
+    ratios = [r for r in (_plain(record.get("p90_ratio")), _plain(record.get("mean_ratio"))) if r is not None]
+    if not ratios or not all(math.isfinite(r) for r in ratios):
+        return "-"
+    return f"{max(ratios) - 1:+.1%}"
+
+
+def _case_notes(record: Mapping[str, Any]) -> str:
+    """The second line of a case in the narrow table: p, resolution, memory, tail, status."""
+    notes = [f"p {_fmt_p(record.get('p_value'))}", f"res {_fmt_resolution(record.get('resolution'))}",
+             f"mem {_fmt_change(record.get('mem_ratio'))}", f"tail {_fmt_tail(record)}"]
+    if record.get("unchecked"):
+        notes.append("unchecked")
+    status = _status_text(record)
+    if status != OK:
+        notes.append(status)
+    return "  ".join(notes)
+
+
 def render_table(comparison: Comparison, console: Any = None, show_unchanged: bool = False,
-                 fail_on: str = "any") -> None:
+                 fail_on: str = "any", wide: bool = False) -> None:
     """Print the comparison as rich tables (warnings, per-backend speed-up, cases worst first).
 
-    Unchanged cases are counted but only listed with ``show_unchanged``.
+    Unchanged cases are counted but only listed with ``show_unchanged``. On a console
+    narrower than :data:`WIDE_TABLE` (and without ``wide``) each case takes two lines:
+    outcome, label, base and new median (ms) and change, then p, resolution, memory, tail
+    and status under the label; kernel labels longer than :data:`SHORT_KERNEL` are
+    shortened, with a legend. Numbers are never cut: only the label column folds.
     """
+    from rich.console import Console
     from rich.table import Table
-
     from rich.text import Text
 
     from tflabench.console import literal, make_console
 
     console = console or make_console()
+    if wide and console.width < WIDE_TABLE * 2:
+        console = Console(file=console.file, width=WIDE_TABLE * 2, highlight=False, no_color=console.no_color)
+    narrow = not wide and console.width < WIDE_TABLE
     for warning in comparison.warnings:  # labels, reasons and paths print as written
         console.print(Text.assemble(("warning:", "yellow"), " ", literal(warning)), highlight=False)
 
     per_backend = Table(title=literal(f"{comparison.suite}: geometric-mean speed-up per backend (base / new)"))
     for column in ("backend", "cases", "speed-up", "slower", "faster", "undecided", "failures"):
-        per_backend.add_column(column, justify="left" if column == "backend" else "right")
+        per_backend.add_column(column, justify="left" if column == "backend" else "right",
+                               no_wrap=column != "backend", overflow="fold")
     for r in comparison.backends.to_dict("records"):
         per_backend.add_row(literal(r["backend"]), str(r["cases"]), _fmt_speedup(r["geomean_speedup"]),
                             str(r["slower"]), str(r["faster"]), str(r["undecided"]), str(r["failures"]))
     console.print(per_backend)
 
+    records = [r for r in comparison.cases.to_dict("records") if show_unchanged or r["outcome"] != "unchanged"]
+    hidden = len(comparison.cases) - len(records)
+    names = short_kernel_names(r.get("kernel") for r in records) if narrow else {}
     table = Table(title="cases, worst first")
-    for column, justify in (("outcome", "left"), ("case", "left"), ("status", "left"), ("base ms", "right"),
-                            ("new ms", "right"), ("time", "right"), ("p", "right"), ("resolution", "right"),
-                            ("memory", "right")):
-        table.add_column(column, justify=justify,
-                         no_wrap=column in ("outcome", "time", "p", "resolution", "memory"),
-                         min_width=24 if column == "case" else None, max_width=28 if column == "status" else None)
-    hidden = 0
-    for r in comparison.cases.to_dict("records"):
-        if r["outcome"] == "unchanged" and not show_unchanged:
-            hidden += 1
-            continue
-        style = _OUTCOME_STYLE[r["outcome"]]
-        table.add_row(
-            f"[{style}]{_OUTCOME_LABEL[r['outcome']]}[/{style}]", literal(r["case"]), literal(_status_text(r)),
-            _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]),
-            _fmt_resolution(r["resolution"]), _fmt_change(r["mem_ratio"]),
-        )
+    if narrow:
+        if names:
+            legend = ", ".join(f"{short} = {label}" for label, short in sorted(names.items(), key=lambda i: i[1]))
+            console.print(literal(f"kernels: {legend}"), highlight=False)
+        for column, justify in (("outcome", "left"), ("case (p, resolution, memory, tail)", "left"),
+                                ("base ms", "right"), ("new ms", "right"), ("time", "right")):
+            table.add_column(column, justify=justify, no_wrap=column != "case (p, resolution, memory, tail)",
+                             overflow="fold", ratio=1 if column.startswith("case") else None)
+        for r in records:
+            style = _OUTCOME_STYLE[r["outcome"]]
+            case = Text.assemble(literal(_short_case(r, names)), "\n", (_case_notes(r), "dim"))
+            table.add_row(Text(_OUTCOME_LABEL[r["outcome"]], style=style), case,
+                          _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]))
+    else:
+        for column, justify in (("outcome", "left"), ("case", "left"), ("status", "left"), ("base ms", "right"),
+                                ("new ms", "right"), ("time", "right"), ("p", "right"), ("resolution", "right"),
+                                ("memory", "right"), ("tail", "right")):
+            table.add_column(column, justify=justify, no_wrap=column not in ("case", "status"), overflow="fold",
+                             min_width=24 if column == "case" else None,
+                             max_width=28 if column == "status" else None)
+        for r in records:
+            style = _OUTCOME_STYLE[r["outcome"]]
+            status = _status_text(r) + (" (unchecked)" if r.get("unchecked") else "")
+            table.add_row(
+                Text(_OUTCOME_LABEL[r["outcome"]], style=style), literal(r["case"]), literal(status),
+                _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]),
+                _fmt_resolution(r["resolution"]), _fmt_change(r["mem_ratio"]), _fmt_tail(r),
+            )
     if table.row_count:
         console.print(table)
     if hidden:
@@ -1362,18 +1440,20 @@ def _md_cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-_MD_HEADER = ("", "case", "backend", "base ms", "new ms", "time", "p", "resolution", "peak memory", "status")
+_MD_HEADER = ("", "case", "backend", "base ms", "new ms", "time", "p", "resolution", "peak memory", "tail",
+              "status")
 
 
 def _md_table(records: list[Mapping[str, Any]]) -> list[str]:
     lines = ["| " + " | ".join(_MD_HEADER) + " |", "|" + "|".join(
-        [":-:", "---", "---", "--:", "--:", "--:", "--:", "--:", "--:", "---"]) + "|"]
+        [":-:", "---", "---", "--:", "--:", "--:", "--:", "--:", "--:", "--:", "---"]) + "|"]
     for r in records:
         cells = (
             f"{_OUTCOME_MARK[r['outcome']]} {_OUTCOME_LABEL[r['outcome']]}",
             r["case"], r["backend"] or "-", _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]),
             _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]), _fmt_resolution(r["resolution"]),
-            _fmt_change(r["mem_ratio"]), _status_text(r),
+            _fmt_change(r["mem_ratio"]), _fmt_tail(r),
+            _status_text(r) + (" (unchecked)" if r.get("unchecked") else ""),
         )
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return lines
@@ -1397,7 +1477,10 @@ def to_markdown(comparison: Comparison, fail_on: str = "any", max_rows: int = 20
         f"per-iteration samples (non-overlapping IQRs when fewer than {t.min_samples} samples); "
         f"unchanged only when the {1 - 2 * t.alpha:.0%} confidence interval of the time ratio lies "
         f"within ±{t.time_threshold:.0%}, else undecided; "
-        f"peak memory beyond ±{t.mem_threshold:.0%} and {t.mem_floor_bytes / 2**20:g} MiB."
+        f"peak memory beyond ±{t.mem_threshold:.0%} and {t.mem_floor_bytes / 2**20:g} MiB; "
+        f"a tail when p{TAIL_PERCENTILE} or the mean passes the threshold while the median holds; where drift "
+        f"between runs can exceed what the samples see, changes inside it are undecided; the default gate "
+        f"fails when more than {UNDECIDED_SHARE:.0%} of the cases are undecided for want of resolution."
     )
     lines.append("")
     lines.append(resolution_line(comparison) + ".")
@@ -1455,6 +1538,9 @@ def to_json(comparison: Comparison, fail_on: str = "any") -> dict[str, Any]:
         "new": comparison.new_path,
         "fail_on": fail_on,
         "exit_status": comparison.exit_status(fail_on),
+        "fails_on": comparison.failures(fail_on),
+        "undecided_share": dict(zip(("undecided", "compared"), comparison.undecided_share()),
+                                limit=UNDECIDED_SHARE),
         "counts": comparison.counts,
         "warnings": list(comparison.warnings),
         "thresholds": {f.name: getattr(comparison.thresholds, f.name) for f in fields(Thresholds)},
