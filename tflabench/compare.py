@@ -476,10 +476,10 @@ def decide_time(
 
     ``drift`` (a fraction, 1.0 = 2x) is the run-to-run change the samples cannot see
     (docs/ci.md, "Drift between runs"): the ratio and its interval are then judged against
-    the band widened by ``1 + drift`` on both sides (a slowdown must pass
-    ``(1 + time_threshold) (1 + drift)`` with its interval above ``1 + drift``); what the
+    the band widened by ``1 + drift`` (a slowdown must pass ``(1 + time_threshold)
+    (1 + drift)`` with its interval above ``1 + drift``; a speed-up likewise); a change the
     samples alone would have decided but the widened band does not is undecided of kind
-    ``drift``.
+    ``drift``. "The same" needs no widening: drift makes two runs differ, never agree.
     """
     from scipy.stats import mannwhitneyu
 
@@ -494,7 +494,7 @@ def decide_time(
             return "slower"
         if significant and ratio <= 1.0 / (bound * widen) and high < 1.0 / widen:
             return "faster"
-        if 1.0 / bound < low / widen and high * widen < bound:
+        if 1.0 / bound < low and high < bound:  # drift cannot make two runs agree: no widening
             return "same"
         return "undecided"
 
@@ -1354,8 +1354,8 @@ def _fmt_tail(record: Mapping[str, Any]) -> str:
 
 def _case_notes(record: Mapping[str, Any]) -> str:
     """The second line of a case in the narrow table: p, resolution, memory, tail, status."""
-    notes = [f"p {_fmt_p(record.get('p_value'))}", f"res {_fmt_resolution(record.get('resolution'))}",
-             f"mem {_fmt_change(record.get('mem_ratio'))}", f"tail {_fmt_tail(record)}"]
+    notes = [f"p={_fmt_p(record.get('p_value'))}", f"res={_fmt_resolution(record.get('resolution'))}",
+             f"mem={_fmt_change(record.get('mem_ratio'))}", f"tail={_fmt_tail(record)}"]
     if record.get("unchecked"):
         notes.append("unchecked")
     status = _status_text(record)
