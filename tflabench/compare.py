@@ -238,7 +238,7 @@ def candidate_warnings(new_metadata: Mapping[str, Any], thresholds: Thresholds) 
     out = []
     asked = new_metadata.get("compare") if isinstance(new_metadata, Mapping) else None
     if isinstance(asked, Mapping):
-        differing = [f"{name} {asked[name]!r}" for name in sorted(map(str, asked)) if name in Thresholds.names()
+        differing = [f"{name} {repr(asked[name])[:40]}" for name in sorted(map(str, asked)) if name in Thresholds.names()
                      and asked[name] is not None and asked[name] != getattr(thresholds, name)]
         unknown = sorted(str(name)[:40] for name in asked if name not in Thresholds.names())
         if differing or unknown:
