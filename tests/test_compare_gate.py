@@ -1,5 +1,5 @@
 """tflabench compare: the gate against drift, tails, timers and sample counts, and the
-terminal table at 80 columns (docs/ci.md, "How compare decides" and "Drift between runs").
+terminal table at 80 columns (docs/ci.md, "How compare decides"; docs/compare-gate.md).
 
 Result sets are built with ``tflabench.results.write_results``; noise is synthetic with
 fixed seeds. One test runs a reduced copy of the CPU demo twice and compares the runs.

@@ -282,13 +282,13 @@ def parse_samples(value: Any) -> np.ndarray:
 
 
 #: The run-to-run change of a case's median that its samples cannot see, assumed where
-#: nothing measures it (docs/ci.md, "Drift between runs"): 1.0 lets a median move up to
+#: nothing measures it (docs/compare-gate.md, "Drift between runs"): 1.0 lets a median move up to
 #: 2x between two runs of the same code before a change is decided. A/A pairs of the CPU
 #: demo on a shared 2-core machine moved single cases by up to +92 %.
 CPU_DRIFT = 1.0
 
 #: The share of the cases compared (ok on both sides) that may be undecided because their
-#: samples cannot resolve the threshold before the default gate fails (docs/ci.md).
+#: samples cannot resolve the threshold before the default gate fails (docs/compare-gate.md, "Who sets the gate").
 UNDECIDED_SHARE = 0.25
 
 #: Why a case is undecided: its samples cannot resolve the threshold (counts toward
@@ -340,7 +340,7 @@ def pairwise_difference_quantile(x: np.ndarray, y: np.ndarray, q: float = 0.5) -
     """The ``q`` quantile of the ``len(x) * len(y)`` pairwise differences ``y_j - x_i``
     (``q`` 0.5: the Hodges-Lehmann shift of ``y`` against ``x``), in O((n + m) log(n + m))
     time per step of a bisection over the difference's value and O(n + m) memory: the
-    pairs are counted by binary search, never built (docs/ci.md, "How compare decides").
+    pairs are counted by binary search, never built (docs/compare-gate.md, "Cost").
 
     For an even count the median is the mean of the two middle differences, as
     ``np.median`` takes it. NaN when either side is empty.
@@ -475,7 +475,7 @@ def decide_time(
     inside the band decides the same.
 
     ``drift`` (a fraction, 1.0 = 2x) is the run-to-run change the samples cannot see
-    (docs/ci.md, "Drift between runs"): the ratio and its interval are then judged against
+    (docs/compare-gate.md, "Drift between runs"): the ratio and its interval are then judged against
     the band widened by ``1 + drift`` (a slowdown must pass ``(1 + time_threshold)
     (1 + drift)`` with its interval above ``1 + drift``; a speed-up likewise); a change the
     samples alone would have decided but the widened band does not is undecided of kind
@@ -539,7 +539,7 @@ TAIL_LEVEL = 0.1
 
 def decide_tail(base_samples: np.ndarray, new_samples: np.ndarray, thresholds: Thresholds,
                 drift: float = 0.0) -> tuple[str, float, float, float | None]:
-    """Whether the upper tail of a case's times grew while its median may hold (docs/ci.md,
+    """Whether the upper tail of a case's times grew while its median may hold (docs/compare-gate.md,
     "Tail"): ``(verdict, p90 ratio, mean ratio, p)``, verdict ``slower`` or ``same``
     (``n/a`` with fewer than ``min_samples`` samples a side).
 
@@ -931,7 +931,7 @@ def noise_warnings(rows: pd.DataFrame, label: str) -> list[str]:
 
 def history_drift(base_rows: pd.DataFrame, history: Iterable[Any]) -> float | None:
     """The largest run-to-run change of a median between the base and its A/A partners
-    (other runs of the reference's code on the same machine; docs/ci.md, "Drift between
+    (other runs of the reference's code on the same machine; docs/compare-gate.md, "Drift between
     runs"), over every case ``ok`` on both sides, as a fraction (0.08: a median moved by
     up to 8 %); None without partners or without a shared case.
 
