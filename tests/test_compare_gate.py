@@ -126,6 +126,16 @@ def test_timing_method_reads_the_timer_from_the_threads():
     assert timing_method({})["timer"] is None
 
 
+def test_a_candidate_with_its_own_numerics_budgets_is_unchecked(tmp_path):
+    base = write(tmp_path, "a", rows(1), measurement={"numerics": {"check": True, "tolerance": None}})
+    new = write(tmp_path, "b", rows(2, factor=0.5), measurement={"numerics": {"check": True, "tolerance": 1.0}})
+    comparison = cmp.compare_results(base, new)
+    assert comparison.counts["improvement"] == 0 and comparison.cases["unchecked"].all()
+    assert any("other numerics.tolerance than the base" in w for w in comparison.warnings)
+    same = write(tmp_path, "c", rows(2, factor=0.5), measurement={"numerics": {"check": True, "tolerance": None}})
+    assert cmp.compare_results(base, same).counts["improvement"] == len(KERNELS) * len(SEQ_LENS)
+
+
 def test_sets_of_two_timers_are_never_judged(tmp_path):
     base = write(tmp_path, "a", rows(1, device="cpu"))
     new = write(tmp_path, "b", rows(2, factor=0.5, device="cpu"), cpu_threads={"per_worker": 4})

@@ -230,16 +230,38 @@ def numerics_checked(metadata: Mapping[str, Any]) -> bool | None:
     return check if isinstance(check, bool) else None
 
 
-def candidate_warnings(new_metadata: Mapping[str, Any], thresholds: Thresholds) -> list[str]:
+#: The fields of a suite's ``numerics`` that decide whether a row is ``ok``: a candidate
+#: whose differ from the base's is judged as one measured without the gate.
+NUMERICS_GATE_FIELDS = ("check", "tolerance", "budgets")
+
+
+def numerics_loosened(base_metadata: Mapping[str, Any], new_metadata: Mapping[str, Any]) -> list[str]:
+    """The :data:`NUMERICS_GATE_FIELDS` of ``measurement.numerics`` on which the candidate
+    may be laxer than the base: ``check`` off, or a ``tolerance`` or ``budgets`` that
+    differs from the base's (where both record the field); empty when none."""
+    def numerics(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+        measurement = metadata.get("measurement") if isinstance(metadata, Mapping) else None
+        value = measurement.get("numerics") if isinstance(measurement, Mapping) else None
+        return value if isinstance(value, Mapping) else {}
+
+    base, new = numerics(base_metadata), numerics(new_metadata)
+    out = ["check"] if numerics_checked(new_metadata) is False else []
+    return out + [key for key in NUMERICS_GATE_FIELDS[1:] if key in base and key in new and base[key] != new[key]]
+
+
+def candidate_warnings(new_metadata: Mapping[str, Any], thresholds: Thresholds,
+                       base_metadata: Mapping[str, Any] | None = None) -> list[str]:
     """What the candidate set asked for that does not loosen the gate: one warning naming
     its own ``compare:`` thresholds (ignored: the gate is the base's and the command
-    line's) and one when it was measured without the numerics gate (its faster cases do
-    not count as improvements)."""
+    line's) and one when it was measured without the numerics gate or with other
+    numerics settings than the base (:func:`numerics_loosened`: its faster cases do not
+    count as improvements)."""
     out = []
     asked = new_metadata.get("compare") if isinstance(new_metadata, Mapping) else None
     if isinstance(asked, Mapping):
-        differing = [f"{name} {repr(asked[name])[:40]}" for name in sorted(map(str, asked)) if name in Thresholds.names()
-                     and asked[name] is not None and asked[name] != getattr(thresholds, name)]
+        differing = [f"{name} {repr(asked[name])[:40]}" for name in sorted(map(str, asked))
+                     if name in Thresholds.names() and asked[name] is not None
+                     and asked[name] != getattr(thresholds, name)]
         unknown = sorted(str(name)[:40] for name in asked if name not in Thresholds.names())
         if differing or unknown:
             text = ", ".join(differing + [f"{name!r} (unknown)" for name in unknown])
@@ -247,9 +269,13 @@ def candidate_warnings(new_metadata: Mapping[str, Any], thresholds: Thresholds) 
                        "the base set, --thresholds and the options")
     elif asked is not None:
         out.append("new holds a compare section that is not a mapping; ignored")
-    if numerics_checked(new_metadata) is False:
+    loosened = numerics_loosened(base_metadata or {}, new_metadata)
+    if "check" in loosened:
         out.append("new was measured without the numerics gate (numerics.check off): its cases are marked "
                    "'unchecked' and a faster one does not count as an improvement")
+    elif loosened:
+        out.append(f"new was measured with other numerics.{' and numerics.'.join(loosened)} than the base: its "
+                   "cases are marked 'unchecked' and a faster one does not count as an improvement")
     return out
 
 
@@ -813,8 +839,9 @@ HOST_KEYS = ("hostname", "cpu", "python")
 def provenance_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str, Any]) -> list[str]:
     """One warning per :data:`HOST_KEYS` key that differs between the two runs (only where
     both record it), one per differing timer or thread count
-    (:func:`tflabench.conditions.timing_differences`), and one per side merged from shards that hold fewer cases than they
-    were to measure (``shards_incomplete``, written by ``merge --allow-missing``)."""
+    (:func:`tflabench.conditions.timing_differences`), and one per side merged from shards
+    that hold fewer cases than they were to measure (``shards_incomplete``, written by
+    ``merge --allow-missing``)."""
     out = []
     for key in HOST_KEYS:
         base, new = base_metadata.get(key), new_metadata.get(key)
@@ -980,7 +1007,7 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
             f"the result sets ran different suites: base {base_suite!r}, new {new_suite!r}; compare runs of one suite"
         )
     warnings = environment_warnings(base_meta, new_meta) + provenance_warnings(base_meta, new_meta)
-    warnings += candidate_warnings(new_meta, thresholds)
+    warnings += candidate_warnings(new_meta, thresholds, base_meta)
     base_rows = _prepare(base.rows, f"base {base.path}", warnings)
     new_rows = _prepare(new.rows, f"new {new.path}", warnings)
     warnings.extend(gpu_model_warnings(base_rows, new_rows, base_meta, new_meta))
@@ -1000,7 +1027,7 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
             "the A/A partner(s) share no case with the base ran ok; the drift allowance stays the default")
     timer = _timer_differs(base_meta, new_meta)
     cpu_timed = timing_method(base_meta)["timer"] in CPU_TIMERS or timing_method(new_meta)["timer"] in CPU_TIMERS
-    unchecked = numerics_checked(new_meta) is False
+    unchecked = bool(numerics_loosened(base_meta, new_meta))
 
     def drift_of(record: Mapping[str, Any]) -> float:
         if measured is not None:
