@@ -335,7 +335,8 @@ class TimeDecision:
             change inside the drift allowance) or ``n/a`` (no positive medians).
         ratio: new median / base median.
         p_value: two-sided Mann-Whitney U p of the samples (None without samples).
-        test: the evidence used: ``mannwhitneyu``, ``iqr`` or None.
+        test: the evidence used: ``mannwhitneyu``, ``iqr``, ``identical`` (the same
+            samples on both sides, however few) or None.
         low, high: bounds of the ratio's confidence interval (``1 - 2 alpha``; from the
             quartiles under the ``iqr`` rule); NaN when none could be formed.
         resolution: the smallest relative change these samples could detect: half the
@@ -514,6 +515,9 @@ def decide_time(
     ratio = float(new_median / base_median)
     bound = 1.0 + thresholds.time_threshold
     allowance = 1.0 + max(0.0, float(drift))
+    if base_median == new_median and len(base_samples) and np.array_equal(np.sort(base_samples),
+                                                                          np.sort(new_samples)):
+        return TimeDecision("same", 1.0, 1.0, "identical", 1.0, 1.0, 0.0, allowance - 1.0)  # the same record
 
     def judge(low: float, high: float, significant: bool, widen: float) -> str:
         if significant and ratio >= bound * widen and low > widen:
