@@ -702,11 +702,14 @@ class Comparison:
         cases: one row per case (either side): ``key``, ``case_id``, ``case`` (label),
             ``backend``, ``mode``, ``outcome`` (one of :data:`OUTCOMES`), ``detail``,
             ``base_status``, ``new_status``, ``base_ms``, ``new_ms`` (medians, ms),
-            ``time_ratio`` (new / base), ``time_verdict``, ``p_value``, ``test``,
-            ``ratio_low``, ``ratio_high`` (the ratio's confidence interval),
-            ``resolution`` (smallest detectable relative change),
-            ``base_peak_mem_bytes``, ``new_peak_mem_bytes``, ``mem_ratio``,
-            ``mem_verdict``, ``new_reason``; sorted worst first.
+            ``time_ratio`` (new / base), ``time_verdict``, ``undecided_kind`` (one of
+            :data:`UNDECIDED_KINDS`), ``p_value``, ``test``, ``ratio_low``,
+            ``ratio_high`` (the ratio's confidence interval), ``resolution`` (smallest
+            detectable relative change), ``drift`` (the allowance applied),
+            ``tail_verdict``, ``p90_ratio``, ``mean_ratio``, ``tail_p_value``
+            (:func:`decide_tail`), ``base_peak_mem_bytes``, ``new_peak_mem_bytes``,
+            ``mem_ratio``, ``mem_verdict``, ``unchecked`` (the candidate's numerics gate
+            was off or laxer), ``kernel``, ``new_reason``; sorted worst first.
         backends: per backend: ``cases`` compared (both ok), ``geomean_speedup``
             (base / new, > 1 faster), ``slower``, ``faster``, ``undecided``, ``failures``.
         warnings: environment differences and other things a reader must know.
@@ -759,7 +762,8 @@ class Comparison:
         c = self.counts
         reasons = []
         if "regression" in groups and c.get("regression", 0) + c.get("tail", 0):
-            reasons.append(f"{c.get('regression', 0) + c.get('tail', 0)} regression(s)")
+            reasons.append(" and ".join(f"{c[o]} {_OUTCOME_LABEL[o]}(s)" for o in ("regression", "tail")
+                                        if c.get(o, 0)))
         if "failure" in groups and any(c.get(o, 0) for o in _FAILURE_OUTCOMES):
             reasons.append(f"{sum(c.get(o, 0) for o in _FAILURE_OUTCOMES)} new failure(s) or lost case(s)")
         if "undecided" in groups and c.get("undecided", 0):
@@ -1198,8 +1202,8 @@ def _undecided_reason(td: TimeDecision, thresholds: Thresholds) -> str:
         return "no samples or quartiles to decide on"
     change = f"time {td.ratio - 1:+.1%}"
     if td.kind == "drift":
-        return (f"{change}, inside the drift between runs that the samples cannot see (up to "
-                f"{td.drift:+.0%}); an A/A partner (--aa) measures it")
+        return (f"{change}, inside the allowance for drift between runs, which samples of one run "
+                f"cannot see (up to {td.drift:+.0%}; docs/compare-gate.md)")
     if not math.isfinite(td.resolution):
         return (f"{change}, could not decide: too few samples to bound the change "
                 f"(at least {thresholds.min_samples} per side)")
