@@ -339,23 +339,71 @@ def test_cuda_graph_timing_warns_against_a_set_that_predates_the_field(tmp_path)
 # ----------------------------------------------------------------------------- thresholds
 
 
-def test_suite_thresholds_from_metadata_then_file_then_option(tmp_path):
+def test_suite_thresholds_from_base_metadata_then_file_then_option(tmp_path):
     slow = {("tfla_sig", 2048): 1.10}
     base = write(tmp_path, "a", suite_rows(1), compare={"time_threshold": 0.2})
-    new = write(tmp_path, "b", suite_rows(2, slow=slow), compare={"time_threshold": 0.2})
-    thresholds, source = cmp.resolve_thresholds(base.metadata, new.metadata)
-    assert (thresholds.time_threshold, source["time_threshold"]) == (0.2, "new suite")
+    new = write(tmp_path, "b", suite_rows(2, slow=slow), compare={"time_threshold": 0.05})
+    thresholds, source = cmp.resolve_thresholds(base.metadata)
+    assert (thresholds.time_threshold, source["time_threshold"]) == (0.2, "base suite")
     assert cmp.compare_results(base, new, thresholds).counts["regression"] == 0
 
     path = tmp_path / "thresholds.yaml"
     path.write_text("compare:\n  time_threshold: 0.05\n  alpha: 0.001\n")
-    thresholds, source = cmp.resolve_thresholds(base.metadata, new.metadata, cmp.load_thresholds_file(path))
+    thresholds, source = cmp.resolve_thresholds(base.metadata, cmp.load_thresholds_file(path))
     assert (thresholds.time_threshold, thresholds.alpha, source["alpha"]) == (0.05, 0.001, "thresholds file")
     assert cmp.compare_results(base, new, thresholds).counts["regression"] == 1
 
     thresholds, source = cmp.resolve_thresholds(
-        base.metadata, new.metadata, cmp.load_thresholds_file(path), {"time_threshold": 0.5, "alpha": None})
+        base.metadata, cmp.load_thresholds_file(path), {"time_threshold": 0.5, "alpha": None})
     assert (thresholds.time_threshold, source["time_threshold"], thresholds.alpha) == (0.5, "option", 0.001)
+
+
+def test_the_candidate_cannot_loosen_the_gate(tmp_path):
+    """A candidate 3x slower whose own metadata asks for time_threshold 9.9 and alpha
+    1e-300 still fails the default gate; a warning names what it asked for."""
+    slow = {(b, s): 3.0 for b in BACKENDS for s in SEQ_LENS}
+    base = write(tmp_path, "a", suite_rows(1))
+    new = write(tmp_path, "b", suite_rows(2, slow=slow), compare={"time_threshold": 9.9, "alpha": 1e-300})
+    comparison = cmp.compare_results(base, new)
+    assert comparison.thresholds == cmp.Thresholds()
+    assert comparison.counts["regression"] == len(BACKENDS) * len(SEQ_LENS)
+    assert comparison.exit_status("any") == 1
+    (warning,) = [w for w in comparison.warnings if w.startswith("new asks for")]
+    assert "alpha 1e-300" in warning and "time_threshold 9.9" in warning and "ignored" in warning
+    result = _run(tmp_path / "a", tmp_path / "b")
+    assert result.exit_code == 1 and "FAIL" in result.stdout
+
+
+def test_a_candidate_without_the_numerics_gate_is_marked_and_never_an_improvement(tmp_path):
+    fast = {(b, s): 0.5 for b in BACKENDS for s in SEQ_LENS}
+    base = write(tmp_path, "a", suite_rows(1), measurement={"numerics": {"check": True}})
+    new = write(tmp_path, "b", suite_rows(2, slow=fast), measurement={"numerics": {"check": False}})
+    comparison = cmp.compare_results(base, new)
+    assert comparison.counts["improvement"] == 0
+    assert set(comparison.cases["undecided_kind"]) == {"unchecked"}
+    assert comparison.cases["unchecked"].all()
+    assert any("numerics.check off" in w for w in comparison.warnings)
+    assert comparison.exit_status("any") == 0  # not counted toward the undecided share
+    assert "(unchecked)" in cmp.to_markdown(comparison)
+    checked = write(tmp_path, "c", suite_rows(2, slow=fast), measurement={"numerics": {"check": True}})
+    assert cmp.compare_results(base, checked).counts["improvement"] == len(BACKENDS) * len(SEQ_LENS)
+
+
+def test_undecided_for_want_of_resolution_on_more_than_a_quarter_fails_the_default_gate(tmp_path):
+    """Half the cases with samples spread +-50 %: undecided because the samples cannot
+    resolve the 3 % threshold; more than UNDECIDED_SHARE of the cases, so `any` fails and
+    says why."""
+    rows, new_rows = suite_rows(1), suite_rows(2)
+    for index in range(0, len(new_rows), 2):
+        r = new_rows[index]
+        new_rows[index] = make_row(r["backend"], r["seq_len"],
+                                   samples=base_median_ms(r["backend"], r["seq_len"]) * np.linspace(0.5, 1.5, 8))
+    comparison = cmp.compare_results(write(tmp_path, "a", rows), write(tmp_path, "b", new_rows))
+    counted, compared = comparison.undecided_share()
+    assert compared == len(rows) and counted / compared > cmp.UNDECIDED_SHARE
+    assert comparison.counts["regression"] == 0 and comparison.exit_status("any") == 1
+    assert "undecided for want of resolution" in cmp.verdict_line(comparison, "any")
+    assert comparison.exit_status("regression,failure") == 0
 
 
 def test_bad_threshold_file_is_a_user_error(tmp_path):

@@ -27,9 +27,20 @@ The decision rule (docs/ci.md, "How compare decides", gives the reasons):
   run ``ok``. A case that ran ``ok`` in the base and is missing (or ``unavailable``) in
   the new run is *lost*: the run lost coverage.
 
-Thresholds come from, in rising precedence: the defaults of :class:`Thresholds`, a
-``compare:`` mapping in the base then the new result set's metadata (the suite's own
-thresholds), a YAML thresholds file, and explicit CLI options.
+* **tail**: where the median holds, a case whose upper tail grew (the 90th percentile or the
+  mean of its samples past ``1 + time_threshold``) and whose samples above the base's 90th
+  percentile are more than the base's by a one-sided Fisher exact test at ``alpha`` is a
+  *tail* finding (:func:`decide_tail`), its own outcome, failing like a regression.
+* **drift**: samples of one run cannot see a change between runs. Where such drift can
+  exceed what the samples see (CPU timers, a spread warning on either side) a change is
+  decided only beyond an allowance for it (:data:`CPU_DRIFT`, or the spread between the
+  base and its A/A partners where those are given); inside it the case is *undecided* by
+  drift, which does not count toward the undecided share of the gate.
+
+The gate belongs to the base and the command line (:func:`resolve_thresholds`): the
+defaults of :class:`Thresholds`, the base set's ``compare:`` section, a YAML thresholds
+file, then the options. A candidate's own section is ignored with a warning
+(:func:`candidate_warnings`).
 """
 
 from __future__ import annotations
@@ -45,6 +56,7 @@ import numpy as np
 import pandas as pd
 
 from tflabench.errors import UserError
+from tflabench.conditions import CPU_TIMERS, timing_differences, timing_method
 from tflabench.results import LIMIT_FIELDS, case_label, recorded_timing
 
 #: Statuses that mean the case ran and produced a timing.
@@ -70,6 +82,7 @@ ENVIRONMENT_KEYS = ("gpu_name", "driver", "cuda", "torch", "triton")
 OUTCOMES = (
     "new_failure",  # ok -> wrong/crash/timeout/oom/error, or an added case that fails
     "regression",   # slower, or more peak memory
+    "tail",         # the median holds, the upper tail (p90 or mean) grew past the threshold
     "lost",         # ok in base, missing or unavailable in new
     "still_failing",
     "undecided",    # both ok, but the samples cannot tell a change of the threshold's size from none
@@ -85,7 +98,8 @@ _FAILURE_OUTCOMES = ("new_failure", "lost")
 
 def parse_fail_on(text: str) -> frozenset[str]:
     """The outcome groups a ``--fail-on`` value fails on: a comma list of
-    :data:`FAIL_ON_CHOICES` (``any`` = ``regression,failure``; ``none``: nothing).
+    :data:`FAIL_ON_CHOICES` (``any`` = ``regression,failure`` and the undecided share of
+    :data:`UNDECIDED_SHARE`, group ``share``; ``none``: nothing).
 
     Raises:
         UserError: an empty list or an unknown choice.
@@ -98,7 +112,7 @@ def parse_fail_on(text: str) -> frozenset[str]:
         if item not in FAIL_ON_CHOICES:
             raise UserError(f"--fail-on: {item!r} is not one of {', '.join(FAIL_ON_CHOICES)} "
                             "(a comma list, e.g. regression,undecided)")
-        groups |= {"any": {"regression", "failure"}, "none": set()}.get(item, {item})
+        groups |= {"any": {"regression", "failure", "share"}, "none": set()}.get(item, {item})
     return frozenset(groups)
 
 
@@ -176,15 +190,15 @@ def load_thresholds_file(path: str | os.PathLike) -> dict[str, Any]:
 
 def resolve_thresholds(
     base_metadata: Mapping[str, Any] | None = None,
-    new_metadata: Mapping[str, Any] | None = None,
     file_values: Mapping[str, Any] | None = None,
     overrides: Mapping[str, Any] | None = None,
 ) -> tuple[Thresholds, dict[str, str]]:
     """Combine the threshold sources, later ones winning.
 
-    Order: :class:`Thresholds` defaults < base metadata ``compare`` < new metadata
-    ``compare`` < ``file_values`` (``--thresholds FILE``) < ``overrides`` (CLI options;
-    ``None`` values are ignored).
+    Order: :class:`Thresholds` defaults < base metadata ``compare`` (the reference's suite)
+    < ``file_values`` (``--thresholds FILE``) < ``overrides`` (CLI options; ``None``
+    values are ignored). The candidate's metadata is no source: a set under judgement
+    does not set its own gate (:func:`candidate_warnings` names what it asked for).
 
     Returns:
         (thresholds, source) where ``source`` maps each field to where its value came from.
@@ -196,7 +210,6 @@ def resolve_thresholds(
     source = {name: "default" for name in Thresholds.names()}
     layers = (
         ("base suite", _threshold_mapping((base_metadata or {}).get("compare"), "base metadata 'compare'")),
-        ("new suite", _threshold_mapping((new_metadata or {}).get("compare"), "new metadata 'compare'")),
         ("thresholds file", _threshold_mapping(file_values, "thresholds file")),
         ("option", {k: _check_threshold(k, v, f"--{k.replace('_', '-')}")
                     for k, v in _threshold_mapping(overrides, "option", check=False).items()}),
@@ -206,6 +219,64 @@ def resolve_thresholds(
             values[key] = value
             source[key] = name
     return Thresholds(**values), source
+
+
+def numerics_checked(metadata: Mapping[str, Any]) -> bool | None:
+    """Whether a result set was measured behind the numerics gate
+    (``measurement.numerics.check`` of its metadata); None where the set does not say."""
+    measurement = metadata.get("measurement") if isinstance(metadata, Mapping) else None
+    numerics = measurement.get("numerics") if isinstance(measurement, Mapping) else None
+    check = numerics.get("check") if isinstance(numerics, Mapping) else None
+    return check if isinstance(check, bool) else None
+
+
+#: The fields of a suite's ``numerics`` that decide whether a row is ``ok``: a candidate
+#: whose differ from the base's is judged as one measured without the gate.
+NUMERICS_GATE_FIELDS = ("check", "tolerance", "budgets")
+
+
+def numerics_loosened(base_metadata: Mapping[str, Any], new_metadata: Mapping[str, Any]) -> list[str]:
+    """The :data:`NUMERICS_GATE_FIELDS` of ``measurement.numerics`` on which the candidate
+    may be laxer than the base: ``check`` off, or a ``tolerance`` or ``budgets`` that
+    differs from the base's (where both record the field); empty when none."""
+    def numerics(metadata: Mapping[str, Any]) -> Mapping[str, Any]:
+        measurement = metadata.get("measurement") if isinstance(metadata, Mapping) else None
+        value = measurement.get("numerics") if isinstance(measurement, Mapping) else None
+        return value if isinstance(value, Mapping) else {}
+
+    base, new = numerics(base_metadata), numerics(new_metadata)
+    out = ["check"] if numerics_checked(new_metadata) is False else []
+    return out + [key for key in NUMERICS_GATE_FIELDS[1:] if key in base and key in new and base[key] != new[key]]
+
+
+def candidate_warnings(new_metadata: Mapping[str, Any], thresholds: Thresholds,
+                       base_metadata: Mapping[str, Any] | None = None) -> list[str]:
+    """What the candidate set asked for that does not loosen the gate: one warning naming
+    its own ``compare:`` thresholds (ignored: the gate is the base's and the command
+    line's) and one when it was measured without the numerics gate or with other
+    numerics settings than the base (:func:`numerics_loosened`: its faster cases do not
+    count as improvements)."""
+    out = []
+    asked = new_metadata.get("compare") if isinstance(new_metadata, Mapping) else None
+    if isinstance(asked, Mapping):
+        differing = [f"{name} {repr(asked[name])[:40]}" for name in sorted(map(str, asked))
+                     if name in Thresholds.names() and asked[name] is not None
+                     and asked[name] != getattr(thresholds, name)]
+        unknown = sorted(str(name)[:40] for name in asked if name not in Thresholds.names())
+        if differing or unknown:
+            text = ", ".join(differing + [f"{name!r} (unknown)" for name in unknown])
+            out.append(f"new asks for {text} in its compare section; ignored: the gate's thresholds come from "
+                       "the base set, --thresholds and the options")
+    elif asked is not None:
+        out.append("new holds a compare section that is not a mapping; ignored")
+    loosened = numerics_loosened(base_metadata or {}, new_metadata)
+    if "check" in loosened:
+        out.append("new was measured without the numerics gate (numerics.check off): its cases are marked "
+                   "'unchecked' and a faster one does not count as an improvement")
+    elif loosened:
+        out.append(f"new was measured with other numerics.{' and numerics.'.join(loosened)} than the base: its "
+                   "cases are marked 'unchecked' and a faster one does not count as an improvement")
+    return out
 
 
 # ----------------------------------------------------------------------------- statistics
@@ -236,22 +307,43 @@ def parse_samples(value: Any) -> np.ndarray:
     return array[np.isfinite(array)]
 
 
+#: The run-to-run change of a case's median that its samples cannot see, assumed where
+#: nothing measures it (docs/compare-gate.md, "Drift between runs"): 1.0 lets a median move up to
+#: 2x between two runs of the same code before a change is decided. A/A pairs of the CPU
+#: demo on a shared 2-core machine moved single cases by up to +92 %.
+CPU_DRIFT = 1.0
+
+#: The share of the cases compared (ok on both sides) that may be undecided because their
+#: samples cannot resolve the threshold before the default gate fails (docs/compare-gate.md, "Who sets the gate").
+UNDECIDED_SHARE = 0.25
+
+#: Why a case is undecided: its samples cannot resolve the threshold (counts toward
+#: :data:`UNDECIDED_SHARE`); its change lies near the threshold's edge; its change lies
+#: inside the run-to-run drift allowance; the two sets were timed by different timers
+#: (counts); the candidate ran without the numerics gate and was faster.
+UNDECIDED_KINDS = ("unresolved", "near", "drift", "timer", "unchecked")
+_SHARE_KINDS = ("unresolved", "timer")
+
+
 @dataclass(frozen=True)
 class TimeDecision:
     """Outcome of :func:`decide_time`.
 
     Attributes:
         verdict: ``slower``, ``faster``, ``same`` (the samples show any change is inside
-            the threshold), ``undecided`` (too few or too noisy samples to tell) or ``n/a``
-            (no positive medians).
+            the threshold), ``undecided`` (too few or too noisy samples to tell, or a
+            change inside the drift allowance) or ``n/a`` (no positive medians).
         ratio: new median / base median.
         p_value: two-sided Mann-Whitney U p of the samples (None without samples).
-        test: the evidence used: ``mannwhitneyu``, ``iqr`` or None.
+        test: the evidence used: ``mannwhitneyu``, ``iqr``, ``identical`` (the same
+            samples on both sides, however few) or None.
         low, high: bounds of the ratio's confidence interval (``1 - 2 alpha``; from the
             quartiles under the ``iqr`` rule); NaN when none could be formed.
         resolution: the smallest relative change these samples could detect: half the
             interval's width on the log scale, as a fraction (0.05 = 5 %); inf when the
             samples bound nothing.
+        drift: the run-to-run allowance applied (a fraction: 1.0 = up to 2x; 0 none).
+        kind: for ``undecided``, one of :data:`UNDECIDED_KINDS`; else None.
     """
 
     verdict: str
@@ -261,17 +353,83 @@ class TimeDecision:
     low: float = float("nan")
     high: float = float("nan")
     resolution: float = float("inf")
+    drift: float = 0.0
+    kind: str | None = None
+
+
+def _count_at_most(x_sorted: np.ndarray, y_sorted: np.ndarray, shift: float) -> int:
+    """How many pairwise differences ``y_j - x_i`` are ``<= shift``: one binary search per
+    ``y_j`` in the sorted ``x`` (O(n log m), no pairs built)."""
+    return int(np.sum(len(x_sorted) - np.searchsorted(x_sorted, y_sorted - shift, side="left")))
+
+
+def pairwise_difference_quantile(x: np.ndarray, y: np.ndarray, q: float = 0.5) -> float:
+    """The ``q`` quantile of the ``len(x) * len(y)`` pairwise differences ``y_j - x_i``
+    (``q`` 0.5: the Hodges-Lehmann shift of ``y`` against ``x``), in O((n + m) log(n + m))
+    time per step of a bisection over the difference's value and O(n + m) memory: the
+    pairs are counted by binary search, never built (docs/compare-gate.md, "Cost").
+
+    For an even count the median is the mean of the two middle differences, as
+    ``np.median`` takes it. NaN when either side is empty.
+    """
+    x_sorted, y_sorted = np.sort(np.asarray(x, dtype=float)), np.sort(np.asarray(y, dtype=float))
+    total = len(x_sorted) * len(y_sorted)
+    if total == 0:
+        return float("nan")
+
+    n = len(x_sorted)
+    window_limit = max(4 * (n + len(y_sorted)), 4096)
+
+    def below(shift: float) -> np.ndarray:  # per y_j: the first x_i with y_j - x_i <= shift
+        return np.searchsorted(x_sorted, y_sorted - shift, side="left")
+
+    def kth(k: int) -> float:  # the k-th smallest difference, k from 1
+        lo = float(y_sorted[0] - x_sorted[-1]) - 1.0  # no difference at or below lo
+        hi = float(y_sorted[-1] - x_sorted[0]) + 1.0  # every difference at or below hi
+        start, stop = below(hi), below(lo)
+        for _ in range(200):  # invariant: count(<= lo) < k <= count(<= hi)
+            if int(np.sum(stop - start)) <= window_limit:
+                break
+            mid = lo + (hi - lo) / 2
+            if mid <= lo or mid >= hi:
+                break
+            index = below(mid)
+            if n * len(y_sorted) - int(index.sum()) >= k:
+                hi, start = mid, index
+            else:
+                lo, stop = mid, index
+        # the differences in (lo, hi], built from the same searches that counted them
+        sizes = stop - start
+        inside = int(sizes.sum())
+        if inside == 0 or inside > window_limit:  # a mass of tied differences: any one of them
+            return hi
+        rows = np.repeat(np.arange(len(y_sorted)), sizes)
+        offsets = np.arange(inside) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+        window = np.sort(y_sorted[rows] - x_sorted[np.repeat(start, sizes) + offsets])
+        rank = k - (n * len(y_sorted) - int(stop.sum())) - 1
+        return float(window[min(max(rank, 0), inside - 1)])
+
+    position = q * (total - 1)  # np.quantile's linear rule; the median of an even count averages two
+    k_low = int(math.floor(position)) + 1
+    low = kth(k_low)
+    if position == math.floor(position):
+        return low
+    high = kth(k_low + 1)
+    return low + (high - low) * (position - math.floor(position))
 
 
 def ratio_interval(base_samples: np.ndarray, new_samples: np.ndarray, alpha: float) -> tuple[float, float, float]:
     """Confidence interval of the time ratio new / base from per-iteration samples (ms).
 
     The ratio is a shift of the log samples; its estimate is the Hodges-Lehmann shift
-    (median of the pairwise differences ``log new_j - log base_i``) and its interval the
-    shifts that neither one-sided Mann-Whitney U test at ``alpha``
-    (:func:`scipy.stats.mannwhitneyu`) rejects, a ``1 - 2 alpha`` interval (Hollander and
-    Wolfe, *Nonparametric Statistical Methods*, sec. 4.3). The test statistic only
-    changes at the pairwise differences, so each bound is found by bisection over them.
+    (median of the pairwise differences ``log new_j - log base_i``,
+    :func:`pairwise_difference_quantile`) and its interval the shifts that neither
+    one-sided Mann-Whitney U test at ``alpha`` (:func:`scipy.stats.mannwhitneyu`)
+    rejects, a ``1 - 2 alpha`` interval (Hollander and Wolfe, *Nonparametric Statistical
+    Methods*, sec. 4.3). Each bound is found by bisection over the shift between the
+    smallest and the largest difference, each step one test of O((n + m) log(n + m)):
+    no pairwise differences are built, so 40,000 samples a side (the most
+    ``timing.iterations`` allows) cost seconds and a few MB.
 
     Returns:
         ``(low, estimate, high)`` as ratios; ``low`` is 0 and ``high`` inf where the
@@ -279,37 +437,38 @@ def ratio_interval(base_samples: np.ndarray, new_samples: np.ndarray, alpha: flo
     """
     from scipy.stats import mannwhitneyu
 
-    base_log = np.log(base_samples[base_samples > 0])
-    new_log = np.log(new_samples[new_samples > 0])
+    base_log = np.sort(np.log(base_samples[base_samples > 0]))
+    new_log = np.sort(np.log(new_samples[new_samples > 0]))
     if len(base_log) == 0 or len(new_log) == 0:
         return 0.0, float("nan"), float("inf")
-    diffs = np.unique(np.subtract.outer(new_log, base_log).ravel())
-    estimate = float(np.median(np.subtract.outer(new_log, base_log)))
-    # probe points between the differences: g[k] lies between diffs[k-1] and diffs[k]
-    probes = np.concatenate([[diffs[0] - 1.0], (diffs[:-1] + diffs[1:]) / 2, [diffs[-1] + 1.0]])
+    estimate = pairwise_difference_quantile(base_log, new_log, 0.5)
+    smallest, largest = float(new_log[0] - base_log[-1]), float(new_log[-1] - base_log[0])
+    margin = 1.0 + (largest - smallest)
 
-    def p_greater(k: int) -> float:  # nondecreasing in k
-        return float(mannwhitneyu(new_log - probes[k], base_log, alternative="greater").pvalue)
+    def p_value(shift: float, alternative: str) -> float:
+        return float(mannwhitneyu(new_log - shift, base_log, alternative=alternative).pvalue)
 
-    def p_less(k: int) -> float:  # nonincreasing in k
-        return float(mannwhitneyu(new_log - probes[k], base_log, alternative="less").pvalue)
+    def bound(alternative: str) -> float:
+        # "greater": p rises with the shift; the low bound is where it reaches alpha.
+        # "less": p falls with the shift; the high bound is where it drops below alpha.
+        lo, hi = smallest - margin, largest + margin
+        rising = alternative == "greater"
+        if rising and p_value(lo, alternative) >= alpha:
+            return -math.inf
+        if not rising and p_value(hi, alternative) >= alpha:
+            return math.inf
+        for _ in range(64):  # invariant: rejected at lo ("greater") / accepted at lo ("less")
+            mid = lo + (hi - lo) / 2
+            if mid <= lo or mid >= hi or hi - lo <= 1e-12 * max(1.0, abs(mid)):
+                break
+            accepted = p_value(mid, alternative) >= alpha
+            if accepted == rising:
+                hi = mid
+            else:
+                lo = mid
+        return hi if rising else lo
 
-    lo_k, hi_k = 0, len(probes) - 1  # smallest k with p_greater(k) >= alpha
-    while lo_k < hi_k:
-        mid = (lo_k + hi_k) // 2
-        if p_greater(mid) >= alpha:
-            hi_k = mid
-        else:
-            lo_k = mid + 1
-    low = -math.inf if lo_k == 0 else float(diffs[lo_k - 1])
-    lo_k, hi_k = 0, len(probes) - 1  # largest k with p_less(k) >= alpha
-    while lo_k < hi_k:
-        mid = (lo_k + hi_k + 1) // 2
-        if p_less(mid) >= alpha:
-            lo_k = mid
-        else:
-            hi_k = mid - 1
-    high = math.inf if lo_k == len(diffs) else float(diffs[lo_k])
+    low, high = bound("greater"), bound("less")
     return math.exp(low), math.exp(estimate), math.exp(high)
 
 
@@ -329,6 +488,7 @@ def decide_time(
     thresholds: Thresholds,
     base_iqr: tuple[float, float] | None = None,
     new_iqr: tuple[float, float] | None = None,
+    drift: float = 0.0,
 ) -> TimeDecision:
     """Decide whether one case got slower, faster, stayed the same, or cannot be decided
     (times in ms).
@@ -340,17 +500,44 @@ def decide_time(
     With fewer than ``min_samples`` samples on a side, the inter-quartile ranges
     ``(ms_q25, ms_q75)`` stand in: separated decides a change, every ratio of quartiles
     inside the band decides the same.
+
+    ``drift`` (a fraction, 1.0 = 2x) is the run-to-run change the samples cannot see
+    (docs/compare-gate.md, "Drift between runs"): the ratio and its interval are then judged against
+    the band widened by ``1 + drift`` (a slowdown must pass ``(1 + time_threshold)
+    (1 + drift)`` with its interval above ``1 + drift``; a speed-up likewise); a change the
+    samples alone would have decided but the widened band does not is undecided of kind
+    ``drift``. "The same" needs no widening: drift makes two runs differ, never agree.
     """
     from scipy.stats import mannwhitneyu
 
     if not (np.isfinite(base_median) and np.isfinite(new_median)) or base_median <= 0 or new_median <= 0:
-        return TimeDecision("n/a", float("nan"), None, None)
+        return TimeDecision("n/a", float("nan"), None, None, kind="unresolved")
     ratio = float(new_median / base_median)
     bound = 1.0 + thresholds.time_threshold
-    direction = "slower" if ratio >= bound else "faster" if ratio <= 1.0 / bound else None
+    allowance = 1.0 + max(0.0, float(drift))
+    if base_median == new_median and len(base_samples) and np.array_equal(np.sort(base_samples),
+                                                                          np.sort(new_samples)):
+        return TimeDecision("same", 1.0, 1.0, "identical", 1.0, 1.0, 0.0, allowance - 1.0)  # the same record
 
-    def inside(low: float, high: float) -> bool:
-        return direction is None and 1.0 / bound < low and high < bound
+    def judge(low: float, high: float, significant: bool, widen: float) -> str:
+        if significant and ratio >= bound * widen and low > widen:
+            return "slower"
+        if significant and ratio <= 1.0 / (bound * widen) and high < 1.0 / widen:
+            return "faster"
+        if 1.0 / bound < low and high < bound:  # drift cannot make two runs agree: no widening
+            return "same"
+        return "undecided"
+
+    def decision(low: float, high: float, significant: bool, p_value: float | None, test: str,
+                 resolution: float) -> TimeDecision:
+        plain = judge(low, high, significant, 1.0)
+        verdict = judge(low, high, significant, allowance) if allowance > 1.0 else plain
+        kind = None
+        if verdict == "undecided":
+            kind = ("drift" if plain != "undecided"
+                    else "unresolved" if not resolution <= thresholds.time_threshold else "near")
+        return TimeDecision(verdict, ratio, p_value, test, low, high, resolution,
+                            allowance - 1.0, kind)
 
     if len(base_samples) >= thresholds.min_samples and len(new_samples) >= thresholds.min_samples:
         if np.ptp(np.concatenate([base_samples, new_samples])) == 0:
@@ -358,23 +545,59 @@ def decide_time(
         else:
             p_value = float(mannwhitneyu(new_samples, base_samples, alternative="two-sided").pvalue)
         low, centre, high = ratio_interval(base_samples, new_samples, thresholds.alpha)
-        if direction and p_value < thresholds.alpha:
-            verdict = direction
-        else:
-            verdict = "same" if inside(low, high) else "undecided"
-        return TimeDecision(verdict, ratio, p_value, "mannwhitneyu", low, high, _resolution(low, centre, high))
+        return decision(low, high, p_value < thresholds.alpha, p_value, "mannwhitneyu",
+                        _resolution(low, centre, high))
 
     if base_iqr is not None and new_iqr is not None and all(np.isfinite(base_iqr)) and all(np.isfinite(new_iqr)) \
             and min(base_iqr) > 0 and min(new_iqr) > 0:
-        separated = (direction == "slower" and new_iqr[0] > base_iqr[1]) or (
-            direction == "faster" and new_iqr[1] < base_iqr[0]
-        )
         low, high = new_iqr[0] / base_iqr[1], new_iqr[1] / base_iqr[0]
-        verdict = direction if separated else "same" if inside(low, high) else "undecided"
-        return TimeDecision(verdict, ratio, None, "iqr", low, high, _resolution(low, ratio, high))
+        separated = new_iqr[0] > base_iqr[1] or new_iqr[1] < base_iqr[0]
+        return decision(low, high, separated, None, "iqr", _resolution(low, ratio, high))
 
     # Neither samples nor quartiles: the ratio alone cannot tell noise from change.
-    return TimeDecision("undecided", ratio, None, None)
+    return TimeDecision("undecided", ratio, None, None, drift=allowance - 1.0, kind="unresolved")
+
+
+#: The upper percentile :func:`decide_tail` watches.
+TAIL_PERCENTILE = 90
+
+#: :func:`decide_tail`'s test runs at ``alpha`` times this: a tail is a rarer finding than
+#: a median, and on the synthetic noise model of ``tests/test_compare.py`` (5 % outliers
+#: 1.3-3x slower in both runs) ``alpha`` itself flagged 0.3 % of A/A cases, a tenth of it 0.03 %.
+TAIL_LEVEL = 0.1
+
+
+def decide_tail(base_samples: np.ndarray, new_samples: np.ndarray, thresholds: Thresholds,
+                drift: float = 0.0) -> tuple[str, float, float, float | None]:
+    """Whether the upper tail of a case's times grew while its median may hold (docs/compare-gate.md,
+    "Tail"): ``(verdict, p90 ratio, mean ratio, p)``, verdict ``slower`` or ``same``
+    (``n/a`` with fewer than ``min_samples`` samples a side).
+
+    With ``bound = (1 + time_threshold) (1 + drift)``: slower when the new 90th
+    percentile or mean (ms) is at least ``bound`` times the base's **and** the new samples
+    above ``bound`` times the base's 90th percentile outnumber the base's own by a one-sided
+    Fisher exact test at ``alpha * TAIL_LEVEL`` (:func:`scipy.stats.fisher_exact`): one
+    stall in a hundred calls is no finding, ten are. O(n log n): quantiles and counts.
+    """
+    from scipy.stats import fisher_exact
+
+    nan = float("nan")
+    if len(base_samples) < thresholds.min_samples or len(new_samples) < thresholds.min_samples:
+        return "n/a", nan, nan, None
+    base_p90, new_p90 = np.percentile(base_samples, TAIL_PERCENTILE), np.percentile(new_samples, TAIL_PERCENTILE)
+    base_mean, new_mean = float(np.mean(base_samples)), float(np.mean(new_samples))
+    if not (base_p90 > 0 and base_mean > 0):
+        return "n/a", nan, nan, None
+    p90_ratio, mean_ratio = float(new_p90 / base_p90), float(new_mean / base_mean)
+    bound = (1.0 + thresholds.time_threshold) * (1.0 + max(0.0, float(drift)))
+    if max(p90_ratio, mean_ratio) < bound:
+        return "same", p90_ratio, mean_ratio, None
+    cut = base_p90 * bound
+    new_above = int(np.count_nonzero(new_samples > cut))
+    base_above = int(np.count_nonzero(base_samples > cut))
+    table = [[new_above, len(new_samples) - new_above], [base_above, len(base_samples) - base_above]]
+    p_value = float(fisher_exact(table, alternative="greater").pvalue)
+    return ("slower" if p_value < thresholds.alpha * TAIL_LEVEL else "same"), p90_ratio, mean_ratio, p_value
 
 
 def decide_memory(base_bytes: float, new_bytes: float, thresholds: Thresholds) -> tuple[str, float]:
@@ -479,11 +702,14 @@ class Comparison:
         cases: one row per case (either side): ``key``, ``case_id``, ``case`` (label),
             ``backend``, ``mode``, ``outcome`` (one of :data:`OUTCOMES`), ``detail``,
             ``base_status``, ``new_status``, ``base_ms``, ``new_ms`` (medians, ms),
-            ``time_ratio`` (new / base), ``time_verdict``, ``p_value``, ``test``,
-            ``ratio_low``, ``ratio_high`` (the ratio's confidence interval),
-            ``resolution`` (smallest detectable relative change),
-            ``base_peak_mem_bytes``, ``new_peak_mem_bytes``, ``mem_ratio``,
-            ``mem_verdict``, ``new_reason``; sorted worst first.
+            ``time_ratio`` (new / base), ``time_verdict``, ``undecided_kind`` (one of
+            :data:`UNDECIDED_KINDS`), ``p_value``, ``test``, ``ratio_low``,
+            ``ratio_high`` (the ratio's confidence interval), ``resolution`` (smallest
+            detectable relative change), ``drift`` (the allowance applied),
+            ``tail_verdict``, ``p90_ratio``, ``mean_ratio``, ``tail_p_value``
+            (:func:`decide_tail`), ``base_peak_mem_bytes``, ``new_peak_mem_bytes``,
+            ``mem_ratio``, ``mem_verdict``, ``unchecked`` (the candidate's numerics gate
+            was off or laxer), ``kernel``, ``new_reason``; sorted worst first.
         backends: per backend: ``cases`` compared (both ok), ``geomean_speedup``
             (base / new, > 1 faster), ``slower``, ``faster``, ``undecided``, ``failures``.
         warnings: environment differences and other things a reader must know.
@@ -504,21 +730,50 @@ class Comparison:
     def exit_status(self, fail_on: str = "any") -> int:
         """1 when the comparison fails the ``fail_on`` policy, else 0.
 
-        ``fail_on`` is a comma list (:func:`parse_fail_on`): ``regression``: a slower case
-        or more peak memory; ``failure``: a new failure or a lost case; ``undecided``: a
-        case whose samples could not decide; ``any``: regression or failure; ``none``:
-        never.
+        ``fail_on`` is a comma list (:func:`parse_fail_on`): ``regression``: a slower case,
+        a grown tail or more peak memory; ``failure``: a new failure or a lost case;
+        ``undecided``: any case whose samples could not decide; ``any``: regression,
+        failure, or more than :data:`UNDECIDED_SHARE` of the compared cases undecided
+        because their samples cannot resolve the threshold or the sets used different
+        timers (:meth:`undecided_share`); ``none``: never.
+
+        Raises:
+            UserError: an unknown ``fail_on``.
+        """
+        return int(bool(self.failures(fail_on)))
+
+    def undecided_share(self) -> tuple[int, int]:
+        """``(undecided, compared)``: the cases undecided for want of resolution or for
+        different timers (not for drift, nor near the threshold's edge), and the cases ok on
+        both sides."""
+        compared = int((self.cases["base_status"].eq(OK) & self.cases["new_status"].eq(OK)).sum())
+        counted = int((self.cases["outcome"].eq("undecided")
+                       & self.cases["undecided_kind"].isin(_SHARE_KINDS)).sum())
+        return counted, compared
+
+    def failures(self, fail_on: str = "any") -> list[str]:
+        """Why the comparison fails the ``fail_on`` policy, one phrase per reason; empty
+        when it passes (:meth:`exit_status`).
 
         Raises:
             UserError: an unknown ``fail_on``.
         """
         groups = parse_fail_on(fail_on)
-        found = {
-            "regression": self.counts.get("regression", 0) > 0,
-            "failure": any(self.counts.get(o, 0) > 0 for o in _FAILURE_OUTCOMES),
-            "undecided": self.counts.get("undecided", 0) > 0,
-        }
-        return int(any(found[g] for g in groups))
+        c = self.counts
+        reasons = []
+        if "regression" in groups and c.get("regression", 0) + c.get("tail", 0):
+            reasons.append(" and ".join(f"{c[o]} {_OUTCOME_LABEL[o]}(s)" for o in ("regression", "tail")
+                                        if c.get(o, 0)))
+        if "failure" in groups and any(c.get(o, 0) for o in _FAILURE_OUTCOMES):
+            reasons.append(f"{sum(c.get(o, 0) for o in _FAILURE_OUTCOMES)} new failure(s) or lost case(s)")
+        if "undecided" in groups and c.get("undecided", 0):
+            reasons.append(f"{c['undecided']} undecided")
+        elif "share" in groups:
+            counted, compared = self.undecided_share()
+            if compared and counted / compared > UNDECIDED_SHARE:
+                reasons.append(f"{counted} of {compared} compared case(s) undecided for want of resolution "
+                               f"({counted / compared:.0%} > {UNDECIDED_SHARE:.0%})")
+        return reasons
 
     def resolution_summary(self) -> dict[str, Any]:
         """The smallest change the samples could detect, over the cases ok on both sides:
@@ -591,14 +846,24 @@ HOST_KEYS = ("hostname", "cpu", "python")
 
 def provenance_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str, Any]) -> list[str]:
     """One warning per :data:`HOST_KEYS` key that differs between the two runs (only where
-    both record it), and one per side merged from shards that hold fewer cases than they
-    were to measure (``shards_incomplete``, written by ``merge --allow-missing``)."""
+    both record it), one per differing timer or thread count
+    (:func:`tflabench.conditions.timing_differences`), and one per side merged from shards
+    that hold fewer cases than they were to measure (``shards_incomplete``, written by
+    ``merge --allow-missing``)."""
     out = []
     for key in HOST_KEYS:
         base, new = base_metadata.get(key), new_metadata.get(key)
         if base is not None and new is not None and base != new:
             out.append(f"{key} differs: base {base!r}, new {new!r}; the runs measured on different machines or "
                        "interpreters, so timings may move for that reason alone")
+    for key, base, new in timing_differences(base_metadata, new_metadata):
+        if key == "timer":
+            out.append(f"timer differs: base {base!r}, new {new!r}; the sets were timed by different timers "
+                       "(process CPU time with one thread per worker, wall time with more), so no time is "
+                       "compared: every case is undecided; give both runs the same threads per worker")
+        elif key == "threads":
+            out.append(f"threads per worker differ: base {base!r}, new {new!r}; timings may move for that reason "
+                       "alone (cpu_threads in metadata.json)")
     for label, metadata in (("base", base_metadata), ("new", new_metadata)):
         lacking = sum(int(item.get("cases_missing") or 0) for item in metadata.get("shards_incomplete") or []
                       if isinstance(item, Mapping))
@@ -699,20 +964,50 @@ def noise_warnings(rows: pd.DataFrame, label: str) -> list[str]:
     ]
 
 
+def history_drift(base_rows: pd.DataFrame, history: Iterable[Any]) -> float | None:
+    """The largest run-to-run change of a median between the base and its A/A partners
+    (other runs of the reference's code on the same machine; docs/compare-gate.md, "Drift between
+    runs"), over every case ``ok`` on both sides, as a fraction (0.08: a median moved by
+    up to 8 %); None without partners or without a shared case.
+
+    ``base_rows`` indexed by the matching key (as :func:`_prepare` leaves it); each
+    partner an object with ``.rows`` and ``.path`` (a :class:`~tflabench.results.ResultSet`).
+    """
+    largest = None
+    base_ok = {key: _number(r, "ms_median") for key, r in base_rows.to_dict("index").items() if _status(r) == OK}
+    for partner in history:
+        rows = _prepare(partner.rows, f"--aa {partner.path}", [])
+        for key, record in rows.to_dict("index").items():
+            m_base, m_partner = base_ok.get(key, float("nan")), _number(record, "ms_median")
+            if _status(record) == OK and m_base > 0 and m_partner > 0:
+                change = abs(math.log(m_partner / m_base))
+                largest = change if largest is None else max(largest, change)
+    return None if largest is None else math.exp(largest) - 1.0
+
+
+def _timer_differs(base_meta: Mapping[str, Any], new_meta: Mapping[str, Any]) -> tuple[str, str] | None:
+    timers = [value for field_name, *value in timing_differences(base_meta, new_meta) if field_name == "timer"]
+    return tuple(timers[0]) if timers else None  # type: ignore[return-value]
+
+
 def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
-                    threshold_source: Mapping[str, str] | None = None) -> Comparison:
+                    threshold_source: Mapping[str, str] | None = None, history: Iterable[Any] = ()) -> Comparison:
     """Compare two result sets (objects with ``.rows``, ``.metadata``, ``.path``, e.g.
     :class:`tflabench.results.ResultSet`).
 
     Matching is by ``case_id`` and ``mode`` (the stable hash of the full configuration);
     where ``case_id`` is missing, by the identity columns. Decision rule: module docstring.
+    ``history``: A/A partners of the base (result sets of the reference's code on the same
+    machine); their largest change from the base (:func:`history_drift`) is every case's
+    drift allowance. Without them, cases timed on the CPU or spread past
+    :data:`NOISY_RELATIVE_IQR` on either side get :data:`CPU_DRIFT`, the others none.
 
     Raises:
         UserError: the two sets ran different suites, or a table is corrupt (no ``status``
             column, no way to match, unparsable samples or numbers).
     """
     if thresholds is None:
-        thresholds, threshold_source = resolve_thresholds(base.metadata, new.metadata)
+        thresholds, threshold_source = resolve_thresholds(base.metadata)
     base_meta, new_meta = dict(base.metadata or {}), dict(new.metadata or {})
     base_suite, new_suite = _suite_name(base_meta, base.rows), _suite_name(new_meta, new.rows)
     if base_suite and new_suite and base_suite != new_suite:
@@ -720,21 +1015,42 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
             f"the result sets ran different suites: base {base_suite!r}, new {new_suite!r}; compare runs of one suite"
         )
     warnings = environment_warnings(base_meta, new_meta) + provenance_warnings(base_meta, new_meta)
+    warnings += candidate_warnings(new_meta, thresholds, base_meta)
     base_rows = _prepare(base.rows, f"base {base.path}", warnings)
     new_rows = _prepare(new.rows, f"new {new.path}", warnings)
     warnings.extend(gpu_model_warnings(base_rows, new_rows, base_meta, new_meta))
+    noisy: set[str] = set()
     for label, frame in (("base", base_rows), ("new", new_rows)):
         if frame.empty:
             warnings.append(f"{label} holds no case rows (an interrupted or empty run?)")
         else:
             warnings.extend(noise_warnings(frame, label))
+            noisy |= {case for case, _ in noisy_cases(frame)}
+    history = list(history)
+    measured = history_drift(base_rows, history)
+    if history:
+        warnings.append(
+            f"drift between runs from {len(history)} A/A partner(s) of the base: up to "
+            f"{measured:+.1%}; changes inside it are undecided" if measured is not None else
+            "the A/A partner(s) share no case with the base ran ok; the drift allowance stays the default")
+    timer = _timer_differs(base_meta, new_meta)
+    cpu_timed = timing_method(base_meta)["timer"] in CPU_TIMERS or timing_method(new_meta)["timer"] in CPU_TIMERS
+    unchecked = bool(numerics_loosened(base_meta, new_meta))
+
+    def drift_of(record: Mapping[str, Any]) -> float:
+        if measured is not None:
+            return measured
+        exposed = cpu_timed or _plain(record.get("device")) == "cpu" or case_label(record) in noisy
+        return CPU_DRIFT if exposed else 0.0
 
     records = []
     keys = list(base_rows.index) + [k for k in new_rows.index if k not in base_rows.index]
     base_dict = base_rows.to_dict("index")
     new_dict = new_rows.to_dict("index")
     for key in keys:
-        records.append(_compare_one(key, base_dict.get(key), new_dict.get(key), thresholds))
+        either = new_dict.get(key) or base_dict.get(key)
+        records.append(_compare_one(key, base_dict.get(key), new_dict.get(key), thresholds,
+                                    drift=drift_of(either), timer=timer, unchecked=unchecked))
 
     cases = pd.DataFrame.from_records(records, columns=_CASE_COLUMNS)
     for column in _TEXT_COLUMNS:  # None stays None (not NaN) in the text columns
@@ -763,15 +1079,15 @@ def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
 
 
 _CASE_COLUMNS = (
-    "key", "case_id", "case", "backend", "mode", "outcome", "detail", "base_status", "new_status",
-    "base_ms", "new_ms", "time_ratio", "time_verdict", "p_value", "test", "ratio_low", "ratio_high",
-    "resolution", "base_peak_mem_bytes",
-    "new_peak_mem_bytes", "mem_ratio", "mem_verdict", "new_reason",
+    "key", "case_id", "case", "kernel", "backend", "mode", "outcome", "detail", "base_status", "new_status",
+    "base_ms", "new_ms", "time_ratio", "time_verdict", "undecided_kind", "p_value", "test", "ratio_low",
+    "ratio_high", "resolution", "drift", "tail_verdict", "p90_ratio", "mean_ratio", "tail_p_value",
+    "base_peak_mem_bytes", "new_peak_mem_bytes", "mem_ratio", "mem_verdict", "unchecked", "new_reason",
 )
 
 _TEXT_COLUMNS = (
-    "key", "case_id", "case", "backend", "mode", "outcome", "detail", "base_status", "new_status",
-    "time_verdict", "test", "mem_verdict", "new_reason",
+    "key", "case_id", "case", "kernel", "backend", "mode", "outcome", "detail", "base_status", "new_status",
+    "time_verdict", "undecided_kind", "test", "tail_verdict", "mem_verdict", "new_reason",
 )
 
 
@@ -783,33 +1099,44 @@ def _status(record: Mapping[str, Any] | None) -> str | None:
 
 
 def _compare_one(key: str, b: Mapping[str, Any] | None, n: Mapping[str, Any] | None,
-                 thresholds: Thresholds) -> dict[str, Any]:
+                 thresholds: Thresholds, drift: float = 0.0, timer: tuple[str, str] | None = None,
+                 unchecked: bool = False) -> dict[str, Any]:
     either = n if n is not None else b
     out: dict[str, Any] = {c: None for c in _CASE_COLUMNS}
     out.update(
         key=key,
         case_id=_plain(either.get("case_id")),
         case=case_label(either),
+        kernel=_plain(either.get("kernel")),
         backend=_plain(either.get("backend")),
         mode=_plain(either.get("mode")),
         base_status=_status(b),
         new_status=_status(n),
         new_reason=_plain(n.get("reason")) if n is not None else None,
+        unchecked=bool(unchecked and n is not None),
     )
     bs, ns = out["base_status"], out["new_status"]
     if b is not None and n is not None and bs == OK and ns == OK:
+        base_samples, new_samples = parse_samples(b.get("ms_samples")), parse_samples(n.get("ms_samples"))
         td = decide_time(
-            _number(b, "ms_median"), _number(n, "ms_median"),
-            parse_samples(b.get("ms_samples")), parse_samples(n.get("ms_samples")), thresholds,
+            _number(b, "ms_median"), _number(n, "ms_median"), base_samples, new_samples, thresholds,
             (_number(b, "ms_q25"), _number(b, "ms_q75")), (_number(n, "ms_q25"), _number(n, "ms_q75")),
+            drift=drift,
         )
+        if timer is not None and td.verdict != "n/a":  # numbers of two kinds: nothing to decide
+            td = TimeDecision("undecided", td.ratio, td.p_value, td.test, td.low, td.high, td.resolution,
+                              td.drift, "timer")
+        tail_verdict, p90_ratio, mean_ratio, tail_p = decide_tail(base_samples, new_samples, thresholds, drift)
+        if timer is not None:
+            tail_verdict = "n/a"
         mem_verdict, mem_ratio = decide_memory(
             _number(b, "peak_mem_bytes"), _number(n, "peak_mem_bytes"), thresholds
         )
         out.update(
             base_ms=_number(b, "ms_median"), new_ms=_number(n, "ms_median"), time_ratio=td.ratio,
-            time_verdict=td.verdict, p_value=td.p_value, test=td.test, ratio_low=td.low, ratio_high=td.high,
-            resolution=td.resolution,
+            time_verdict=td.verdict, undecided_kind=td.kind, p_value=td.p_value, test=td.test,
+            ratio_low=td.low, ratio_high=td.high, resolution=td.resolution, drift=td.drift,
+            tail_verdict=tail_verdict, p90_ratio=p90_ratio, mean_ratio=mean_ratio, tail_p_value=tail_p,
             base_peak_mem_bytes=_number(b, "peak_mem_bytes"), new_peak_mem_bytes=_number(n, "peak_mem_bytes"),
             mem_ratio=mem_ratio, mem_verdict=mem_verdict,
         )
@@ -818,11 +1145,22 @@ def _compare_one(key: str, b: Mapping[str, Any] | None, n: Mapping[str, Any] | N
             details.append(f"time {td.ratio - 1:+.1%}")
         if mem_verdict in ("larger", "smaller"):
             details.append(f"memory {mem_ratio - 1:+.1%}")
+        tail = tail_verdict == "slower" and td.verdict != "slower"
+        if tail:
+            details.append(f"tail: p{TAIL_PERCENTILE} {p90_ratio - 1:+.1%}, mean {mean_ratio - 1:+.1%} "
+                           f"(median {td.ratio - 1:+.1%}; Fisher p {tail_p:.1e})")
         if td.verdict == "slower" or mem_verdict == "larger":
             outcome = "regression"
+        elif tail:
+            outcome = "tail"
         elif td.verdict in ("undecided", "n/a"):
             outcome = "undecided"
             details.append(_undecided_reason(td, thresholds))
+        elif unchecked and (td.verdict == "faster" or mem_verdict == "smaller"):
+            outcome = "undecided"
+            out["undecided_kind"] = "unchecked"
+            details.append("faster or smaller, but measured without the numerics gate (numerics.check off): "
+                           "not counted as an improvement")
         elif td.verdict == "faster" or mem_verdict == "smaller":
             outcome = "improvement"
         else:
@@ -858,9 +1196,14 @@ def _undecided_reason(td: TimeDecision, thresholds: Thresholds) -> str:
     """Why a time decision is undecided, and what would decide it (one phrase)."""
     if td.verdict == "n/a":
         return "no timing to compare"
+    if td.kind == "timer":
+        return f"time {td.ratio - 1:+.1%}, not decided: the two sets were timed by different timers"
     if td.test is None:
         return "no samples or quartiles to decide on"
     change = f"time {td.ratio - 1:+.1%}"
+    if td.kind == "drift":
+        return (f"{change}, inside the allowance for drift between runs, which samples of one run "
+                f"cannot see (up to {td.drift:+.0%}; docs/compare-gate.md)")
     if not math.isfinite(td.resolution):
         return (f"{change}, could not decide: too few samples to bound the change "
                 f"(at least {thresholds.min_samples} per side)")
@@ -896,6 +1239,7 @@ def _per_backend(cases: pd.DataFrame) -> pd.DataFrame:
 _OUTCOME_LABEL = {
     "new_failure": "new failure",
     "regression": "regression",
+    "tail": "tail",
     "lost": "lost",
     "still_failing": "still failing",
     "undecided": "undecided",
@@ -908,6 +1252,7 @@ _OUTCOME_LABEL = {
 _OUTCOME_MARK = {
     "new_failure": "\N{LARGE RED CIRCLE}",
     "regression": "\N{LARGE RED CIRCLE}",
+    "tail": "\N{LARGE RED CIRCLE}",
     "lost": "\N{LARGE ORANGE CIRCLE}",
     "still_failing": "\N{LARGE ORANGE CIRCLE}",
     "undecided": "\N{LARGE YELLOW CIRCLE}",
@@ -920,6 +1265,7 @@ _OUTCOME_MARK = {
 _OUTCOME_STYLE = {
     "new_failure": "bold red",
     "regression": "bold red",
+    "tail": "red",
     "lost": "yellow",
     "still_failing": "yellow",
     "undecided": "magenta",
@@ -985,55 +1331,138 @@ def _status_text(record: Mapping[str, Any]) -> str:
 
 
 def verdict_line(comparison: Comparison, fail_on: str = "any") -> str:
-    """One line: the counts that matter and whether the policy fails."""
+    """One line: the counts that matter, whether the policy fails, and why."""
     c = comparison.counts
     parts = [f"{c.get(o, 0)} {_OUTCOME_LABEL[o]}" for o in OUTCOMES if c.get(o, 0)]
-    status = "FAIL" if comparison.exit_status(fail_on) else "pass"
-    return f"{status} (--fail-on {fail_on}): " + (", ".join(parts) if parts else "no cases")
+    drift = int((comparison.cases["undecided_kind"] == "drift").sum())
+    if drift:
+        parts.append(f"{drift} of the undecided within the drift between runs")
+    reasons = comparison.failures(fail_on)
+    status = "FAIL" if reasons else "pass"
+    text = f"{status} (--fail-on {fail_on}): " + (", ".join(parts) if parts else "no cases")
+    return text + (f"; fails on {'; '.join(reasons)}" if reasons else "")
+
+
+#: Console width (characters) from which the terminal table puts every column side by side;
+#: narrower (an 80-column terminal), each case folds its p, resolution, memory, tail and
+#: status into a second line under its label (``compare --wide`` forces one line).
+WIDE_TABLE = 140
+
+#: Longest kernel label the narrow table prints whole; longer ones are shortened and
+#: named in a legend above the table (:func:`short_kernel_names`).
+SHORT_KERNEL = 14
+
+
+def short_kernel_names(kernels: Iterable[Any], limit: int = SHORT_KERNEL) -> dict[str, str]:
+    """A short, readable name for each kernel label longer than ``limit`` characters: its
+    first word (cut to ``limit``), ``#2``, ``#3`` added where two would read alike. Labels
+    that fit are left out (they print whole)."""
+    labels = sorted({str(k) for k in kernels if k is not None})
+    out: dict[str, str] = {}
+    taken = {label for label in labels if len(label) <= limit}
+    for label in labels:
+        if len(label) <= limit:
+            continue
+        first = (label.split() or [label])[0][:limit - 2]
+        name, index = first, 1
+        while name in taken:
+            index += 1
+            name = f"{first}#{index}"
+        taken.add(name)
+        out[label] = name
+    return out
+
+
+def _short_case(record: Mapping[str, Any], names: Mapping[str, str]) -> str:
+    case, kernel = str(record.get("case") or ""), record.get("kernel")
+    if kernel is not None and str(kernel) in names and case.startswith(str(kernel)):
+        return names[str(kernel)] + case[len(str(kernel)):]
+    return case
+
+
+def _fmt_tail(record: Mapping[str, Any]) -> str:
+    ratios = [r for r in (_plain(record.get("p90_ratio")), _plain(record.get("mean_ratio"))) if r is not None]
+    if not ratios or not all(math.isfinite(r) for r in ratios):
+        return "-"
+    return f"{max(ratios) - 1:+.1%}"
+
+
+def _case_notes(record: Mapping[str, Any]) -> str:
+    """The second line of a case in the narrow table: p, resolution, memory, tail, status."""
+    notes = [f"p={_fmt_p(record.get('p_value'))}", f"res={_fmt_resolution(record.get('resolution'))}",
+             f"mem={_fmt_change(record.get('mem_ratio'))}", f"tail={_fmt_tail(record)}"]
+    if record.get("unchecked"):
+        notes.append("unchecked")
+    status = _status_text(record)
+    if status != OK:
+        notes.append(status)
+    return "  ".join(notes)
 
 
 def render_table(comparison: Comparison, console: Any = None, show_unchanged: bool = False,
-                 fail_on: str = "any") -> None:
+                 fail_on: str = "any", wide: bool = False) -> None:
     """Print the comparison as rich tables (warnings, per-backend speed-up, cases worst first).
 
-    Unchanged cases are counted but only listed with ``show_unchanged``.
+    Unchanged cases are counted but only listed with ``show_unchanged``. On a console
+    narrower than :data:`WIDE_TABLE` (and without ``wide``) each case takes two lines:
+    outcome, label, base and new median (ms) and change, then p, resolution, memory, tail
+    and status under the label; kernel labels longer than :data:`SHORT_KERNEL` are
+    shortened, with a legend. Numbers are never cut: only the label column folds.
     """
+    from rich.console import Console
     from rich.table import Table
-
     from rich.text import Text
 
     from tflabench.console import literal, make_console
 
     console = console or make_console()
+    if wide and console.width < WIDE_TABLE * 2:
+        console = Console(file=console.file, width=WIDE_TABLE * 2, highlight=False, no_color=console.no_color)
+    narrow = not wide and console.width < WIDE_TABLE
     for warning in comparison.warnings:  # labels, reasons and paths print as written
         console.print(Text.assemble(("warning:", "yellow"), " ", literal(warning)), highlight=False)
 
     per_backend = Table(title=literal(f"{comparison.suite}: geometric-mean speed-up per backend (base / new)"))
     for column in ("backend", "cases", "speed-up", "slower", "faster", "undecided", "failures"):
-        per_backend.add_column(column, justify="left" if column == "backend" else "right")
+        per_backend.add_column(column, justify="left" if column == "backend" else "right",
+                               no_wrap=column != "backend", overflow="fold")
     for r in comparison.backends.to_dict("records"):
         per_backend.add_row(literal(r["backend"]), str(r["cases"]), _fmt_speedup(r["geomean_speedup"]),
                             str(r["slower"]), str(r["faster"]), str(r["undecided"]), str(r["failures"]))
     console.print(per_backend)
 
+    records = [r for r in comparison.cases.to_dict("records") if show_unchanged or r["outcome"] != "unchanged"]
+    hidden = len(comparison.cases) - len(records)
+    names = short_kernel_names(r.get("kernel") for r in records) if narrow else {}
     table = Table(title="cases, worst first")
-    for column, justify in (("outcome", "left"), ("case", "left"), ("status", "left"), ("base ms", "right"),
-                            ("new ms", "right"), ("time", "right"), ("p", "right"), ("resolution", "right"),
-                            ("memory", "right")):
-        table.add_column(column, justify=justify,
-                         no_wrap=column in ("outcome", "time", "p", "resolution", "memory"),
-                         min_width=24 if column == "case" else None, max_width=28 if column == "status" else None)
-    hidden = 0
-    for r in comparison.cases.to_dict("records"):
-        if r["outcome"] == "unchanged" and not show_unchanged:
-            hidden += 1
-            continue
-        style = _OUTCOME_STYLE[r["outcome"]]
-        table.add_row(
-            f"[{style}]{_OUTCOME_LABEL[r['outcome']]}[/{style}]", literal(r["case"]), literal(_status_text(r)),
-            _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]),
-            _fmt_resolution(r["resolution"]), _fmt_change(r["mem_ratio"]),
-        )
+    if narrow:
+        if names:
+            legend = ", ".join(f"{short} = {label}" for label, short in sorted(names.items(), key=lambda i: i[1]))
+            console.print(literal(f"kernels: {legend}"), highlight=False)
+        for column, justify in (("outcome", "left"), ("case (p, resolution, memory, tail)", "left"),
+                                ("base ms", "right"), ("new ms", "right"), ("time", "right")):
+            table.add_column(column, justify=justify, no_wrap=column != "case (p, resolution, memory, tail)",
+                             overflow="fold", ratio=1 if column.startswith("case") else None)
+        for r in records:
+            style = _OUTCOME_STYLE[r["outcome"]]
+            case = Text.assemble(literal(_short_case(r, names)), "\n", (_case_notes(r), "dim"))
+            table.add_row(Text(_OUTCOME_LABEL[r["outcome"]], style=style), case,
+                          _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]))
+    else:
+        for column, justify in (("outcome", "left"), ("case", "left"), ("status", "left"), ("base ms", "right"),
+                                ("new ms", "right"), ("time", "right"), ("p", "right"), ("resolution", "right"),
+                                ("memory", "right"), ("tail", "right")):
+            table.add_column(column, justify=justify, no_wrap=column not in ("case", "status"), overflow="fold",
+                             min_width=24 if column == "case" else None,
+                             max_width=28 if column == "status" else None)
+        for r in records:
+            style = _OUTCOME_STYLE[r["outcome"]]
+            status = _status_text(r) + (" (unchecked)" if r.get("unchecked") else "")
+            table.add_row(
+                Text(_OUTCOME_LABEL[r["outcome"]], style=style), literal(r["case"]), literal(status),
+                _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]),
+                _fmt_resolution(r["resolution"]), _fmt_change(r["mem_ratio"]), _fmt_tail(r),
+            )
     if table.row_count:
         console.print(table)
     if hidden:
@@ -1046,18 +1475,20 @@ def _md_cell(value: Any) -> str:
     return str(value).replace("|", "\\|").replace("\n", " ")
 
 
-_MD_HEADER = ("", "case", "backend", "base ms", "new ms", "time", "p", "resolution", "peak memory", "status")
+_MD_HEADER = ("", "case", "backend", "base ms", "new ms", "time", "p", "resolution", "peak memory", "tail",
+              "status")
 
 
 def _md_table(records: list[Mapping[str, Any]]) -> list[str]:
     lines = ["| " + " | ".join(_MD_HEADER) + " |", "|" + "|".join(
-        [":-:", "---", "---", "--:", "--:", "--:", "--:", "--:", "--:", "---"]) + "|"]
+        [":-:", "---", "---", "--:", "--:", "--:", "--:", "--:", "--:", "--:", "---"]) + "|"]
     for r in records:
         cells = (
             f"{_OUTCOME_MARK[r['outcome']]} {_OUTCOME_LABEL[r['outcome']]}",
             r["case"], r["backend"] or "-", _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]),
             _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]), _fmt_resolution(r["resolution"]),
-            _fmt_change(r["mem_ratio"]), _status_text(r),
+            _fmt_change(r["mem_ratio"]), _fmt_tail(r),
+            _status_text(r) + (" (unchecked)" if r.get("unchecked") else ""),
         )
         lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
     return lines
@@ -1081,7 +1512,10 @@ def to_markdown(comparison: Comparison, fail_on: str = "any", max_rows: int = 20
         f"per-iteration samples (non-overlapping IQRs when fewer than {t.min_samples} samples); "
         f"unchanged only when the {1 - 2 * t.alpha:.0%} confidence interval of the time ratio lies "
         f"within ±{t.time_threshold:.0%}, else undecided; "
-        f"peak memory beyond ±{t.mem_threshold:.0%} and {t.mem_floor_bytes / 2**20:g} MiB."
+        f"peak memory beyond ±{t.mem_threshold:.0%} and {t.mem_floor_bytes / 2**20:g} MiB; "
+        f"a tail when p{TAIL_PERCENTILE} or the mean passes the threshold while the median holds; where drift "
+        f"between runs can exceed what the samples see, changes inside it are undecided; the default gate "
+        f"fails when more than {UNDECIDED_SHARE:.0%} of the cases are undecided for want of resolution."
     )
     lines.append("")
     lines.append(resolution_line(comparison) + ".")
@@ -1139,6 +1573,9 @@ def to_json(comparison: Comparison, fail_on: str = "any") -> dict[str, Any]:
         "new": comparison.new_path,
         "fail_on": fail_on,
         "exit_status": comparison.exit_status(fail_on),
+        "fails_on": comparison.failures(fail_on),
+        "undecided_share": dict(zip(("undecided", "compared"), comparison.undecided_share()),
+                                limit=UNDECIDED_SHARE),
         "counts": comparison.counts,
         "warnings": list(comparison.warnings),
         "thresholds": {f.name: getattr(comparison.thresholds, f.name) for f in fields(Thresholds)},

@@ -45,6 +45,7 @@ from typing import Any, Callable
 
 from tflabench.backends import get_backend
 from tflabench.backends.base import Backend, BackendParams, Shape, model_breakdown
+from tflabench.conditions import CPU_TIMERS, cpu_timer  # noqa: F401  (CPU_TIMERS: the timers' names)
 from tflabench.gpu_trace import GpuTrace
 from tflabench.model import plan_counts_kwargs
 from tflabench.numerics import budget as budget_of
@@ -88,18 +89,6 @@ def summarize(samples_ms: list[float]) -> dict:
         "ms_samples": [float(x) for x in arr],
         "n_iter": int(arr.size),
     }
-
-
-#: The CPU timers: a worker with one CPU thread is timed by its process CPU time, which a
-#: busy machine does not inflate (time spent waiting for a core is not counted); a worker
-#: with a wider thread pool by wall time (its threads' CPU times would add up).
-CPU_TIMERS = {"process_time": "process CPU time (one thread per worker)",
-              "perf_counter": "wall time (time.perf_counter)"}
-
-
-def cpu_timer(threads: int) -> str:
-    """The name of the CPU timer (:data:`CPU_TIMERS`) for a worker of ``threads`` threads."""
-    return "process_time" if threads == 1 else "perf_counter"
 
 
 def time_callable(

@@ -36,11 +36,12 @@ def compare(
         "--mem-floor-bytes", "Smallest absolute change of peak_mem_bytes reported (default 1 MiB)."),
     thresholds_file: Optional[Path] = typer.Option(
         None, "--thresholds", help="YAML file of thresholds (same names, e.g. time_threshold: 0.05); "
-        "overrides the suite's, overridden by options."
+        "overrides the base's suite, overridden by options (NEW's own thresholds are ignored)."
     ),
     fail_on: str = typer.Option(
         "any", "--fail-on", help="Exit 1 on, a comma list of: regression (time/memory), failure (new failure "
-        "or lost case), undecided (samples too few or too noisy to decide), any (regression,failure), none."
+        "or lost case), undecided (samples too few or too noisy to decide), any (regression, failure, or more "
+        "than 25 % of the cases undecided for want of resolution), none."
     ),
     output_format: str = typer.Option(
         "table", "--format", help="What to print on stdout: table, markdown or json."
@@ -51,6 +52,13 @@ def compare(
         False, "--step-summary", help="Append the Markdown report to $GITHUB_STEP_SUMMARY (GitHub Actions)."
     ),
     show_all: bool = typer.Option(False, "--all", help="List unchanged cases in the terminal table too."),
+    wide: bool = typer.Option(
+        False, "--wide", help="One line per case in the terminal table, every column side by side (wider than 80)."
+    ),
+    aa: Optional[List[Path]] = typer.Option(
+        None, "--aa", help="An A/A partner of BASE: another run of the reference's code on the same machine "
+        "(repeatable); its change from BASE is the drift allowance of every case (docs/ci.md)."
+    ),
 ) -> None:
     """Compare two result sets of one suite: slower, faster, unchanged, undecided, broken, added, removed.
 
@@ -75,18 +83,19 @@ def compare(
             if path:  # before anything is printed or written: an unwritable output is exit 2
                 check_writable(path, what)
         base_set, new_set = load_results(base), load_results(new)
-        echo_warnings(base_set, new_set)
+        partners = [load_results(path) for path in aa or ()]
+        echo_warnings(base_set, new_set, *partners)
         file_values = cmp.load_thresholds_file(thresholds_file) if thresholds_file else None
         thresholds, source = cmp.resolve_thresholds(
-            base_set.metadata, new_set.metadata, file_values,
+            base_set.metadata, file_values,
             dict(time_threshold=time_threshold, alpha=alpha, min_samples=min_samples,
                  mem_threshold=mem_threshold, mem_floor_bytes=mem_floor_bytes),
         )
-        comparison = cmp.compare_results(base_set, new_set, thresholds, source)
+        comparison = cmp.compare_results(base_set, new_set, thresholds, source, history=partners)
 
     text_md = cmp.to_markdown(comparison, fail_on)
     if output_format == "table":
-        cmp.render_table(comparison, show_unchanged=show_all, fail_on=fail_on)
+        cmp.render_table(comparison, show_unchanged=show_all, fail_on=fail_on, wide=wide)
     elif output_format == "markdown":
         typer.echo(text_md)
     else:
