@@ -1047,7 +1047,7 @@ class ResultSetLock:
         try:
             os.ftruncate(fd, 0)
             os.lseek(fd, 0, os.SEEK_SET)
-            _write_all(fd, (json.dumps(record) + "\n").encode("utf-8"))
+            os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)  # a few hundred bytes: one write
             _fsync(fd)
         except OSError as exc:
             os.close(fd)
