@@ -107,6 +107,15 @@ class _Command(_PlainHelp, TyperCommand):
         super().__init__(*args, **kwargs)
         _plain_params(self.params)
 
+    def invoke(self, ctx):
+        """Run the command; Ctrl-C or SIGTERM that no block of it handles
+        (:func:`interruptible`) is one ``interrupted`` line and exit status 130."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            typer.echo("interrupted (Ctrl-C or SIGTERM); every file it wrote is whole or absent", err=True)
+            raise typer.Exit(130) from None
+
 
 class _Group(_PlainHelp, TyperGroup):
     """The ``tflabench`` group: its help like its commands'. A usage error (an unknown

@@ -291,8 +291,11 @@ def report(
 
             return write_plots(rs.path, directory, model_gpu=model_gpu, F_causal=causal_factor)
 
-        if plots:
-            written = draw(plot_dir)
+        if plots:  # drawn aside, then each renamed into place: never written through a link
+            from tflabench.results import install_file
+
+            with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:
+                written = [install_file(p, plot_dir / Path(p).relative_to(scratch)) for p in draw(Path(scratch))]
             for p in written:
                 con.print(f"plot: {p}", markup=False)
         if html:
