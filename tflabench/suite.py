@@ -570,7 +570,7 @@ def case_count(suite: "Suite") -> int:
     """How many cases ``suite`` expands to: the product of its axes' lengths (parameter
     lists, embedding dimensions, dtypes, shapes, modes), summed over its kernels; computed
     from the lengths alone, so no list of shapes or cases is built (docs/harness.md,
-    "Suite files": a sweep of millions is refused at once)."""
+    "Suite format": a sweep of millions is refused at once)."""
     embeddings, dtypes = _as_list(suite.model.embedding_dim), _as_list(suite.dtype)
     seq_lens = len(_as_list(suite.sweep.seq_len))
     shapes = seq_lens if suite.sweep.tokens is not None or suite.sweep.batch is None else (
