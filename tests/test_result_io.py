@@ -1,4 +1,4 @@
-"""Result sets from elsewhere (docs/harness.md, "Result sets from elsewhere"): links and
+"""Result sets from elsewhere (docs/result-sets.md): links and
 non-regular files refused on read, reads bounded, writes through a temporary file and a
 rename, the lock an OS file lock, merge whole or not at all, no orphan processes, exit
 status 2 (never a traceback) for a damaged set, SIGTERM as Ctrl-C; and a property test of

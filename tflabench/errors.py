@@ -6,7 +6,7 @@ turns it into one line on stderr and exit status 2 (see ``tflabench.cli.user_err
 :func:`read_text` reads a file a user named (or one of a result set) as UTF-8 text and
 says in one such line why it cannot; :func:`read_bytes` is its byte-level core, which also
 refuses a link or a file that is not a regular file (a FIFO, a device) and a file larger
-than a limit, for the files of a result set (docs/harness.md, "Result sets from elsewhere");
+than a limit, for the files of a result set (docs/result-sets.md, "Result sets from elsewhere");
 :func:`io_reason` words an ``OSError`` for a message.
 """
 

@@ -242,9 +242,9 @@ LOCK_FILE = ".lock"
 #: Longest suite name (it becomes a directory name).
 NAME_MAX_CHARS = 128
 #: Largest file of rows a result set may hold (``rows.jsonl``, its table, the set-aside
-#: file), in bytes: far above a run's rows (100,000 rows of 100,000 samples each stay
-#: below it), and a bound on what reading a set from elsewhere costs (docs/harness.md,
-#: "Result sets from elsewhere").
+#: file), in bytes: far above what a suite of ``max_cases`` 10,000 cases writes at its
+#: iteration counts, and a bound on what reading a set from elsewhere costs
+#: (docs/result-sets.md, "Result sets from elsewhere").
 MAX_ROWS_FILE_BYTES = 2**31
 #: Largest ``metadata.json`` (and ``.lock``) read, in bytes.
 MAX_METADATA_BYTES = 64 * 2**20
@@ -1128,7 +1128,7 @@ def check_set_files(directory: str | os.PathLike) -> None:
     (a FIFO, a device, a socket) anywhere in it (down to :data:`SET_DEPTH` levels), or a
     table larger than :data:`MAX_ROWS_FILE_BYTES`: a set from elsewhere (a CI artifact, a
     colleague's run) is read only as the plain files tflabench writes, and nothing is
-    written through it (docs/harness.md, "Result sets from elsewhere"). The directory
+    written through it (docs/result-sets.md, "Result sets from elsewhere"). The directory
     itself may be reached through a link the user named.
 
     Raises UserError naming the path and what it is."""
@@ -1189,10 +1189,8 @@ def metadata_problem(metadata: Any) -> str | None:
         value = metadata.get(key)
         if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
             return f"{key!r} is {_json_type(value)}, not {_json_type(kind)}"
-    timing = (metadata.get("measurement") or {}).get("timing")
-    if timing is not None and not isinstance(timing, dict):
-        return f"'measurement.timing' is {_json_type(timing)}, not an object"
-    for field, value in (timing or {}).items():
+    timing = (metadata.get("measurement") or {}).get("timing")  # not an object: resume.measurement_problem
+    for field, value in (timing if isinstance(timing, dict) else {}).items():
         kind = TIMING_FIELD_TYPES.get(field)
         if kind is bool and value is not None and not isinstance(value, bool):
             return f"'measurement.timing.{field}' is {_json_type(value)}, not a boolean"

@@ -25,7 +25,7 @@ at most :data:`LOG_HEAD_BYTES` + :data:`LOG_TAIL_BYTES` per case (:class:`_LogPu
 that prints in a loop cannot fill the disk, and the end of its output, where the error is,
 is kept.
 
-No process a case starts outlives it (docs/harness.md, "Crash safety"): each worker
+No process a case starts outlives it (docs/result-sets.md, "Processes of a run"): each worker
 leads its own process group (``os.setsid``) and asks the kernel for SIGKILL when the
 thread that started it ends (``PR_SET_PDEATHSIG``, Linux); a timeout, a crash or the end
 of a worker kills its whole group (``os.killpg``), and a small reaper process

@@ -185,9 +185,14 @@ def _write_run_plots(directory: Path) -> list[Path]:
     if not (directory / ROWS_FILE).exists():
         return []
     try:
-        from tflabench.plots.benchmark import write_plots
+        import tempfile
 
-        return write_plots(directory)
+        from tflabench.plots.benchmark import write_plots
+        from tflabench.results import install_file
+
+        with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:  # aside, then renamed in
+            return [install_file(p, directory / "plots" / Path(p).relative_to(scratch))
+                    for p in write_plots(directory, scratch)]
     except Exception as exc:  # a plot problem must not lose the measurements
         typer.echo(f"warning: plots not written ({type(exc).__name__}: {exc})", err=True)
         return []
