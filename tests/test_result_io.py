@@ -207,6 +207,7 @@ def test_resume_refuses_a_linked_worker_log(measured, tmp_path):
 
 @pytest.mark.parametrize("change, field", [
     (lambda rows, meta: rows[0].update(ms_median=math.inf), "ms_median"),
+    (lambda rows, meta: rows[0].update(mode="xyz"), "has mode 'xyz', not one of fwd, fwdbw"),
     (lambda rows, meta: meta.update(measurement={"timing": {"warmup_s": "five"}}), "measurement.timing.warmup_s"),
     (lambda rows, meta: meta.update(shards_incomplete=[{"cases_missing": "3"}]), "cases_missing"),
 ])

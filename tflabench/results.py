@@ -150,6 +150,8 @@ NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COL
 #: ``not_run``: not attempted, because the run gave its kernel up after consecutive crashes
 #: or timeouts (``--max-kernel-failures``); a ``--resume`` runs it.
 STATUSES: tuple[str, ...] = ("ok", "wrong", "crash", "timeout", "oom", "error", "unavailable", "not_run")
+#: The modes a row may hold (a suite's ``modes``: forward, forward and backward).
+ROW_MODES: tuple[str, ...] = ("fwd", "fwdbw")
 #: The status of a case recorded but never attempted (a resume runs it).
 NOT_RUN = "not_run"
 #: Keys of ``metadata.json``.
@@ -798,7 +800,7 @@ def row_problem(row: Mapping[str, Any]) -> str | None:
     """Why ``row`` (one parsed line of ``rows.jsonl``) is not a result row, or None: a key
     that is not a column, an identity column or ``status`` missing (every row is written
     whole), one of :data:`NON_NULL_COLUMNS` null, a text column holding something else than text, a numeric column holding
-    something else than a number, an unknown ``status``."""
+    something else than a (finite) number, an unknown ``status`` or ``mode`` (:data:`ROW_MODES`)."""
     for key in REQUIRED_COLUMNS:
         if key not in row:
             return f"lacks the field {key!r}, which every result row has"
@@ -828,6 +830,9 @@ def row_problem(row: Mapping[str, Any]) -> str | None:
     status = row.get("status")
     if status is not None and status not in STATUSES:
         return f"has status {str(status)[:40]!r}, not one of {', '.join(STATUSES)}"
+    mode = row.get("mode")
+    if mode is not None and mode not in ROW_MODES:
+        return f"has mode {str(mode)[:40]!r}, not one of {', '.join(ROW_MODES)}"
     return None
 
 
