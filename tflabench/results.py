@@ -1202,7 +1202,7 @@ def metadata_problem(metadata: Any) -> str | None:
         if kind is float and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                                                     or not math.isfinite(value)):
             return f"'measurement.timing.{field}' is {_json_type(value)}, not a finite number"
-    for key in ("shards_incomplete", "merged_from", "resumed"):
+    for key in ("shards_incomplete",):  # read field by field by compare (merged_from, resumed: as given)
         for n, item in enumerate(metadata.get(key) or ()):
             if not isinstance(item, dict):
                 return f"'{key}[{n}]' is {_json_type(item)}, not an object"
