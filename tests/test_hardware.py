@@ -121,7 +121,13 @@ def test_environment_variable_and_default_file_are_read(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("text,match", [
-    ("gpus: [unclosed\n", "invalid YAML"),
+    ("gpus: [unclosed\n", "YAML syntax error"),
+    # the strict reader of every user YAML file: a repeated key, an alias bomb
+    ("gpus:\n  x: {flops_per_s: 1.0e+12, bytes_per_s: 1.0e+12, flops_per_s: 9.0e+15}\n",
+     "key 'flops_per_s' appears twice"),
+    ("a: &a [x, x, x, x, x, x, x, x, x, x]\nb: &b [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a]\n"
+     "c: &c [*b, *b, *b, *b, *b, *b, *b, *b, *b, *b]\nd: &d [*c, *c, *c, *c, *c, *c, *c, *c, *c, *c]\n"
+     "e: [*d, *d, *d, *d, *d, *d, *d, *d, *d, *d]\ngpus: {}\n", "expands to more than"),
     ("- just\n- a list\n", "mapping"),
     ("gpus:\n  x: {flops_per_s: fast, bytes_per_s: 1.0e+12}\n", "flops_per_s"),
     ("gpus:\n  x: {flops_per_s: 1.0e+12}\n", "bytes_per_s"),
@@ -148,7 +154,7 @@ def test_missing_or_unreadable_explicit_file_is_a_user_error(tmp_path, monkeypat
     with pytest.raises(UserError, match="does not exist"):
         get_gpu("h100")
     monkeypatch.delenv("TFLABENCH_HARDWARE")
-    with pytest.raises(UserError, match="cannot be read"):
+    with pytest.raises(UserError, match="is a directory"):
         get_gpu("h100", hardware_file=tmp_path)  # a directory
 
 

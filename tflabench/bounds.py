@@ -114,8 +114,12 @@ def axis_problem(values: list) -> str | None:
     a value given twice would measure one case twice."""
     if not values:
         return "an empty list gives no case; give at least one value"
+    first: dict = {}  # (type, value) -> its first index: linear in the list's length
     for n, value in enumerate(values):
-        for m in range(n):
-            if values[m] == value and type(values[m]) is type(value):
-                return f"{value!r} is given twice (at [{m}] and [{n}]); each value is one case, give it once"
+        try:
+            m = first.setdefault((type(value), value), n)
+        except TypeError:  # an unhashable value (a list, a mapping): compared one by one
+            m = next((m for m in range(n) if values[m] == value and type(values[m]) is type(value)), n)
+        if m != n:
+            return f"{value!r} is given twice (at [{m}] and [{n}]); each value is one case, give it once"
     return None

@@ -32,6 +32,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from tflabench.errors import UserError
+from tflabench.yaml_load import load_yaml
 from tflabench.results import check_plain_name
 
 #: Which ceilings: auto (measured where recorded, else datasheet), datasheet, measured.
@@ -183,18 +184,10 @@ def _number(path, field_path, value, *, required=True):
 
 
 def _read_yaml(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except OSError as exc:
-        raise UserError(f"hardware file {path}: cannot be read ({exc.strerror or exc})") from None
-    import yaml
-
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}" if mark is not None else ""
-        raise UserError(f"hardware file {path}: invalid YAML{where}") from None
+    """The parsed hardware file: through the strict reader of every user YAML file
+    (:func:`tflabench.yaml_load.load_yaml`: a key given twice, alias bombs, a file too
+    large, YAML syntax refused with line and column). Raises UserError."""
+    data = load_yaml(path, f"hardware file {path}")
     if data is None:
         return {}
     if not isinstance(data, dict) or not isinstance(data.get("gpus", {}), dict):

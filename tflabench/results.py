@@ -41,7 +41,7 @@ import uuid
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from tflabench.errors import UserError, io_reason, read_text
+from tflabench.errors import UserError, file_kind, io_reason, read_bytes, read_text
 from tflabench.model.analysis import place_on_roofline
 
 #: Identity columns: what a case *is*. ``case_id`` is a hash of all the others.
@@ -153,6 +153,8 @@ NUMERIC_COLUMNS: tuple[str, ...] = tuple(c for c in COLUMNS if c not in TEXT_COL
 #: ``not_run``: not attempted, because the run gave its kernel up after consecutive crashes
 #: or timeouts (``--max-kernel-failures``); a ``--resume`` runs it.
 STATUSES: tuple[str, ...] = ("ok", "wrong", "crash", "timeout", "oom", "error", "unavailable", "not_run")
+#: The modes a row may hold (a suite's ``modes``: forward, forward and backward).
+ROW_MODES: tuple[str, ...] = ("fwd", "fwdbw")
 #: The status of a case recorded but never attempted (a resume runs it).
 NOT_RUN = "not_run"
 #: Keys of ``metadata.json``.
@@ -200,6 +202,12 @@ LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
 #: a set that does not record one was timed with (read so by :func:`recorded_timing` and
 #: ``resume.differences``)
 TIMING_DEFAULTS: dict = {"warmup_s": 0.0, "cuda_graph": False}
+#: The JSON type of each field of ``measurement.timing`` that tflabench reads (the suite's
+#: ``timing``, ``tflabench.suite.Timing``): :func:`metadata_problem` refuses another.
+TIMING_FIELD_TYPES: dict[str, type] = {
+    "warmup": float, "iterations": float, "timeout_s": float, "warmup_s": float,
+    "flush_l2": bool, "sync_each": bool, "cuda_graph": bool,
+}
 
 
 def recorded_timing(metadata: Mapping[str, Any]) -> dict:
@@ -238,6 +246,15 @@ SET_ASIDE_FILE = "rows.jsonl.set-aside"
 LOCK_FILE = ".lock"
 #: Longest suite name (it becomes a directory name).
 NAME_MAX_CHARS = 128
+#: Largest file of rows a result set may hold (``rows.jsonl``, its table, the set-aside
+#: file), in bytes: far above what a suite of ``max_cases`` 10,000 cases writes at its
+#: iteration counts, and a bound on what reading a set from elsewhere costs
+#: (docs/result-sets.md, "Result sets from elsewhere").
+MAX_ROWS_FILE_BYTES = 2**31
+#: Largest ``metadata.json`` (and ``.lock``) read, in bytes.
+MAX_METADATA_BYTES = 64 * 2**20
+#: How deep :func:`check_set_files` looks into a set's directories (``plots/``, ``logs/``).
+SET_DEPTH = 3
 
 
 @dataclasses.dataclass
@@ -411,6 +428,9 @@ def _json_safe(value: Any) -> Any:
 # --------------------------------------------------------------------------- writing
 
 
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
 class ResultWriteError(UserError):
     """A result-set file could not be written (full disk, no permission, read-only file
     system). What was written before it is intact; the message says which file, why, and
@@ -447,14 +467,20 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def _atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
-    """Write ``path`` whole or not at all: ``write(tmp)`` fills a temporary file beside it
-    (``.<name>.<pid>.tmp``), which is fsynced and renamed over ``path``. A run killed
-    mid-write leaves the old file (or none) and a stale temporary file, which
-    :func:`remove_stale_temporaries` deletes. Raises :class:`ResultWriteError`."""
+def atomic_write(path: str | os.PathLike, write: Callable[[Path], Any]) -> Path:
+    """Write ``path`` whole or not at all, never through a link: the one way tflabench
+    writes a file into a result set (rows, table, metadata, figures, a merge).
+
+    ``write(tmp)`` fills a temporary file beside ``path`` (``.<name>.<pid>.<random>.tmp``,
+    created here exclusively and without following links, so a link planted under that
+    name is never written through), which is fsynced and renamed over ``path``: a link at
+    ``path`` is replaced, not followed. A run killed mid-write leaves the old file (or
+    none) and a stale temporary file, which :func:`remove_stale_temporaries` deletes.
+    Raises :class:`ResultWriteError`."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp")
     try:
+        os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0), 0o644))
         write(tmp)
         fd = os.open(tmp, os.O_RDONLY)
         try:
@@ -477,6 +503,39 @@ def _atomic_write(path: Path, write: Callable[[Path], Any]) -> Path:
         raise
     _fsync_dir(path.parent)
     return path
+
+
+_atomic_write = atomic_write
+
+
+def install_file(source: str | os.PathLike, target: str | os.PathLike) -> Path:
+    """Copy the file ``source`` (a figure drawn in a scratch directory) to ``target``
+    through :func:`atomic_write`: a link at ``target`` is replaced, never written through.
+    ``target``'s directory is created where missing and must not be a link. Returns
+    ``target``. Raises :class:`ResultWriteError`."""
+    import shutil
+
+    target = Path(target)
+    real_directory(target.parent)
+    return atomic_write(target, lambda tmp: shutil.copyfile(source, tmp))
+
+
+def real_directory(directory: str | os.PathLike) -> Path:
+    """``directory``, created where missing; raises :class:`ResultWriteError` when it (the
+    last component) is a symbolic link or not a directory, so that nothing is written
+    through a link planted in a set (``plots/``, ``logs/``)."""
+    import stat as _stat
+
+    directory = Path(directory)
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        st = os.lstat(directory)
+    except OSError as exc:
+        raise ResultWriteError(f"cannot create {directory}: {io_reason(exc)}; choose a writable directory") from None
+    if not _stat.S_ISDIR(st.st_mode):
+        raise ResultWriteError(f"{directory} is a {file_kind(st.st_mode)}, not a directory; nothing is written "
+                               "through it: remove it, or write elsewhere (--out)")
+    return directory
 
 
 def remove_stale_temporaries(directory: str | os.PathLike) -> list[Path]:
@@ -522,7 +581,7 @@ class RowWriter:
             self.directory.mkdir(parents=True, exist_ok=True)
             self.set_aside: list[str] = repair_rows(self.directory)
             created = not self.path.exists()
-            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+            self._fd: int | None = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o644)
         except OSError as exc:
             raise ResultWriteError(f"cannot write {self.path}: {io_reason(exc)}; choose a writable "
                                    "output directory (--out) or fix its permissions") from None
@@ -697,10 +756,8 @@ def _scan_rows(path: Path) -> _Scan:
     if path.is_dir():
         raise UserError(f"{path}: is a directory, not the file of result rows; the result set is damaged "
                         "(move that directory away)")
-    try:
-        data = path.read_bytes()
-    except OSError as exc:
-        raise UserError(f"{path}: cannot be read ({io_reason(exc)})") from None
+    data = read_bytes(path, str(path), what="the file of result rows", limit=MAX_ROWS_FILE_BYTES,
+                      follow_links=False)
     lines = data.split(b"\n")
     tail = lines.pop()  # b"" when the file ends in a newline
     for lineno, raw in enumerate(lines, 1):
@@ -712,7 +769,7 @@ def _scan_rows(path: Path) -> _Scan:
 def _parse_row(raw: bytes) -> dict | None:
     try:
         obj = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError):  # nested too deeply: not a row
         return None
     return obj if isinstance(obj, dict) else None
 
@@ -746,7 +803,7 @@ def row_problem(row: Mapping[str, Any]) -> str | None:
     """Why ``row`` (one parsed line of ``rows.jsonl``) is not a result row, or None: a key
     that is not a column, an identity column or ``status`` missing (every row is written
     whole), one of :data:`NON_NULL_COLUMNS` null, a text column holding something else than text, a numeric column holding
-    something else than a number, an unknown ``status``."""
+    something else than a (finite) number, an unknown ``status`` or ``mode`` (:data:`ROW_MODES`)."""
     for key in REQUIRED_COLUMNS:
         if key not in row:
             return f"lacks the field {key!r}, which every result row has"
@@ -760,6 +817,8 @@ def row_problem(row: Mapping[str, Any]) -> str | None:
         if key == "ms_samples" and isinstance(value, list):
             if not all(isinstance(x, (int, float)) and not isinstance(x, bool) or x is None for x in value):
                 return "has ms_samples that are not all numbers"
+            if not all(x is None or math.isfinite(x) for x in value):
+                return "has ms_samples that are not all finite numbers"
         elif key == "params" and isinstance(value, dict):
             continue
         elif key in TEXT_COLUMNS:
@@ -769,9 +828,14 @@ def row_problem(row: Mapping[str, Any]) -> str | None:
             return f"has {key} = {str(value)[:40]!r}, not a number"
         elif isinstance(value, int) and abs(value) > 2**63:
             return f"has {key} = {str(value)[:40]}, out of range"
+        elif isinstance(value, float) and not math.isfinite(value):
+            return f"has {key} = {value}, not a finite number (tflabench writes null where there is none)"
     status = row.get("status")
     if status is not None and status not in STATUSES:
         return f"has status {str(status)[:40]!r}, not one of {', '.join(STATUSES)}"
+    mode = row.get("mode")
+    if mode is not None and mode not in ROW_MODES:
+        return f"has mode {str(mode)[:40]!r}, not one of {', '.join(ROW_MODES)}"
     return None
 
 
@@ -812,7 +876,10 @@ def repair_rows(directory: str | os.PathLike) -> list[str]:
         (json.dumps({"date": now, "line": lineno, "why": why, "text": text}) + "\n").encode("utf-8")
         for lineno, why, text, _ in scan.bad)
     aside = directory / SET_ASIDE_FILE
-    fd = os.open(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+    try:
+        fd = os.open(aside, os.O_WRONLY | os.O_APPEND | os.O_CREAT | _NOFOLLOW, 0o644)
+    except OSError as exc:
+        raise ResultWriteError(f"cannot write {aside}: {io_reason(exc)}; it must be a regular file") from None
     try:
         _write_all(fd, records)
         _fsync(fd)
@@ -876,19 +943,6 @@ def new_result_directory(root: str | os.PathLike, suite: str, now: _dt.datetime 
                                    "choose a writable --out directory") from None
 
 
-def _process_start(pid: int) -> str | None:
-    """The start time of process ``pid`` (Linux: clock ticks since boot, from
-    ``/proc/<pid>/stat``), so that a reused pid is not taken for the lock's owner."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    try:
-        return stat.rsplit(")", 1)[1].split()[19]
-    except IndexError:
-        return None
-
-
 def _command_line() -> str:
     """This process's command line as a user typed it (``python -m tflabench`` shows as
     ``tflabench``), at most 300 characters."""
@@ -898,28 +952,19 @@ def _command_line() -> str:
     return " ".join([program] + sys.argv[1:])[:300]
 
 
-def _pid_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    except OSError:
-        return False
-    return True
-
-
 class ResultSetLock:
-    """The lock file ``<directory>/.lock`` of a result set being written: at most one run
-    writes a result set at a time.
+    """The lock of a result set being written: at most one run writes a result set at a time.
 
-    The file holds its owner (JSON: ``pid``, ``host``, ``started``, ``command``, ``token``)
-    and appears atomically (written beside it, then hard-linked into place). Another run
-    finding it is refused (UserError naming the owner) unless the owner is gone: a lock of
-    a process of this host that no longer runs (a run killed with SIGKILL, a power loss) is
-    taken over, and :attr:`note` says so. A lock of another host cannot be checked: delete
-    the file when that run is known to be gone.
+    The lock is an OS file lock (``flock``, exclusive) on the file ``<directory>/.lock``,
+    held on an open descriptor while the run writes. The kernel drops it when the owner
+    exits, however it ends (SIGKILL, the OOM killer), so a stale lock is free at once and a
+    live one cannot be taken over, also not by a process in another PID namespace of the
+    same host. The file says who holds it (JSON: ``pid``, ``host``, ``started``,
+    ``command``, ``token``), for the message that refuses a second run. A lock file whose
+    owner was on another host (the set lies on a shared file system where locks may not
+    reach across hosts) is refused: delete it when that run is known to be gone. A lock
+    left by a run that is gone (a run killed with SIGKILL) is taken over, and :attr:`note`
+    says so.
 
     Usage: ``with ResultSetLock(directory) as lock: ...`` or :meth:`acquire` /
     :meth:`release`.
@@ -930,105 +975,117 @@ class ResultSetLock:
         self.path = self.directory / LOCK_FILE
         self.note: str | None = None
         self._token: str | None = None
+        self._fd: int | None = None
 
     def _owner(self) -> dict | None:
         try:
-            owner = json.loads(self.path.read_text())
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError):
+            owner = json.loads(read_text(self.path, str(self.path), limit=MAX_METADATA_BYTES, follow_links=False))
+        except UserError:
+            return None if not os.path.lexists(self.path) else {}
+        except (ValueError, RecursionError):
             return {}
         return owner if isinstance(owner, dict) else {}
 
-    def _is_stale(self, owner: dict) -> bool:
-        if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
-            return False
-        pid = owner["pid"]
-        if not _pid_alive(pid):
-            return True
-        start = owner.get("pid_start")
-        return start is not None and _process_start(pid) not in (None, start)
-
-    def held(self) -> bool:
-        """Whether another run may be writing the set now: a lock exists and its owner is
-        not known to be gone (a process of another host counts as running)."""
-        owner = self._owner()
-        return owner is not None and not (owner and self._is_stale(owner))
-
-    def acquire(self) -> "ResultSetLock":
-        """Take the lock. Raises UserError when another live run holds it, and
-        :class:`ResultWriteError` when the directory is not writable."""
-        token = uuid.uuid4().hex
-        owner = {"pid": os.getpid(), "host": socket.gethostname(),
-                 "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-                 "command": _command_line(),
-                 "pid_start": _process_start(os.getpid()), "token": token}
-        tmp = self.directory / f"{LOCK_FILE}.{os.getpid()}.{token[:8]}.tmp"
-        try:
-            tmp.write_text(json.dumps(owner) + "\n")
-            for _ in range(5):
-                try:
-                    os.link(tmp, self.path)
-                    break
-                except FileExistsError:
-                    self._take_over_if_stale()
-            else:  # pragma: no cover - lost the race to take over five times
-                raise UserError(f"result set {self.directory} is being locked by another run; try again")
-        except OSError as exc:
-            raise ResultWriteError(f"cannot lock result set {self.directory}: {io_reason(exc)}; "
-                                   "choose a writable output directory (--out) or fix its permissions") from None
-        finally:
-            try:
-                tmp.unlink()
-            except OSError:
-                pass
-        self._token = token
-        _fsync_dir(self.directory)
-        return self
-
-    def _take_over_if_stale(self) -> None:
+    def _flocked(self) -> bool:
+        """Whether a live process holds the OS lock on ``.lock`` now."""
         import fcntl
 
-        fd = os.open(self.directory, os.O_RDONLY)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX)  # one taker at a time re-reads and removes
-            owner = self._owner()
-            if owner is None:
-                return  # released meanwhile: try again
-            if owner and not self._is_stale(owner):
-                raise UserError(self._held_message(owner))
-            if not owner:
-                age = _dt.datetime.now().timestamp() - self.path.stat().st_mtime
-                if age < 10:  # pragma: no cover - never seen: locks appear whole
-                    raise UserError(f"result set {self.directory} is locked ({self.path} unreadable); "
-                                    "if no run writes it, delete that file")
-            os.unlink(self.path)
+            fd = os.open(self.path, os.O_RDONLY | os.O_NONBLOCK | _NOFOLLOW)
+        except OSError:
+            return False
+        try:
+            fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        except OSError:
+            return True
+        finally:
+            os.close(fd)  # closing drops a lock taken here
+        return False
+
+    def held(self) -> bool:
+        """Whether another run may be writing the set now: a live process holds its lock,
+        or its lock file names another host (which cannot be checked from here)."""
+        if self._flocked():
+            return True
+        owner = self._owner()
+        return bool(owner) and owner.get("host") not in (None, socket.gethostname())
+
+    def acquire(self) -> "ResultSetLock":
+        """Take the lock. Raises UserError when another live run holds it (or a lock file of
+        another host is there), and :class:`ResultWriteError` when the directory is not
+        writable."""
+        import fcntl
+
+        token = uuid.uuid4().hex
+        for _ in range(20):
+            try:
+                fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+            except OSError as exc:
+                if exc.errno == errno.ELOOP:
+                    raise UserError(f"{self.path} is a symbolic link; a result set holds plain files only: "
+                                    "remove it") from None
+                raise ResultWriteError(f"cannot lock result set {self.directory}: {io_reason(exc)}; "
+                                       "choose a writable output directory (--out) or fix its permissions") from None
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                os.close(fd)
+                raise UserError(self._held_message(self._owner() or {})) from None
+            try:
+                same = os.fstat(fd).st_ino == os.lstat(self.path).st_ino
+            except OSError:
+                same = False
+            if not same:  # released (and removed) between our open and our lock: again
+                os.close(fd)
+                continue
+            break
+        else:  # pragma: no cover - lost the race twenty times
+            raise UserError(f"result set {self.directory} is being locked by another run; try again")
+        owner = self._owner()
+        if owner and owner.get("host") not in (None, socket.gethostname()):
+            os.close(fd)
+            raise UserError(self._held_message(owner))
+        if owner:
             self.note = (f"{self.directory}: took over the lock of pid {owner.get('pid', '?')} "
                          f"(started {owner.get('started', '?')}), which no longer runs; "
                          "its run was killed before it could finish")
-        finally:
+        record = {"pid": os.getpid(), "host": socket.gethostname(),
+                  "started": _dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+                  "command": _command_line(), "token": token}
+        try:
+            os.ftruncate(fd, 0)
+            os.lseek(fd, 0, os.SEEK_SET)
+            os.pwrite(fd, (json.dumps(record) + "\n").encode("utf-8"), 0)  # a few hundred bytes: one write
+            _fsync(fd)
+        except OSError as exc:
             os.close(fd)
+            raise ResultWriteError(f"cannot lock result set {self.directory}: {io_reason(exc)}; "
+                                   "free space or fix the directory's permissions") from None
+        self._fd, self._token = fd, token
+        _fsync_dir(self.directory)
+        return self
 
     def _held_message(self, owner: dict) -> str:
         who = (f"pid {owner.get('pid')} on host {owner.get('host')}, started {owner.get('started')}"
                + (f": {owner['command']}" if owner.get("command") else ""))
-        if owner.get("host") == socket.gethostname():
+        if owner.get("host") in (None, socket.gethostname()):
             how = "wait for it to finish, or run without --resume to start a new result set"
         else:
             how = f"if that run is gone, delete {self.path}; otherwise wait for it"
         return f"result set {self.directory} is being written by another run ({who}); {how}"
 
     def release(self) -> None:
-        """Remove the lock file when it is still this run's."""
-        if self._token is None:
+        """Remove the lock file (still holding the lock, so no other run is between) and
+        drop the lock."""
+        if self._fd is None:
             return
-        owner = self._owner()
-        if owner and owner.get("token") == self._token:
-            try:
+        try:
+            if os.fstat(self._fd).st_ino == os.lstat(self.path).st_ino:
                 os.unlink(self.path)
-            except OSError:
-                pass
-        self._token = None
+        except OSError:
+            pass
+        os.close(self._fd)
+        self._fd, self._token = None, None
 
     def __enter__(self) -> "ResultSetLock":
         return self.acquire()
@@ -1074,6 +1131,41 @@ def resolve_directory(path: str | os.PathLike) -> Path:
     return directory
 
 
+def check_set_files(directory: str | os.PathLike) -> None:
+    """Refuse a result set that holds a symbolic link or a file that is not a regular file
+    (a FIFO, a device, a socket) anywhere in it (down to :data:`SET_DEPTH` levels), or a
+    table larger than :data:`MAX_ROWS_FILE_BYTES`: a set from elsewhere (a CI artifact, a
+    colleague's run) is read only as the plain files tflabench writes, and nothing is
+    written through it (docs/result-sets.md, "Result sets from elsewhere"). The directory
+    itself may be reached through a link the user named.
+
+    Raises UserError naming the path and what it is."""
+    import stat as _stat
+
+    fix = "a result set holds plain files only: remove it, or copy the set without links"
+    pending = [(Path(directory), 0)]
+    while pending:
+        folder, depth = pending.pop()
+        try:
+            entries = list(os.scandir(folder))
+        except OSError as exc:
+            raise UserError(f"{folder}: cannot be read ({io_reason(exc)})") from None
+        for entry in entries:
+            path = Path(entry.path)
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                raise UserError(f"{path}: cannot be read ({io_reason(exc)})") from None
+            if _stat.S_ISDIR(st.st_mode):
+                if depth + 1 < SET_DEPTH:
+                    pending.append((path, depth + 1))
+            elif not _stat.S_ISREG(st.st_mode):
+                raise UserError(f"{path}: is a {file_kind(st.st_mode)} inside a result set; {fix}")
+            elif entry.name in (PARQUET_FILE, CSV_FILE) and depth == 0 and st.st_size > MAX_ROWS_FILE_BYTES:
+                raise UserError(f"{path}: {st.st_size} bytes, more than the {MAX_ROWS_FILE_BYTES} bytes a table of "
+                                "result rows may hold")
+
+
 def read_metadata(directory: str | os.PathLike) -> dict:
     """The ``metadata.json`` of a result set as a dict (empty when the file is absent).
 
@@ -1084,7 +1176,7 @@ def read_metadata(directory: str | os.PathLike) -> dict:
     if not path.exists() and not path.is_symlink():
         return {}
     fix = "the file was edited or damaged (moved away, report and compare read the rows without it; a resume needs it)"
-    text = read_text(path, str(path), fix=fix)
+    text = read_text(path, str(path), what="a JSON file", fix=fix, limit=MAX_METADATA_BYTES, follow_links=False)
     try:
         metadata = json.loads(text)
     except (json.JSONDecodeError, RecursionError) as exc:
@@ -1105,6 +1197,22 @@ def metadata_problem(metadata: Any) -> str | None:
         value = metadata.get(key)
         if value is not None and (not isinstance(value, kind) or (kind is int and isinstance(value, bool))):
             return f"{key!r} is {_json_type(value)}, not {_json_type(kind)}"
+    timing = (metadata.get("measurement") or {}).get("timing")  # not an object: resume.measurement_problem
+    for field, value in (timing if isinstance(timing, dict) else {}).items():
+        kind = TIMING_FIELD_TYPES.get(field)
+        if kind is bool and value is not None and not isinstance(value, bool):
+            return f"'measurement.timing.{field}' is {_json_type(value)}, not a boolean"
+        if kind is float and value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                                    or not math.isfinite(value)):
+            return f"'measurement.timing.{field}' is {_json_type(value)}, not a finite number"
+    for key in ("shards_incomplete",):  # read field by field by compare (merged_from, resumed: as given)
+        for n, item in enumerate(metadata.get(key) or ()):
+            if not isinstance(item, dict):
+                return f"'{key}[{n}]' is {_json_type(item)}, not an object"
+            for field in ("cases_missing", "cases_expected"):
+                value = item.get(field)
+                if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                    return f"'{key}[{n}].{field}' is {_json_type(value)}, not an integer"
     return None
 
 
@@ -1132,6 +1240,7 @@ def load_results(path: str | os.PathLike) -> ResultSet:
     import pandas as pd
 
     directory = resolve_directory(path)
+    check_set_files(directory)
     warnings: list[str] = []
     try:
         if (directory / ROWS_FILE).exists():

@@ -259,6 +259,7 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
     where = f"--resume {directory}"
     fresh = "start a fresh run (the same command without --resume)"
     suite = loaded.suite
+    R.check_set_files(directory)  # links, FIFOs, devices: refused before anything is read or appended
     problem = R.metadata_problem(old_meta)
     if problem:
         raise UserError(f"{where}: {R.METADATA_FILE}: {problem}; the file was edited or damaged, so the "

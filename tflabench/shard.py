@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tflabench import results
 from tflabench.bounds import MAX_SHARDS
-from tflabench.errors import UserError
+from tflabench.errors import UserError, io_reason
 
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
 
@@ -289,6 +289,9 @@ def merge_results(
     out = Path(out_dir)
     if out.exists() and any((out / f).exists() for f in (results.ROWS_FILE, results.PARQUET_FILE, results.CSV_FILE)):
         raise UserError(f"merge: --out {str(out)!r} already holds a result set; choose a new directory")
+    if os.path.lexists(out) and (out.is_symlink() or not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"merge: --out {str(out)!r} exists and is not an empty directory; the merge is written "
+                        "whole into a new directory: choose one that does not exist yet")
 
     metadata = dict(ref)
     metadata["shard"] = None
@@ -313,4 +316,51 @@ def merge_results(
         metadata["hostname"] = ",".join(hostnames)
     dates = sorted(str(rs.metadata["date"]) for _, _, rs in shards if rs.metadata.get("date"))
     metadata["date"] = dates[0] if dates else _dt.datetime.now().isoformat(timespec="seconds")
-    return results.write_results(out, rows, metadata)
+    return _write_whole(out, rows, metadata)
+
+
+def _write_whole(out: Path, rows: list, metadata: dict) -> Path:
+    """Write the merged set into a temporary directory beside ``out``
+    (``.<name>.merge-<pid>-<random>``) and rename it to ``out`` once every file is
+    written: a merge killed midway leaves no ``out`` (only its temporary directory, which
+    the next merge into the same place removes when its process is gone), so a half-made
+    set is never read as a result set and a second merge works. Raises
+    :class:`~tflabench.results.ResultWriteError`."""
+    import shutil
+    import uuid
+
+    parent = out.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise results.ResultWriteError(f"merge: cannot create {str(parent)!r}: {io_reason(exc)}; "
+                                       "choose a writable --out") from None
+    for stale in parent.glob(f".{out.name}.merge-*"):  # left by a merge that was killed
+        pid = stale.name.rsplit(".merge-", 1)[1].split("-")[0]
+        if pid.isdigit() and not _process_exists(int(pid)) and not stale.is_symlink():
+            shutil.rmtree(stale, ignore_errors=True)
+    tmp = parent / f".{out.name}.merge-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+    try:
+        tmp.mkdir()
+        results.write_results(tmp, rows, metadata)
+        os.rename(tmp, out)  # onto nothing or an empty directory: atomic
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise results.ResultWriteError(f"merge: cannot write {str(out)!r}: {io_reason(exc)}; "
+                                       "choose a new, writable --out") from None
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    results._fsync_dir(parent)
+    return out
+
+
+def _process_exists(pid: int) -> bool:
+    """Whether a process ``pid`` exists (a temporary merge directory of a live merge stays)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True

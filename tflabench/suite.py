@@ -482,10 +482,10 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
     """
     suite = loaded.suite if isinstance(loaded, LoadedSuite) else loaded
     device = device or resolve_device(suite.device)
-    shapes = _shapes(suite.sweep)
     embeddings = _as_list(suite.model.embedding_dim)
     dtypes = _as_list(suite.dtype)
-    _check_case_count(suite, shapes, embeddings, dtypes)
+    _check_case_count(suite)  # from the axes' lengths, before any list is built
+    shapes = _shapes(suite.sweep)
     cases: list[Case] = []
     label_of: dict[str, int] = {}  # label -> the kernel entry that has it
     for kn, spec in enumerate(suite.kernels):
@@ -568,14 +568,27 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
     return cases
 
 
-def _check_case_count(suite: "Suite", shapes: list, embeddings: list, dtypes: list) -> None:
-    """UserError when the suite's cross product holds more than ``max_cases`` cases,
-    counted before any case is built (a sweep of millions is refused at once)."""
+def case_count(suite: "Suite") -> int:
+    """How many cases ``suite`` expands to: the product of its axes' lengths (parameter
+    lists, embedding dimensions, dtypes, shapes, modes), summed over its kernels; computed
+    from the lengths alone, so no list of shapes or cases is built (docs/harness.md,
+    "Suite format": a sweep of millions is refused at once)."""
+    embeddings, dtypes = _as_list(suite.model.embedding_dim), _as_list(suite.dtype)
+    seq_lens = len(_as_list(suite.sweep.seq_len))
+    shapes = seq_lens if suite.sweep.tokens is not None or suite.sweep.batch is None else (
+        len(_as_list(suite.sweep.batch)) * seq_lens)
     total = 0
     for spec in suite.kernels:
         combos = math.prod(len(v) if isinstance(v, (list, tuple)) else 1 for v in spec.params.values())
         modes = spec.modes if spec.modes is not None else suite.modes
-        total += combos * len(embeddings) * len(dtypes) * len(shapes) * len(modes)
+        total += combos * len(embeddings) * len(dtypes) * shapes * len(modes)
+    return total
+
+
+def _check_case_count(suite: "Suite") -> None:
+    """UserError when the suite's cross product holds more than ``max_cases`` cases,
+    counted from the axes' lengths before any case or shape is built (:func:`case_count`)."""
+    total = case_count(suite)
     if total > suite.max_cases:
         raise UserError(f"max_cases: the suite expands to {total:,} cases, more than max_cases {suite.max_cases:,}; "
                         "check the sweep and the parameter lists, or set max_cases in the suite to run that "

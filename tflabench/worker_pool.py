@@ -23,7 +23,14 @@ runs, pinned with ``CUDA_VISIBLE_DEVICES``; the rows are the same in form.
 Each worker's stdout and stderr go through a pipe to ``<result dir>/logs/worker-<slot>.log``,
 at most :data:`LOG_HEAD_BYTES` + :data:`LOG_TAIL_BYTES` per case (:class:`_LogPump`): a kernel
 that prints in a loop cannot fill the disk, and the end of its output, where the error is,
-is kept. What a run
+is kept.
+
+No process a case starts outlives it (docs/result-sets.md, "Processes of a run"): each worker
+leads its own process group (``os.setsid``) and asks the kernel for SIGKILL when the
+thread that started it ends (``PR_SET_PDEATHSIG``, Linux); a timeout, a crash or the end
+of a worker kills its whole group (``os.killpg``), and a small reaper process
+(:class:`_GroupReaper`) kills the groups still registered when the run itself dies, even
+by SIGKILL (it sees its pipe from the run close). What a run
 does around the pool (the suite, resume, metadata, the result table) is
 :mod:`tflabench.suite_run` and :mod:`tflabench.verify_run`.
 """
@@ -68,6 +75,115 @@ LOG_HEAD_BYTES = 1 << 20
 LOG_TAIL_BYTES = 256 << 10
 
 # --------------------------------------------------------------------------- worker side
+
+
+PR_SET_PDEATHSIG = 1
+
+
+def _own_group_and_parent_death(parent_pid: int) -> None:
+    """Make this worker the leader of its own process group (so a timeout can kill every
+    process its case started with one ``os.killpg``) and ask the kernel to SIGKILL it when
+    the thread that started it ends (``prctl(PR_SET_PDEATHSIG)``, Linux; it works even while
+    this process holds the GIL in C code, where :func:`_watch_parent` cannot run). Exits at
+    once when the parent is already gone."""
+    try:
+        os.setsid()
+    except OSError:  # already a group leader
+        pass
+    if sys.platform.startswith("linux"):
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        except (OSError, AttributeError):  # pragma: no cover - no prctl: the parent watch remains
+            pass
+    if os.getppid() != parent_pid:
+        os._exit(3)
+
+
+_REAPER_CODE = """
+import os, signal, sys
+groups = set()
+for line in sys.stdin:
+    line = line.strip()
+    if line[:1] == "+" and line[1:].isdigit():
+        groups.add(int(line[1:]))
+    elif line[:1] == "-" and line[1:].isdigit():
+        groups.discard(int(line[1:]))
+for pgid in groups:
+    try:
+        os.killpg(pgid, signal.SIGKILL)
+    except OSError:
+        pass
+"""
+
+
+class _GroupReaper:
+    """A small process that kills the workers' process groups when the run dies.
+
+    The run tells it each worker's group (``+pgid`` when started, ``-pgid`` once killed)
+    through a pipe; when the pipe closes (the run ended, however: SIGKILL included, the
+    kernel closes it) the reaper kills every group still registered, so that a process a
+    case started (a kernel's helper, a compiler) does not outlive the run. It runs in its
+    own session, so Ctrl-C on the terminal does not end it first. Posix only; elsewhere a
+    no-op."""
+
+    def __init__(self):
+        import subprocess
+
+        self._lock = threading.Lock()
+        self._process = None
+        if os.name != "posix":  # pragma: no cover
+            return
+        try:
+            self._process = subprocess.Popen([sys.executable, "-I", "-S", "-c", _REAPER_CODE],
+                                             stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                                             stderr=subprocess.DEVNULL, start_new_session=True, close_fds=True)
+        except OSError:  # pragma: no cover - cannot start a process: the pool fails next anyway
+            self._process = None
+
+    def _send(self, line: str) -> None:
+        with self._lock:
+            if self._process is None or self._process.stdin is None:
+                return
+            try:
+                self._process.stdin.write(line.encode() + b"\n")
+                self._process.stdin.flush()
+            except (OSError, ValueError):
+                pass
+
+    def add(self, pgid: int) -> None:
+        """Register a worker's process group."""
+        self._send(f"+{pgid}")
+
+    def remove(self, pgid: int) -> None:
+        """Forget a group that was killed (its id may be reused later)."""
+        self._send(f"-{pgid}")
+
+    def close(self) -> None:
+        """Close the pipe (the reaper kills what is still registered) and wait for it."""
+        with self._lock:
+            process, self._process = self._process, None
+        if process is None:
+            return
+        try:
+            process.stdin.close()
+        except OSError:  # pragma: no cover
+            pass
+        try:
+            process.wait(10)
+        except Exception:  # pragma: no cover - it is in its own session; leave it
+            pass
+
+
+def kill_group(pid: int) -> None:
+    """SIGKILL the process group led by worker ``pid`` (the worker and every process its
+    cases started that stayed in the group); nothing when the group is gone."""
+    try:
+        os.killpg(pid, signal.SIGKILL)
+    except (ProcessLookupError, PermissionError):
+        pass
+    except OSError:  # pragma: no cover
+        pass
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -160,6 +276,7 @@ def _worker_main(conn, output, gpu: str | None, parent_pid: int, device: str, th
     set before torch loads and with ``torch.set_num_threads``. CPU workers also set the C
     allocator for steady timings (:func:`steady_allocator`).
     """
+    _own_group_and_parent_death(parent_pid)
     if gpu is not None:
         os.environ["CUDA_VISIBLE_DEVICES"] = str(gpu)
     if threads > 0:
@@ -280,7 +397,9 @@ class _LogPump:
 
     def __init__(self, reader, log_path: Path):
         self._reader = reader  # a multiprocessing Connection: its fd is read raw
-        self._file = open(log_path, "ab")
+        # appended, never through a link planted in the set (the logs of a resumed set)
+        self._file = os.fdopen(os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT
+                                       | getattr(os, "O_NOFOLLOW", 0), 0o644), "ab")
         self._lock = threading.Lock()
         self._head = 0
         self._tail = bytearray()
@@ -362,8 +481,10 @@ class _LogPump:
 class _Worker:
     """One worker process and its pipe (parent side)."""
 
-    def __init__(self, ctx, slot: int, gpu: str | None, log_path: Path, device: str = "cuda", threads: int = 0):
+    def __init__(self, ctx, slot: int, gpu: str | None, log_path: Path, device: str = "cuda", threads: int = 0,
+                 reaper: _GroupReaper | None = None):
         self.slot, self.gpu, self.log_path = slot, gpu, log_path
+        self.reaper = reaper
         self.backend: str | None = None
         parent_conn, child_conn = ctx.Pipe(duplex=True)
         self.conn = parent_conn
@@ -374,6 +495,8 @@ class _Worker:
         self._log_offset = self._log_size()
         self.log = _LogPump(log_reader, log_path)
         self.process.start()
+        if self.reaper is not None:
+            self.reaper.add(self.process.pid)
         child_conn.close()
         log_writer.close()
         self.start_error: str | None = None
@@ -450,9 +573,15 @@ class _Worker:
         self.kill()
 
     def kill(self) -> None:
+        """Kill the worker's whole process group (the worker and what its cases started)."""
+        pid = self.process.pid
+        if pid is not None:
+            kill_group(pid)  # after a clean exit too: a case's helper may still run
         if self.process.is_alive():
             self.process.kill()
             self.process.join(10)
+        if pid is not None and self.reaper is not None:
+            self.reaper.remove(pid)
         try:
             self.conn.close()
         except OSError:  # pragma: no cover
@@ -549,7 +678,12 @@ def run_cases(
     """
     ctx = multiprocessing.get_context("spawn")
     writer = R.RowWriter(directory)
-    (directory / "logs").mkdir(parents=True, exist_ok=True)
+    try:
+        R.real_directory(directory / "logs")  # never a link planted in a resumed set
+    except BaseException:
+        writer.close()
+        raise
+    reaper = _GroupReaper()
     slots = gpus if gpus else [None]
     per_worker = threads if threads is not None else cpu_threads(len(slots))["per_worker"]
     queue = collections.deque(cases)
@@ -613,7 +747,7 @@ def run_cases(
                 worker.stop()
                 worker = None
             if worker is None:
-                worker = _Worker(ctx, slot, gpu, log_path, case.device, per_worker)
+                worker = _Worker(ctx, slot, gpu, log_path, case.device, per_worker, reaper)
                 workers[slot] = worker
             if worker.start_error:
                 outcome = {"status": "crash", "reason": worker.start_error}
@@ -669,6 +803,7 @@ def run_cases(
         raise
     finally:
         writer.close()
+        reaper.close()
     return done_rows
 
 

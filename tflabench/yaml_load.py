@@ -15,7 +15,6 @@ merged one, as YAML specifies. Import-light: only PyYAML.
 
 from __future__ import annotations
 
-import stat
 from pathlib import Path
 from typing import Any
 
@@ -117,14 +116,11 @@ def load_yaml(path: str | Path, what: str = "") -> Any:
 
     p = Path(path)
     where = what or str(p)
+    text = read_text(p, where, what="a YAML file", limit=MAX_FILE_BYTES)
     try:
-        st = p.stat()
-    except OSError:
-        st = None  # read_text says why
-    if st is not None and not stat.S_ISDIR(st.st_mode) and st.st_size > MAX_FILE_BYTES:
-        raise UserError(f"{where}: {st.st_size} bytes; a YAML file here may hold at most {MAX_FILE_BYTES} bytes")
-    text = read_text(p, where, what="a YAML file")
-    loader = _strict_loader()(text)
+        loader = _strict_loader()(text)  # the reader refuses control characters here
+    except yaml.YAMLError as exc:
+        raise UserError(f"{where}: {_yaml_problem(exc)}") from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -140,10 +136,19 @@ def load_yaml(path: str | Path, what: str = "") -> Any:
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         at = f":{mark.line + 1}:{mark.column + 1}" if mark is not None else ""
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         kind = "" if isinstance(exc, yaml.constructor.ConstructorError) else "YAML syntax error: "
-        raise UserError(f"{where}{at}: {kind}{problem}") from None
+        raise UserError(f"{where}{at}: {kind}{_yaml_problem(exc)}") from None
     except RecursionError:
         raise UserError(f"{where}: nested too deeply to read") from None
     finally:
         loader.dispose()
+
+
+def _yaml_problem(exc) -> str:
+    """One line of a PyYAML error: its problem, or the first line of its text (a reader
+    error: a character YAML does not allow, with its position)."""
+    problem = getattr(exc, "problem", None)
+    if problem:
+        return problem
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    return "; ".join(lines[:2]) if lines else type(exc).__name__

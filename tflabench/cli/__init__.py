@@ -15,6 +15,7 @@ import contextlib
 import inspect
 import signal
 import sys
+import threading
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
@@ -107,18 +108,29 @@ class _Command(_PlainHelp, TyperCommand):
         super().__init__(*args, **kwargs)
         _plain_params(self.params)
 
+    def invoke(self, ctx):
+        """Run the command; Ctrl-C or SIGTERM that no block of it handles
+        (:func:`interruptible`) is one ``interrupted`` line and exit status 130."""
+        try:
+            return super().invoke(ctx)
+        except KeyboardInterrupt:
+            typer.echo("interrupted (Ctrl-C or SIGTERM); every file it wrote is whole or absent", err=True)
+            raise typer.Exit(130) from None
+
 
 class _Group(_PlainHelp, TyperGroup):
     """The ``tflabench`` group: its help like its commands'. A usage error (an unknown
     option, a value of the wrong type, a missing argument) is one ``error:`` line and exit
-    status 2, like every other refusal (:func:`user_errors`); Ctrl-C is exit status 130:
-    never 1, which ``compare``, ``verify`` and ``history`` keep for what they find."""
+    status 2, like every other refusal (:func:`user_errors`); Ctrl-C and SIGTERM are exit
+    status 130 in every command (:func:`stop_on_sigterm`): never 1, which ``compare``,
+    ``verify`` and ``history`` keep for what they find."""
 
     def main(self, args=None, prog_name=None, complete_var=None, standalone_mode=True, **extra):
         if not standalone_mode:
             return super().main(args, prog_name, complete_var, standalone_mode, **extra)
         try:
-            code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+            with stop_on_sigterm():
+                code = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except Exception as exc:  # click's exceptions (typer may bring its own click)
             if type(exc).__name__ == "NoArgsIsHelpError":  # `tflabench` alone: the help
                 exc.show()
@@ -180,23 +192,38 @@ def user_errors():
 
 
 
+def _sigterm_as_interrupt(signum, frame):
+    """The SIGTERM handler of every command: SIGTERM (a batch job's time limit, ``kill``)
+    stops the command as Ctrl-C does."""
+    raise KeyboardInterrupt
+
+
+@contextlib.contextmanager
+def stop_on_sigterm():
+    """While the block runs, SIGTERM raises KeyboardInterrupt, as Ctrl-C does (the one
+    SIGTERM handler; docs/harness.md, "Exit status": both exit 130). The previous handler is
+    restored after the block; outside the main thread nothing changes."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _sigterm_as_interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
 @contextlib.contextmanager
 def interruptible(interrupted_line):
     """Stop the block on Ctrl-C or SIGTERM (a batch job's time limit sends it) alike: print
     ``interrupted_line(the KeyboardInterrupt)`` (what was kept and how to go on) on stderr and
-    exit with status 130. The previous SIGTERM handler is restored after the block."""
-
-    def _term(signum, frame):
-        raise KeyboardInterrupt
-
-    previous = signal.signal(signal.SIGTERM, _term)
+    exit with status 130."""
     try:
-        yield
+        with stop_on_sigterm():
+            yield
     except KeyboardInterrupt as stop:
         typer.echo(interrupted_line(stop), err=True)
         raise typer.Exit(130) from None
-    finally:
-        signal.signal(signal.SIGTERM, previous)
 
 # ------------------------------------------------------------------ one convention per concept
 #

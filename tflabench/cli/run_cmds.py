@@ -210,9 +210,14 @@ def _write_run_plots(directory: Path) -> list[Path]:
     if not (directory / ROWS_FILE).exists():
         return []
     try:
-        from tflabench.plots.benchmark import write_plots
+        import tempfile
 
-        return write_plots(directory)
+        from tflabench.plots.benchmark import write_plots
+        from tflabench.results import install_file
+
+        with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:  # aside, then renamed in
+            return [install_file(p, directory / "plots" / Path(p).relative_to(scratch))
+                    for p in write_plots(directory, scratch)]
     except Exception as exc:  # a plot problem must not lose the measurements
         typer.echo(f"warning: plots not written ({type(exc).__name__}: {exc})", err=True)
         return []
@@ -316,8 +321,11 @@ def report(
 
             return write_plots(rs.path, directory, model_gpu=model_gpu, F_causal=causal_factor)
 
-        if plots:
-            written = draw(plot_dir)
+        if plots:  # drawn aside, then each renamed into place: never written through a link
+            from tflabench.results import install_file
+
+            with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:
+                written = [install_file(p, plot_dir / Path(p).relative_to(scratch)) for p in draw(Path(scratch))]
             for p in written:
                 con.print(f"plot: {p}", markup=False)
         if html:
