@@ -340,7 +340,8 @@ def analyse(sets: list[Any], *, threshold: float | None = None,
     Args:
         sets: result sets (:class:`tflabench.results.ResultSet`), any order.
         threshold: the smallest relative step reported and judged (0.05 = 5 %); None: the
-            suite's ``compare: time_threshold`` of the newest set (else compare's default).
+            suite's ``compare: time_threshold`` of the oldest set (else compare's default): as in
+            ``compare``, the sets under judgement do not set their own gate.
         parse_profile: reads a row's ``kernel_profile`` (``tflabench.kernel_profile.parse_profile``);
             None: profiles are not read.
         lookup: a revision's commit date where the metadata records none.
@@ -351,8 +352,7 @@ def analyse(sets: list[Any], *, threshold: float | None = None,
     notes = check_series(sets)
     sets, commits, order_notes = order_commits(sets, lookup)
     notes = order_notes + notes
-    thresholds, source = cmp.resolve_thresholds(sets[0].metadata, sets[-1].metadata, None,
-                                                {"time_threshold": threshold})
+    thresholds, source = cmp.resolve_thresholds(sets[0].metadata, None, {"time_threshold": threshold})
     threshold, threshold_source = thresholds.time_threshold, source["time_threshold"]
 
     per_set: list[dict[str, dict]] = []
