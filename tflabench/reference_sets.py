@@ -102,8 +102,8 @@ def reference_for(gpu: str, suite: str, root: str | os.PathLike | None = None) -
     have = sorted(p.parent.parent.name for p in base.glob(f"*/{suite}/{ROWS_FILE}")) if suite else []
     fix = (f"reference sets of suite {suite!r} exist for: {', '.join(have)}" if have else
            f"no GPU has a reference set of suite {suite!r}")
-    raise UserError(f"--reference {gpu}: no reference set {base / gpu / suite}; {fix} "
-                    f"(`tflabench references` lists them), or give the base set's directory")
+    raise UserError(f"no reference set of suite {suite!r} on {gpu!r} ({base / gpu / suite}); {fix} "
+                    f"(`tflabench references` lists them)")
 
 
 def suite_of(new: str | os.PathLike) -> str:

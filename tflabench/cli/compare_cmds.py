@@ -120,7 +120,11 @@ def _reference_pair(gpu: Optional[str], first: Path, second: Optional[Path]) -> 
     if second is not None:
         raise UserError("compare --reference: give one result set (NEW), not two; "
                         "without --reference give BASE and NEW")
-    return reference_for(gpu, suite_of(first)), first
+    try:
+        return reference_for(gpu, suite_of(first)), first
+    except UserError as exc:
+        raise UserError(f"--reference {gpu}: {exc}; or compare against a directory: "
+                        f"tflabench compare BASE {first}") from None
 
 
 @app.command()
