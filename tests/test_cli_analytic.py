@@ -19,10 +19,7 @@ from tflabench.model import mlstm_counts
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch, isolated_user_files):
-    """Plots land in tmp_path/results/plots; no user hardware file is read."""
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("isolated_cwd")   # tests/conftest.py
 
 
 def run(*args):
