@@ -311,15 +311,14 @@ FIELDS = ["tag", "shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_m
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
-    ap.add_argument("--shapes", default="fig4,b7,small")
-    ap.add_argument("--chunks", default="64,128,256,512")
-    ap.add_argument("--impls", default="sig,exp,peer,fla")
-    ap.add_argument("--modes", default="fwd,fwdbw")
+    # what runs: comma lists of SHAPES names, chunk sizes, implementations and modes, and the
+    # same four for the tuning variants (--variants; --variant-shapes empty: --shapes)
+    for what, default, variant_default in (("shapes", "fig4,b7,small", ""),
+                                           ("chunks", "64,128,256,512", "128,256"),
+                                           ("impls", "sig,exp,peer,fla", "sig"), ("modes", "fwd,fwdbw", "fwd")):
+        ap.add_argument(f"--{what}", default=default, help=f"comma list of {what}")
+        ap.add_argument(f"--variant-{what}", default=variant_default, help=f"{what} for --variants")
     ap.add_argument("--variants", default="", help="comma list of VARIANTS names, or 'all'")
-    ap.add_argument("--variant-chunks", default="128,256", help="chunk sizes for --variants")
-    ap.add_argument("--variant-modes", default="fwd", help="modes for --variants")
-    ap.add_argument("--variant-impls", default="sig", help="impls for --variants")
-    ap.add_argument("--variant-shapes", default="", help="shapes for --variants (default: --shapes)")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--sweep", default="", help="'rec', 'fw' or 'rec,fw': time one kernel of the "
                     "tiled forward alone over a grid of tile configs (see sweep())")
