@@ -24,6 +24,10 @@ import pytest
 SLOW = (
     "tests/test_kernels_gate_regimes.py",
     "tests/test_kernel_matrix.py",
+    "tests/test_cli_run.py::test_default_cpu_suite_runs_end_to_end",
+    "tests/test_fault_injection.py::test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock",
+    "tests/test_fault_injection.py::test_sigkill_mid_write_leaves_a_torn_line_that_resume_sets_aside",
+    "tests/test_fault_injection.py::test_full_disk_stops_the_run_keeps_whole_rows_and_says_how_to_finish",
 )
 #: node-id prefixes of the tests marked ``compile``: sm_90 compilation of every kernel.
 COMPILE = ("tests/test_kernels_compile.py",)
