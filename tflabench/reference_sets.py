@@ -127,7 +127,9 @@ INDEX_HEADER = """# Reference result sets
 
 One current set per suite and GPU model: `results/reference/<gpu>/<suite>/` is the newest
 whole run of `suites/<suite>.yaml` on that GPU, its `rows.jsonl` and `metadata.json`, with a
-`README.md` saying how it was run. Older runs and experiments are in git history.
+`README.md` saying how it was run. Older runs and experiments are in git history: a set that
+docs/ cites but the tree lacks was removed by the commit that `git log --diff-filter=D -- DIR`
+names, and its parent holds it.
 `tflabench report DIR` redraws a set's tables and figures; `tflabench compare --reference
 <gpu> NEW` judges a new run of the suite against its set.
 
