@@ -69,6 +69,10 @@ def test_reference_for_names_the_gpus_that_have_the_suite(tmp_path):
         refs.reference_for("h100", "tfla_ci", root)
     with pytest.raises(UserError, match="no GPU has a reference set of suite 'head_dim'"):
         refs.reference_for("h200", "head_dim", root)
+    (root / "tfla_ci").mkdir()
+    shutil.copy(root / "h200" / "tfla_ci" / "rows.jsonl", root / "tfla_ci" / "rows.jsonl")
+    with pytest.raises(UserError, match="on '..'"):   # no way out of <root>/<gpu>/
+        refs.reference_for("..", "tfla_ci", root / "h200")
 
 
 def test_a_set_named_after_another_suite_is_refused(tmp_path):

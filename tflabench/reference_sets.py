@@ -11,6 +11,7 @@ on that GPU model (``h100``, ``h200``): its ``rows.jsonl`` and ``metadata.json``
 from __future__ import annotations
 
 import os
+import re
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
@@ -19,6 +20,8 @@ from tflabench.errors import UserError
 
 #: The directory of the reference sets in a checkout of the project.
 DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "results" / "reference"
+#: A GPU or suite name that names a directory below the root (no path, no "..").
+_PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 #: The software named beside the peers in the index, in this order.
 PLATFORM_KEYS = ("torch", "triton")
 
@@ -97,7 +100,7 @@ def reference_for(gpu: str, suite: str, root: str | os.PathLike | None = None) -
     base = reference_root(root)
     gpu = gpu.strip().lower()
     directory = base / gpu / suite
-    if gpu and suite and "/" not in gpu + suite and (directory / ROWS_FILE).is_file():
+    if _PLAIN.fullmatch(gpu) and _PLAIN.fullmatch(suite) and (directory / ROWS_FILE).is_file():
         return directory
     have = sorted(p.parent.parent.name for p in base.glob(f"*/{suite}/{ROWS_FILE}")) if suite else []
     fix = (f"reference sets of suite {suite!r} exist for: {', '.join(have)}" if have else
