@@ -19,11 +19,16 @@ import shutil
 
 import pytest
 
-#: node-id prefixes of the tests marked ``slow``: the interpreter's gate-regime matrix,
-#: the kernel matrix in the interpreter, whole runs through the worker pool or the CLI.
+#: node-id prefixes of the tests marked ``slow``: the interpreter's gate-regime matrices and
+#: largest tiles, the kernel matrix in the interpreter, whole runs killed or starved mid-run
+#: and the CPU default run through the CLI (each a minute or more on 2 busy cores).
 SLOW = (
     "tests/test_kernels_gate_regimes.py",
     "tests/test_kernel_matrix.py",
+    "tests/test_kernels_sig.py::test_segmented_walk_matches_float64_in_every_gate_regime",
+    "tests/test_kernels_sig.py::test_training_walk_matches_float64_in_every_gate_regime",
+    "tests/test_kernels_sig.py::test_tiled_sig_tile_configs_in_half_precision[128-140-160-256]",
+    "tests/test_kernels_sig.py::test_tiled_sig_tile_configs_in_half_precision[128-140-96-256]",
     "tests/test_cli_run.py::test_default_cpu_suite_runs_end_to_end",
     "tests/test_fault_injection.py::test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock",
     "tests/test_fault_injection.py::test_sigkill_mid_write_leaves_a_torn_line_that_resume_sets_aside",
