@@ -72,23 +72,22 @@ VARIANTS = {
     "rec_64x64": {"state": {"B_DQK": 64, "B_DHV": 64}},
     "rec_st2": {"state": {"num_stages": 2}},
     "rec_acc_in_c": {"state": {"ACC_IN_C": True}},
-    # version 5 (git log) made TMA tiles (both forward kernels) and V-side gate scaling (state
-    # kernel) the 16-bit default; run 5a measured them switched on one by one against the
-    # version-4 defaults (its rows name them rec_sv, rec_tma, rec_tma_sv, fw_tma, tma_sv, ...).
-    # These switch them off again, one by one, against the current defaults:
+    # TMA tiles (both forward kernels) and V-side gate scaling (state kernel) are the 16-bit
+    # default (docs/kernels.md, rule S3); these switch them off again, one by one, against
+    # the current defaults:
     "rec_scale_k": {"state": {"SCALE_V": False}},
     "rec_ptr": {"state": {"USE_TMA": False}},
     "fw_ptr": {"fw": {"USE_TMA": False}},
-    "ptr_scale_k": {"fw": {"USE_TMA": False}, "state": {"USE_TMA": False, "SCALE_V": False}},  # version 4
-    # version 8: the inter-chunk product Q̄ C_{k-1} inside the key/value loop, one d_qk slice
+    "ptr_scale_k": {"fw": {"USE_TMA": False}, "state": {"USE_TMA": False, "SCALE_V": False}},  # neither (S3 off)
+    # rule H5: the inter-chunk product Q̄ C_{k-1} inside the key/value loop, one d_qk slice
     # of C_{k-1} per iteration, so that its loads are pipelined with K and V instead of
     # waited for before the loop (chunkwise_parallel_fw.inter_slice)
     "fw_iil": {"fw": {"INTER_IN_LOOP": True}},
-    "fw_no_iil": {"fw": {"INTER_IN_LOOP": False}},   # the default before version 8
+    "fw_no_iil": {"fw": {"INTER_IN_LOOP": False}},   # the default outside rule H5's shapes
     "fw_iil_st3": {"fw": {"INTER_IN_LOOP": True, "num_stages": 3}},
     "fw_iil_kv32_st3": {"fw": {"INTER_IN_LOOP": True, "B_LKV": 32, "num_stages": 3}},
     "fw_kv32_st3": {"fw": {"B_LKV": 32, "num_stages": 3}},
-    # version 9: the forward walk (Tuning.walk) at L 64
+    # the forward walk (Tuning.walk) at L 64 (rules W1-W5)
     "no_walk": {"walk": {"enabled": False}},
     "walk_dhv64": {"walk": {"B_DHV": 64}},
     "walk_dhv128": {"walk": {"B_DHV": 128}},
@@ -104,7 +103,7 @@ VARIANTS = {
     **{f"seg_split{n}": {"walk": {"SEGMENT_SPLIT": n}} for n in (1, 2, 4, 8)},
     **{f"seg_dhv128_split{n}": {"walk": {"SEGMENT_B_DHV": 128, "SEGMENT_SPLIT": n}}
        for n in (2, 4, 8)},
-    # the segment-state pass's pipeline stages (default 4 since run 21; 3 before), with d_hv
+    # the segment-state pass's pipeline stages (default 4, rule W8), with d_hv
     # blocks of 128
     **{f"seg_st{n}": {"walk": {"SEGMENT_STAGES": n}} for n in (2, 4)},
     "seg_dhv128_st3": {"walk": {"SEGMENT_B_DHV": 128, "SEGMENT_STAGES": 3}},
@@ -160,7 +159,7 @@ VARIANTS = {
     "bw_fdkv_q64": {"bw": {"FUSED_DKV": True, "DKV_B_LQ": 64}},
     "bw_fdkv_w4": {"bw": {"FUSED_DKV": True, "DKV_num_warps": 4}},
     "bw_fdkv_st1": {"bw": {"FUSED_DKV": True, "DKV_num_stages": 1}},
-    # query/key tiles and warps of the one-launch kernel at L 64 and 128 (run 5)
+    # query/key tiles and warps of the one-launch kernel at L 64 and 128 (rule B4)
     **{f"bw_fdkv_{n}": {"bw": {"FUSED_DKV": True, **o}} for n, o in (
         ("q64_w8", {"DKV_B_LQ": 64, "DKV_num_warps": 8}),
         ("q32_w8", {"DKV_B_LQ": 32, "DKV_num_warps": 8}),
@@ -312,15 +311,14 @@ FIELDS = ["tag", "shape", "impl", "variant", "chunk", "mode", "ms_median", "ms_m
 def parse_args(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=os.environ.get("OUT", "bench_out"))
-    ap.add_argument("--shapes", default="fig4,b7,small")
-    ap.add_argument("--chunks", default="64,128,256,512")
-    ap.add_argument("--impls", default="sig,exp,peer,fla")
-    ap.add_argument("--modes", default="fwd,fwdbw")
+    # what runs: comma lists of SHAPES names, chunk sizes, implementations and modes, and the
+    # same four for the tuning variants (--variants; --variant-shapes empty: --shapes)
+    for what, default, variant_default in (("shapes", "fig4,b7,small", ""),
+                                           ("chunks", "64,128,256,512", "128,256"),
+                                           ("impls", "sig,exp,peer,fla", "sig"), ("modes", "fwd,fwdbw", "fwd")):
+        ap.add_argument(f"--{what}", default=default, help=f"comma list of {what}")
+        ap.add_argument(f"--variant-{what}", default=variant_default, help=f"{what} for --variants")
     ap.add_argument("--variants", default="", help="comma list of VARIANTS names, or 'all'")
-    ap.add_argument("--variant-chunks", default="128,256", help="chunk sizes for --variants")
-    ap.add_argument("--variant-modes", default="fwd", help="modes for --variants")
-    ap.add_argument("--variant-impls", default="sig", help="impls for --variants")
-    ap.add_argument("--variant-shapes", default="", help="shapes for --variants (default: --shapes)")
     ap.add_argument("--breakdown", action="store_true")
     ap.add_argument("--sweep", default="", help="'rec', 'fw' or 'rec,fw': time one kernel of the "
                     "tiled forward alone over a grid of tile configs (see sweep())")

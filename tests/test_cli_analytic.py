@@ -7,6 +7,7 @@ function the command wraps (the CLI must not compute anything of its own).
 from __future__ import annotations
 
 import json
+import shlex
 import subprocess
 import sys
 
@@ -19,10 +20,7 @@ from tflabench.model import mlstm_counts
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch, isolated_user_files):
-    """Plots land in tmp_path/results/plots; no user hardware file is read."""
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("isolated_cwd")   # tests/conftest.py
 
 
 def run(*args):
@@ -243,40 +241,43 @@ def test_hardware_file_from_environment_is_used(tmp_path, monkeypatch):
 # ------------------------------------------------------------------ bad input
 
 
-BAD = [
-    (["flops", "--batch", "0"], "--batch"),
-    (["flops", "--heads", "-2"], "--heads"),
-    (["flops", "-T", "0"], "--seq-len"),
-    (["flops", "--dhv", "-64"], "--dhv"),
-    (["flops", "-L", "0"], "--chunk-size"),
-    (["flops", "-L", "64", "-T", "1000"], "does not divide"),
-    (["flops", "-L", "2048", "-T", "1024"], "1 <= L <= T"),
-    (["flops", "--pqk", "0"], "--pqk"),
-    (["flops", "--pqk", "-0.5"], "--pqk"),
-    (["flops", "--pqk", "0.5", "--dqk", "64"], "--dqk"),
-    (["flops", "--variant", "tanh"], "--variant"),
-    (["flops", "--formulation", "blocked"], "--formulation"),
-    (["flops", "--counts", "printed"], "--counts"),
-    (["flops", "--causal-factor", "0.2"], "--causal-factor"),
-    (["flops", "--mode", "fwdbw", "--formulation", "parallel"], "--mode"),
-    (["roofline", "--gpu", "tpu"], "--gpu"),
-    (["roofline", "-L", "64,abc"], "--chunk-size"),
-    (["roofline", "-L", "64,0"], "--chunk-size"),
-    (["roofline", "--ceilings", "peak"], "--ceilings"),
-    (["roofline", "--gpu", "h100", "--ceilings", "measured"], "calibrate"),
-    (["roofline", "--results", "does/not/exist"], ""),
-    (["intensity", "--state-bytes", "4,-2"], "--state-bytes"),
-    (["intensity", "--causal-factor", "0.66,1.5"], "--causal-factor"),
-    (["optimal-chunk", "--dhv", "0"], "--dhv"),
-    (["optimal-chunk", "--pqk", "0"], "--pqk"),
-    (["optimal-chunk", "--gpu", "h100,nope"], "known"),
-    (["optimal-chunk", "--gpu", "h100", "--gpu", "h200"], "--gpu given 2 times; give one comma-separated list"),
-    (["intensity", "--state-bytes", "4,x"], "e.g. 4,2"),
-    (["roofline", "--mode", "fwd,bwd"], "--mode"),
-    (["roofline", "--figure-format", "jpg"], "--figure-format"),
-    (["optimal-chunk", "--variant", "lstm"], "--variant"),
-    (["gpus", "--ceilings", "x"], "--ceilings"),
-]
+#: one bad command line a line: its arguments (shell words) => a text the error line names
+BAD_LINES = """
+flops --batch 0                            =>  --batch
+flops --heads -2                           =>  --heads
+flops -T 0                                 =>  --seq-len
+flops --dhv -64                            =>  --dhv
+flops -L 0                                 =>  --chunk-size
+flops -L 64 -T 1000                        =>  does not divide
+flops -L 2048 -T 1024                      =>  1 <= L <= T
+flops --pqk 0                              =>  --pqk
+flops --pqk -0.5                           =>  --pqk
+flops --pqk 0.5 --dqk 64                   =>  --dqk
+flops --variant tanh                       =>  --variant
+flops --formulation blocked                =>  --formulation
+flops --counts printed                     =>  --counts
+flops --causal-factor 0.2                  =>  --causal-factor
+flops --mode fwdbw --formulation parallel  =>  --mode
+roofline --gpu tpu                         =>  --gpu
+roofline -L 64,abc                         =>  --chunk-size
+roofline -L 64,0                           =>  --chunk-size
+roofline --ceilings peak                   =>  --ceilings
+roofline --gpu h100 --ceilings measured    =>  calibrate
+roofline --results does/not/exist          =>  
+intensity --state-bytes 4,-2               =>  --state-bytes
+intensity --causal-factor 0.66,1.5         =>  --causal-factor
+optimal-chunk --dhv 0                      =>  --dhv
+optimal-chunk --pqk 0                      =>  --pqk
+optimal-chunk --gpu h100,nope              =>  known
+optimal-chunk --gpu h100 --gpu h200        =>  --gpu given 2 times; give one comma-separated list
+intensity --state-bytes 4,x                =>  e.g. 4,2
+roofline --mode fwd,bwd                    =>  --mode
+roofline --figure-format jpg               =>  --figure-format
+optimal-chunk --variant lstm               =>  --variant
+gpus --ceilings x                          =>  --ceilings
+"""
+BAD = [(shlex.split(line.split(" => ")[0]), line.split(" => ", 1)[1].strip())
+       for line in BAD_LINES.strip().splitlines()]
 
 
 @pytest.mark.parametrize("args,needle", BAD, ids=[" ".join(a) for a, _ in BAD])

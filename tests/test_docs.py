@@ -141,3 +141,24 @@ def test_cited_tuning_rules_are_rows_of_the_table():
                 if f"{group}{n}" not in rows:
                     missing.append(f"{p.relative_to(ROOT)}: rule {group}{n}")
     assert not missing, "cited tuning rules missing from docs/kernels.md:\n" + "\n".join(missing)
+
+
+#: the longest line of README.md and docs/*.md (characters): a long table row is folded
+MAX_LINE_CHARS = 300
+#: the most lines of README.md
+README_MAX_LINES = 220
+
+
+def test_no_line_of_readme_or_docs_is_over_300_characters():
+    files = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    long = {f"{p.relative_to(ROOT)}:{n}": len(line) for p in files
+            for n, line in enumerate(p.read_text(encoding="utf-8").splitlines(), 1)
+            if len(line) > MAX_LINE_CHARS}
+    assert not long, f"lines over {MAX_LINE_CHARS} characters (fold them): {long}"
+
+
+def test_readme_is_at_most_220_lines_and_cites_no_commit():
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= README_MAX_LINES
+    prose = re.sub(r"```.*?```", "", text, flags=re.S)
+    assert not re.findall(r"(?<![\w/.-])[0-9a-f]{7,40}(?![\w/.-])", prose)

@@ -30,11 +30,6 @@ from gate_regimes import VERIFICATION_REGIMES as REGIMES
 NAMES = ("h", "C_last", "n_last", "m_last", "dq", "dk", "dv", "di", "df", "dC0")
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def make_case(seed, B=1, NH=2, S=45, d_qk=16, d_hv=24, regime="std", positive_qk=True,
               dtype=torch.float32):
     g = torch.Generator().manual_seed(seed)

@@ -58,9 +58,7 @@ LENGTHS = [(16, 45), (32, 77), (64, 23)]
 NAMES = ("h", "C_S", "dq", "dk", "dv", "di", "df", "dC0")
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.usefixtures("interpret")   # tests/conftest.py
 
 
 def make_inputs(regime, S, *, B=1, NH=2, d_qk=16, d_hv=24, seed=0, positive_qk=False):

@@ -24,11 +24,6 @@ REGIMES = {name: VERIFICATION_REGIMES[name] for name in (
 VARIANTS = [("exp", True), ("sig", False), ("sig", True)]
 
 
-@pytest.fixture
-def interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
-
-
 def make_case(seed, B=1, NH=2, S=45, d_qk=16, d_hv=24, regime="std"):
     g = torch.Generator().manual_seed(seed)
     i_mu, i_sd, f_mu, f_sd = REGIMES[regime]

@@ -25,9 +25,7 @@ from tfla.triton.tuning import Tuning, use_tuning  # noqa: E402
 from gate_regimes import VERIFICATION_REGIMES  # noqa: E402
 
 
-@pytest.fixture(autouse=True)
-def _interpret(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "1")
+pytestmark = pytest.mark.usefixtures("interpret")   # tests/conftest.py
 
 
 def maxnorm(x, ref):

@@ -222,14 +222,30 @@ def _compiling_for_sm(monkeypatch):
     return Target
 
 
+def _takes_exactly(monkeypatch, case, takes, other_archs, refused):
+    """A Gluon rule's calls: ``case(**kw)`` says whether the Gluon kernel runs a call. None
+    in Triton's interpreter; for an sm_90 target with Triton compiling each of ``takes``;
+    none for ``other_archs``; none of ``refused`` (each kwargs of ``case``)."""
+    import triton
+
+    assert triton.knobs.runtime.interpret and not case()
+    Target = _compiling_for_sm(monkeypatch)
+    for kw in takes:
+        assert case(**kw), kw
+    for arch in other_archs:
+        Target.arch = arch
+        assert not case(), arch
+    Target.arch = 90
+    for kw in refused:
+        assert not case(**kw), kw
+
+
 def test_gluon_h_kernel_takes_exactly_rule_h8s_calls(monkeypatch):
     """Rule H8 (docs/kernels.md): mLSTMsig's H kernel in Gluon runs where H7's tiles do
     (16-bit, L 256, d_hv > 256) at d_qk 256 without the normaliser, for an sm_90 target with
     Triton compiling; every other call (the interpreter, another GPU, mLSTMexp, the
     normaliser, fp32, L 128, d_qk 160, rows TMA cannot take, other tiles, ``GLUON`` off)
     keeps ``_parallel_fw_kernel``."""
-    import triton
-
     from tfla.triton import chunkwise_parallel_fw as pfw
     from tfla.triton import chunkwise_parallel_fw_gluon as gfw
 
@@ -243,31 +259,18 @@ def test_gluon_h_kernel_takes_exactly_rule_h8s_calls(monkeypatch):
         return gfw.applies(cfg, q, k, v, C, L=L, is_exp=is_exp, normalize=normalize,
                            limit=False)
 
-    # Triton's interpreter (this module's setting) never takes it
-    assert triton.knobs.runtime.interpret and not case()
-    Target = _compiling_for_sm(monkeypatch)
-    for arch, want in ((90, True), (80, False), (100, False)):
-        Target.arch = arch
-        assert case() is want, arch
-    Target.arch = 90
-    assert case(dtype=torch.float16) and case(d_hv=320) and case(S=1000)
-    assert not case(is_exp=True)
-    assert not case(normalize=True)
-    assert not case(dtype=torch.float32)
-    assert not case(L=128) and not case(L=512)
-    assert not case(d_qk=160, d_hv=320)
-    assert not case(d_hv=256)
-    assert not case(row_pad=4)                  # a row stride of 260 elements: not 16-byte aligned
-    assert not case(tuning=Tuning(fw={"B_LKV": 32}))
-    assert not case(tuning=Tuning(fw={"GLUON": False}))
+    _takes_exactly(monkeypatch, case, [{}, dict(dtype=torch.float16), dict(d_hv=320), dict(S=1000)],
+                   (80, 100),
+                   [dict(is_exp=True), dict(normalize=True), dict(dtype=torch.float32), dict(L=128),
+                    dict(L=512), dict(d_qk=160, d_hv=320), dict(d_hv=256),
+                    dict(row_pad=4),              # a row stride of 260 elements: not 16-byte aligned
+                    dict(tuning=Tuning(fw={"B_LKV": 32})), dict(tuning=Tuning(fw={"GLUON": False}))])
 
 
 def test_gluon_dq_kernel_takes_exactly_rule_b12s_calls(monkeypatch):
     """Rule B12 (docs/kernels.md): dQ in Gluon where B11 runs at L 256 (mLSTMsig, 16-bit,
     d_qk 256, 256 < d_hv <= 512) without the normaliser, for an sm_90 target with Triton
     compiling; every other call keeps the Triton kernels."""
-    import triton
-
     from tfla.triton import chunkwise_parallel_bw as pbw
     from tfla.triton import chunkwise_parallel_bw_gluon as gbw
 
@@ -284,30 +287,17 @@ def test_gluon_dq_kernel_takes_exactly_rule_b12s_calls(monkeypatch):
                                tuning=tuning) == applies
         return applies
 
-    assert triton.knobs.runtime.interpret and not case()
-    Target = _compiling_for_sm(monkeypatch)
-    assert case() and case(dtype=torch.float16) and case(d_hv=480)
-    Target.arch = 100
-    assert not case()
-    Target.arch = 90
-    assert not case(is_exp=True)
-    assert not case(normalize=True)
-    assert not case(dtype=torch.float32)
-    assert not case(dh_dtype=torch.float32)
-    assert not case(L=128)
-    assert not case(d_qk=160, d_hv=320)
-    assert not case(d_hv=1024)
-    assert not case(tuning=Tuning(bw={"B_LKV": 64}))
-    assert not case(tuning=Tuning(bw={"ONCE_DQ": False}))
-    assert not case(tuning=Tuning(bw={"GLUON": False}))
+    _takes_exactly(monkeypatch, case, [{}, dict(dtype=torch.float16), dict(d_hv=480)], (100,),
+                   [dict(is_exp=True), dict(normalize=True), dict(dtype=torch.float32),
+                    dict(dh_dtype=torch.float32), dict(L=128), dict(d_qk=160, d_hv=320),
+                    dict(d_hv=1024), dict(tuning=Tuning(bw={"B_LKV": 64})),
+                    dict(tuning=Tuning(bw={"ONCE_DQ": False})), dict(tuning=Tuning(bw={"GLUON": False}))])
 
 
 def test_gluon_dkv_kernel_takes_exactly_rule_b13s_calls(monkeypatch):
     """Rule B13 (docs/kernels.md): dK and dV in Gluon where B4 runs them as one launch
     (mLSTMsig, 16-bit, heads exactly 128 / 256 or 64 / 128) without the normaliser, for an
     sm_90 target with Triton compiling; every other call keeps the Triton kernels."""
-    import triton
-
     from tfla.triton import chunkwise_parallel_bw as pbw
     from tfla.triton import chunkwise_parallel_bw_gluon as gbw
 
@@ -319,20 +309,11 @@ def test_gluon_dkv_kernel_takes_exactly_rule_b13s_calls(monkeypatch):
         cfg = pbw.bw_config(L, d_qk, d_hv, dtype, tuning)
         return gbw.applies_dkv(cfg, q, k, v, dC, dh, L=L, is_exp=is_exp, normalize=normalize)
 
-    assert triton.knobs.runtime.interpret and not case()
-    Target = _compiling_for_sm(monkeypatch)
-    assert case() and case(L=256) and case(dtype=torch.float16)
-    assert case(d_qk=64, d_hv=128) and case(d_qk=64, d_hv=128, L=64)
-    Target.arch = 80
-    assert not case()
-    Target.arch = 90
-    assert not case(is_exp=True)
-    assert not case(normalize=True)
-    assert not case(dtype=torch.float32)
-    assert not case(dc_dtype=torch.float32)
-    assert not case(L=64)                        # B4 runs 128 / 256 at L 128 and 256 only
-    assert not case(d_qk=96, d_hv=192)           # rounded up to B4's heads, not exactly them
-    assert not case(d_qk=256, d_hv=512)
-    assert not case(tuning=Tuning(bw={"DKV_B_LQ": 32}))
-    assert not case(tuning=Tuning(bw={"FUSED_DKV": False}))
-    assert not case(tuning=Tuning(bw={"GLUON": False}))
+    _takes_exactly(monkeypatch, case, [{}, dict(L=256), dict(dtype=torch.float16), dict(d_qk=64, d_hv=128),
+                                       dict(d_qk=64, d_hv=128, L=64)], (80,),
+                   [dict(is_exp=True), dict(normalize=True), dict(dtype=torch.float32),
+                    dict(dc_dtype=torch.float32),
+                    dict(L=64),                   # B4 runs 128 / 256 at L 128 and 256 only
+                    dict(d_qk=96, d_hv=192),      # rounded up to B4's heads, not exactly them
+                    dict(d_qk=256, d_hv=512), dict(tuning=Tuning(bw={"DKV_B_LQ": 32})),
+                    dict(tuning=Tuning(bw={"FUSED_DKV": False})), dict(tuning=Tuning(bw={"GLUON": False}))])

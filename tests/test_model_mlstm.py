@@ -8,8 +8,10 @@ unit of the last printed digit plus 1e-6 relative, as its §6 prescribes.
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import pytest
+import yaml
 
 from tflabench.errors import UserError
 from tflabench.model import FOps, counts_for_case, mlstm_counts
@@ -32,33 +34,18 @@ FIX = dict(d_qk=64, d_hv=128, F_causal=0.5, bytes_qkv=2, bytes_if=2, bytes_Cmn=4
 
 # ------------------------------------------------------------------ O9 (§6.9): exact row fixtures
 
-CHUNK_ROWS = {  # §6.9 chunkwise rows per head and chunk: exp F=1, sig F=1, exp primes, sig primes
-    "gates": (2469, 2529, 2924, 3362),
-    "numerator": (1069056, 1069056, 1069056, 1069056),
-    "denominator": (8320, 0, 8320, 0),
-    "cum_fgates": (2208, 2336, 2592, 3104),
-    "gate_matrix": (10304, 6144, 24832, 8192),
-    "intra_outputs": (792576, 792576, 792576, 792576),
-    "inter_outputs": (1060864, 1052672, 1060864, 1052672),
-    "output_combination": (16640, 8192, 17856, 8192),
-}
+#: §6.9 rows per formulation (chunkwise: per head and chunk), columns exp F=1, sig F=1, exp
+#: primes, sig primes (tests/data/model_counts.yaml)
+O9_ROWS = yaml.safe_load((Path(__file__).parent / "data" / "model_counts.yaml").read_text())["O9"]
+
+# §6.9 chunkwise rows per head and chunk: exp F=1, sig F=1, exp primes, sig primes
+CHUNK_ROWS = {name: tuple(row) for name, row in O9_ROWS["chunk"].items()}
 CHUNK_SUMS = (2962437, 2933505, 2979020, 2937154)
 
-PAR_ROWS = {
-    "cum_fgates": (33408, 33920, 34944, 36992),
-    "gate_matrix": (393216, 393216, 1507328, 1507328),
-    "attention_logits": (4259840, 4259840, 4259840, 4259840),
-    "normalization": (131328, 0, 525440, 0),
-    "outputs": (8388608, 8388608, 8388608, 8388608),
-}
+PAR_ROWS = {name: tuple(row) for name, row in O9_ROWS["par"].items()}
 PAR_SUMS = (13206400, 13075584, 14716160, 14192768)
 
-REC_ROWS = {
-    "gates": (9, 2, 23, 10),
-    "cell_update": (32768, 32768, 32768, 32768),
-    "denominator_scale": (515, 0, 533, 0),
-    "output": (16448, 16448, 16448, 16448),
-}
+REC_ROWS = {name: tuple(row) for name, row in O9_ROWS["rec"].items()}
 REC_SUMS = (49740, 49218, 49772, 49226)
 
 COLUMNS = [("exp", FOps()), ("sig", FOps()), ("exp", PRIMES), ("sig", PRIMES)]

@@ -25,10 +25,7 @@ from tflabench.hardware import get_gpu
 runner = CliRunner()
 
 
-@pytest.fixture(autouse=True)
-def _isolated(tmp_path, monkeypatch, isolated_user_files):
-    """Plots land in tmp_path; no user hardware file (measured ceilings) is read."""
-    monkeypatch.chdir(tmp_path)
+pytestmark = pytest.mark.usefixtures("isolated_cwd")   # tests/conftest.py
 
 H100 = dict(alpha=989e12, beta=3.35e12)            # paper Table 18
 FIG17 = dict(batch=8, seq_len=8192, heads=8, d_qk=256, d_hv=512)   # paper Figs. 5, 17 (§6.4)

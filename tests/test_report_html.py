@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import subprocess
 from pathlib import Path
 
@@ -98,13 +97,7 @@ def test_the_merged_page_says_it_joins_shards(reports):
     assert "2 shard(s)" in text
 
 
-def _chromium() -> str:
-    found = shutil.which("chromium") or shutil.which("chromium-browser")
-    assert found, "the browser test needs Debian's chromium: apt-get install -y chromium"
-    return found
-
-
-def test_a_headless_browser_loads_every_page_and_shows_every_image(reports, tmp_path):
+def test_a_headless_browser_loads_every_page_and_shows_every_image(reports, tmp_path, chromium):
     """Each page in an iframe of a small harness page whose script reports, per page, its
     title, tables and images and how many images decoded (naturalWidth > 0); chromium's
     --dump-dom prints the harness page after the script ran."""
@@ -121,7 +114,7 @@ def test_a_headless_browser_loads_every_page_and_shows_every_image(reports, tmp_
         "  document.body.setAttribute('data-check', JSON.stringify(done));\n"
         "}); });\n</script></body></html>", encoding="utf-8")
     done = subprocess.run(
-        [_chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+        [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",
          f"--user-data-dir={tmp_path / 'profile'}", "--allow-file-access-from-files",
          "--virtual-time-budget=15000", "--dump-dom", harness.as_uri()],

@@ -21,8 +21,8 @@ those (a few kB each) so that they can travel with a checkout, where the compile
 **Autotuning scope.** An autotuner's results are keyed by its ``key`` arguments, and those
 of fla-core 0.6.0 name the head dimensions and the chunk size but not the batch or the
 sequence length. Kept across the cases of a fixed-token sweep, the config tuned at the first
-shape (S 512, B 128) ran FLA ``chunk_simple_gla`` at S 32768 / 65536 in 2.04 / 1.92 ms on the
-H200, against 1.52 / 1.63 ms tuned at those shapes (``benchmarks/fla_autotune_scope.py``).
+shape ran FLA ``chunk_simple_gla`` slower at the long sequences than one tuned at their own
+shapes (docs/harness.md, "Autotuning scope"; ``benchmarks/fla_autotune_scope.py``).
 So by default (scope "case") every case tunes at its own shape, as a process that runs only
 that shape would: the worker forgets every autotuner's results before each case
 (:func:`forget_autotuning`) and does not read or write the disk cache for them

@@ -232,8 +232,9 @@ def cpu_threads(workers: int = 1, environ=None) -> dict:
 #: allocates and frees on each call reuse the heap instead of fresh ``mmap`` pages: with
 #: glibc's defaults every call of a CPU kernel that frees a buffer above the (moving) mmap
 #: threshold pays its page faults again, and a case's median then depends on where that
-#: threshold happened to stand in its process (the same case read 1.4 ms in one worker
-#: and 4 ms in the next). Bytes; the keys are glibc's ``mallopt`` parameter names.
+#: threshold happened to stand in its process (docs/harness.md, "CPU threads: workers share
+#: the cores").
+#: Bytes; the keys are glibc's ``mallopt`` parameter names.
 CPU_MALLOC_SETTINGS: dict[str, int] = {
     "M_MMAP_THRESHOLD": 32 << 20,   # glibc's largest: only buffers above 32 MiB get their own mmap
     "M_TRIM_THRESHOLD": 256 << 20,  # keep up to 256 MiB of freed heap instead of returning it

@@ -1,4 +1,5 @@
-"""Commands: compare (regression report between two result sets), merge (join shards).
+"""Commands: compare (regression report between two result sets), merge (join shards),
+references (the index of the reference sets).
 
 Thin: parse, call :mod:`tflabench.compare` / :mod:`tflabench.shard`, render. The decision
 rule and its reasons are in docs/ci.md.
@@ -22,8 +23,12 @@ def _override(flag: str, help: str):
 
 @app.command()
 def compare(
-    base: Path = typer.Argument(..., help="Reference result set (directory or one of its files)."),
-    new: Path = typer.Argument(..., help="Result set to judge against BASE."),
+    base: Path = typer.Argument(..., help="Reference result set (directory or one of its files); "
+                                "with --reference, the set to judge (NEW)."),
+    new: Optional[Path] = typer.Argument(None, help="Result set to judge against BASE."),
+    reference: Optional[str] = typer.Option(
+        None, "--reference", help="GPU model (h100, h200): judge the one set given against "
+        "results/reference/GPU/SUITE/, SUITE being the suite that set ran."),
     time_threshold: Optional[float] = _override(
         "--time-threshold", "Smallest relative change of the median time reported (default 0.03 = 3 %)."),
     alpha: Optional[float] = _override(
@@ -82,6 +87,8 @@ def compare(
         for path, what in ((markdown, "--markdown"), (json_file, "--json"), (summary, "$GITHUB_STEP_SUMMARY")):
             if path:  # before anything is printed or written: an unwritable output is exit 2
                 check_writable(path, what)
+        if reference is not None or new is None:
+            base, new = _reference_pair(reference, base, new)
         base_set, new_set = load_results(base), load_results(new)
         partners = [load_results(path) for path in aa or ()]
         echo_warnings(base_set, new_set, *partners)
@@ -109,6 +116,47 @@ def compare(
             typer.echo("warning: --step-summary given but $GITHUB_STEP_SUMMARY is not set; nothing appended",
                        err=True)
     raise typer.Exit(comparison.exit_status(fail_on))
+
+
+def _reference_pair(gpu: Optional[str], first: Path, second: Optional[Path]) -> tuple[Path, Path]:
+    """(BASE, NEW) for ``compare --reference GPU NEW`` (tflabench.reference_sets); raises
+    UserError for two sets with --reference or one set without it."""
+    from tflabench.errors import UserError
+    from tflabench.reference_sets import reference_for, suite_of
+
+    if gpu is None:
+        raise UserError("compare: give BASE and NEW, or --reference GPU and NEW")
+    if second is not None:
+        raise UserError("compare --reference: give one result set (NEW), not two; "
+                        "without --reference give BASE and NEW")
+    try:
+        return reference_for(gpu, suite_of(first)), first
+    except UserError as exc:
+        raise UserError(f"--reference {gpu}: {exc}; or compare against a directory: "
+                        f"tflabench compare BASE {first}") from None
+
+
+@app.command()
+def references(
+    markdown: bool = typer.Option(False, "--markdown", help="Print the index as Markdown "
+                                  "(as committed in results/reference/README.md)."),
+) -> None:
+    """List the reference sets: one per suite and GPU, with commit, date, software and cases ok."""
+    from tflabench.console import literal, make_console
+    from tflabench.reference_sets import index_markdown, reference_sets
+
+    with user_errors():
+        sets = reference_sets()
+    if markdown:
+        typer.echo(index_markdown(sets), nl=False)
+        return
+    from rich.table import Table
+
+    table = Table("set", "commit", "date (UTC)", "GPU", "software", "cases")
+    for s in sets:
+        table.add_row(*(literal(v) for v in (f"{s.gpu}/{s.suite}/", s.commit, s.date,
+                                              s.metadata.get("gpu_name"), s.software, s.cases)))
+    make_console().print(table)
 
 
 @app.command()

@@ -150,35 +150,29 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     Head dims: B_dqk covers d_qk up to 128 in one block (Q stays in registers across the
     key/value loop); B_dhv at most 128 (64 for limit_chunk's L = 128 to bound registers).
 
-    mLSTMsig xl_chunk in 16-bit dtypes (``is_exp`` False; the best of sweeps of 24-30 tile
-    configurations per shape on the H200, docs/kernels.md rules H2-H4, the
-    latter with TMA tiles): d_qk <= 64 takes 64-row query tiles, 32-row key tiles, 4 warps and
-    2 stages (B 16, 32 heads, 64/128, S 4096, L 128: 0.546 ms vs 0.578 with 3 stages);
+    mLSTMsig xl_chunk in 16-bit dtypes (``is_exp`` False; the best of sweeps of tile
+    configurations per shape, docs/kernels.md rules H2-H4, the latter with TMA tiles):
+    d_qk <= 64 takes 64-row query tiles, 32-row key tiles, 4 warps and 2 stages (rule H2);
     d_qk <= 128 with d_hv >= 256 and L >= 128 takes 128-row query tiles, 64-row key tiles,
-    the d_hv block 256 and 8 warps (Figure 4's heads, L 128: 0.714 ms, the best of 28);
+    the d_hv block 256 and 8 warps (rule H3);
     128 < d_qk <= 256 with L = 128 takes 128 x 128 tiles (the whole chunk), the whole d_qk,
-    the d_hv block 256 and 8 warps (d_qk 256, d_hv 512, L 128: 0.978 ms vs 1.200 for the
-    default 64 x 64 tiles); with d_hv > 256 and L = 256 (rule H7) 128-row query and 64-row
-    key tiles, the whole d_qk, the d_hv block 256, 8 warps and one pipeline stage (two do
-    not fit shared memory; d_qk 256, d_hv 512: 1.203-1.208 ms, the best of a sweep of 51 on
-    one H100).
+    the d_hv block 256 and 8 warps (rule H4); with d_hv > 256 and L = 256 (rule H7) 128-row
+    query and 64-row key tiles, the whole d_qk, the d_hv block 256, 8 warps and one pipeline
+    stage (two do not fit shared memory).
     mLSTMexp was not swept. ``GLUON`` (rule H8, on with H7's tiles): ``parallel_fw`` runs
     the H kernel in Gluon (``chunkwise_parallel_fw_gluon``) where its ``applies`` holds.
 
-    ``INTER_IN_LOOP`` (version 8): the inter-chunk product runs inside the key/value loop, one
+    ``INTER_IN_LOOP``: the inter-chunk product runs inside the key/value loop, one
     d_qk slice of C_{k-1} per iteration (:func:`inter_slice`), so that the loads of C_{k-1}
     are pipelined with those of K and V instead of waited for before the loop. On for the
-    sig tiles at Figure 4's heads and L 128 (one query tile per chunk); measured on the H200
-    (docs/kernels.md, rule H5): 1.058 vs 1.083 ms there, slower where a query
-    tile has more key/value iterations than slices (L 256: 1.154 vs 1.124), at the small
-    heads (0.940 vs 0.831) and for mLSTMexp (Figure 4's heads, L 128: 2.23 vs 1.43; the
-    option takes it from two programs per SM to one); h equal to the default within bf16
-    rounding of the output (max-normalised errors against float64 4.3e-3 / 4.3e-3).
+    sig tiles at Figure 4's heads and L 128 (one query tile per chunk; docs/kernels.md, rule
+    H5): slower where a query tile has more key/value iterations than slices, at the small
+    heads and for mLSTMexp (the option takes it from two programs per SM to one); h equal to
+    the default within bf16 rounding of the output.
 
     ``USE_TMA``: xl_chunk in 16-bit dtypes loads its tiles and stores H through tensor
-    descriptors (H200, forward with the state kernel's TMA, docs/kernels.md rule H6: mLSTMsig
-    Figure-4 heads L 128 1.08 vs 1.22 ms, mLSTMexp 1.40 vs 1.53; limit_chunk was not measured and
-    keeps pointers).
+    descriptors (docs/kernels.md, rule H6); limit_chunk was not measured and keeps pointers.
+    The measured numbers of each rule: docs/kernel-measurements.md.
 
     ``tuning.fw`` (xl_chunk) or ``tuning.fw_limit`` (limit_chunk) keys win.
     """

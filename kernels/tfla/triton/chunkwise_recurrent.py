@@ -316,18 +316,13 @@ def state_blocks(d_qk: int, d_hv: int, BNH: int = 1 << 30, n_sms: int = 0,
     side first (d_qk on a tie); shorter steps halve both sides (square blocks). 8 warps for
     128 x 64 and larger, 4 for 64 x 64, else 2; 3 pipeline stages.
 
-    Measured on the H200 at the Figure-4 sizes, forward ms (docs/kernels.md,
-    rule S1). L 128: 128 x 128 1.58 at S 8192 (64 x 64: 2.33); at S 32768 (bench_exp,
-    one run) 64 x 128 1.90, 128 x 64 2.28, 64 x 64 2.20, 128 x 32 3.01-3.13; at S 65536
-    64 x 64 2.59, 64 x 128 2.67. L 64: 128 x 128 1.84-1.85 at S 8192-16384; at S 16384
-    128 x 64 2.43; at S 32768 64 x 64 1.88, 128 x 64 2.41; at S 65536 64 x 64 2.36,
-    64 x 32 3.11.
+    Measured on the H200 at the Figure-4 sizes, forward (docs/kernels.md, rule S1; its
+    numbers in docs/kernel-measurements.md).
 
     ``sig_forward`` (mLSTMsig's forward state kernel, 16-bit dtypes, d_qk <= 64, steps of
-    128): 64 x 128 blocks, 4 warps, 3 stages, the best of 17 measured with TMA tiles at B 16,
-    32 heads, 64/128, S 4096, L 128 (0.271 ms vs 0.302 for the 32 x 128 / 2 stages that was
-    best with pointer loads). Other sig shapes keep these defaults: at d_qk 128 / 256 they
-    were within 1 % of the best measured (docs/kernels.md, rule S4).
+    128): 64 x 128 blocks, 4 warps, 3 stages, the best of those measured with TMA tiles at
+    the small heads. Other sig shapes keep these defaults: at d_qk 128 / 256 they were
+    within 1 % of the best measured (docs/kernels.md, rule S4).
 
     ``tuning.state``'s keys win (a block, warps or stages override also turns S4 off).
     """

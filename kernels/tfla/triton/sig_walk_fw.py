@@ -198,11 +198,8 @@ def walk_segments(programs: int, target: float, S: int, L: int, states_every: in
     1 where the grid is large enough; None where no such count exists (or ``with_last``:
     the segmented walk carries no normaliser state) and the two-level kernels run.
 
-    Measured on one NVIDIA H100 (132 SMs), bf16, B·S = 65,536, 16 heads, 128 / 256, against
-    the two-level kernels in the same process (``results/reference/h100/walk_segments``):
-    S 65536 (64 programs) G 4 1.200 ms forward, 4.378 forward+backward, against 1.371 /
-    4.494 (G 2 1.987 / 4.959, G 8 1.261 / 4.438); S 32768 (128 programs) G 2 1.160 / 4.245
-    against 1.276 / 4.281 (G 4 1.219 / 4.260)."""
+    Measured on one NVIDIA H100 against the two-level kernels in the same process
+    (docs/kernels.md, rule W7; its numbers in docs/kernel-measurements.md)."""
     if programs >= target:
         return 1
     seg = 2
@@ -239,8 +236,7 @@ def segment_split(programs: int, target: float, S: int, L: int, segments: int) -
     sub-segments of at least :data:`MIN_SPLIT_CHUNKS` chunks; 1 without segments. Each pass
     program walks its sub-segment's chunks one after the other, so a grid of one program per
     SM spends its time waiting on each step. Measured on one H200, Figure 4's heads, fwd+bwd
-    (docs/kernels.md, W8): S 32768 split 1 / 2 / 4 / 8 3.725 / 3.640 / 3.650 / 3.665 ms (the
-    pass 0.223 ms at split 1, 0.136 at 4); at S 65536 every split within 1 %."""
+    (docs/kernels.md, rule W8; its numbers in docs/kernel-measurements.md)."""
     if segments <= 1:
         return 1
     _, chunks = _pass_chunks(S, L, segments)
@@ -260,22 +256,15 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     the walk runs at L = 64 in 16-bit dtypes with d_qk <= 128 and d_hv <= 256, with d_hv
     blocks of 128 for d_qk <= 64 and of 64 above, 4 warps, 2 stages, and only where the
     grid has at least 1.5 programs per SM (each program walks the whole sequence, so a
-    smaller grid leaves SMs idle; ``n_sms`` 0, as in the interpreter, means no bound; W4:
-    Figure 4's heads on one H100, 132 SMs, at S 16384 with 256 programs the walk ran
-    0.817 ms against 1.268 forward and 4.04 against 4.27 fwd+bwd, at S 32768 with 128
-    programs 1.33 against 1.28 and 4.43 against 4.30; 1.5 lies between).
+    smaller grid leaves SMs idle; ``n_sms`` 0, as in the interpreter, means no bound; the
+    1.5 lies between the grids measured faster and slower, rule W4).
     For d_qk > 64 without the last state (``with_last``) the registers are capped at 240
     (``maxnreg``): uncapped, ptxas gives these programs 252 and they ran like one per SM
-    (B 8, 16 heads, 128 / 256, S 8192: 0.959 ms uncapped or capped at 248; 0.772 at 240,
-    0.770 at 232, 0.779 at 224, 0.802 at 216; the same h bit for bit); with the last state
-    or at d_qk <= 64 a cap was slower (1.22 against 1.16 ms; 0.66 against 0.56 ms).
-    Where the rule takes a call, the walk beat the parallel kernels at their own best L
-    (run 18): B 16, 32 heads, 64 / 128, S 4096: 0.556 ms against 0.829 (L 128), with the
-    last state 0.698 against 0.852; B 8, 16 heads, 128 / 256, S 8192: 0.765 against 1.060,
-    with the last state 1.155 against 1.192. Not measured faster, so not taken: L 128 (8 warps: 1.09 / 1.24 ms), d_qk 256
-    (B 8, 8 heads, 256 / 512: 1.99 against 1.60), fp32 inputs; a grid of one program per SM
-    (Figure 4's heads at S 32768, B 2: 1.29 ms against 1.14 for the parallel kernels at
-    L 128). ``tuning.walk``'s keys win (``enabled`` False: never walk).
+    (the same h bit for bit); with the last state or at d_qk <= 64 a cap was slower.
+    Where the rule takes a call, the walk beat the parallel kernels at their own best L.
+    Not measured faster, so not taken: L 128, d_qk 256, fp32 inputs, a grid of one program
+    per SM. ``tuning.walk``'s keys win (``enabled`` False: never walk). The measured numbers
+    of rules W1-W8: docs/kernel-measurements.md.
 
     Where the grid has fewer programs (W7), the walk runs over sequence segments
     (:func:`walk_segments`; ``S`` the sequence length, 0: unknown, no segments;
@@ -286,18 +275,17 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
 
     ``train``: the call needs gradients, so the walk also stores the chunk states for the
     two-level backward (``states_every``; rule W6): the same rule (``tuning.walk["train"]``
-    False: never). Measured on one NVIDIA H100, bf16, fwd+bwd against the two-level forward
-    at L 128 in the same process: Figure 4's heads 4.00 ms against 4.30, at S 512 4.16
-    against 4.52, small heads 3.24 against 3.52. In this mode the kernel writes h with
-    pointer stores at d_qk > 64: with TMA stores of both h and C_k a program needs 115,736
-    bytes of shared memory at d_qk 128 and only one fits an SM (4.45 ms); at d_qk <= 64 both
-    through TMA fit two (82,968 bytes) and ran 3.20-3.21 ms at the small heads, 1 % faster.
+    False: never), measured on one NVIDIA H100, bf16, fwd+bwd against the two-level forward
+    at L 128 in the same process. In this mode the kernel writes h with pointer stores at
+    d_qk > 64: with TMA stores of both h and C_k a program needs 115,736 bytes of shared
+    memory at d_qk 128 and only one fits an SM (slower); at d_qk <= 64 both through TMA fit
+    two (82,968 bytes), 1 % faster at the small heads.
 
     The segment-state pass has its own d_hv block (``tuning.walk["SEGMENT_B_DHV"]``, default
     B_DHV) and runs each segment in :func:`segment_split` sub-segments (rule W8; at least
     ``SEGMENT_PROGRAMS_PER_SM`` = 2 programs per SM; ``SEGMENT_SPLIT`` sets the count), its
-    tiles in 4 pipeline stages (``SEGMENT_STAGES``; W8: at Figure 4's S 65536 on the H200 the
-    pass took 0.193 ms against 0.198 with 3 stages and 0.241 with 2).
+    tiles in 4 pipeline stages (``SEGMENT_STAGES``; faster than 3 or 2 at Figure 4's S 65536,
+    rule W8).
 
     Returns: dict(L, B_DHV, num_warps, num_stages, maxnreg, segments, segment_split,
     segment_b_dhv, segment_stages) for :func:`sig_walk_fw`, or None.
