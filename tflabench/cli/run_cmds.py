@@ -17,6 +17,7 @@ from rich.markup import escape
 from tflabench.cli import app, ceilings_option, comma_list, echo_warnings, interruptible, plots_option, user_errors
 from tflabench.console import make_console
 from tflabench.errors import UserError
+from tflabench.text_safety import terminal_text
 
 
 def _status_line(rows) -> str:
@@ -164,7 +165,7 @@ def _warn_noisy(rows) -> None:
     noisy = noisy_cases(rows)
     if not noisy:
         return
-    named = "; ".join(f"{label} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
+    named = "; ".join(f"{terminal_text(label)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
     more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
     trace = slowdown_text(rows, noisy)
     on_gpu = "device" in rows.columns and rows["device"].astype(str).str.startswith("cuda").any()
@@ -197,8 +198,13 @@ def _write_run_plots(directory: Path) -> list[Path]:
 def report(
     results_dir: Path = typer.Argument(..., help="A result set (directory or one of its files).", metavar="RESULTS"),
     plots: bool = plots_option("Redraw the figures."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory the figures are written into (default "
-                                       "RESULTS/plots)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory the figures are written into (default: "
+                                       "report-<suite>-<set>/ in the current directory; never the set itself "
+                                       "unless named here)."),
+    all_rows: bool = typer.Option(False, "--all", help="Print every row (default: the first 100 and a count "
+                                  "of the rest; in --html the first 2000)."),
+    wide: bool = typer.Option(False, "--wide", help="Print each table on one line per row, however wide (default: "
+                              "columns that do not fit the terminal move to a second table)."),
     html: Optional[Path] = typer.Option(
         None, "--html", help="Also write a self-contained HTML report (tables + figures in one file, "
         "nothing loaded from the network) to FILE.html."),
@@ -222,11 +228,11 @@ def report(
     with user_errors():
         from tflabench import model_vs_measured as mm
         from tflabench.outputs import check_writable
-        from tflabench.report_html import check_html_path, html_report, write_html_report
+        from tflabench.report_html import HTML_ROWS, check_html_path, html_report, write_html_report
         from tflabench.results import load_results, timing_text
         from tflabench.kernel_profile import breakdowns
-        from tflabench.tables import (distance_table, kernels_table, profile_table, summary_table, sweep_table,
-                                      verify_table)
+        from tflabench.tables import (SHOWN_ROWS, distance_table, kernels_table, profile_table, summary_table,
+                                      sweep_table, verify_table)
 
         if not 0.5 <= causal_factor <= 1.0:
             raise UserError(f"--causal-factor={causal_factor!r} is not valid; F_causal must lie in [0.5, 1]")
@@ -235,18 +241,22 @@ def report(
         if gpu is not None and len(comma_list("--gpu", gpu)) > 1:
             raise UserError(f"--gpu={gpu!r}: report places the rows on one GPU's roofline; give one")
         rs = load_results(results_dir)
+        _normalise_set_labels(rs, results_dir)
         if html is not None:  # every output checked before anything is printed or drawn
             check_html_path(html)
-        plot_dir = out or rs.path / "plots"
+        plot_dir = out if out is not None else default_report_dir(rs.path)
         if plots:
-            check_writable(plot_dir / "runtime.png", "--out" if out else "the set's plots/ (--no-plots: none)")
+            check_writable(plot_dir / "runtime.png", "--out" if out else f"{plot_dir}/ (--out DIR: another; "
+                           "--no-plots: none)")
+            check_untracked(plot_dir, rs.path)
         echo_warnings(rs)
-        con = make_console()
+        con = make_console(wide=wide)
         meta = rs.metadata
-        con.print(f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} ("
-                  + ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton") if meta.get(k))
-                  + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})",
-                  markup=False)
+        con.print(terminal_text(
+            f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} ("
+            + ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton") if meta.get(k))
+            + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})",
+            None), markup=False)
         notes: list[str] = []
         distance, sweeps, written, model_gpu = [], [], [], None
         verify_set = bool(rs.rows["numerics_case"].notna().any())  # a `tflabench verify` result set
@@ -254,18 +264,19 @@ def report(
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
             con.print(_status_line(rs.rows.to_dict("records")))
         else:
-            con.print(f"timed: {timing_text(meta)}", markup=False)
-            con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
+            con.print(terminal_text(f"timed: {timing_text(meta)}", None), markup=False)
+            con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows", limit=None if all_rows else SHOWN_ROWS))
             con.print(_status_line(rs.rows.to_dict("records")))
+            _warn_noisy(rs.rows)
             try:
                 model_gpu = mm.ceilings_for(meta, ceilings, gpu)
             except UserError as exc:
                 if gpu is not None or ceilings == "measured":
                     raise
-                notes.append(f"no model comparison: {exc}")
+                notes.append(terminal_text(f"no model comparison: {exc}", None))
                 con.print(notes[-1], style="dim", markup=False)
             if model_gpu is not None:
-                con.print(f"model: {mm.model_ceilings_text(model_gpu)}", markup=False)
+                con.print(terminal_text(f"model: {mm.model_ceilings_text(model_gpu)}", None), markup=False)
                 placement = mm.roofline_placement(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
                 distance = mm.distance_to_bound(placement)
                 sweeps = mm.chunk_sweeps(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
@@ -299,8 +310,71 @@ def report(
             with tempfile.TemporaryDirectory(prefix="tflabench-report-") as scratch:
                 figures = written if plots else draw(Path(scratch))  # --no-plots: no figure file stays
                 text = html_report(rs, figures=figures, distance=distance, sweeps=sweeps, notes=notes,
+                                   warnings=[] if verify_set else _noisy_lines(rs.rows),
+                                   max_rows=None if all_rows else HTML_ROWS,
                                    ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
             con.print(f"html: {write_html_report(html, text)}", markup=False)
+
+
+def default_report_dir(set_path: Path) -> Path:
+    """Where ``report`` writes its figures without ``--out``: ``report-<suite>-<set>/`` in
+    the current directory (``<suite>``, ``<set>``: the set directory's parent's name and
+    its own, e.g. ``report-cpu_demo-20260101-120000``), outside the set (docs/harness.md,
+    "report")."""
+    import re
+
+    resolved = set_path.resolve()
+    name = f"{resolved.parent.name}-{resolved.name}" if resolved.parent.name else resolved.name
+    return Path(f"report-{re.sub(r'[^A-Za-z0-9._-]+', '_', name).strip('._') or 'set'}")
+
+
+def check_untracked(plot_dir: Path, set_path: Path) -> None:
+    """Refuse to draw figures over a file of the set that git tracks (a committed reference
+    set): UserError naming the file. Only figure names report writes are checked; a
+    directory outside a git work tree passes."""
+    import subprocess
+
+    names = ("runtime.png", "memory_vs_runtime.png", "roofline_measured.png", "optimal_chunk.png",
+             "verify_heatmap.png")
+    target = plot_dir.resolve()
+    if not target.is_dir():
+        return
+    try:
+        tracked = subprocess.run(["git", "-C", str(target), "ls-files", "--", *names], capture_output=True,
+                                 text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):  # no git: nothing is tracked
+        return
+    if tracked:
+        raise UserError(f"--out {plot_dir}: {terminal_text(tracked[0])} there is tracked by git; report does not "
+                        "overwrite a committed figure: give another --out DIR, or --no-plots")
+
+
+def _normalise_set_labels(rs, where) -> None:
+    """The set's kernel labels in their normalised form (NFC, no zero-width characters),
+    in place; UserError naming both where two collide (:func:`distinct_labels`)."""
+    from tflabench.text_safety import distinct_labels
+
+    column = rs.rows["kernel"]
+    mapping = distinct_labels((x for x in column.unique() if isinstance(x, str)), f"{where}")
+    if any(k != v for k, v in mapping.items()):
+        rs.rows["kernel"] = column.map(lambda x: mapping.get(x, x))
+
+
+def _noisy_lines(rows) -> list[str]:
+    """The spread warning of :func:`_warn_noisy` as lines for the HTML report (none where
+    no case spread more than compare's noise level)."""
+    from tflabench.compare import NOISY_RELATIVE_IQR, noisy_cases
+
+    try:
+        noisy = noisy_cases(rows)
+    except (KeyError, TypeError, ValueError):  # a set without timings (verify)
+        return []
+    if not noisy:
+        return []
+    named = "; ".join(f"{label} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
+    more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
+    return [f"{len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median (IQR / median): "
+            f"{named}{more}. Their medians are not to be trusted and `tflabench compare` cannot decide on them."]
 
 
 def backend_table():
