@@ -21,9 +21,10 @@ from tflabench.text_safety import terminal_text
 
 
 def _status_line(rows) -> str:
+    """``"3 ok, 1 crash"``: the rows' statuses counted (row dicts or a DataFrame)."""
     from collections import Counter
 
-    counts = Counter(r["status"] for r in rows)
+    counts = Counter(rows["status"].tolist()) if hasattr(rows, "columns") else Counter(r["status"] for r in rows)
     order = ["ok", "wrong", "crash", "timeout", "oom", "error", "unavailable", "not_run"]
     return ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
 
@@ -157,14 +158,17 @@ def _report_run(loaded, result, plots: bool) -> None:
 NOISY_NAMED = 6
 
 
-def _warn_noisy(rows) -> None:
-    """End a run with a warning naming the cases whose timings spread more than
-    compare's noise level, and what to do (on stderr)."""
+def _warn_noisy(rows) -> list[tuple[str, float]]:
+    """End a run (or a report) with a warning naming the cases whose timings spread more
+    than compare's noise level, and what to do (on stderr); returns those cases
+    (:func:`tflabench.compare.noisy_cases`)."""
     from tflabench.compare import NOISE_ADVICE, NOISY_RELATIVE_IQR, noisy_cases, slowdown_text
 
     noisy = noisy_cases(rows)
     if not noisy:
-        return
+        return noisy
+    if "gpu_slowdowns" in rows.columns:  # only traced rows can say why (fast on 100,000 rows)
+        rows = rows[rows["gpu_slowdowns"].map(lambda x: isinstance(x, str))]
     named = "; ".join(f"{terminal_text(label)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
     more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
     trace = slowdown_text(rows, noisy)
@@ -176,6 +180,7 @@ def _warn_noisy(rows) -> None:
     typer.echo(f"warning: {len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median "
                f"(IQR / median): {named}{more}.{trace} Their medians are not to be trusted and `tflabench "
                f"compare` cannot decide on them: {NOISE_ADVICE}.", err=True)
+    return noisy
 
 
 def _write_run_plots(directory: Path) -> list[Path]:
@@ -242,6 +247,7 @@ def report(
             raise UserError(f"--gpu={gpu!r}: report places the rows on one GPU's roofline; give one")
         rs = load_results(results_dir)
         _normalise_set_labels(rs, results_dir)
+        _check_modes(rs.rows, results_dir)
         if html is not None:  # every output checked before anything is printed or drawn
             check_html_path(html)
         plot_dir = out if out is not None else default_report_dir(rs.path)
@@ -258,16 +264,16 @@ def report(
             + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})",
             None), markup=False)
         notes: list[str] = []
-        distance, sweeps, written, model_gpu = [], [], [], None
+        distance, sweeps, written, model_gpu, noisy = [], [], [], None, []
         verify_set = bool(rs.rows["numerics_case"].notna().any())  # a `tflabench verify` result set
         if verify_set:
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
-            con.print(_status_line(rs.rows.to_dict("records")))
+            con.print(_status_line(rs.rows))
         else:
             con.print(terminal_text(f"timed: {timing_text(meta)}", None), markup=False)
             con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows", limit=None if all_rows else SHOWN_ROWS))
-            con.print(_status_line(rs.rows.to_dict("records")))
-            _warn_noisy(rs.rows)
+            con.print(_status_line(rs.rows))
+            noisy = _warn_noisy(rs.rows)
             try:
                 model_gpu = mm.ceilings_for(meta, ceilings, gpu)
             except UserError as exc:
@@ -286,9 +292,13 @@ def report(
                 if sweeps:
                     con.print(sweep_table(sweeps))
             alpha, beta = (model_gpu.flops_per_s, model_gpu.bytes_per_s) if model_gpu is not None else (None, None)
-            cases = breakdowns(rs.rows, alpha, beta)
+            profiled = "kernel_profile" in rs.rows.columns and bool(rs.rows["kernel_profile"].notna().any())
+            capped = rs.rows if all_rows or len(rs.rows) <= SHOWN_ROWS else rs.rows.iloc[:SHOWN_ROWS]
+            cases = breakdowns(capped, alpha, beta) if profiled or model_gpu is not None else []
             if any(c.source is not None for c in cases) or (cases and model_gpu is not None):
                 con.print(profile_table(cases))
+                if len(capped) < len(rs.rows):
+                    con.print(f"(of the first {len(capped)} rows; `--all`: every row)", markup=False)
                 for case in cases if kernels else []:
                     if case.source is not None:
                         con.print(kernels_table(case, top=kernels))
@@ -297,7 +307,10 @@ def report(
             if verify_set:
                 from tflabench.plots.numerics import heatmap_title, write_heatmap
 
-                return [write_heatmap(rs.rows, directory / "verify_heatmap.png", title=heatmap_title(meta))]
+                from tflabench.text_safety import LABEL_WIDTH
+
+                shown = rs.rows.assign(kernel=rs.rows["kernel"].map(lambda k: terminal_text(k, LABEL_WIDTH)))
+                return [write_heatmap(shown, directory / "verify_heatmap.png", title=heatmap_title(meta))]
             from tflabench.plots.benchmark import write_plots
 
             return write_plots(rs.path, directory, model_gpu=model_gpu, F_causal=causal_factor)
@@ -310,7 +323,7 @@ def report(
             with tempfile.TemporaryDirectory(prefix="tflabench-report-") as scratch:
                 figures = written if plots else draw(Path(scratch))  # --no-plots: no figure file stays
                 text = html_report(rs, figures=figures, distance=distance, sweeps=sweeps, notes=notes,
-                                   warnings=[] if verify_set else _noisy_lines(rs.rows),
+                                   warnings=[] if verify_set else _noisy_lines(noisy),
                                    max_rows=None if all_rows else HTML_ROWS,
                                    ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
             con.print(f"html: {write_html_report(html, text)}", markup=False)
@@ -360,15 +373,21 @@ def _normalise_set_labels(rs, where) -> None:
         rs.rows["kernel"] = column.map(lambda x: mapping.get(x, x))
 
 
-def _noisy_lines(rows) -> list[str]:
-    """The spread warning of :func:`_warn_noisy` as lines for the HTML report (none where
-    no case spread more than compare's noise level)."""
-    from tflabench.compare import NOISY_RELATIVE_IQR, noisy_cases
+def _check_modes(rows, where) -> None:
+    """UserError naming the first row whose mode is neither ``fwd`` nor ``fwdbw`` (a set
+    edited by hand or from another tool): its figures and model rows have no meaning."""
+    bad = rows.index[~rows["mode"].isin(("fwd", "fwdbw"))]
+    if len(bad):
+        mode = terminal_text(repr(rows.at[bad[0], "mode"]), 80)
+        raise UserError(f"{where}: row {int(bad[0]) + 1} has mode {mode}; a result row's mode is fwd or fwdbw "
+                        "(the set was edited or written by another tool): correct or remove that row")
 
-    try:
-        noisy = noisy_cases(rows)
-    except (KeyError, TypeError, ValueError):  # a set without timings (verify)
-        return []
+
+def _noisy_lines(noisy: list[tuple[str, float]]) -> list[str]:
+    """The spread warning of :func:`_warn_noisy` (its ``(label, spread)`` pairs) as lines for
+    the HTML report (none where no case spread more than compare's noise level)."""
+    from tflabench.compare import NOISY_RELATIVE_IQR
+
     if not noisy:
         return []
     named = "; ".join(f"{label} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
