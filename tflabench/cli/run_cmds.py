@@ -169,7 +169,7 @@ def _warn_noisy(rows) -> list[tuple[str, float]]:
         return noisy
     if "gpu_slowdowns" in rows.columns:  # only traced rows can say why (fast on 100,000 rows)
         rows = rows[rows["gpu_slowdowns"].map(lambda x: isinstance(x, str))]
-    named = "; ".join(f"{terminal_text(label)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
+    named = "; ".join(f"{terminal_text(label, 120)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
     more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
     trace = slowdown_text(rows, noisy)
     on_gpu = "device" in rows.columns and rows["device"].astype(str).str.startswith("cuda").any()
@@ -390,7 +390,7 @@ def _noisy_lines(noisy: list[tuple[str, float]]) -> list[str]:
 
     if not noisy:
         return []
-    named = "; ".join(f"{label} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
+    named = "; ".join(f"{terminal_text(label, 120)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
     more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
     return [f"{len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median (IQR / median): "
             f"{named}{more}. Their medians are not to be trusted and `tflabench compare` cannot decide on them."]
