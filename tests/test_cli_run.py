@@ -75,8 +75,8 @@ def test_report_prints_table_and_writes_both_figures_outside_the_set(tmp_path, m
     assert "sig sweep" in result.output and "crash" in result.output
     assert "timed: not recorded" in result.output     # the set has no measurement record
     assert sorted(p.name for p in directory.iterdir()) == before  # nothing written into the set
-    for name in ("runtime.png", "memory_vs_runtime.png"):  # the default: report-<suite>-<set>/ here
-        path = tmp_path / "elsewhere" / f"report-{tmp_path.name}-set" / name
+    for name in ("runtime.png", "memory_vs_runtime.png"):  # the default: results/plots/<suite>-<set>/ here
+        path = tmp_path / "elsewhere" / "results" / "plots" / f"{tmp_path.name}-set" / name
         assert path.exists() and path.stat().st_size > 10_000
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

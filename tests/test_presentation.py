@@ -179,7 +179,7 @@ def test_report_writes_figures_outside_the_set_by_default_and_never_over_a_track
     result = runner.invoke(app, ["report", str(directory)])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in directory.iterdir()) == before
-    assert (tmp_path / "cwd" / "report-repo-set" / "runtime.png").exists()
+    assert (tmp_path / "cwd" / "results" / "plots" / "repo-set" / "runtime.png").exists()
     plots = directory / "plots"
     plots.mkdir()
     (plots / "runtime.png").write_bytes(b"committed")

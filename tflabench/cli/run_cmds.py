@@ -204,7 +204,7 @@ def report(
     results_dir: Path = typer.Argument(..., help="A result set (directory or one of its files).", metavar="RESULTS"),
     plots: bool = plots_option("Redraw the figures."),
     out: Optional[Path] = typer.Option(None, "--out", help="Directory the figures are written into (default: "
-                                       "report-<suite>-<set>/ in the current directory; never the set itself "
+                                       "results/plots/<suite>-<set>/ in the current directory; never the set itself "
                                        "unless named here)."),
     all_rows: bool = typer.Option(False, "--all", help="Print every row (default: the first 100 and a count "
                                   "of the rest; in --html the first 2000)."),
@@ -330,15 +330,16 @@ def report(
 
 
 def default_report_dir(set_path: Path) -> Path:
-    """Where ``report`` writes its figures without ``--out``: ``report-<suite>-<set>/`` in
-    the current directory (``<suite>``, ``<set>``: the set directory's parent's name and
-    its own, e.g. ``report-cpu_demo-20260101-120000``), outside the set (docs/harness.md,
-    "report")."""
+    """Where ``report`` writes its figures without ``--out``: ``results/plots/<suite>-<set>/``
+    under the current directory, as the analytic commands' ``results/plots/`` (``<suite>``,
+    ``<set>``: the set directory's parent's name and its own, e.g.
+    ``results/plots/cpu_demo-20260101-120000/``), outside the set (docs/harness.md,
+    "Reports: the terminal, Markdown, one HTML file")."""
     import re
 
     resolved = set_path.resolve()
     name = f"{resolved.parent.name}-{resolved.name}" if resolved.parent.name else resolved.name
-    return Path(f"report-{re.sub(r'[^A-Za-z0-9._-]+', '_', name).strip('._') or 'set'}")
+    return Path("results", "plots", re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "set")
 
 
 def check_untracked(plot_dir: Path, set_path: Path) -> None:
