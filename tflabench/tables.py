@@ -94,19 +94,19 @@ def fit_tables(title: str | None, columns: list[Column], rows: list[list], width
             part_title = f"{title} (part 1 of {len(groups)}; a row continues under its # below)"
         table = Table(title=part_title, caption=caption if n == len(groups) - 1 else None)
         if split:
-            table.add_column("#", justify="right", no_wrap=True, min_width=number_width)
-        for j in idx:
+            table.add_column("#", justify="right", no_wrap=True, width=number_width)
+        for j in idx:  # fixed widths: rich then neither shrinks a number nor drops a column
             col = columns[j]
             header = Text(col.header, no_wrap=False, overflow="fold")
             if col.numeric:
-                table.add_column(header, justify="right", no_wrap=True, min_width=natural[j])
+                table.add_column(header, justify="right", no_wrap=True, width=natural[j])
             elif col.fold:
                 w = natural[j] if spare is None else least[j] + max(0, min(spare, natural[j] - least[j]))
                 if spare is not None:
                     spare -= w - least[j]
-                table.add_column(header, overflow="fold", max_width=w)
+                table.add_column(header, overflow="fold", width=w)
             else:
-                table.add_column(header, no_wrap=True, min_width=natural[j])
+                table.add_column(header, no_wrap=True, width=natural[j])
         for k, row in enumerate(rows, 1):
             table.add_row(*([str(k)] if split else []), *(row[j] for j in idx))
         tables.append(table)
