@@ -201,3 +201,19 @@ def test_a_suite_with_labels_that_collide_after_normalisation_is_refused(tmp_pat
                      encoding="utf-8")
     with pytest.raises(UserError, match="also the label of kernels"):
         expand_cases(load_suite(suite))
+
+
+def test_model_tables_of_a_gpu_set_read_at_80_columns(tmp_path):
+    rows = [_row(label, seq_len=8192, mode=mode, chunk_size=chunk, ms=ms, device="cuda", batch=8, heads=16,
+                 d_qk=128, d_hv=256, dtype="bfloat16", embedding_dim=4096, params={"chunk_size": chunk})
+            for label in LONG[:2] for mode in ("fwd", "fwdbw") for chunk, ms in ((64, 5.0), (128, 4.3), (256, 4.7))]
+    directory = write_results(tmp_path / "set", rows, dict(META, gpu_name="NVIDIA H200", gpu_count=1))
+    result = runner.invoke(app, ["report", str(directory), "--no-plots", "--ceilings", "datasheet"],
+                           env={"COLUMNS": "80"})
+    assert result.exit_code == 0, result.output
+    out = result.stdout
+    assert "optimal chunk size" in out and "physical floor" in out
+    assert max(len(line) for line in out.splitlines()) <= 80
+    assert not re.search(r"\d…|…\d|\d\.…", out)
+    for row in rows:
+        assert f"{row['ms_median']:.3f}" in out

@@ -167,11 +167,12 @@ def _warn_noisy(rows) -> list[tuple[str, float]]:
     noisy = noisy_cases(rows)
     if not noisy:
         return noisy
-    if "gpu_slowdowns" in rows.columns:  # only traced rows can say why (fast on 100,000 rows)
-        rows = rows[rows["gpu_slowdowns"].map(lambda x: isinstance(x, str))]
+    traced = rows  # only traced rows can say why (fast on 100,000 rows)
+    if "gpu_slowdowns" in rows.columns:
+        traced = rows[rows["gpu_slowdowns"].map(lambda x: isinstance(x, str))]
     named = "; ".join(f"{terminal_text(label, 120)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
     more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
-    trace = slowdown_text(rows, noisy)
+    trace = slowdown_text(traced, noisy)
     on_gpu = "device" in rows.columns and rows["device"].astype(str).str.startswith("cuda").any()
     if trace:
         trace = f" {trace[:1].upper()}{trace[1:]}."
