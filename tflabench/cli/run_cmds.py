@@ -262,8 +262,8 @@ def report(
         con.print(terminal_text(
             f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} ("
             + ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton") if meta.get(k))
-            + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})",
-            None), markup=False)
+            + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})"),
+            markup=False)
         notes: list[str] = []
         distance, sweeps, written, model_gpu, noisy = [], [], [], None, []
         verify_set = bool(rs.rows["numerics_case"].notna().any())  # a `tflabench verify` result set
@@ -271,7 +271,7 @@ def report(
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
             con.print(_status_line(rs.rows))
         else:
-            con.print(terminal_text(f"timed: {timing_text(meta)}", None), markup=False)
+            con.print(terminal_text(f"timed: {timing_text(meta)}", 2000), markup=False)
             con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows", limit=None if all_rows else SHOWN_ROWS))
             con.print(_status_line(rs.rows))
             noisy = _warn_noisy(rs.rows)
@@ -280,10 +280,10 @@ def report(
             except UserError as exc:
                 if gpu is not None or ceilings == "measured":
                     raise
-                notes.append(terminal_text(f"no model comparison: {exc}", None))
+                notes.append(terminal_text(f"no model comparison: {exc}", 2000))
                 con.print(notes[-1], style="dim", markup=False)
             if model_gpu is not None:
-                con.print(terminal_text(f"model: {mm.model_ceilings_text(model_gpu)}", None), markup=False)
+                con.print(terminal_text(f"model: {mm.model_ceilings_text(model_gpu)}", 2000), markup=False)
                 placement = mm.roofline_placement(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
                 distance = mm.distance_to_bound(placement)
                 sweeps = mm.chunk_sweeps(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
