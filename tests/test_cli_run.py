@@ -65,14 +65,18 @@ def _result_set(tmp_path):
     return directory
 
 
-def test_report_prints_table_and_writes_both_figures(tmp_path):
+def test_report_prints_table_and_writes_both_figures_outside_the_set(tmp_path, monkeypatch):
     directory = _result_set(tmp_path)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    before = sorted(p.name for p in directory.iterdir())
     result = runner.invoke(app, ["report", str(directory)], env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     assert "sig sweep" in result.output and "crash" in result.output
     assert "timed: not recorded" in result.output     # the set has no measurement record
-    for name in ("runtime.png", "memory_vs_runtime.png"):
-        path = directory / "plots" / name
+    assert sorted(p.name for p in directory.iterdir()) == before  # nothing written into the set
+    for name in ("runtime.png", "memory_vs_runtime.png"):  # the default: results/plots/<suite>-<set>/ here
+        path = tmp_path / "elsewhere" / "results" / "plots" / f"{tmp_path.name}-set" / name
         assert path.exists() and path.stat().st_size > 10_000
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 

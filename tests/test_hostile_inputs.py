@@ -427,7 +427,8 @@ def test_labels_and_error_messages_print_literally_in_tables_figures_and_html(tm
     assert "[bold]x[/bold]" in result.stdout  # the reason column folds after 60 characters
     directory = next((tmp_path / "out").glob("hostile/*/"))
     assert (directory / "plots" / "runtime.png").stat().st_size > 0  # the $a^$ legend entry drew
-    report = cli.invoke(app, ["report", str(directory), "--html", str(tmp_path / "r.html")], env=wide)
+    report = cli.invoke(app, ["report", str(directory), "--html", str(tmp_path / "r.html"), "--out",
+                                str(tmp_path / "plots")], env=wide)
     assert report.exit_code == 0, report.output
     assert ODD in report.stdout
     page = (tmp_path / "r.html").read_text()

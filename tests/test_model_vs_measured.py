@@ -210,7 +210,8 @@ class _Tags(html.parser.HTMLParser):
 def test_report_html_is_self_contained_and_opens_without_network(tmp_path):
     directory = _sweep_set(tmp_path, label="sig <b>sweep</b>")
     out = tmp_path / "share" / "report.html"
-    result = runner.invoke(app, ["report", str(directory), "--html", str(out)], env={"COLUMNS": "200"})
+    result = runner.invoke(app, ["report", str(directory), "--html", str(out), "--out", str(tmp_path / "plots")],
+                           env={"COLUMNS": "200"})
     assert result.exit_code == 0, result.output
     text = out.read_text(encoding="utf-8")
     parser = _Tags()
@@ -233,12 +234,13 @@ def test_report_html_is_self_contained_and_opens_without_network(tmp_path):
 
 def test_report_prints_distance_and_optimum_tables_and_draws_the_optimal_chunk_figure(tmp_path):
     directory = _sweep_set(tmp_path)
-    result = runner.invoke(app, ["report", str(directory), "--ceilings", "datasheet"], env={"COLUMNS": "250"})
+    result = runner.invoke(app, ["report", str(directory), "--ceilings", "datasheet", "--out", str(tmp_path / "plots")],
+                           env={"COLUMNS": "250"})
     assert result.exit_code == 0, result.output
     assert "distance to the bound" in result.output and "optimal chunk size" in result.output
     assert "datasheet ceilings" in result.output
     for name in ("optimal_chunk.png", "roofline_measured.png"):
-        assert (directory / "plots" / name).read_bytes()[:4] == b"\x89PNG"
+        assert (tmp_path / "plots" / name).read_bytes()[:4] == b"\x89PNG"
 
 
 def test_report_html_refuses_a_non_html_name_in_one_line(tmp_path):

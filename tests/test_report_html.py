@@ -58,7 +58,7 @@ def reports(tmp_path_factory):
     out = {}
     for name, directory in (("run", run_set), ("verify", verify_set), ("merged", merged_set)):
         page = tmp / f"{name}.html"
-        result = CliRunner().invoke(app, ["report", str(directory), "--html", str(page)])
+        result = CliRunner().invoke(app, ["report", str(directory), "--html", str(page), "--out", str(tmp / f"{name}-plots")])
         assert result.exit_code == 0, result.output
         out[name] = (page, page.read_text(encoding="utf-8"), result.output)
     return out

@@ -21,6 +21,7 @@ from typing import Iterable
 from tflabench.errors import UserError
 from tflabench.outputs import check_writable, write_text
 from tflabench.results import timing_text
+from tflabench.text_safety import TEXT_WIDTH, terminal_text
 
 _STYLE = """
 body { font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 1.5em auto; max-width: 1400px;
@@ -33,13 +34,43 @@ tr.ok td.status { color: #17702b; } tr.bad td.status { color: #b00020; } tr.na t
 td.reason { max-width: 38em; overflow-wrap: anywhere; color: #555; }
 figure { margin: 1em 0; } figure img { max-width: 100%; border: 1px solid #eee; }
 figcaption { font-size: 0.85em; color: #555; } p.note { font-size: 0.85em; color: #555; }
+p.warning { font-size: 0.9em; color: #8a4b00; background: #fff4e0; padding: 0.3em 0.6em; }
 """
 
 _BAD = {"wrong", "crash", "timeout", "oom", "error"}
 
 
-def _e(x) -> str:
-    return html.escape(str(x), quote=True)
+#: Most characters of a kernel label in the page (the rest cut, an ellipsis added).
+HTML_LABEL_WIDTH = 120
+
+#: Rows of the "All rows" table, at most (the rest counted; ``report --all`` lifts it).
+HTML_ROWS = 2000
+
+#: What each figure shows, by file name (the caption under it).
+CAPTIONS = {
+    "runtime.png": "Runtime: median time per call against sequence length, one line per kernel and mode "
+                   "(the paper's Figure 4); bars: interquartile range of the timed calls.",
+    "memory_vs_runtime.png": "Peak memory against runtime across chunk sizes, one point per chunk size "
+                             "(the paper's Figure 5).",
+    "roofline_measured.png": "Each measured case on the roofline of the GPU at its own shape: achieved FLOP/s "
+                             "against arithmetic intensity, under the compute and memory ceilings.",
+    "optimal_chunk.png": "Chunk-size sweeps: measured time per chunk size beside the model's (eq. 116), and "
+                         "the predicted optimal chunk size (eq. 121).",
+    "verify_heatmap.png": "Numerics verification: each kernel's largest error over its budget, per regime "
+                          "and dtype (1 is the budget).",
+}
+
+
+def _e(x, width: int | None = None) -> str:
+    """``x`` as HTML text: made safe for a terminal first (control characters and escape
+    sequences dropped, at most ``width`` characters), then HTML-escaped."""
+    return html.escape(terminal_text(x, width), quote=True)
+
+
+def caption(path: str | Path) -> str:
+    """The caption of a figure file in words (:data:`CAPTIONS`; the file name where unknown)."""
+    name = Path(path).name
+    return CAPTIONS.get(name, name)
 
 
 def _num(x, spec: str) -> str:
@@ -63,7 +94,7 @@ def table_html(columns: list[str], rows: Iterable[list], *, numeric: Iterable[in
         out.append(f'<tr class="{_e(cls)}">' if cls else "<tr>")
         for j, cell in enumerate(row):
             klass = f' class="{cell_class[j]}"' if j in cell_class else ""
-            out.append(f"<td{klass}>{_e(cell)}</td>")
+            out.append(f"<td{klass}>{_e(cell, TEXT_WIDTH)}</td>")
         out.append("</tr>")
     out.append("</tbody></table>")
     return "".join(out)
@@ -98,17 +129,22 @@ def _results_table(records: list[dict]) -> tuple[str, list[str]]:
     else:
         shown = [(h, key) for h, key, _ in _OPTIONAL if any(_present(r.get(key)) for r in records)]
         notes = [f"No \"{h}\" column: {why}." for h, key, why in _OPTIONAL if (h, key) not in shown]
-    cols = ["kernel", "mode", "B", "S", "NH x d_qk/d_hv", "L", "status", "ms median", *(h for h, _ in shown), "reason"]
+    cols = ["kernel", "mode", "B", "S", "NH x d_qk/d_hv", "L", "status", "ms median", "ms q25-q75",
+            *(h for h, _ in shown), "reason"]
     if shown and shown[0][0] == "regime":
         cols.remove("ms median")
+        cols.remove("ms q25-q75")
     rows, classes = [], []
     for r in records:
         status = str(r.get("status") or "")
-        cells = [r.get("kernel"), r.get("mode"), _num(r.get("batch"), ".0f"), _num(r.get("seq_len"), ".0f"),
+        q25, q75 = _num(r.get("ms_q25"), ".3f"), _num(r.get("ms_q75"), ".3f")
+        cells = [terminal_text(r.get("kernel"), HTML_LABEL_WIDTH), r.get("mode"), _num(r.get("batch"), ".0f"),
+                 _num(r.get("seq_len"), ".0f"),
                  f"{_num(r.get('heads'), '.0f')} x {_num(r.get('d_qk'), '.0f')}/{_num(r.get('d_hv'), '.0f')}",
-                 _num(r.get("chunk_size"), ".0f"), status, _num(r.get("ms_median"), ".3f")]
+                 _num(r.get("chunk_size"), ".0f"), status, _num(r.get("ms_median"), ".3f"),
+                 f"{q25}-{q75}" if q25 and q75 else ""]
         if "ms median" not in cols:
-            cells.pop()
+            del cells[-2:]
         for _, key in shown:
             value = r.get(key)
             if key == "peak_mem_bytes":
@@ -129,8 +165,8 @@ def _results_table(records: list[dict]) -> tuple[str, list[str]]:
         cells.append(str(r.get("reason") or ""))
         rows.append(cells)
         classes.append("ok" if status == "ok" else "bad" if status in _BAD else "na")
-    first = cols.index("status") + 1 + ("ms median" in cols)
-    numeric = [2, 3, 5] + ([7] if "ms median" in cols else []) + [
+    first = cols.index("status") + 1 + 2 * ("ms median" in cols)
+    numeric = [2, 3, 5] + ([7, 8] if "ms median" in cols else []) + [
         first + j for j, (h, _) in enumerate(shown) if h not in ("numerics err", "regime")]
     return table_html(cols, rows, numeric=numeric, row_class=lambda n: classes[n],
                       cell_class={6: "status", len(cols) - 1: "reason"}), notes
@@ -146,7 +182,7 @@ def verify_table_html(frame) -> str:
         nonfinite = r.get("numerics_nonfinite")
         err = "NaN/inf" if _present(nonfinite) and float(nonfinite) > 0 else _num(r.get("numerics_err"), ".1e")
         status = str(r["status"])
-        rows.append([r["kernel"], r["dtype"], r["regime"], status, f"{r['failed']}/{r['cases']}",
+        rows.append([terminal_text(r["kernel"], HTML_LABEL_WIDTH), r["dtype"], r["regime"], status, f"{r['failed']}/{r['cases']}",
                      r["numerics_worst"] if isinstance(r.get("numerics_worst"), str) else "", err,
                      _num(r.get("numerics_budget"), ".1e"), r["where"],
                      "" if status == "ok" else str(r.get("reason") or "")])
@@ -158,7 +194,7 @@ def verify_table_html(frame) -> str:
 
 def distance_table_html(distance: list[dict]) -> str:
     """The "distance to the bound" table (:func:`tflabench.model_vs_measured.distance_to_bound`)."""
-    rows = [[d["kernel"], d["mode"], d["n"], _num(d["median_fraction"], ".2f"), _num(d["worst_fraction"], ".2f"),
+    rows = [[terminal_text(d["kernel"], HTML_LABEL_WIDTH), d["mode"], d["n"], _num(d["median_fraction"], ".2f"), _num(d["worst_fraction"], ".2f"),
              d["worst_case"], _num(d["best_fraction"], ".2f"), d["best_case"], d["bound"]] for d in distance]
     return table_html(["kernel", "mode", "cases", "median of bound", "worst", "worst case", "best", "best case",
                        "bound"], rows, numeric=(2, 3, 4, 6))
@@ -169,7 +205,7 @@ def sweep_table_html(sweeps) -> str:
     rows = []
     for s in sweeps:
         ratios = ", ".join(f"{p['L']}: {p['ratio_sum']:.2f}" for p in s.points)
-        rows.append([s.kernel, s.mode, f"B={s.shape['batch']} S={s.shape['seq_len']} NH={s.shape['heads']} "
+        rows.append([terminal_text(s.kernel, HTML_LABEL_WIDTH), s.mode, f"B={s.shape['batch']} S={s.shape['seq_len']} NH={s.shape['heads']} "
                      f"{s.shape['d_qk']}/{s.shape['d_hv']}", s.measured_L_opt, _num(s.measured_ms_opt, ".3f"),
                      _num(s.optima["L_opt_runtime"], ".0f"), s.model_L_pow2, _num(s.optima["L_opt_flop"], ".1f"),
                      ratios])
@@ -211,7 +247,8 @@ def _environment(rs, counts) -> list[tuple[str, str]]:
                          if known(key))
     lines = [("suite", f"{known('suite') or 'not recorded'}"
                        + (f" ({known('suite_path')})" if known("suite_path") else "")),
-             ("date", known("date") or "not recorded"), ("GPU", gpu_line), ("software", software or "not recorded"),
+             ("date", known("date") or "not recorded"), ("host", known("hostname") or "not recorded"),
+             ("CPU", _cpu_line(meta)), ("GPU", gpu_line), ("software", software or "not recorded"),
              ("peers", ", ".join(f"{k} {v}" for k, v in sorted((meta.get("peers") or {}).items())) or "none"),
              ("git", (known("git_revision") or "not recorded")
               + (f" (sources sha256 {known('sources_sha256')[:12]})" if known("sources_sha256") else ""))]
@@ -227,19 +264,38 @@ def _environment(rs, counts) -> list[tuple[str, str]]:
     return lines
 
 
+def _cpu_line(meta) -> str:
+    """The CPU model and the workers' thread pools (``cpu_threads``), e.g. ``AMD EPYC 7R13
+    (1 thread per worker of 16 cores, 2 workers; set by tflabench)``."""
+    cpu = meta.get("cpu") if meta.get("cpu") not in (None, "", "None") else "model not recorded"
+    threads = meta.get("cpu_threads") if isinstance(meta.get("cpu_threads"), dict) else {}
+    if not threads:
+        return f"{cpu} (threads not recorded)"
+    parts = [f"{threads.get('per_worker', '?')} thread(s) per worker of {threads.get('cores', '?')} cores"]
+    if threads.get("workers"):
+        parts.append(f"{threads['workers']} worker(s)")
+    if threads.get("set_by"):
+        parts.append(f"set by {threads['set_by']}")
+    return f"{cpu} ({'; '.join(parts)})"
+
+
 def html_report(rs, *, figures: Iterable[str | Path] = (), distance: list[dict] | None = None,
-                sweeps=None, ceilings_text: str | None = None, notes: Iterable[str] = ()) -> str:
+                sweeps=None, ceilings_text: str | None = None, notes: Iterable[str] = (),
+                warnings: Iterable[str] = (), max_rows: int | None = HTML_ROWS) -> str:
     """The report's HTML text (a whole document): everything ``tflabench report`` prints on
     the terminal, and the figures.
 
     Args:
         rs: :class:`tflabench.results.ResultSet` of a run, a verify run or merged shards.
-        figures: PNG files to embed, in order (captioned with their file name).
+        figures: PNG files to embed, in order (captioned in words: :func:`caption`).
         distance: rows of the "distance to the bound" table, or None to leave it out.
         sweeps: chunk-size sweeps (:class:`tflabench.model_vs_measured.ChunkSweep`) or None.
         ceilings_text: which ceilings the model used (shown above the model tables).
         notes: lines the terminal report printed beside its tables (e.g. why there is no
             model comparison), shown under the head.
+        warnings: what the terminal warned (e.g. cases whose timings spread), shown as
+            warnings under the head.
+        max_rows: most rows in the "All rows" table (None: all); the rest are counted.
 
     Raises:
         UserError: a figure is missing or not a PNG.
@@ -256,8 +312,10 @@ def html_report(rs, *, figures: Iterable[str | Path] = (), distance: list[dict] 
     parts = ["<!DOCTYPE html>", '<html lang="en"><head><meta charset="utf-8">',
              f"<title>{_e(title)}</title><style>{_STYLE}</style></head><body>",
              f"<h1>{_e(title)}</h1>", table_html(["", ""], [[k, v] for k, v in _environment(rs, counts)])]
+    for warning in warnings:
+        parts.append(f'<p class="warning">Warning: {_e(warning, 4 * TEXT_WIDTH)}</p>')
     for note in notes:
-        parts.append(f'<p class="note">{_e(note)}</p>')
+        parts.append(f'<p class="note">{_e(note, 4 * TEXT_WIDTH)}</p>')
     if ceilings_text:
         parts.append(f'<p class="note">Model: {_e(ceilings_text)}</p>')
     sections = (
@@ -284,11 +342,15 @@ def html_report(rs, *, figures: Iterable[str | Path] = (), distance: list[dict] 
     if figs:
         parts.append("<h2>Figures</h2>")
         for f in figs:
-            parts.append(f'<figure><img alt="{_e(Path(f).name)}" src="{embed_png(f)}">'
-                         f"<figcaption>{_e(Path(f).name)}</figcaption></figure>")
+            parts.append(f'<figure><img alt="{_e(caption(f))}" src="{embed_png(f)}">'
+                         f"<figcaption>{_e(caption(f))}</figcaption></figure>")
     parts.append("<h2>All rows</h2>")
-    table, column_notes = _results_table(records)
+    shown = records if max_rows is None else records[:max_rows]
+    table, column_notes = _results_table(shown)
     parts.append(table)
+    if len(shown) < len(records):
+        column_notes.insert(0, f"{len(records) - len(shown)} of {len(records)} rows left out (the first "
+                               f"{len(shown)} shown); `tflabench report RESULTS --all --html FILE` writes every row.")
     for note in column_notes:
         parts.append(f'<p class="note">{_e(note)}</p>')
     parts.append('<p class="note">Written by tflabench report --html; self-contained (figures embedded, no '
@@ -315,5 +377,5 @@ def write_html_report(path: str | Path, text: str) -> Path:
     return write_text(check_html_path(path), text, "--html")
 
 
-__all__ = ["check_html_path", "distance_table_html", "embed_png", "html_report", "sweep_table_html", "table_html",
+__all__ = ["CAPTIONS", "caption", "check_html_path", "distance_table_html", "embed_png", "html_report", "sweep_table_html", "table_html",
            "verify_table_html", "write_html_report"]

@@ -47,6 +47,7 @@ from tflabench.backends import get_backend
 from tflabench.errors import UserError
 from tflabench.numerics import BudgetOverride, VerifySettings
 from tflabench.results import IDENTITY_COLUMNS, case_id, case_label, check_plain_name
+from tflabench.text_safety import normalise_label, terminal_text
 from tflabench.yaml_load import load_yaml
 
 DTYPES = ("bfloat16", "float16", "float32", "float64")
@@ -506,11 +507,12 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
             if problem:
                 raise UserError(f"{where}.params.{key}: {problem}")
         for values, index in _expand_params(spec.params):
-            label = spec.label or _default_label(spec.backend, values)
+            label = normalise_label(spec.label or _default_label(spec.backend, values))  # NFC, no zero-width
             owner = label_of.setdefault(label, kn)
             if owner != kn:
                 raise UserError(
-                    f"{where}.label: {label!r} is also the label of kernels[{owner}]; a label names one kernel "
+                    f"{where}.label: {terminal_text(repr(label), 200)} is also the label of kernels[{owner}] "
+                    "(compared after Unicode normalisation, invisible characters removed); a label names one kernel "
                     "(the rows, resume and compare match on it): give each entry its own label, or one entry "
                     "with the differing parameter as a list")
             try:

@@ -1,16 +1,161 @@
 """The rich tables of result sets: a run's rows, a verify set's verdicts, the distance to
 the roofline bound and the chunk-size sweeps. They read rows (pandas DataFrames) and
 analysis results only; the CLI prints them.
+
+Every table fits the width it is given (docs/harness.md, "What reaches the terminal"):
+:func:`fit_tables` keeps each number whole and moves the columns that do not fit into a
+second table, its rows numbered like the first's; kernel labels longer than their share of
+the width are shortened in the middle, with a legend of the full labels
+(:func:`short_labels`). Every string from a set passes :func:`tflabench.console.literal`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
+from rich.cells import cell_len
 from rich.table import Table
+from rich.text import Text
 
 from tflabench.console import literal as L
+from tflabench.text_safety import ELLIPSIS, LABEL_WIDTH, shorten, terminal_text
 from tflabench.verify_summary import cell_summary
+
+#: Rows of a run's table printed by default (the rest are counted; ``report --all`` prints them).
+SHOWN_ROWS = 100
+
+#: Least width (characters) of a column of free text (reasons) before it moves to another part.
+FOLD_MIN = 16
+
+#: Least width of a kernel label's column at a narrow width.
+LABEL_MIN = 14
+
+
+@dataclass
+class Column:
+    """One column of a :func:`fit_tables` table: ``header``; ``numeric`` (right-aligned,
+    never cut or wrapped); ``fold`` (free text folded onto more lines, at most ``max_width``
+    characters wide); ``optional`` (left out where every cell is empty)."""
+
+    header: str
+    numeric: bool = False
+    fold: bool = False
+    max_width: int = 60
+    optional: bool = False
+
+
+def _width(cell) -> int:
+    if isinstance(cell, Text):
+        return cell.cell_len
+    return cell_len(str(cell))
+
+
+def fit_tables(title: str | None, columns: list[Column], rows: list[list], width: int | None,
+               caption: str | None = None) -> list[Table]:
+    """``rows`` (lists of str or rich Text, one per column) as rich Tables no wider than
+    ``width`` characters (None: one table, any width). Numbers keep their whole width;
+    free-text columns fold; a column that does not fit beside the ones before it starts a
+    further table, and every table then begins with a ``#`` column numbering the rows
+    (so a row is read across the tables); an ``optional`` column empty in every row is left
+    out. Headers wrap at spaces. Raises ValueError when a column's cells and the ``#``
+    column cannot fit in ``width`` at all (less than about 20 characters)."""
+    keep = [j for j, col in enumerate(columns) if not col.optional or any(_width(r[j]) for r in rows)]
+    if len(keep) < len(columns):
+        columns = [columns[j] for j in keep]
+        rows = [[r[j] for j in keep] for r in rows]
+    natural = []
+    for j, col in enumerate(columns):
+        words = max((cell_len(w) for w in col.header.split()), default=1)
+        cells = max((_width(r[j]) for r in rows), default=0)
+        need = max(words, cells, 1)
+        natural.append(min(need, col.max_width) if col.fold else need)
+    least = [min(n, FOLD_MIN) if c.fold else n for n, c in zip(natural, columns)]
+
+    def total(idx, number_width=0):
+        return sum(least[j] for j in idx) + 3 * len(idx) + 1 + (number_width + 3 if number_width else 0)
+
+    groups: list[list[int]] = [list(range(len(columns)))]
+    number_width = len(str(len(rows))) if rows else 1
+    if width is not None and total(groups[0]) > width:
+        groups = [[]]
+        for j in range(len(columns)):
+            if groups[-1] and total(groups[-1] + [j], number_width) > width:
+                groups.append([])
+            groups[-1].append(j)
+        if any(total(g, number_width) > width for g in groups):
+            raise ValueError(f"a table of these columns cannot be drawn {width} characters wide")
+    tables = []
+    split = len(groups) > 1
+    for n, idx in enumerate(groups):
+        spare = None if width is None else width - total(idx, number_width if split else 0)
+        part_title = title if n == 0 else f"(continued, part {n + 1} of {len(groups)})"
+        if split and n == 0 and title:
+            part_title = f"{title} (part 1 of {len(groups)}; a row continues under its # below)"
+        table = Table(title=part_title, caption=caption if n == len(groups) - 1 else None)
+        if split:
+            table.add_column("#", justify="right", no_wrap=True, width=number_width)
+        for j in idx:  # fixed widths: rich then neither shrinks a number nor drops a column
+            col = columns[j]
+            header = Text(col.header, no_wrap=False, overflow="fold")
+            if col.numeric:
+                table.add_column(header, justify="right", no_wrap=True, width=natural[j])
+            elif col.fold:
+                w = natural[j] if spare is None else least[j] + max(0, min(spare, natural[j] - least[j]))
+                if spare is not None:
+                    spare -= w - least[j]
+                table.add_column(header, overflow="fold", width=w)
+            else:
+                table.add_column(header, no_wrap=True, width=natural[j])
+        for k, row in enumerate(rows, 1):
+            table.add_row(*([str(k)] if split else []), *(row[j] for j in idx))
+        tables.append(table)
+    return tables
+
+
+def _middle(label: str, width: int) -> str:
+    """``label`` cut in the middle to ``width`` characters (its start and its end kept)."""
+    if len(label) <= width:
+        return label
+    head = (width - 1 + 1) // 2
+    tail = width - 1 - head
+    return label[:head] + ELLIPSIS + (label[-tail:] if tail else "")
+
+
+def short_labels(labels, width: int) -> dict[str, str]:
+    """Each label (as :func:`tflabench.text_safety.terminal_text` prints it) -> its name in
+    a table ``width`` characters wide: whole where it fits, else its start and end around
+    an ellipsis, made distinct with ``~2``, ``~3`` where two would read alike."""
+    out: dict[str, str] = {}
+    taken: set[str] = set()
+    for label in dict.fromkeys(terminal_text(x) for x in labels):
+        short = _middle(label, width)
+        n = 1
+        while short in taken:
+            n += 1
+            short = _middle(label, width - len(f"~{n}")) + f"~{n}"
+        taken.add(short)
+        out[label] = short
+    return out
+
+
+def legend_table(names: dict[str, str]):
+    """A rich Table of the shortened labels (:func:`short_labels`) and the full ones, or
+    None where no label was shortened."""
+    cut = [(s, full) for full, s in names.items() if s != full]
+    if not cut:
+        return None
+    table = Table(title="kernel labels shortened above")
+    table.add_column("short", no_wrap=True)
+    table.add_column("label", overflow="fold")
+    for short, full in cut:
+        table.add_row(L(short), L(full))
+    return table
+
+
+def label_width(width: int | None) -> int:
+    """The width a kernel label may take in a table ``width`` characters wide."""
+    return LABEL_WIDTH if width is None else max(LABEL_MIN, min(LABEL_WIDTH, width // 4))
 
 
 def _styled(status, colour: dict):
@@ -42,103 +187,144 @@ def _tflops_cell(row: dict) -> str:
     return _number(row.get("tflops_per_s"), ".3g")
 
 
-def summary_table(frame, title: str | None = None):
-    """A rich Table of result rows (kernel, mode, shape, status, ms_median, peak GiB,
-    first-call s, numerics error and its tensor, TFLOP/s (``no model`` where the model has no
-    count of the kernel), reason), in row order; with a
-    ``GPU`` column (index, and the model where they differ) when the rows ran on several GPUs,
-    and a ``GPU clock`` column (the lowest busy SM clock in MHz and the slowdown reasons) when
-    they were measured with ``run --gpu-trace``."""
-    records = frame.to_dict("records")
+class Fitted:
+    """A renderable that builds its tables at the width it is printed at: ``build(width)``
+    gives the renderables (:func:`fit_tables`) for a console ``width`` characters wide."""
+
+    def __init__(self, build):
+        self.build = build
+
+    def __rich_console__(self, console, options):
+        yield from self.build(options.max_width)
+
+
+def _fitted(title, columns: list[Column], rows: list[list], *, label_cols=(), caption=None, after=()):
+    """:class:`Fitted` tables of ``rows``; the cells of ``label_cols`` (column indices, kernel
+    labels as plain strings) shortened to the width's share (:func:`short_labels`) with a
+    legend; ``after``: lines printed below."""
+
+    def build(width):
+        out_rows = rows
+        names = {}
+        if label_cols:
+            names = short_labels([r[j] for r in rows for j in label_cols], label_width(width))
+            out_rows = [[L(names[terminal_text(c)]) if j in label_cols else c for j, c in enumerate(r)]
+                        for r in rows]
+        out = list(fit_tables(title, columns, out_rows, width, caption=caption))
+        legend = legend_table(names)
+        if legend is not None:
+            out.append(legend)
+        out.extend(L(line) for line in after)
+        return out
+
+    return Fitted(build)
+
+
+def summary_table(frame, title: str | None = None, limit: int | None = SHOWN_ROWS):
+    """A table of result rows (kernel, mode, shape, status, ms_median, quartiles, peak GiB,
+    first-call s, numerics error and its tensor, TFLOP/s, reason), in row order, fitted to the
+    width it is printed at (:func:`fit_tables`); with a ``GPU`` column (index, and the model
+    where they differ) when the rows ran on several GPUs, and a ``GPU clock`` column (the
+    lowest busy SM clock in MHz and the slowdown reasons) when they were measured with
+    ``run --gpu-trace``. At most ``limit`` rows (None: all) are shown; a line below says how
+    many were left out and how to see them (``report --all``). Times in ms, memory in GiB."""
+    shown = frame if limit is None or len(frame) <= limit else frame.iloc[:limit]
+    records = shown.to_dict("records")
     gpus = {(r.get("gpu_index"), r.get("gpu_name")) for r in records if r.get("gpu_index")}
     show_gpu = len(gpus) > 1
     mixed = len({name for _, name in gpus}) > 1
     show_trace = any(isinstance(r.get("gpu_slowdowns"), str) for r in records)
-    table = Table(title=title, show_lines=False)
-    for col, kw in (("kernel", {}), ("mode", {}), ("B", {"justify": "right"}), ("S", {"justify": "right"}),
-                    ("NH x d_qk/d_hv", {}), ("L", {"justify": "right"}), ("status", {}),
-                    ("ms median", {"justify": "right"}), ("peak GiB", {"justify": "right"}),
-                    ("1st call s", {"justify": "right"}), ("err", {"justify": "right"}),
-                    ("TFLOP/s", {"justify": "right"}), ("reason", {"overflow": "fold", "max_width": 60})):
-        table.add_column(col, **kw)
+    show_q = any(_number(r.get("ms_q25"), ".3f") for r in records)
+    columns = [Column("kernel"), Column("mode"), Column("B", True), Column("S", True), Column("NH x d_qk/d_hv"),
+               Column("L", True), Column("status"), Column("ms median", True),
+               *([Column("ms q25-q75", True)] if show_q else []), Column("peak GiB", True, optional=True),
+               Column("1st call s", True, optional=True), Column("err", True, optional=True),
+               Column("TFLOP/s", True, optional=True), Column("reason", fold=True, max_width=60, optional=True)]
     if show_gpu:
-        table.add_column("GPU")
+        columns.append(Column("GPU"))
     if show_trace:
-        table.add_column("GPU clock", overflow="fold", max_width=40)
+        columns.append(Column("GPU clock", fold=True, max_width=40))
     colour = {"ok": "green", "wrong": "red", "crash": "red", "timeout": "yellow", "oom": "yellow",
               "error": "red", "unavailable": "dim", "not_run": "yellow"}
 
     fmt = _number
+    rows = []
     for r in records:
         status = r.get("status") or ""
         peak = r.get("peak_mem_bytes")
-        table.add_row(
-            L(r.get("kernel")), L(r.get("mode")), fmt(r.get("batch"), ".0f"), fmt(r.get("seq_len"), ".0f"),
+        q25, q75 = fmt(r.get("ms_q25"), ".3f"), fmt(r.get("ms_q75"), ".3f")
+        rows.append([
+            r.get("kernel"), L(r.get("mode")), fmt(r.get("batch"), ".0f"), fmt(r.get("seq_len"), ".0f"),
             f"{fmt(r.get('heads'), '.0f')} x {fmt(r.get('d_qk'), '.0f')}/{fmt(r.get('d_hv'), '.0f')}",
-            fmt(r.get("chunk_size"), ".0f"), _styled(status, colour),
-            fmt(r.get("ms_median"), ".3f"), fmt(peak / 2**30 if peak is not None and peak == peak else None, ".2f"),
+            fmt(r.get("chunk_size"), ".0f"), _styled(status, colour), fmt(r.get("ms_median"), ".3f"),
+            *([f"{q25}-{q75}" if q25 and q75 else ""] if show_q else []),
+            fmt(peak / 2**30 if peak is not None and peak == peak else None, ".2f"),
             fmt(r.get("first_call_s"), ".2f"),
             L(" ".join(x for x in (fmt(r.get("numerics_err"), ".1e"), str(r.get("numerics_worst") or "")) if x)),
-            _tflops_cell(r), L(str(r.get("reason") or "")[:160]),
+            _tflops_cell(r), L(terminal_text(r.get("reason"), 160)),
             *([L(" ".join(str(x) for x in (r.get("gpu_index"), r.get("gpu_name") if mixed else None) if x))]
               if show_gpu else []),
             *([L(_trace_cell(r))] if show_trace else []),
-        )
-    return table
+        ])
+    after = []
+    if len(shown) < len(frame):
+        after.append(f"{len(frame) - len(shown)} of {len(frame)} rows left out of the table above (the first "
+                     f"{len(shown)} shown); `tflabench report RESULTS --all` prints every row")
+    return _fitted(title, columns, rows, label_cols=(0,), after=after)
 
 
 def verify_table(frame, title: str | None = None):
-    """A rich Table of :func:`cell_summary`: kernel, dtype, regime, status, failed / cases,
-    the deciding tensor, its error and budget, where, reason."""
+    """A table of :func:`cell_summary`: kernel, dtype, regime, status, failed / cases,
+    the deciding tensor, its error and budget, where, reason; fitted to the width it is
+    printed at (:func:`fit_tables`)."""
     summary = cell_summary(frame)
-    table = Table(title=title)
-    for col, kw in (("kernel", {}), ("dtype", {}), ("regime", {}), ("status", {}),
-                    ("failed", {"justify": "right"}), ("tensor", {}), ("err", {"justify": "right"}),
-                    ("budget", {"justify": "right"}), ("where", {}),
-                    ("reason", {"overflow": "fold", "max_width": 70})):
-        table.add_column(col, **kw)
+    columns = [Column("kernel"), Column("dtype"), Column("regime"), Column("status"), Column("failed", True),
+               Column("tensor"), Column("err", True), Column("budget", True), Column("where", fold=True, max_width=40),
+               Column("reason", fold=True, max_width=70)]
     colour = {"ok": "green", "wrong": "red", "crash": "red", "error": "red", "timeout": "yellow",
               "oom": "yellow", "unavailable": "dim"}
 
     def fmt(x):
         return _number(x, ".1e")
 
+    rows = []
     for r in summary.to_dict("records"):
         nonfinite = r.get("numerics_nonfinite")
         err = "NaN/inf" if nonfinite and not (isinstance(nonfinite, float) and math.isnan(nonfinite)) else fmt(r["numerics_err"])
-        table.add_row(L(r["kernel"]), L(r["dtype"]), L(r["regime"]), _styled(r["status"], colour),
-                      f"{r['failed']}/{r['cases']}", L(r["numerics_worst"] if isinstance(r.get("numerics_worst"), str) else ""),
-                      err, fmt(r["numerics_budget"]), L(r["where"]),
-                      L("" if r["status"] == "ok" else str(r.get("reason") or "")[:200]))
-    return table
+        rows.append([r["kernel"], L(r["dtype"]), L(r["regime"]), _styled(r["status"], colour),
+                     f"{r['failed']}/{r['cases']}", L(r["numerics_worst"] if isinstance(r.get("numerics_worst"), str) else ""),
+                     err, fmt(r["numerics_budget"]), L(r["where"]),
+                     L("" if r["status"] == "ok" else terminal_text(r.get("reason"), 200))])
+    return _fitted(title, columns, rows, label_cols=(0,))
 
 
 def distance_table(distance: list[dict]):
-    """A rich Table of :func:`tflabench.model_vs_measured.distance_to_bound` rows."""
-    t = Table(title="distance to the bound: achieved / roofline bound at each case's own shape (eq. 119)")
-    for col in ("kernel", "mode", "cases", "median", "worst", "worst case", "best", "best case", "bound"):
-        t.add_column(col, justify="right" if col in ("cases", "median", "worst", "best") else "left")
-    for d in distance:
-        t.add_row(L(d["kernel"]), L(d["mode"]), str(d["n"]), f"{d['median_fraction']:.2f}", f"{d['worst_fraction']:.2f}",
-                  L(d["worst_case"]), f"{d['best_fraction']:.2f}", L(d["best_case"]), L(d["bound"]))
-    return t
+    """A table of :func:`tflabench.model_vs_measured.distance_to_bound` rows (fractions of
+    the bound, eq. 119), fitted to the width it is printed at."""
+    columns = [Column("kernel"), Column("mode"), Column("cases", True), Column("median", True), Column("worst", True),
+               Column("worst case", fold=True, max_width=40), Column("best", True),
+               Column("best case", fold=True, max_width=40), Column("bound", fold=True, max_width=30)]
+    rows = [[d["kernel"], L(d["mode"]), str(d["n"]), f"{d['median_fraction']:.2f}", f"{d['worst_fraction']:.2f}",
+             L(d["worst_case"]), f"{d['best_fraction']:.2f}", L(d["best_case"]), L(d["bound"])] for d in distance]
+    return _fitted("distance to the bound: achieved / roofline bound at each case's own shape (eq. 119)",
+                   columns, rows, label_cols=(0,))
 
 
 def sweep_table(sweeps):
-    """A rich Table: predicted vs measured optimal chunk size per chunk-size sweep
-    (:func:`tflabench.model_vs_measured.chunk_sweeps`)."""
-    t = Table(title="optimal chunk size: measured (lowest median) vs model (eq. 121 runtime, eq. 111 FLOPs)")
-    for col in ("kernel", "mode", "shape", "measured L", "ms", "model L (eq. 121)", "model best swept L",
-                "FLOP-opt L (eq. 111)", "measured / model (eq. 116) per L"):
-        t.add_column(col, justify="left" if col in ("kernel", "mode", "shape") or col.startswith("measured /")
-                     else "right", overflow="fold")
+    """A table: predicted vs measured optimal chunk size per chunk-size sweep
+    (:func:`tflabench.model_vs_measured.chunk_sweeps`), fitted to the width it is printed at."""
+    columns = [Column("kernel"), Column("mode"), Column("shape", fold=True, max_width=30), Column("measured L", True),
+               Column("ms", True), Column("model L (eq. 121)", True), Column("model best swept L", True),
+               Column("FLOP-opt L (eq. 111)", True), Column("measured / model (eq. 116) per L", fold=True)]
+    rows = []
     for s in sweeps:
         sh = s.shape
-        t.add_row(L(s.kernel), L(s.mode), f"B={sh['batch']} S={sh['seq_len']} NH={sh['heads']} {sh['d_qk']}/{sh['d_hv']}",
-                  str(s.measured_L_opt), f"{s.measured_ms_opt:.3f}", f"{s.optima['L_opt_runtime']:.0f}",
-                  str(s.model_L_pow2), f"{s.optima['L_opt_flop']:.1f}",
-                  ", ".join(f"{p['L']}: {p['ratio_sum']:.2f}" for p in s.points))
-    return t
+        rows.append([s.kernel, L(s.mode), f"B={sh['batch']} S={sh['seq_len']} NH={sh['heads']} {sh['d_qk']}/{sh['d_hv']}",
+                     str(s.measured_L_opt), f"{s.measured_ms_opt:.3f}", f"{s.optima['L_opt_runtime']:.0f}",
+                     str(s.model_L_pow2), f"{s.optima['L_opt_flop']:.1f}",
+                     ", ".join(f"{p['L']}: {p['ratio_sum']:.2f}" for p in s.points)])
+    return _fitted("optimal chunk size: measured (lowest median) vs model (eq. 121 runtime, eq. 111 FLOPs)",
+                   columns, rows, label_cols=(0,))
 
 
 def _ms_and_fraction(ms, bound) -> str:
@@ -164,17 +350,16 @@ def profile_table(cases, title: str | None = None):
     profiled = any(case.kernel_ms is not None for case in cases)
     default = ("where the time goes: ms per call, (bound / time) against each part's own bound" if profiled
                else "each case against the model's bound and the physical floor: ms, (bound / measured)")
-    t = Table(title=title or default,
-              caption=("parts: the model's (docs/model.md); a part's bound: its model FLOPs and bytes at the "
-                       "ceilings; " if profiled else "")
-              + "floor: the fewest bytes and FLOPs any implementation needs (docs/model.md)")
-    for col in ("kernel", "mode", "S", "L", "ms median", *(["kernels ms"] if profiled else []), *labels,
-                "model bound", "floor"):
-        t.add_column(col, justify="left" if col in ("kernel", "mode") else "right")
+    caption = (("parts: the model's (docs/model.md); a part's bound: its model FLOPs and bytes at the "
+                "ceilings; " if profiled else "")
+               + "floor: the fewest bytes and FLOPs any implementation needs (docs/model.md)")
+    columns = [Column("kernel"), Column("mode"), *(Column(c, True) for c in (
+        "S", "L", "ms median", *(["kernels ms"] if profiled else []), *labels, "model bound", "floor"))]
+    rows = []
     for case in cases:
         r = case.row
         chunk = r.get("chunk_size")
-        cells = [L(str(r.get("kernel"))), str(r.get("mode")), f"{int(r['seq_len'])}",
+        cells = [r.get("kernel"), L(r.get("mode")), f"{int(r['seq_len'])}",
                  "" if chunk is None or chunk != chunk else f"{int(chunk)}",
                  "" if case.measured_ms is None else f"{case.measured_ms:.3f}"]
         if profiled:
@@ -186,27 +371,28 @@ def profile_table(cases, title: str | None = None):
             empty = "no model" if case.bound_ms is None else ""   # a counted kind may lack a floor
             cells.append(empty if bound is None else (
                 f"{bound:.3f}" if not case.measured_ms else f"{bound:.3f} ({bound / case.measured_ms:.2f})"))
-        t.add_row(*cells)
-    return t
+        rows.append(cells)
+    return _fitted(title or default, columns, rows, label_cols=(0,), caption=caption)
 
 
 def kernels_table(case, top: int = 12):
     """A rich Table of one profiled case's kernels (the ``top`` largest of each part): part,
     kernel name, ms and launches per call, share of the kernel time."""
     r = case.row
-    t = Table(title=L(f"{r.get('kernel')} {r.get('mode')} S={int(r['seq_len'])}: {case.source} per call"))
-    for col in ("part", "kernel", "ms", "launches", "share"):
-        t.add_column(col, justify="left" if col in ("part", "kernel") else "right",
-                     overflow="fold" if col == "kernel" else "ellipsis")
+    columns = [Column("part"), Column("kernel", fold=True, max_width=80), Column("ms", True),
+               Column("launches", True), Column("share", True)]
+    rows = []
     for part in case.parts:
         for name, ms, calls in part.kernels[:top]:
             share = f"{100 * ms / case.kernel_ms:.1f} %" if case.kernel_ms else ""
-            t.add_row(part.label, L(name), f"{ms:.4f}", f"{calls:g}", share)
+            rows.append([part.label, L(name), f"{ms:.4f}", f"{calls:g}", share])
         if len(part.kernels) > top:
             rest = part.kernels[top:]
-            t.add_row(part.label, f"({len(rest)} more)", f"{sum(k[1] for k in rest):.4f}",
-                      f"{sum(k[2] for k in rest):g}", "")
-    return t
+            rows.append([part.label, f"({len(rest)} more)", f"{sum(k[1] for k in rest):.4f}",
+                         f"{sum(k[2] for k in rest):g}", ""])
+    title = terminal_text(f"{shorten(terminal_text(r.get('kernel')), LABEL_WIDTH)} {r.get('mode')} "
+                          f"S={int(r['seq_len'])}: {case.source} per call")
+    return _fitted(title, columns, rows)
 
 
-__all__ = ["summary_table", "verify_table", "distance_table", "sweep_table", "profile_table", "kernels_table"]
+__all__ = ["Column", "Fitted", "fit_tables", "legend_table", "short_labels", "summary_table", "verify_table", "distance_table", "sweep_table", "profile_table", "kernels_table"]

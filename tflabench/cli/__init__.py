@@ -23,6 +23,7 @@ from typer.core import TyperArgument, TyperCommand, TyperGroup
 from tflabench import __version__
 from tflabench.console import output_width
 from tflabench.errors import UserError
+from tflabench.text_safety import terminal_text
 
 #: Width of ``--help`` where there is no terminal and no COLUMNS (a file, a CI log).
 HELP_WIDTH = 120
@@ -183,11 +184,12 @@ def _root(
 
 @contextlib.contextmanager
 def user_errors():
-    """Turn a :class:`UserError` into one line on stderr and exit status 2 (no traceback)."""
+    """Turn a :class:`UserError` into one line on stderr and exit status 2 (no traceback);
+    what it quotes from a file passes :func:`tflabench.text_safety.terminal_text`."""
     try:
         yield
     except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
+        typer.echo(f"error: {terminal_text(exc, 4000)}", err=True)
         raise typer.Exit(2) from None
 
 
@@ -277,7 +279,7 @@ def echo_warnings(*result_sets) -> None:
     ``warning:`` line each on stderr."""
     for rs in result_sets:
         for line in getattr(rs, "warnings", ()):
-            typer.echo(f"warning: {line}", err=True)
+            typer.echo(f"warning: {terminal_text(line, 4000)}", err=True)
 
 
 def _register() -> None:

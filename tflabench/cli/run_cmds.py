@@ -17,12 +17,14 @@ from rich.markup import escape
 from tflabench.cli import app, ceilings_option, comma_list, echo_warnings, interruptible, plots_option, user_errors
 from tflabench.console import make_console
 from tflabench.errors import UserError
+from tflabench.text_safety import terminal_text
 
 
 def _status_line(rows) -> str:
+    """``"3 ok, 1 crash"``: the rows' statuses counted (row dicts or a DataFrame)."""
     from collections import Counter
 
-    counts = Counter(r["status"] for r in rows)
+    counts = Counter(rows["status"].tolist()) if hasattr(rows, "columns") else Counter(r["status"] for r in rows)
     order = ["ok", "wrong", "crash", "timeout", "oom", "error", "unavailable", "not_run"]
     return ", ".join(f"{counts[s]} {s}" for s in order if counts.get(s))
 
@@ -181,17 +183,21 @@ def _report_run(loaded, result, plots: bool) -> None:
 NOISY_NAMED = 6
 
 
-def _warn_noisy(rows) -> None:
-    """End a run with a warning naming the cases whose timings spread more than
-    compare's noise level, and what to do (on stderr)."""
+def _warn_noisy(rows) -> list[tuple[str, float]]:
+    """End a run (or a report) with a warning naming the cases whose timings spread more
+    than compare's noise level, and what to do (on stderr); returns those cases
+    (:func:`tflabench.compare.noisy_cases`)."""
     from tflabench.compare import NOISE_ADVICE, NOISY_RELATIVE_IQR, noisy_cases, slowdown_text
 
     noisy = noisy_cases(rows)
     if not noisy:
-        return
-    named = "; ".join(f"{label} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
+        return noisy
+    traced = rows  # only traced rows can say why (fast on 100,000 rows)
+    if "gpu_slowdowns" in rows.columns:
+        traced = rows[rows["gpu_slowdowns"].map(lambda x: isinstance(x, str))]
+    named = "; ".join(f"{terminal_text(label, 120)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
     more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
-    trace = slowdown_text(rows, noisy)
+    trace = slowdown_text(traced, noisy)
     on_gpu = "device" in rows.columns and rows["device"].astype(str).str.startswith("cuda").any()
     if trace:
         trace = f" {trace[:1].upper()}{trace[1:]}."
@@ -200,6 +206,7 @@ def _warn_noisy(rows) -> None:
     typer.echo(f"warning: {len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median "
                f"(IQR / median): {named}{more}.{trace} Their medians are not to be trusted and `tflabench "
                f"compare` cannot decide on them: {NOISE_ADVICE}.", err=True)
+    return noisy
 
 
 def _write_run_plots(directory: Path) -> list[Path]:
@@ -227,8 +234,13 @@ def _write_run_plots(directory: Path) -> list[Path]:
 def report(
     results_dir: Path = typer.Argument(..., help="A result set (directory or one of its files).", metavar="RESULTS"),
     plots: bool = plots_option("Redraw the figures."),
-    out: Optional[Path] = typer.Option(None, "--out", help="Directory the figures are written into (default "
-                                       "RESULTS/plots)."),
+    out: Optional[Path] = typer.Option(None, "--out", help="Directory the figures are written into (default: "
+                                       "results/plots/<suite>-<set>/ in the current directory; never the set itself "
+                                       "unless named here)."),
+    all_rows: bool = typer.Option(False, "--all", help="Print every row (default: the first 100 and a count "
+                                  "of the rest; in --html the first 2000)."),
+    wide: bool = typer.Option(False, "--wide", help="Print each table on one line per row, however wide (default: "
+                              "columns that do not fit the terminal move to a second table)."),
     html: Optional[Path] = typer.Option(
         None, "--html", help="Also write a self-contained HTML report (tables + figures in one file, "
         "nothing loaded from the network) to FILE.html."),
@@ -252,11 +264,11 @@ def report(
     with user_errors():
         from tflabench import model_vs_measured as mm
         from tflabench.outputs import check_writable
-        from tflabench.report_html import check_html_path, html_report, write_html_report
+        from tflabench.report_html import HTML_ROWS, check_html_path, html_report, write_html_report
         from tflabench.results import load_results, timing_text
         from tflabench.kernel_profile import breakdowns
-        from tflabench.tables import (distance_table, kernels_table, profile_table, summary_table, sweep_table,
-                                      verify_table)
+        from tflabench.tables import (SHOWN_ROWS, distance_table, kernels_table, profile_table, summary_table,
+                                      sweep_table, verify_table)
 
         if not 0.5 <= causal_factor <= 1.0:
             raise UserError(f"--causal-factor={causal_factor!r} is not valid; F_causal must lie in [0.5, 1]")
@@ -265,37 +277,43 @@ def report(
         if gpu is not None and len(comma_list("--gpu", gpu)) > 1:
             raise UserError(f"--gpu={gpu!r}: report places the rows on one GPU's roofline; give one")
         rs = load_results(results_dir)
+        _normalise_set_labels(rs, results_dir)
+        _check_modes(rs.rows, results_dir)
         if html is not None:  # every output checked before anything is printed or drawn
             check_html_path(html)
-        plot_dir = out or rs.path / "plots"
+        plot_dir = out if out is not None else default_report_dir(rs.path)
         if plots:
-            check_writable(plot_dir / "runtime.png", "--out" if out else "the set's plots/ (--no-plots: none)")
+            check_writable(plot_dir / "runtime.png", "--out" if out else f"{plot_dir}/ (--out DIR: another; "
+                           "--no-plots: none)")
+            check_untracked(plot_dir, rs.path)
         echo_warnings(rs)
-        con = make_console()
+        con = make_console(wide=wide)
         meta = rs.metadata
-        con.print(f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} ("
-                  + ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton") if meta.get(k))
-                  + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})",
-                  markup=False)
+        con.print(terminal_text(
+            f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} ("
+            + ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton") if meta.get(k))
+            + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})"),
+            markup=False)
         notes: list[str] = []
-        distance, sweeps, written, model_gpu = [], [], [], None
+        distance, sweeps, written, model_gpu, noisy = [], [], [], None, []
         verify_set = bool(rs.rows["numerics_case"].notna().any())  # a `tflabench verify` result set
         if verify_set:
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
-            con.print(_status_line(rs.rows.to_dict("records")))
+            con.print(_status_line(rs.rows))
         else:
-            con.print(f"timed: {timing_text(meta)}", markup=False)
-            con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows"))
-            con.print(_status_line(rs.rows.to_dict("records")))
+            con.print(terminal_text(f"timed: {timing_text(meta)}", 2000), markup=False)
+            con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows", limit=None if all_rows else SHOWN_ROWS))
+            con.print(_status_line(rs.rows))
+            noisy = _warn_noisy(rs.rows)
             try:
                 model_gpu = mm.ceilings_for(meta, ceilings, gpu)
             except UserError as exc:
                 if gpu is not None or ceilings == "measured":
                     raise
-                notes.append(f"no model comparison: {exc}")
+                notes.append(terminal_text(f"no model comparison: {exc}", 2000))
                 con.print(notes[-1], style="dim", markup=False)
             if model_gpu is not None:
-                con.print(f"model: {mm.model_ceilings_text(model_gpu)}", markup=False)
+                con.print(terminal_text(f"model: {mm.model_ceilings_text(model_gpu)}", 2000), markup=False)
                 placement = mm.roofline_placement(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
                 distance = mm.distance_to_bound(placement)
                 sweeps = mm.chunk_sweeps(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
@@ -305,9 +323,13 @@ def report(
                 if sweeps:
                     con.print(sweep_table(sweeps))
             alpha, beta = (model_gpu.flops_per_s, model_gpu.bytes_per_s) if model_gpu is not None else (None, None)
-            cases = breakdowns(rs.rows, alpha, beta)
+            profiled = "kernel_profile" in rs.rows.columns and bool(rs.rows["kernel_profile"].notna().any())
+            capped = rs.rows if all_rows or len(rs.rows) <= SHOWN_ROWS else rs.rows.iloc[:SHOWN_ROWS]
+            cases = breakdowns(capped, alpha, beta) if profiled or model_gpu is not None else []
             if any(c.source is not None for c in cases) or (cases and model_gpu is not None):
                 con.print(profile_table(cases))
+                if len(capped) < len(rs.rows):
+                    con.print(f"(of the first {len(capped)} rows; `--all`: every row)", markup=False)
                 for case in cases if kernels else []:
                     if case.source is not None:
                         con.print(kernels_table(case, top=kernels))
@@ -316,7 +338,10 @@ def report(
             if verify_set:
                 from tflabench.plots.numerics import heatmap_title, write_heatmap
 
-                return [write_heatmap(rs.rows, directory / "verify_heatmap.png", title=heatmap_title(meta))]
+                from tflabench.text_safety import LABEL_WIDTH
+
+                shown = rs.rows.assign(kernel=rs.rows["kernel"].map(lambda k: terminal_text(k, LABEL_WIDTH)))
+                return [write_heatmap(shown, directory / "verify_heatmap.png", title=heatmap_title(meta))]
             from tflabench.plots.benchmark import write_plots
 
             return write_plots(rs.path, directory, model_gpu=model_gpu, F_causal=causal_factor)
@@ -332,8 +357,78 @@ def report(
             with tempfile.TemporaryDirectory(prefix="tflabench-report-") as scratch:
                 figures = written if plots else draw(Path(scratch))  # --no-plots: no figure file stays
                 text = html_report(rs, figures=figures, distance=distance, sweeps=sweeps, notes=notes,
+                                   warnings=[] if verify_set else _noisy_lines(noisy),
+                                   max_rows=None if all_rows else HTML_ROWS,
                                    ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
             con.print(f"html: {write_html_report(html, text)}", markup=False)
+
+
+def default_report_dir(set_path: Path) -> Path:
+    """Where ``report`` writes its figures without ``--out``: ``results/plots/<suite>-<set>/``
+    under the current directory, as the analytic commands' ``results/plots/`` (``<suite>``,
+    ``<set>``: the set directory's parent's name and its own, e.g.
+    ``results/plots/cpu_demo-20260101-120000/``), outside the set (docs/harness.md,
+    "Reports: the terminal, Markdown, one HTML file")."""
+    import re
+
+    resolved = set_path.resolve()
+    name = f"{resolved.parent.name}-{resolved.name}" if resolved.parent.name else resolved.name
+    return Path("results", "plots", re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "set")
+
+
+def check_untracked(plot_dir: Path, set_path: Path) -> None:
+    """Refuse to draw figures over a file of the set that git tracks (a committed reference
+    set): UserError naming the file. Only figure names report writes are checked; a
+    directory outside a git work tree passes."""
+    import subprocess
+
+    names = ("runtime.png", "memory_vs_runtime.png", "roofline_measured.png", "optimal_chunk.png",
+             "verify_heatmap.png")
+    target = plot_dir.resolve()
+    if not target.is_dir():
+        return
+    try:
+        tracked = subprocess.run(["git", "-C", str(target), "ls-files", "--", *names], capture_output=True,
+                                 text=True, timeout=10).stdout.split()
+    except (OSError, subprocess.SubprocessError):  # no git: nothing is tracked
+        return
+    if tracked:
+        raise UserError(f"--out {plot_dir}: {terminal_text(tracked[0])} there is tracked by git; report does not "
+                        "overwrite a committed figure: give another --out DIR, or --no-plots")
+
+
+def _normalise_set_labels(rs, where) -> None:
+    """The set's kernel labels in their normalised form (NFC, no zero-width characters),
+    in place; UserError naming both where two collide (:func:`distinct_labels`)."""
+    from tflabench.text_safety import distinct_labels
+
+    column = rs.rows["kernel"]
+    mapping = distinct_labels((x for x in column.unique() if isinstance(x, str)), f"{where}")
+    if any(k != v for k, v in mapping.items()):
+        rs.rows["kernel"] = column.map(lambda x: mapping.get(x, x))
+
+
+def _check_modes(rows, where) -> None:
+    """UserError naming the first row whose mode is neither ``fwd`` nor ``fwdbw`` (a set
+    edited by hand or from another tool): its figures and model rows have no meaning."""
+    bad = rows.index[~rows["mode"].isin(("fwd", "fwdbw"))]
+    if len(bad):
+        mode = terminal_text(repr(rows.at[bad[0], "mode"]), 80)
+        raise UserError(f"{where}: row {int(bad[0]) + 1} has mode {mode}; a result row's mode is fwd or fwdbw "
+                        "(the set was edited or written by another tool): correct or remove that row")
+
+
+def _noisy_lines(noisy: list[tuple[str, float]]) -> list[str]:
+    """The spread warning of :func:`_warn_noisy` (its ``(label, spread)`` pairs) as lines for
+    the HTML report (none where no case spread more than compare's noise level)."""
+    from tflabench.compare import NOISY_RELATIVE_IQR
+
+    if not noisy:
+        return []
+    named = "; ".join(f"{terminal_text(label, 120)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
+    more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
+    return [f"{len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median (IQR / median): "
+            f"{named}{more}. Their medians are not to be trusted and `tflabench compare` cannot decide on them."]
 
 
 def backend_table():

@@ -188,8 +188,11 @@ def write_plots(directory: str | Path, out_dir: str | Path | None = None, *, mod
     Raises UserError when ``directory`` is not a result set."""
     from tflabench.results import load_results
 
+    from tflabench.text_safety import LABEL_WIDTH, terminal_text
+
     rs = load_results(directory)
     out = Path(out_dir) if out_dir is not None else rs.path / "plots"
+    rs.rows["kernel"] = rs.rows["kernel"].map(lambda k: terminal_text(k, LABEL_WIDTH))  # a figure's labels: short, plain
     frame = rs.rows
     from tflabench.plots.style import set_label
 
