@@ -37,7 +37,8 @@ def _row(kernel, seq_len=128, mode="fwd", ms=1.2345, **over):
                      mode=mode, dtype="float32", device="cpu", batch=2, seq_len=seq_len, heads=4, d_qk=64, d_hv=128,
                      chunk_size=64, embedding_dim=512, status="ok", ms_median=ms, ms_q25=ms * 0.9, ms_q75=ms * 1.1,
                      ms_samples=[ms] * 5, n_iter=5, first_call_s=0.4321, numerics_err=3.2e-7, numerics_worst="h",
-                     peak_mem_bytes=3 * 2**30, tflops_per_s=12.345, reason="impl=reference"), **over)
+                     peak_mem_bytes=3 * 2**30, flops=1.5e10, bytes=2.0e8, tflops_per_s=12.345,
+                     reason="impl=reference"), **over)
 
 
 # ------------------------------------------------------------------ text_safety
@@ -109,7 +110,7 @@ def test_report_refuses_a_row_of_unknown_mode_in_one_line(tmp_path):
     directory = write_results(tmp_path / "set", [_row("k", mode="sideways", backend="nosuch", family="nofam")], META)
     result = runner.invoke(app, ["report", str(directory), "--out", str(tmp_path / "plots")])
     assert result.exit_code == 2, result.output
-    assert result.output.count("\n") == 1 and "sideways" in result.output and "fwd or fwdbw" in result.output
+    assert result.output.count("\n") == 1 and "sideways" in result.output and "fwd, fwdbw" in result.output
 
 
 def _numbers(row):

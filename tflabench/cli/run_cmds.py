@@ -278,7 +278,6 @@ def report(
             raise UserError(f"--gpu={gpu!r}: report places the rows on one GPU's roofline; give one")
         rs = load_results(results_dir)
         _normalise_set_labels(rs, results_dir)
-        _check_modes(rs.rows, results_dir)
         if html is not None:  # every output checked before anything is printed or drawn
             check_html_path(html)
         plot_dir = out if out is not None else default_report_dir(rs.path)
@@ -406,16 +405,6 @@ def _normalise_set_labels(rs, where) -> None:
     mapping = distinct_labels((x for x in column.unique() if isinstance(x, str)), f"{where}")
     if any(k != v for k, v in mapping.items()):
         rs.rows["kernel"] = column.map(lambda x: mapping.get(x, x))
-
-
-def _check_modes(rows, where) -> None:
-    """UserError naming the first row whose mode is neither ``fwd`` nor ``fwdbw`` (a set
-    edited by hand or from another tool): its figures and model rows have no meaning."""
-    bad = rows.index[~rows["mode"].isin(("fwd", "fwdbw"))]
-    if len(bad):
-        mode = terminal_text(repr(rows.at[bad[0], "mode"]), 80)
-        raise UserError(f"{where}: row {int(bad[0]) + 1} has mode {mode}; a result row's mode is fwd or fwdbw "
-                        "(the set was edited or written by another tool): correct or remove that row")
 
 
 def _noisy_lines(noisy: list[tuple[str, float]]) -> list[str]:
