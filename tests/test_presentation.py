@@ -218,3 +218,20 @@ def test_model_tables_of_a_gpu_set_read_at_80_columns(tmp_path):
     assert not re.search(r"\d…|…\d|\d\.…", out)
     for row in rows:
         assert f"{row['ms_median']:.3f}" in out
+
+
+def test_report_marks_host_bound_cases_and_says_what_helps(tmp_path):
+    """A GPU row whose host time per call reaches 80 % of its GPU time is named in a warning
+    (terminal and HTML), with the advice; a row well below it is not."""
+    rows = [_row("bound kernel", ms=1.0, host_ms=0.95, device="cuda", gpu_index="0", gpu_name="NVIDIA H100"),
+            _row("gpu kernel", ms=1.0, host_ms=0.2, device="cuda", gpu_index="0", gpu_name="NVIDIA H100",
+                 seq_len=256)]
+    directory = write_results(tmp_path / "set", rows, META)
+    result = runner.invoke(app, ["report", str(directory), "--no-plots", "--html", str(tmp_path / "r.html")],
+                           env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    warning = [line for line in result.stderr.splitlines() if "host-bound" in line]
+    assert len(warning) == 1 and "bound kernel" in warning[0] and "gpu kernel" not in warning[0]
+    assert "cuda_graph" in warning[0] and "95%" in warning[0]
+    assert "host" in result.stdout and "0.950" in result.stdout   # the host ms column
+    assert "host-bound" in (tmp_path / "r.html").read_text()

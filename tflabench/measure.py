@@ -278,6 +278,30 @@ def host_ms_per_call(fn: Callable[[], Any], before_each: Callable[[], Any] | Non
     return float(statistics.median(samples))
 
 
+def host_bound_cases(rows) -> list[tuple[str, float]]:
+    """The ``ok`` rows whose host time per call (``host_ms``) is at least
+    :data:`HOST_BOUND_SHARE` of their GPU median (``ms_median``), as (case label, host / GPU),
+    largest share first; [] for rows without ``host_ms`` (CPU rows, older sets). ``rows``: a
+    DataFrame of result rows (docs/harness.md "Host time")."""
+    from tflabench.results import case_label
+
+    if "host_ms" not in getattr(rows, "columns", ()):
+        return []
+    found = []
+    for r in rows.to_dict("records"):
+        host, gpu = r.get("host_ms"), r.get("ms_median")
+        if r.get("status") != "ok" or not isinstance(host, (int, float)) or not isinstance(gpu, (int, float)):
+            continue
+        if gpu > 0 and host == host and host >= HOST_BOUND_SHARE * gpu:
+            found.append((case_label(r), host / gpu))
+    return sorted(found, key=lambda x: -x[1])
+
+
+#: what helps a host-bound case (``report``, ``run``)
+HOST_BOUND_ADVICE = ("a training step then runs at the host's pace: capture it as a CUDA graph "
+                     "(timing.cuda_graph: true times the replays) or give each call more work (a larger batch)")
+
+
 def first_call_seconds(fn: Callable[[], Any], device: str) -> float:
     """Wall seconds of one call of ``fn`` including a device synchronise (the first call:
     compilation and autotuning)."""
@@ -632,7 +656,7 @@ def measure_case(case) -> dict:
 
 __all__ = [
     "time_callable", "graph_replay", "GraphCaptureError", "GRAPH_WARMUP", "summarize", "first_call_seconds",
-    "host_ms_per_call", "HOST_CALLS", "HOST_BOUND_SHARE",
+    "host_ms_per_call", "HOST_CALLS", "HOST_BOUND_SHARE", "host_bound_cases", "HOST_BOUND_ADVICE",
     "peak_memory_bytes", "numerics_gate", "max_normalised_error", "measure_case", "GateResult", "is_oom",
     "torch_dtype", "dtype_name",
 ]

@@ -223,7 +223,8 @@ def _fitted(title, columns: list[Column], rows: list[list], *, label_cols=(), ca
 def summary_table(frame, title: str | None = None, limit: int | None = SHOWN_ROWS):
     """A table of result rows (kernel, mode, shape, status, ms_median, quartiles, peak GiB,
     first-call s, numerics error and its tensor, TFLOP/s, reason), in row order, fitted to the
-    width it is printed at (:func:`fit_tables`); with a ``GPU`` column (index, and the model
+    width it is printed at (:func:`fit_tables`); a ``host ms`` column where rows recorded the
+    host's time per call (GPU rows, docs/harness.md "Host time"); with a ``GPU`` column (index, and the model
     where they differ) when the rows ran on several GPUs, and a ``GPU clock`` column (the
     lowest busy SM clock in MHz and the slowdown reasons) when they were measured with
     ``run --gpu-trace``. At most ``limit`` rows (None: all) are shown; a line below says how
@@ -235,9 +236,11 @@ def summary_table(frame, title: str | None = None, limit: int | None = SHOWN_ROW
     mixed = len({name for _, name in gpus}) > 1
     show_trace = any(isinstance(r.get("gpu_slowdowns"), str) for r in records)
     show_q = any(_number(r.get("ms_q25"), ".3f") for r in records)
+    show_host = any(_number(r.get("host_ms"), ".3f") for r in records)
     columns = [Column("kernel"), Column("mode"), Column("B", True), Column("S", True), Column("NH x d_qk/d_hv"),
                Column("L", True), Column("status"), Column("ms median", True),
-               *([Column("ms q25-q75", True)] if show_q else []), Column("peak GiB", True, optional=True),
+               *([Column("ms q25-q75", True)] if show_q else []),
+               *([Column("host ms", True, optional=True)] if show_host else []), Column("peak GiB", True, optional=True),
                Column("1st call s", True, optional=True), Column("err", True, optional=True),
                Column("TFLOP/s", True, optional=True), Column("reason", fold=True, max_width=60, optional=True)]
     if show_gpu:
@@ -258,6 +261,7 @@ def summary_table(frame, title: str | None = None, limit: int | None = SHOWN_ROW
             f"{fmt(r.get('heads'), '.0f')} x {fmt(r.get('d_qk'), '.0f')}/{fmt(r.get('d_hv'), '.0f')}",
             fmt(r.get("chunk_size"), ".0f"), _styled(status, colour), fmt(r.get("ms_median"), ".3f"),
             *([f"{q25}-{q75}" if q25 and q75 else ""] if show_q else []),
+            *([fmt(r.get("host_ms"), ".3f")] if show_host else []),
             fmt(peak / 2**30 if peak is not None and peak == peak else None, ".2f"),
             fmt(r.get("first_call_s"), ".2f"),
             L(" ".join(x for x in (fmt(r.get("numerics_err"), ".1e"), str(r.get("numerics_worst") or "")) if x)),

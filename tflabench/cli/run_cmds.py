@@ -177,6 +177,7 @@ def _report_run(loaded, result, plots: bool) -> None:
         con.print(f"CPU threads per worker: {threads.get('per_worker')} of {threads.get('cores')} cores "
                   f"({threads.get('set_by')})")
     _warn_noisy(loaded_set.rows)
+    _warn_host_bound(loaded_set.rows)
 
 
 #: Most noisy cases a run's closing warning names (the rest are counted).
@@ -207,6 +208,29 @@ def _warn_noisy(rows) -> list[tuple[str, float]]:
                f"(IQR / median): {named}{more}.{trace} Their medians are not to be trusted and `tflabench "
                f"compare` cannot decide on them: {NOISE_ADVICE}.", err=True)
     return noisy
+
+
+def _host_bound_lines(rows) -> list[str]:
+    """The host-bound warning (docs/harness.md "Host time"): one line naming the cases whose
+    host time per call reaches :data:`tflabench.measure.HOST_BOUND_SHARE` of their GPU time
+    and what helps; [] where none does."""
+    from tflabench.measure import HOST_BOUND_ADVICE, HOST_BOUND_SHARE, host_bound_cases
+
+    bound = host_bound_cases(rows)
+    if not bound:
+        return []
+    named = "; ".join(f"{terminal_text(label, 120)} (host {share:.0%} of GPU)" for label, share in bound[:NOISY_NAMED])
+    more = f"; and {len(bound) - NOISY_NAMED} more" if len(bound) > NOISY_NAMED else ""
+    return [f"{len(bound)} case(s) host-bound (host time per call at least {HOST_BOUND_SHARE:.0%} of the GPU "
+            f"time): {named}{more}. {HOST_BOUND_ADVICE[:1].upper()}{HOST_BOUND_ADVICE[1:]}."]
+
+
+def _warn_host_bound(rows) -> list[str]:
+    """Print :func:`_host_bound_lines` as a warning on stderr; returns the lines."""
+    lines = _host_bound_lines(rows)
+    for line in lines:
+        typer.echo(f"warning: {line}", err=True)
+    return lines
 
 
 def _write_run_plots(directory: Path) -> list[Path]:
@@ -294,7 +318,7 @@ def report(
             + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})"),
             markup=False)
         notes: list[str] = []
-        distance, sweeps, written, model_gpu, noisy = [], [], [], None, []
+        distance, sweeps, written, model_gpu, noisy, host_bound = [], [], [], None, [], []
         verify_set = bool(rs.rows["numerics_case"].notna().any())  # a `tflabench verify` result set
         if verify_set:
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
@@ -304,6 +328,7 @@ def report(
             con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows", limit=None if all_rows else SHOWN_ROWS))
             con.print(_status_line(rs.rows))
             noisy = _warn_noisy(rs.rows)
+            host_bound = _warn_host_bound(rs.rows)
             try:
                 model_gpu = mm.ceilings_for(meta, ceilings, gpu)
             except UserError as exc:
@@ -356,7 +381,7 @@ def report(
             with tempfile.TemporaryDirectory(prefix="tflabench-report-") as scratch:
                 figures = written if plots else draw(Path(scratch))  # --no-plots: no figure file stays
                 text = html_report(rs, figures=figures, distance=distance, sweeps=sweeps, notes=notes,
-                                   warnings=[] if verify_set else _noisy_lines(noisy),
+                                   warnings=[] if verify_set else _noisy_lines(noisy) + host_bound,
                                    max_rows=None if all_rows else HTML_ROWS,
                                    ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
             con.print(f"html: {write_html_report(html, text)}", markup=False)
