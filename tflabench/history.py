@@ -159,9 +159,10 @@ def check_series(sets: list[Any]) -> list[str]:
     """Refuse a series that cannot be read as one suite's history; return warnings.
 
     Every set must name the same suite, and the measurement conditions that ``compare``
-    warns about (:data:`tflabench.compare.ENVIRONMENT_KEYS`, the peers' versions, the
-    timing fields of :func:`tflabench.compare.timing_warnings`) must agree with the first
-    set's: over a history a difference would show as a step of every case.
+    warns about (:data:`tflabench.compare.ENVIRONMENT_KEYS`, the timing fields of
+    :func:`tflabench.compare.timing_warnings`) must agree with the first set's: over a
+    history a difference would show as a step of every case. A peer's version that differs
+    is a warning, as in ``compare``.
 
     Raises:
         UserError: fewer than 2 sets, a set given twice, sets of different suites or
@@ -189,9 +190,11 @@ def check_series(sets: list[Any]) -> list[str]:
                 raise UserError(f"history: {key} differs ({str(first.path)!r}: {a.get(key)!r}, {str(rs.path)!r}: "
                                 f"{b.get(key)!r}); a history holds runs of one machine and stack (split the sets "
                                 "by stack, or start a new history after the upgrade)")
-        if (a.get("peers") or {}) != (b.get("peers") or {}):
-            raise UserError(f"history: the peers' versions differ between {str(first.path)!r} and "
-                            f"{str(rs.path)!r}; a history holds runs of one software stack")
+        pa, pb = a.get("peers") or {}, b.get("peers") or {}
+        for name in sorted(set(pa) | set(pb)):   # as compare: a warning, not a condition
+            if pa.get(name) != pb.get(name):
+                warnings.append(f"{str(rs.path)!r}: peer {name} differs from {str(first.path)!r}'s "
+                                f"({pa.get(name)!r} against {pb.get(name)!r}); its cases may move for that reason")
         timing = cmp.timing_warnings(a, b)
         if timing:
             raise UserError(f"history: {str(rs.path)!r} against {str(first.path)!r}: {timing[0]}")
