@@ -42,12 +42,13 @@ _SETUPS: dict = {}
 
 
 def _setup(q: Tensor, v: Tensor, variant: str, chunk_size: int, algorithm: str,
-           normalize: bool, eps: float, return_last: bool, grad: bool, tuning: int):
+           normalize: bool, eps: float, return_last: bool, grad: bool, tuning: int,
+           shape: tuple | None = None):
     """The plan (:func:`tfla.plan.plan_of`) and the kernel configuration of one call, from
     plain values; worked out once per shape, dtype and flags (one dictionary look-up
-    after)."""
-    B, NH, S, d_qk = q.shape
-    key = (variant, B * NH, S, d_qk, v.shape[-1], q.dtype, q.device, chunk_size, algorithm,
+    after). ``shape``: (B, NH, S, d_qk, d_hv) as ints where q's and v's may be symbolic."""
+    B, NH, S, d_qk, d_hv = shape or (*q.shape, v.shape[-1])
+    key = (variant, B * NH, S, d_qk, d_hv, q.dtype, q.device, chunk_size, algorithm,
            normalize, eps, return_last, grad, tuning)
     found = _SETUPS.get(key)
     if found is None:
@@ -55,7 +56,7 @@ def _setup(q: Tensor, v: Tensor, variant: str, chunk_size: int, algorithm: str,
         from tfla.triton.chunkwise import Config
         from tfla.triton.tuning import tuning_of
 
-        p = plan_of(variant, B * NH, S, d_qk, v.shape[-1], q.dtype, q.device,
+        p = plan_of(variant, B * NH, S, d_qk, d_hv, q.dtype, q.device,
                     chunk_size or "auto", algorithm, grad, normalize, return_last, tuning,
                     True)
         two_level_walk = p.algorithm.endswith("_two_level")
@@ -92,15 +93,16 @@ def mlstm_fwd(q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor, C0: Optiona
 @mlstm_fwd.register_fake
 def _mlstm_fwd_fake(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, normalize, eps,
                     return_last, grad, tuning):
-    """The shapes and dtypes of :func:`mlstm_fwd`'s outputs (the same plan decides)."""
+    """The shapes and dtypes of :func:`mlstm_fwd`'s outputs (the same plan decides). The
+    plan depends on the sequence length and the head dimensions, so symbolic sizes are
+    specialised to the example's (``int``)."""
     import triton
 
     from tfla.triton.common import cdiv
 
+    B, NH, S, d_qk, d_hv = (int(x) for x in (*q.shape, v.shape[-1]))
     p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last, grad,
-                    tuning)
-    B, NH, S, d_qk = q.shape
-    d_hv = v.shape[-1]
+                    tuning, (B, NH, S, d_qk, d_hv))
     f32 = dict(dtype=torch.float32, device=q.device)
     outs = [q.new_empty((B, NH, S, d_hv))]
     if return_last:
@@ -110,7 +112,8 @@ def _mlstm_fwd_fake(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, n
     if grad and p.algorithm not in ("walk", "walk_segments"):
         BNH, L = B * NH, cfg.L
         NC = cdiv(S, L)
-        outs.append(q.new_empty((BNH, NC * L) if normalize else (1,), **f32))
+        if normalize:
+            outs.append(q.new_empty((BNH, NC * L), **f32))
         if not cfg.recompute_states:
             k_dtype = (torch.float32 if q.dtype == torch.bfloat16
                        and triton.knobs.runtime.interpret else q.dtype)

@@ -195,7 +195,8 @@ def forward(q, k, v, i, f, C0, n0, m0, plan, cfg: Config, return_last: bool,
     Returns the list the operator ``tfla::mlstm_fwd`` returns (:func:`output_layout`): h
     (B, NH, S, d_hv) in q's dtype; with ``return_last`` C_S (B, NH, d_qk, d_hv) and n_S
     (B, NH, d_qk), float32, and for mLSTMexp m_S (B, NH, 1); with ``grad`` what the backward
-    reads: n_out, and unless ``cfg.recompute_states`` the chunk states C_st, m_st and the
+    reads: n_out where ``cfg.normalize`` (unread without the normaliser: the backward then
+    passes a placeholder), and unless ``cfg.recompute_states`` the chunk states C_st, m_st and the
     gate vectors b, a, ī (and m^intra for mLSTMexp)."""
     B, NH, S, d_qk = q.shape
     d_hv = v.shape[-1]
@@ -226,7 +227,8 @@ def forward(q, k, v, i, f, C0, n0, m0, plan, cfg: Config, return_last: bool,
         if cfg.is_exp:
             outs.append(m_st[:, -1].reshape(B, NH, 1).clone())
     if grad:
-        outs.append(n_out)
+        if cfg.normalize:
+            outs.append(n_out)
         if not cfg.recompute_states:
             outs += [C_st, m_st, *gates[:4 if cfg.is_exp else 3]]
     return outs
@@ -254,7 +256,10 @@ def backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, plan, cfg: C
     i_f, f_f = _flat(i, S), _flat(f, S)
     mods = kernels()
     rec, pbw, lbw = mods.recurrent, mods.parallel_bw, mods.limit_bw
-    n_out = saved[0]
+    if cfg.normalize:
+        n_out, *saved = saved
+    else:
+        n_out = torch.empty((1,), device=q.device, dtype=torch.float32)
     if cfg.recompute_states:
         C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
         m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
@@ -264,8 +269,8 @@ def backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, plan, cfg: C
                                             tuning=cfg.tuning)
         gates = gates[:4]
     else:
-        C_st, m_st = saved[1:3]
-        gates = tuple(saved[3:7]) if cfg.is_exp else (*saved[3:6], saved[3])
+        C_st, m_st = saved[:2]
+        gates = tuple(saved[2:6]) if cfg.is_exp else (*saved[2:5], saved[2])
     b_vec, _, _, mi_vec = gates
     if dh is None:
         dh = torch.zeros((B, NH, S, d_hv), device=qf.device, dtype=qf.dtype)
