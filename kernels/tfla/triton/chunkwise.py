@@ -127,6 +127,12 @@ def effective_chunk(S: int, chunk_size: int) -> int:
     return min(chunk_size, max(16, pow2(S)))
 
 
+def _as(x, dtype):
+    """x in dtype; x itself (no torch call) where it has it already (docs/kernels.md,
+    "Host time": no operation a call does not need)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _flat(x, *tail):
     return x.reshape(-1, *tail).contiguous() if x is not None else None
 
@@ -210,9 +216,9 @@ def forward(q, k, v, i, f, C0, n0, m0, plan, cfg: Config, return_last: bool,
         out = kernels().sig_walk_fw.sig_walk_fw(qf, kf, vf, i_f, f_f, C0f, n0f, **dict(plan.walk),
                                                 with_last=return_last)
         if not return_last:
-            return [out.reshape(B, NH, S, d_hv).to(out_dtype)]
+            return [_as(out.reshape(B, NH, S, d_hv), out_dtype)]
         h, C_last, n_last = out
-        return [h.reshape(B, NH, S, d_hv).to(out_dtype), C_last.reshape(B, NH, d_qk, d_hv),
+        return [_as(h.reshape(B, NH, S, d_hv), out_dtype), C_last.reshape(B, NH, d_qk, d_hv),
                 n_last.reshape(B, NH, d_qk)]
     if cfg.walk:
         h, n_out, states, gates = walk_forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, cfg,
@@ -221,7 +227,7 @@ def forward(q, k, v, i, f, C0, n0, m0, plan, cfg: Config, return_last: bool,
         h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg,
                                                   with_n=return_last)
     C_st, n_st, m_st, C_last_f = states
-    outs = [h.reshape(B, NH, S, d_hv).to(out_dtype)]
+    outs = [_as(h.reshape(B, NH, S, d_hv), out_dtype)]
     if return_last:
         outs += [C_last_f.reshape(B, NH, d_qk, d_hv), n_st[:, -1].reshape(B, NH, d_qk).clone()]
         if cfg.is_exp:
@@ -274,8 +280,8 @@ def backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, plan, cfg: C
     b_vec, _, _, mi_vec = gates
     if dh is None:
         dh = torch.zeros((B, NH, S, d_hv), device=qf.device, dtype=qf.dtype)
-    dhf = _flat(dh.to(qf.dtype), S, d_hv)
-    dCf = _flat(dC_last.float(), d_qk, d_hv) if dC_last is not None else None
+    dhf = _flat(_as(dh, qf.dtype), S, d_hv)
+    dCf = _flat(_as(dC_last, torch.float32), d_qk, d_hv) if dC_last is not None else None
     state_bw = functools.partial(rec.recurrent_bw, qf, b_vec, mi_vec, m_st, n_out, dhf, dCf,
                                  L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
                                  eps=cfg.eps, d_hv=d_hv, with_dc0=with_dc0, tuning=cfg.tuning)
@@ -309,11 +315,11 @@ def backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, plan, cfg: C
     # gate gradients (docs/tfla-kernels.md 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
     T = (dCf * C_last.reshape(-1, d_qk, d_hv)).sum((-2, -1)) if dCf is not None else None
     di, df = rec.gate_grads(qdq, kdk, i_f, f_f, T, is_exp=cfg.is_exp)
-    grads = [dq.reshape(B, NH, S, d_qk).to(dtypes[0]), dk.reshape(B, NH, S, d_qk).to(dtypes[1]),
-             dv.reshape(B, NH, S, d_hv).to(dtypes[2]), di.reshape(B, NH, S).to(dtypes[3]),
-             df.reshape(B, NH, S).to(dtypes[4])]
+    grads = [_as(dq.reshape(B, NH, S, d_qk), dtypes[0]), _as(dk.reshape(B, NH, S, d_qk), dtypes[1]),
+             _as(dv.reshape(B, NH, S, d_hv), dtypes[2]), _as(di.reshape(B, NH, S), dtypes[3]),
+             _as(df.reshape(B, NH, S), dtypes[4])]
     if with_dc0:
-        grads.append(dC_0.reshape(B, NH, d_qk, d_hv).to(C0.dtype))
+        grads.append(_as(dC_0.reshape(B, NH, d_qk, d_hv), C0.dtype))
     return grads
 
 
