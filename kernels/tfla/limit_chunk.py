@@ -65,8 +65,7 @@ def mlstm_limit_chunk(q, k, v, i, f, *, variant="sig", chunk_size=64, normalize=
     else:
         normalize = True
     C0, n0, m0 = check_initial_state(initial_state, dims, q.device, variant=variant)
-    from tfla.mlstm_sig import _needs_grad
-    from tfla.ops import apply, kernels_run
+    from tfla.ops import apply, kernels_run, needs_grad
 
     if not kernels_run(q):
         from tfla.reference import mlstm_chunkwise
@@ -76,4 +75,4 @@ def mlstm_limit_chunk(q, k, v, i, f, *, variant="sig", chunk_size=64, normalize=
     check_kernel_dtype(q)
     return apply(q, k, v, i, f, C0, n0, m0, variant=variant, chunk_size=L,
                  algorithm="limit_chunk", normalize=normalize, eps=eps,
-                 return_last=return_last_state, grad=_needs_grad(q, k, v, i, f, initial_state))
+                 return_last=return_last_state, grad=needs_grad(q, k, v, i, f, initial_state))

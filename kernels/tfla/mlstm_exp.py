@@ -67,8 +67,7 @@ def mlstm_exp(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", eps=1e-
     if chunk_size != "auto":
         check_chunk_size(chunk_size, minimum=16, power_of_two=True)
     C0, n0, m0 = check_initial_state(initial_state, dims, q.device, variant="exp")
-    from tfla.ops import apply, kernels_run
-    from tfla.mlstm_sig import _needs_grad
+    from tfla.ops import apply, kernels_run, needs_grad
 
     if not kernels_run(q):
         from tfla.reference import mlstm_chunkwise
@@ -80,4 +79,4 @@ def mlstm_exp(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", eps=1e-
     check_kernel_dtype(q)
     return apply(q, k, v, i, f, C0, n0, m0, variant="exp", chunk_size=chunk_size,
                  algorithm="xl_chunk", normalize=True, eps=eps, return_last=return_last_state,
-                 grad=_needs_grad(q, k, v, i, f, initial_state))
+                 grad=needs_grad(q, k, v, i, f, initial_state))

@@ -64,7 +64,9 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
     from tfla.plan import resolve_chunk
 
     dims = check_qkvif(q, k, v, i, f)
-    grad = _needs_grad(q, k, v, i, f, initial_state)
+    from tfla.ops import apply, kernels_run, needs_grad
+
+    grad = needs_grad(q, k, v, i, f, initial_state)
     if algorithm == "limit_chunk":
         from tfla.limit_chunk import mlstm_limit_chunk
 
@@ -84,8 +86,6 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
         if d > MAX_HEAD_DIM:
             raise ValueError(f"q/v: got {name}={d}; allowed: 1 <= {name} <= {MAX_HEAD_DIM}")
 
-    from tfla.ops import apply, kernels_run
-
     if not kernels_run(q):
         from tfla.reference import mlstm_chunkwise
 
@@ -99,14 +99,3 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
                  algorithm="xl_chunk", normalize=normalize, eps=EPS,
                  return_last=return_last_state, grad=grad)
 
-
-def _needs_grad(q, k, v, i, f, initial_state) -> bool:
-    """Whether the call records a backward: grad mode on and an input (or a state tensor)
-    requiring gradients."""
-    import torch
-
-    if not torch.is_grad_enabled():
-        return False
-    states = (initial_state if isinstance(initial_state, (tuple, list))
-              else (initial_state,))
-    return any(getattr(t, "requires_grad", False) for t in (q, k, v, i, f, *states))

@@ -24,7 +24,7 @@ from torch import Tensor
 from tfla.triton.common import interpret_mode
 from tfla.triton.tuning import tuning_key
 
-__all__ = ["apply", "kernels_run", "mlstm_fwd", "mlstm_bwd"]
+__all__ = ["apply", "kernels_run", "needs_grad", "mlstm_fwd", "mlstm_bwd"]
 
 #: ``tuning_key`` and ``interpret_mode`` as a trace sees them: constants of the trace
 _tuning_key = torch.compiler.assume_constant_result(tuning_key)
@@ -35,6 +35,16 @@ def kernels_run(q: Tensor) -> bool:
     """Whether a call with ``q`` runs the Triton kernels (CUDA tensors, or CPU tensors with
     TRITON_INTERPRET=1) rather than the PyTorch reference."""
     return q.device.type == "cuda" or _interpret()
+
+
+def needs_grad(q, k, v, i, f, initial_state) -> bool:
+    """Whether the call records a backward: grad mode on and an input (or a tensor of
+    ``initial_state``) requiring gradients."""
+    if not torch.is_grad_enabled():
+        return False
+    states = (initial_state if isinstance(initial_state, (tuple, list))
+              else (initial_state,))
+    return any(getattr(t, "requires_grad", False) for t in (q, k, v, i, f, *states))
 
 
 #: (plan, kernel configuration) per operator arguments (:func:`_setup`)

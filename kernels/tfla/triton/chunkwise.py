@@ -1,4 +1,4 @@
-"""Host side of the chunkwise Triton kernels: launch order, saved tensors, autograd.
+"""Host side of the chunkwise Triton kernels: the launch order and the saved tensors of every plan.
 
 Used by :func:`tfla.mlstm_exp` (mLSTMexp ``xl_chunk``), :func:`tfla.mlstm_sig` (mLSTMsig
 ``xl_chunk``, the "tiled" algorithm) and :func:`tfla.limit_chunk.mlstm_limit_chunk`
@@ -7,7 +7,7 @@ kernel (chunk states, b, m^comb), then the parallel H kernel. Backward: the recu
 kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three launches as in the paper's
 Table 1, or dQ and one dK/dV launch where ``bw_config`` says so; limit_chunk: one fused
 kernel per chunk), then the gate gradients (docs/tfla-kernels.md 3.4)
-from the fp32 row sums q·dq and k·dk. :func:`run_sig_walk` is the host side of mLSTMsig's
+from the fp32 row sums q·dq and k·dk. :func:`forward` also runs mLSTMsig's
 forward walk (``sig_walk_fw``), for the calls its rule takes, and
 :func:`walk_forward_kernels` the walk as the forward of a call with gradients (rule W6).
 
