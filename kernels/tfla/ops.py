@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
+import triton
 from torch import Tensor
 
 from tfla.triton.common import interpret_mode
@@ -56,10 +57,11 @@ def _setup(q: Tensor, v: Tensor, variant: str, chunk_size: int, algorithm: str,
            shape: tuple | None = None):
     """The plan (:func:`tfla.plan.plan_of`) and the kernel configuration of one call, from
     plain values; worked out once per shape, dtype and flags (one dictionary look-up
-    after). ``shape``: (B, NH, S, d_qk, d_hv) as ints where q's and v's may be symbolic."""
+    after; also keyed by Triton's interpreter switch, on which the kernels' operand dtype
+    depends). ``shape``: (B, NH, S, d_qk, d_hv) as ints where q's and v's may be symbolic."""
     B, NH, S, d_qk, d_hv = shape or (*q.shape, v.shape[-1])
     key = (variant, B * NH, S, d_qk, d_hv, q.dtype, q.device, chunk_size, algorithm,
-           normalize, eps, return_last, grad, tuning)
+           normalize, eps, return_last, grad, tuning, triton.knobs.runtime.interpret)
     found = _SETUPS.get(key)
     if found is None:
         from tfla.plan import plan_of
@@ -106,7 +108,6 @@ def _mlstm_fwd_fake(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, n
     """The shapes and dtypes of :func:`mlstm_fwd`'s outputs (the same plan decides). The
     plan depends on the sequence length and the head dimensions, so symbolic sizes are
     specialised to the example's (``int``)."""
-    import triton
 
     from tfla.triton.common import cdiv
 

@@ -139,9 +139,17 @@ def plan_of(variant: str, batch_heads: int, S: int, d_qk: int, d_hv: int, dtype,
     key = (variant, batch_heads, S, d_qk, d_hv, dtype, device, chunk_size, algorithm, grad,
            normalize, return_last_state, tuning, kernels_run)
     found = _PLANS.get(key)
-    if found is None:
-        found = _PLANS[key] = _decide(*key)
-    return found
+    if found is None or found[0] != _interpreting():
+        found = _PLANS[key] = (_interpreting(), _decide(*key))
+    return found[1]
+
+
+def _interpreting() -> bool:
+    """Triton's interpreter switch now (the kernels' operand dtype depends on it: a plan
+    made under the other setting is made again)."""
+    import triton
+
+    return bool(triton.knobs.runtime.interpret)
 
 
 def _decide(variant, bnh, S, d_qk, d_hv, dtype, device, chunk_size, algorithm, grad,
