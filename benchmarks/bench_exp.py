@@ -185,7 +185,8 @@ def impls(include_sig_xl=True):
 def breakdown(rows, S=8192, n=10):
     """Per-kernel times (median of n) of our exp kernels at one S (Figure-4 sizes)."""
     from tfla.triton.chunkwise import kernels
-    rec, pfw, pbw, lbw, _ = kernels()
+    mods = kernels()
+    rec, pfw, pbw, lbw = mods.recurrent, mods.parallel_fw, mods.parallel_bw, mods.limit_bw
     B = TOKENS // S
     q, k, v, i, f = make_inputs(B, S)
     flat = lambda x, *t: x.reshape(-1, *t).contiguous()  # noqa: E731

@@ -540,7 +540,8 @@ class Bench:
         the inputs the tiled forward's kernels take, for timing them one by one."""
         from tfla.triton.chunkwise import kernels
         shp = (SMOKE_SHAPES if self.smoke else SHAPES)[shape_name]
-        rec, pfw, _, _, _ = kernels()
+        mods = kernels()
+        rec, pfw = mods.recurrent, mods.parallel_fw
         xs, _ = self.inputs(shp, "mlstm", grad=False)
         BH = shp["B"] * shp["NH"]
         q, k, v = (x.reshape(BH, shp["S"], -1) for x in xs[:3])

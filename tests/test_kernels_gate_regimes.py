@@ -579,7 +579,7 @@ def walk_h(inputs, C0, n0, L):
     interpreter."""
     from tfla.triton import chunkwise
 
-    sig_walk_fw = chunkwise.kernels()[4].sig_walk_fw   # compiled for the interpreter
+    sig_walk_fw = chunkwise.kernels().sig_walk_fw.sig_walk_fw   # compiled for the interpreter
     q, k, v, i, f = inputs
     B, NH, S, d_qk = q.shape
     d_hv = v.shape[-1]

@@ -1,6 +1,8 @@
-"""The kernels' host side: the integer helpers every launcher calls, and that no launcher
+"""The kernels' host side: the integer helpers every launcher calls, that no launcher
 calls Triton's constexpr functions from Python, which cost microseconds per call (a call of
-``tfla.mlstm_sig`` fwd+bwd launches about ten kernels; docs/kernels.md, "Host time")."""
+``tfla.mlstm_sig`` fwd+bwd launches about ten kernels; docs/kernels.md, "Host time"), and
+the launches and torch operations of one call, bounded so that host work cannot creep
+back."""
 
 from __future__ import annotations
 
@@ -60,3 +62,85 @@ def test_no_launcher_calls_a_triton_constexpr_function():
     found = {str(p.relative_to(KERNELS)): lines for p in sorted(KERNELS.rglob("*.py"))
              if (lines := host_calls_of_triton_constexpr_functions(p.read_text()))}
     assert not found, f"use tfla.triton.common.cdiv / pow2 in host code: {found}"
+
+
+# ---------------------------------------------------------------- host work per call
+
+def host_work(variant: str, mode: str, dtype, *, states: bool = False) -> tuple[int, int]:
+    """(kernel launches, torch operations) of one call of ``tfla.mlstm_<variant>`` at tiny
+    shapes (B 1, NH 2, S 40, d_qk 16, d_hv 32, "auto"): ``mode`` "fwd" (no gradients) or
+    "fwdbw" (forward and ``.backward()``). Launches are counted and not run (the host work
+    of a launch without its kernel); torch operations are the ATen operators the call's
+    Python issues, counted by ``torch.profiler`` at the top level (an operator inside
+    another counts with it) without the registered operators themselves."""
+    from collections import Counter
+
+    import torch
+    import triton.runtime.interpreter as interp
+    from torch.profiler import ProfilerActivity, profile
+
+    import tfla
+
+    g = torch.Generator().manual_seed(0)
+    B, NH, S, d_qk, d_hv = 1, 2, 40, 16, 32
+    xs = [torch.randn(B, NH, S, d_qk, generator=g).to(dtype),
+          torch.randn(B, NH, S, d_qk, generator=g).to(dtype),
+          torch.randn(B, NH, S, d_hv, generator=g).to(dtype),
+          torch.randn(B, NH, S, generator=g), torch.randn(B, NH, S, generator=g) + 2]
+    dh = torch.ones(B, NH, S, d_hv, dtype=dtype)
+    fn = tfla.mlstm_sig if variant == "sig" else tfla.mlstm_exp
+    kw = {}
+    if states:
+        kw = dict(initial_state=torch.zeros(B, NH, d_qk, d_hv), return_last_state=True)
+
+    def call():
+        if mode == "fwd":
+            with torch.no_grad():
+                return fn(*xs, **kw)
+        leaves = [x.clone().requires_grad_(True) for x in xs]
+        out = fn(*leaves, **kw)
+        (out[0] if states else out).backward(dh)
+
+    call()                                   # first call: plan, configurations, compilation
+    launches = Counter()
+    run = interp.InterpretedFunction.run
+
+    def counted(self, *args, **kwargs):
+        launches[self.fn.__name__] += 1
+
+    interp.InterpretedFunction.run = counted
+    try:
+        if mode == "fwdbw":                  # the inputs' copies are the test's, not the call's
+            leaves = [x.clone().requires_grad_(True) for x in xs]
+
+            def call():                      # noqa: F811
+                out = fn(*leaves, **kw)
+                (out[0] if states else out).backward(dh)
+        with profile(activities=[ProfilerActivity.CPU]) as prof:
+            call()
+    finally:
+        interp.InterpretedFunction.run = run
+    ops = [e for e in prof.events() if e.name.startswith("aten::")
+           and (e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::"))]
+    return sum(launches.values()), len(ops)
+
+
+#: (launches, torch operations) per call at most, as the launchers reach them now: a change
+#: that adds host work per call must raise these on purpose (docs/kernels.md, "Host time").
+#: bfloat16 in Triton's interpreter adds the float32 copies of q, k, v (and casts back),
+#: which a GPU call does not make.
+HOST_WORK = {
+    ("sig", "fwd", "float32"): (3, 18), ("sig", "fwdbw", "float32"): (7, 50),
+    ("exp", "fwd", "float32"): (3, 20), ("exp", "fwdbw", "float32"): (7, 51),
+    ("sig", "fwd", "bfloat16"): (2, 15), ("sig", "fwdbw", "bfloat16"): (7, 62),
+}
+
+
+@pytest.mark.parametrize("variant,mode,dtype", sorted(HOST_WORK))
+def test_host_work_per_call_does_not_creep_back(variant, mode, dtype):
+    import torch
+
+    launches, ops = host_work(variant, mode, getattr(torch, dtype))
+    most_launches, most_ops = HOST_WORK[(variant, mode, dtype)]
+    assert launches == most_launches, f"{launches} launches (the plan's kernels: {most_launches})"
+    assert 0 < ops <= most_ops, f"{ops} torch operations per call (at most {most_ops})"

@@ -1,6 +1,6 @@
 """The mLSTMsig Triton kernels, run in Triton's CPU interpreter, against float64 references.
 
-Every case runs ``tfla.mlstm_sig`` (forward and backward through its autograd.Function)
+Every case runs ``tfla.mlstm_sig`` (forward and backward through its registered operators)
 with TRITON_INTERPRET=1 and compares h, the last state and all input gradients (dq, dk,
 dv, di, df, dC0) with autograd of ``tfla.reference.mlstm_recurrent`` in float64 on the same
 (rounded) inputs, including a gradient on the last state. Tolerances: the kernels multiply

@@ -82,7 +82,9 @@ def test_use_tuning_nests_and_restores():
 def test_the_default_tuning_is_every_rule_unchanged():
     """Tuning() overrides nothing: each configuration function returns what its rule gives
     without the argument, over a grid of chunks, head sizes and dtypes."""
-    rec, pfw, pbw, lbw, walk = kernels()
+    mods = kernels()
+    rec, pfw, pbw = mods.recurrent, mods.parallel_fw, mods.parallel_bw
+    lbw, walk = mods.limit_bw, mods.sig_walk_fw
     t = Tuning()
     for L, d_qk, d_hv, dt in itertools.product(CHUNKS, HEADS, HEADS, DTYPES):
         for limit, is_exp in itertools.product((False, True), repeat=2):
@@ -102,7 +104,9 @@ def test_the_default_tuning_is_every_rule_unchanged():
 
 
 def test_each_family_overrides_its_configuration():
-    rec, pfw, pbw, lbw, walk = kernels()
+    mods = kernels()
+    rec, pfw, pbw = mods.recurrent, mods.parallel_fw, mods.parallel_bw
+    lbw, walk = mods.limit_bw, mods.sig_walk_fw
     bf16 = torch.bfloat16
     t = Tuning(state={"B_DQK": 32, "num_stages": 2, "PIECE": 64}, fw={"B_DHV": 32},
                fw_limit={"num_warps": 2}, bw={"B_LKV": 16, "FUSED": True},
@@ -141,7 +145,8 @@ class _Spy:
 def test_an_override_reaches_the_launches_of_forward_and_backward(monkeypatch):
     """Under use_tuning, a call's launches take the overrides, and so does its backward when
     it runs after the block has closed (the kernel configuration carries the Tuning)."""
-    rec, pfw, pbw, _, _ = kernels()
+    mods = kernels()
+    rec, pfw, pbw = mods.recurrent, mods.parallel_fw, mods.parallel_bw
     log = []
     for mod, name in ((rec, "_recurrent_fw_kernel"), (rec, "_recurrent_bw_kernel"),
                       (pfw, "_parallel_fw_kernel"), (pbw, "_dq_kernel"), (pbw, "_dkv_kernel")):

@@ -65,15 +65,14 @@ def mlstm_limit_chunk(q, k, v, i, f, *, variant="sig", chunk_size=64, normalize=
     else:
         normalize = True
     C0, n0, m0 = check_initial_state(initial_state, dims, q.device, variant=variant)
-    from tfla.triton.common import interpret_mode
+    from tfla.ops import apply, kernels_run, needs_grad
 
-    if q.device.type == "cpu" and not interpret_mode():
+    if not kernels_run(q):
         from tfla.reference import mlstm_chunkwise
         return mlstm_chunkwise(q, k, v, i, f, variant=variant, chunk_size=L,
                                normalize=normalize, eps=eps, initial_state=initial_state,
                                return_last_state=return_last_state)
     check_kernel_dtype(q)
-    from tfla.triton.chunkwise import Config, effective_chunk, run
-    L_eff = effective_chunk(dims.S, L)
-    cfg = Config.make(variant=variant, normalize=normalize, eps=eps, L=L_eff, limit=True)
-    return run(q, k, v, i, f, C0, n0, m0, cfg, return_last_state)
+    return apply(q, k, v, i, f, C0, n0, m0, variant=variant, chunk_size=L,
+                 algorithm="limit_chunk", normalize=normalize, eps=eps,
+                 return_last=return_last_state, grad=needs_grad(q, k, v, i, f, initial_state))

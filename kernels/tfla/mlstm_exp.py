@@ -54,27 +54,29 @@ def mlstm_exp(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", eps=1e-
     check_choice("algorithm", algorithm, ALGORITHMS)
     from tfla.plan import resolve_chunk
 
-    if chunk_size == "auto":
-        dims = check_qkvif(q, k, v, i, f)
-        chunk_size = resolve_chunk(chunk_size, "exp", d_qk=dims.d_qk, d_hv=dims.d_hv,
-                                   grad=True, dtype=q.dtype, algorithm=algorithm)
+    dims = check_qkvif(q, k, v, i, f)
     if algorithm == "limit_chunk":
         from tfla.limit_chunk import mlstm_limit_chunk
-        return mlstm_limit_chunk(q, k, v, i, f, variant="exp", chunk_size=chunk_size,
+
+        L = resolve_chunk(chunk_size, "exp", d_qk=dims.d_qk, d_hv=dims.d_hv, grad=True,
+                          dtype=q.dtype, algorithm=algorithm)
+        return mlstm_limit_chunk(q, k, v, i, f, variant="exp", chunk_size=L,
                                  normalize=True, eps=eps, initial_state=initial_state,
                                  return_last_state=return_last_state)
-    dims = check_qkvif(q, k, v, i, f)
     eps = check_eps(eps)
-    L = check_chunk_size(chunk_size, minimum=16, power_of_two=True)
+    if chunk_size != "auto":
+        check_chunk_size(chunk_size, minimum=16, power_of_two=True)
     C0, n0, m0 = check_initial_state(initial_state, dims, q.device, variant="exp")
-    from tfla.triton.common import interpret_mode
+    from tfla.ops import apply, kernels_run, needs_grad
 
-    if q.device.type == "cpu" and not interpret_mode():
+    if not kernels_run(q):
         from tfla.reference import mlstm_chunkwise
+
+        L = resolve_chunk(chunk_size, "exp", d_qk=dims.d_qk, d_hv=dims.d_hv, grad=True,
+                          dtype=q.dtype)
         return mlstm_chunkwise(q, k, v, i, f, variant="exp", chunk_size=L, eps=eps,
                                initial_state=initial_state, return_last_state=return_last_state)
     check_kernel_dtype(q)
-    from tfla.triton.chunkwise import Config, effective_chunk, run
-    L_eff = effective_chunk(dims.S, L)
-    cfg = Config.make(variant="exp", normalize=True, eps=eps, L=L_eff, limit=False)
-    return run(q, k, v, i, f, C0, n0, m0, cfg, return_last_state)
+    return apply(q, k, v, i, f, C0, n0, m0, variant="exp", chunk_size=chunk_size,
+                 algorithm="xl_chunk", normalize=True, eps=eps, return_last=return_last_state,
+                 grad=needs_grad(q, k, v, i, f, initial_state))

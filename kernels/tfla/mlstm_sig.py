@@ -8,7 +8,8 @@ Kernel design, dispatch and tuning rules: docs/kernels.md.
 
 from __future__ import annotations
 
-from tfla.checks import check_choice, check_initial_state, check_kernel_dtype, check_qkvif
+from tfla.checks import (check_choice, check_chunk_size, check_initial_state, check_kernel_dtype,
+                         check_qkvif)
 
 __all__ = ["mlstm_sig"]
 
@@ -60,21 +61,22 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
             not a power of two >= 16, an unknown algorithm, a head dimension above 1024.
     """
     check_choice("algorithm", algorithm, ("xl_chunk", "limit_chunk"))
-    from tfla.plan import WALK_CHUNK, resolve_chunk
-
-    auto = chunk_size == "auto"
+    from tfla.plan import resolve_chunk
 
     dims = check_qkvif(q, k, v, i, f)
-    grad = _needs_grad(q, k, v, i, f, initial_state if not isinstance(initial_state, tuple)
-                       else initial_state[0])
-    chunk_size = resolve_chunk(chunk_size, "sig", d_qk=dims.d_qk, d_hv=dims.d_hv, grad=grad,
-                               dtype=q.dtype, algorithm=algorithm)
+    from tfla.ops import apply, kernels_run, needs_grad
+
+    grad = needs_grad(q, k, v, i, f, initial_state)
     if algorithm == "limit_chunk":
         from tfla.limit_chunk import mlstm_limit_chunk
 
-        return mlstm_limit_chunk(q, k, v, i, f, variant="sig", chunk_size=chunk_size,
+        L = resolve_chunk(chunk_size, "sig", d_qk=dims.d_qk, d_hv=dims.d_hv, grad=grad,
+                          dtype=q.dtype, algorithm=algorithm)
+        return mlstm_limit_chunk(q, k, v, i, f, variant="sig", chunk_size=L,
                                  normalize=normalize, initial_state=initial_state,
                                  return_last_state=return_last_state)
+    if chunk_size != "auto":
+        check_chunk_size(chunk_size, minimum=16, power_of_two=True)
     if not isinstance(normalize, bool):
         raise ValueError(f"normalize: got {normalize!r}; allowed: True or False")
     if not isinstance(return_last_state, bool):
@@ -84,36 +86,16 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
         if d > MAX_HEAD_DIM:
             raise ValueError(f"q/v: got {name}={d}; allowed: 1 <= {name} <= {MAX_HEAD_DIM}")
 
-    from tfla.triton.common import interpret_mode
-
-    if q.device.type != "cuda" and not interpret_mode():
+    if not kernels_run(q):
         from tfla.reference import mlstm_chunkwise
 
-        return mlstm_chunkwise(q, k, v, i, f, variant="sig", chunk_size=chunk_size,
+        L = resolve_chunk(chunk_size, "sig", d_qk=dims.d_qk, d_hv=dims.d_hv, grad=grad,
+                          dtype=q.dtype)
+        return mlstm_chunkwise(q, k, v, i, f, variant="sig", chunk_size=L,
                                normalize=normalize, eps=EPS, initial_state=initial_state,
                                return_last_state=return_last_state)
     check_kernel_dtype(q)
-    from tfla.triton.chunkwise import Config, effective_chunk, run, run_sig_walk
+    return apply(q, k, v, i, f, C0, n0, None, variant="sig", chunk_size=chunk_size,
+                 algorithm="xl_chunk", normalize=normalize, eps=EPS,
+                 return_last=return_last_state, grad=grad)
 
-    S = q.shape[2]
-    L = effective_chunk(S, chunk_size)
-    walk = None
-    if grad and auto and not normalize:
-        from tfla.triton.chunkwise import train_walk_config
-        from tfla.triton.tuning import active_tuning
-
-        walk = train_walk_config(S, L, WALK_CHUNK, dims.d_qk, dims.d_hv, dims.B * dims.NH,
-                                 q.dtype, q.device, return_last_state, active_tuning())
-    cfg = Config.make(variant="sig", normalize=normalize, eps=EPS, L=L, limit=False, walk=walk)
-    if not (normalize or grad):
-        L_walk = effective_chunk(S, WALK_CHUNK) if auto else L
-        out = run_sig_walk(q, k, v, i, f, C0, n0, L_walk, return_last_state, cfg.tuning)
-        if out is not None:
-            return out
-    return run(q, k, v, i, f, C0, n0, None, cfg, return_last_state)
-
-
-def _needs_grad(*tensors) -> bool:
-    import torch
-
-    return torch.is_grad_enabled() and any(getattr(t, "requires_grad", False) for t in tensors)

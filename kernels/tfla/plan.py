@@ -7,7 +7,7 @@ dtype, and for mLSTMsig's forward walk on the grid (batch x heads against the SM
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 __all__ = ["Plan", "plan", "ALGORITHMS"]
 
@@ -23,13 +23,25 @@ ALGORITHMS = ("two_level", "walk", "walk_segments", "walk_two_level",
 
 @dataclass(frozen=True)
 class Plan:
-    """What one call runs: ``chunk_size`` L (the size actually used, after clamping to the
-    sequence), ``algorithm`` (one of :data:`ALGORITHMS`) and, for the ``walk_segments``
-    algorithms, the number of sequence segments (1 otherwise)."""
+    """What one call runs, as :func:`plan` decides it and ``mlstm_sig`` / ``mlstm_exp``
+    execute it (the one dispatcher: docs/kernels.md, "Dispatch").
+
+    Fields compared (``==``): ``chunk_size`` L (the size run, clamped to the sequence; for
+    the ``*_two_level`` walks the backward's), ``algorithm`` (one of :data:`ALGORITHMS`),
+    ``segments`` (the walk's sequence segments; 1 otherwise). Descriptive, not compared:
+    ``walk_chunk`` (the walk's L; 0 without the walk), ``kernels`` (the kernel modules the
+    call launches, by name, ``tfla.triton.<name>``, forward then backward), ``fused_bw``
+    (the backward runs one program per chunk: limit_chunk, or rule B-FUSED's tuning) and
+    ``walk`` (the walk's launch configuration, as ``sig_walk_fw.walk_config`` gives it).
+    """
 
     chunk_size: int
     algorithm: str
     segments: int = 1
+    walk_chunk: int = field(default=0, compare=False)
+    kernels: tuple = field(default=(), compare=False)
+    fused_bw: bool = field(default=False, compare=False)
+    walk: tuple = field(default=(), compare=False, repr=False)
 
 
 #: the chunk size at which ``chunk_size="auto"`` first tries mLSTMsig's forward walk
@@ -65,8 +77,9 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
          grad: bool | None = None, normalize: bool = False,
          return_last_state: bool = False, batch_heads: int | None = None,
          device=None) -> Plan:
-    """The chunk size and algorithm that ``mlstm_sig`` (``variant="sig"``) or ``mlstm_exp``
-    (``"exp"``) runs for these arguments, without running it.
+    """The plan that ``mlstm_sig`` (``variant="sig"``) or ``mlstm_exp`` (``"exp"``) runs for
+    these arguments, without running it: the same function (:func:`plan_of`) decides for
+    the calls themselves.
 
     Args:
         variant: "sig" or "exp".
@@ -83,9 +96,8 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
         device: the torch.device the call runs on, if not q's (e.g. for a "meta" q).
 
     Returns:
-        :class:`Plan` (chunk_size: int, algorithm: str, segments: int). For the
-        ``*_two_level`` walks chunk_size is the backward's L (the walk runs at
-        :data:`WALK_CHUNK` and stores the states of L).
+        :class:`Plan`. For the ``*_two_level`` walks chunk_size is the backward's L (the
+        walk runs at :data:`WALK_CHUNK` and stores the states of L).
 
     Raises:
         ValueError: an unknown variant or algorithm, or a chunk_size neither "auto" nor a
@@ -93,52 +105,113 @@ def plan(variant: str, q, v, *, chunk_size="auto", algorithm: str = "xl_chunk",
     """
     import torch
 
+    from tfla.triton import common
+    from tfla.triton.tuning import tuning_key
+
+    B, NH, S, d_qk = q.shape
+    if grad is None:
+        grad = torch.is_grad_enabled() and bool(getattr(q, "requires_grad", False))
+    device = torch.device(device) if device is not None else q.device
+    bnh = batch_heads if batch_heads is not None else B * NH
+    kernels_run = device.type == "cuda" or common.interpret_mode()
+    return plan_of(variant, bnh, S, d_qk, v.shape[-1], q.dtype, device, chunk_size, algorithm,
+                   bool(grad), normalize, return_last_state, tuning_key(), kernels_run)
+
+
+#: every plan made, by the arguments of :func:`plan_of` (plain values: a call's plan is
+#: one dictionary look-up after the first call of its shape)
+_PLANS: dict = {}
+
+
+def plan_of(variant: str, batch_heads: int, S: int, d_qk: int, d_hv: int, dtype, device,
+            chunk_size, algorithm: str, grad: bool, normalize: bool, return_last_state: bool,
+            tuning: int, kernels_run: bool) -> Plan:
+    """:func:`plan` from plain values: B·NH, S, the head dimensions, q's dtype, the
+    torch.device, ``chunk_size`` (an int or "auto"), ``tuning`` (a
+    :func:`tfla.triton.tuning.tuning_key`) and ``kernels_run`` (False: CPU tensors outside
+    Triton's interpreter, the PyTorch reference runs). Worked out once per distinct
+    arguments, then cached; the registered operators (``tfla.ops``) call it inside the
+    operator, so a traced program sees none of its branching.
+
+    Raises:
+        ValueError: as :func:`plan`.
+    """
+    key = (variant, batch_heads, S, d_qk, d_hv, dtype, device, chunk_size, algorithm, grad,
+           normalize, return_last_state, tuning, kernels_run)
+    found = _PLANS.get(key)
+    if found is None or found[0] != _interpreting():
+        found = _PLANS[key] = (_interpreting(), _decide(*key))
+    return found[1]
+
+
+def _interpreting() -> bool:
+    """Triton's interpreter switch now (the kernels' operand dtype depends on it: a plan
+    made under the other setting is made again)."""
+    import triton
+
+    return bool(triton.knobs.runtime.interpret)
+
+
+def _decide(variant, bnh, S, d_qk, d_hv, dtype, device, chunk_size, algorithm, grad,
+            normalize, return_last_state, tuning_key, kernels_run) -> Plan:
+    """The branching of :func:`plan_of` (docs/kernels.md, "Tuning rules" C1-C2, W1-W6)."""
+    import torch
+
     from tfla.checks import check_choice
+    from tfla.triton.tuning import tuning_of
 
     check_choice("variant", variant, ("sig", "exp"))
     check_choice("algorithm", algorithm, ("xl_chunk", "limit_chunk"))
-    B, NH, S, d_qk = q.shape
-    d_hv = v.shape[-1]
-    if grad is None:
-        grad = torch.is_grad_enabled() and bool(getattr(q, "requires_grad", False))
-    L = resolve_chunk(chunk_size, variant, d_qk=d_qk, d_hv=d_hv, grad=grad, dtype=q.dtype,
+    L = resolve_chunk(chunk_size, variant, d_qk=d_qk, d_hv=d_hv, grad=grad, dtype=dtype,
                       algorithm=algorithm)
-    from tfla.triton.common import interpret_mode
-
-    device = torch.device(device) if device is not None else q.device
-    if device.type != "cuda" and not interpret_mode():
+    if not kernels_run:
         return Plan(L, "reference")
-    from tfla.triton.chunkwise import effective_chunk
+    import triton
+
+    from tfla.triton.chunkwise import MODULE_NAMES as NAMES
+    from tfla.triton.chunkwise import effective_chunk, kernels, train_walk_config
+    from tfla.triton.common import num_sms
+
+    tuning = tuning_of(tuning_key)
+    mods = kernels()
+    auto = chunk_size == "auto"
+    # the kernels' dtype: float32 copies of bfloat16 in Triton's interpreter (_dot_operands)
+    k_dtype = (torch.float32 if dtype == torch.bfloat16 and triton.knobs.runtime.interpret
+               else dtype)
+    two_level_fw = (NAMES["recurrent"], NAMES["parallel_fw"])
+
+    def backward(L_bw: int, limit: bool):
+        if not grad:
+            return {}
+        fused = limit or mods.parallel_bw.fused_bw(L_bw, d_qk, d_hv, k_dtype, tuning)
+        bw = NAMES["limit_bw"] if fused else NAMES["parallel_bw"]
+        return {"fused_bw": fused, "bw": (NAMES["recurrent"], bw)}
+
+    def make(L_run, algo, fw, segments=1, walk=None, walk_chunk=0, L_bw=None):
+        bw = backward(L_bw or L_run, algo == "limit_chunk")
+        return Plan(L_run, algo, segments, walk_chunk=walk_chunk, kernels=fw + bw.get("bw", ()),
+                    fused_bw=bw.get("fused_bw", False),
+                    walk=tuple(sorted((walk or {}).items())))
 
     if algorithm == "limit_chunk":
-        return Plan(effective_chunk(S, L), "limit_chunk")
-
-    bnh = batch_heads if batch_heads is not None else B * NH
-    if variant == "sig" and grad and not normalize and chunk_size == "auto":
-        from tfla.triton.chunkwise import train_walk_config
-        from tfla.triton.tuning import active_tuning
-
+        return make(effective_chunk(S, L), "limit_chunk", two_level_fw)
+    walk_fw = (NAMES["sig_walk_fw"],)
+    if variant == "sig" and grad and not normalize and auto:
         L_bw = effective_chunk(S, L)
-        walk = train_walk_config(S, L_bw, WALK_CHUNK, d_qk, d_hv, bnh, q.dtype, device,
-                                 return_last_state, active_tuning())
+        walk = train_walk_config(S, L_bw, WALK_CHUNK, d_qk, d_hv, bnh, dtype, device,
+                                 return_last_state, tuning)
         if walk is not None:
-            if walk["segments"] > 1:
-                return Plan(L_bw, "walk_segments_two_level", walk["segments"])
-            return Plan(L_bw, "walk_two_level")
+            algo = "walk_segments_two_level" if walk["segments"] > 1 else "walk_two_level"
+            return make(L_bw, algo, (NAMES["recurrent"],) + walk_fw, walk["segments"], walk,
+                        walk["L"])
     if variant == "sig" and not (grad or normalize):
-        from tfla.triton.chunkwise import kernels
-        from tfla.triton.common import num_sms
-        from tfla.triton.tuning import active_tuning
-
-        walk = kernels()[4]
-        L_walk = effective_chunk(S, WALK_CHUNK if chunk_size == "auto" else L)
-        cfg = walk.walk_config(L_walk, d_qk, d_hv, bnh, q.dtype, num_sms(device),
-                               return_last_state, active_tuning(), S=S)
-        if cfg is not None:
-            if cfg["segments"] > 1:
-                return Plan(L_walk, "walk_segments", cfg["segments"])
-            return Plan(L_walk, "walk")
-    return Plan(effective_chunk(S, L), "two_level")
+        L_walk = effective_chunk(S, WALK_CHUNK if auto else L)
+        walk = mods.sig_walk_fw.walk_config(L_walk, d_qk, d_hv, bnh, dtype, num_sms(device),
+                                            return_last_state, tuning, S=S)
+        if walk is not None:
+            algo = "walk_segments" if walk["segments"] > 1 else "walk"
+            return make(L_walk, algo, walk_fw, walk["segments"], walk, L_walk)
+    return make(effective_chunk(S, L), "two_level", two_level_fw)
 
 
 def resolve_chunk(chunk_size, variant: str, *, d_qk: int, d_hv: int, grad: bool, dtype,

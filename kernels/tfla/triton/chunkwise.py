@@ -1,4 +1,4 @@
-"""Host side of the chunkwise Triton kernels: launch order, saved tensors, autograd.
+"""Host side of the chunkwise Triton kernels: the launch order and the saved tensors of every plan.
 
 Used by :func:`tfla.mlstm_exp` (mLSTMexp ``xl_chunk``), :func:`tfla.mlstm_sig` (mLSTMsig
 ``xl_chunk``, the "tiled" algorithm) and :func:`tfla.limit_chunk.mlstm_limit_chunk`
@@ -7,7 +7,7 @@ kernel (chunk states, b, m^comb), then the parallel H kernel. Backward: the recu
 kernel, then the parallel dQ/dK/dV kernels (xl_chunk: three launches as in the paper's
 Table 1, or dQ and one dK/dV launch where ``bw_config`` says so; limit_chunk: one fused
 kernel per chunk), then the gate gradients (docs/tfla-kernels.md 3.4)
-from the fp32 row sums q·dq and k·dk. :func:`run_sig_walk` is the host side of mLSTMsig's
+from the fp32 row sums q·dq and k·dk. :func:`forward` also runs mLSTMsig's
 forward walk (``sig_walk_fw``), for the calls its rule takes, and
 :func:`walk_forward_kernels` the walk as the forward of a call with gradients (rule W6).
 
@@ -24,6 +24,7 @@ import functools
 import importlib
 import types
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 import triton
@@ -40,13 +41,27 @@ _MODULES = (
 )
 
 
-def kernels():
+class KernelModules(NamedTuple):
+    """The kernel modules by name (``tfla.triton.<module>``; :data:`MODULE_NAMES`)."""
+
+    recurrent: types.ModuleType      # chunkwise_recurrent: gates, chunk states, dC, gate grads
+    parallel_fw: types.ModuleType    # chunkwise_parallel_fw: the H kernel
+    parallel_bw: types.ModuleType    # chunkwise_parallel_bw: dQ, dK/dV
+    limit_bw: types.ModuleType       # limit_parallel_bw: one program per chunk (limit_chunk)
+    sig_walk_fw: types.ModuleType    # sig_walk_fw: mLSTMsig's forward walk
+
+
+#: each field of :class:`KernelModules` and the module it names
+MODULE_NAMES = dict(zip(KernelModules._fields, (m.rsplit(".", 1)[1] for m in _MODULES)))
+
+
+def kernels() -> KernelModules:
     """The kernel modules, (re)imported so that they match the current TRITON_INTERPRET.
 
     ``@triton.jit`` decides between compiled and interpreted kernels when a module is
     imported; a test that sets TRITON_INTERPRET=1 after an import would otherwise get
-    compiled kernels for CPU tensors. Returns (recurrent, parallel_fw, parallel_bw, limit_bw,
-    sig_walk_fw); every call of a fwd+bwd asks, so the modules are kept and only checked
+    compiled kernels for CPU tensors. Returns a :class:`KernelModules` (reach a module by
+    its name: ``kernels().sig_walk_fw``); every call of a fwd+bwd asks, so the modules are kept and only checked
     against the switch (docs/kernels.md, "Host time").
     """
     want = bool(triton.knobs.runtime.interpret)
@@ -59,7 +74,7 @@ def kernels():
     mods = [importlib.import_module(name) for name in _MODULES]
     if any(m.INTERPRET != want for m in mods):
         mods = [importlib.reload(m) for m in mods]   # chunkwise_recurrent first: the others import it
-    _KERNEL_MODULES["mods"] = tuple(mods)
+    _KERNEL_MODULES["mods"] = KernelModules(*mods)
     return _KERNEL_MODULES["mods"]
 
 
@@ -112,6 +127,12 @@ def effective_chunk(S: int, chunk_size: int) -> int:
     return min(chunk_size, max(16, pow2(S)))
 
 
+def _as(x, dtype):
+    """x in dtype; x itself (no torch call) where it has it already (docs/kernels.md,
+    "Host time": no operation a call does not need)."""
+    return x if x.dtype == dtype else x.to(dtype)
+
+
 def _flat(x, *tail):
     return x.reshape(-1, *tail).contiguous() if x is not None else None
 
@@ -122,7 +143,8 @@ def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, with_n: bool = True)
     Returns h (BNH, S, d_hv), n_out (BNH, N_c*L) fp32, the states (C_st in the input
     dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, ī, m^intra, g, max a).
     with_n False (only without normalisation): the normaliser state is not computed."""
-    rec, pfw, _, _, _ = kernels()
+    mods = kernels()
+    rec, pfw = mods.recurrent, mods.parallel_fw
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=cfg.is_exp)
     b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch = gates
     states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp,
@@ -140,7 +162,8 @@ def walk_forward_kernels(q, k, v, i, f, C0, n0, cfg: Config, with_last: bool):
     chunks: the same (h, n_out, states, gates) as :func:`forward_kernels` for the two-level
     backward at L (n_out and m_st are unread there, unnormalised mLSTMsig; n_st holds only
     n_S)."""
-    rec, _, _, _, walk = kernels()
+    mods = kernels()
+    rec, walk = mods.recurrent, mods.sig_walk_fw
     BNH = q.shape[0]
     wcfg = dict(cfg.walk)
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=False)
@@ -161,7 +184,7 @@ def train_walk_config(S: int, L: int, walk_chunk: int, d_qk: int, d_hv: int, BNH
     :func:`sig_walk_fw.walk_config`'s rule takes it (``train=True``; ``dtype`` the caller's
     q dtype), that chunk divides L, and the backward keeps the forward's states (not
     ``tuning.recompute_states``)."""
-    walk = kernels()[4]
+    walk = kernels().sig_walk_fw
     L_walk = effective_chunk(S, walk_chunk)
     if tuning.recompute_states or L % L_walk:
         return None
@@ -169,108 +192,135 @@ def train_walk_config(S: int, L: int, walk_chunk: int, d_qk: int, d_hv: int, BNH
                             tuning, train=True, S=S, states_every=L // L_walk)
 
 
-class ChunkwiseFunction(torch.autograd.Function):
-    """autograd.Function over the Triton kernels; inputs (B, NH, S, d) / (B, NH, S)."""
+def forward(q, k, v, i, f, C0, n0, m0, plan, cfg: Config, return_last: bool,
+            grad: bool) -> list:
+    """The forward of one call as :func:`tfla.plan` planned it (``plan.algorithm``: the
+    two-level or limit_chunk kernels, the walk, or the walk storing the chunk states for
+    the two-level backward); inputs (B, NH, S, d) / (B, NH, S), C0, n0, m0 or None.
 
-    @staticmethod
-    def forward(ctx, q, k, v, i, f, C0, n0, m0, cfg: Config, return_last: bool):
-        B, NH, S, d_qk = q.shape
-        d_hv = v.shape[-1]
-        qf, kf, vf = _flat(q, S, d_qk), _flat(k, S, d_qk), _flat(v, S, d_hv)
-        i_f, f_f = _flat(i, S), _flat(f, S)
+    Returns the list the operator ``tfla::mlstm_fwd`` returns (:func:`output_layout`): h
+    (B, NH, S, d_hv) in q's dtype; with ``return_last`` C_S (B, NH, d_qk, d_hv) and n_S
+    (B, NH, d_qk), float32, and for mLSTMexp m_S (B, NH, 1); with ``grad`` what the backward
+    reads: n_out where ``cfg.normalize`` (unread without the normaliser: the backward then
+    passes a placeholder), and unless ``cfg.recompute_states`` the chunk states C_st, m_st and the
+    gate vectors b, a, ī (and m^intra for mLSTMexp)."""
+    B, NH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    out_dtype = q.dtype
+    q, k, v = _dot_operands(q, k, v)
+    qf, kf, vf = _flat(q, S, d_qk), _flat(k, S, d_qk), _flat(v, S, d_hv)
+    i_f, f_f = _flat(i, S), _flat(f, S)
+    C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
+    m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
+    if plan.algorithm in ("walk", "walk_segments"):
+        out = kernels().sig_walk_fw.sig_walk_fw(qf, kf, vf, i_f, f_f, C0f, n0f, **dict(plan.walk),
+                                                with_last=return_last)
+        if not return_last:
+            return [_as(out.reshape(B, NH, S, d_hv), out_dtype)]
+        h, C_last, n_last = out
+        return [_as(h.reshape(B, NH, S, d_hv), out_dtype), C_last.reshape(B, NH, d_qk, d_hv),
+                n_last.reshape(B, NH, d_qk)]
+    if cfg.walk:
+        h, n_out, states, gates = walk_forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, cfg,
+                                                       with_last=return_last)
+    else:
+        h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg,
+                                                  with_n=return_last)
+    C_st, n_st, m_st, C_last_f = states
+    outs = [_as(h.reshape(B, NH, S, d_hv), out_dtype)]
+    if return_last:
+        outs += [C_last_f.reshape(B, NH, d_qk, d_hv), n_st[:, -1].reshape(B, NH, d_qk).clone()]
+        if cfg.is_exp:
+            outs.append(m_st[:, -1].reshape(B, NH, 1).clone())
+    if grad:
+        if cfg.normalize:
+            outs.append(n_out)
+        if not cfg.recompute_states:
+            outs += [C_st, m_st, *gates[:4 if cfg.is_exp else 3]]
+    return outs
+
+
+def output_layout(is_exp: bool, return_last: bool) -> int:
+    """How many of :func:`forward`'s outputs come before the tensors kept for the backward:
+    h, then the last state (C, n, and m for mLSTMexp) where asked for."""
+    return 1 + (3 if is_exp else 2) * return_last
+
+
+def backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, plan, cfg: Config,
+             with_dc0: bool) -> list:
+    """The backward of one call (docs/tfla-tiling.md 4.1, docs/tfla-kernels.md 3.4): the
+    recurrent dC kernel, the parallel dQ/dK/dV kernels (xl_chunk: dQ beside the state
+    gradient on a side stream, rule B7, then dK/dV; ``plan.fused_bw``: the one-program-per-
+    chunk kernel), then the gate gradients. dh (B, NH, S, d_hv) or None; dC_last
+    (B, NH, d_qk, d_hv) or None; ``saved`` what :func:`forward` kept. Returns [dq, dk, dv,
+    di, df] in their inputs' dtypes, and dC0 in C0's where ``with_dc0``."""
+    B, NH, S, d_qk = q.shape
+    d_hv = v.shape[-1]
+    dtypes = (q.dtype, k.dtype, v.dtype, i.dtype, f.dtype)
+    q, k, v = _dot_operands(q, k, v)
+    qf, kf, vf = _flat(q, S, d_qk), _flat(k, S, d_qk), _flat(v, S, d_hv)
+    i_f, f_f = _flat(i, S), _flat(f, S)
+    mods = kernels()
+    rec, pbw, lbw = mods.recurrent, mods.parallel_bw, mods.limit_bw
+    if cfg.normalize:
+        n_out, *saved = saved
+    else:
+        n_out = torch.empty((1,), device=q.device, dtype=torch.float32)
+    if cfg.recompute_states:
         C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
         m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
-        if cfg.walk:
-            h, n_out, states, gates = walk_forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, cfg,
-                                                           with_last=return_last)
-        else:
-            h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg,
-                                                      with_n=return_last)
-        C_st, n_st, m_st, C_last_f = states
-        C_last = n_last = m_last = None
-        if return_last:
-            C_last = C_last_f.reshape(B, NH, d_qk, d_hv)
-            n_last = n_st[:, -1].reshape(B, NH, d_qk).clone()
-            m_last = m_st[:, -1].reshape(B, NH, 1).clone()
-            ctx.mark_non_differentiable(n_last, m_last)
-        ctx.cfg = cfg
-        ctx.shapes = (B, NH, S, d_qk, d_hv)
-        ctx.has = (C0 is not None, n0 is not None, m0 is not None)
-        ctx.n0_shape = tuple(n0.shape) if n0 is not None else None
-        ctx.m0_shape = tuple(m0.shape) if m0 is not None else None
-        ctx.in_dtypes = (i.dtype, f.dtype, C0.dtype if C0 is not None else None)
-        if cfg.recompute_states:
-            ctx.save_for_backward(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out, C_last_f)
-        else:
-            ctx.save_for_backward(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out, C_last_f,
-                                  C_st, m_st, *gates[:4])
-        ctx.set_materialize_grads(False)
-        return h.reshape(B, NH, S, d_hv), C_last, n_last, m_last
-
-    @staticmethod
-    def backward(ctx, dh, dC_last, dn_last, dm_last):
-        cfg = ctx.cfg
-        B, NH, S, d_qk, d_hv = ctx.shapes
-        saved = ctx.saved_tensors
-        qf, kf, vf, i_f, f_f, C0f, n0f, m0f, n_out, C_last_f = saved[:10]
-        rec, _, pbw, lbw, _ = kernels()
-        if cfg.recompute_states:
-            gates = rec.chunk_gates(i_f, f_f, L=cfg.L, is_exp=cfg.is_exp)
-            C_st, _, m_st, _ = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], C0f, n0f,
-                                                m0f, L=cfg.L, is_exp=cfg.is_exp, with_n=False,
-                                                tuning=cfg.tuning)
-            gates = gates[:4]
-        else:
-            C_st, m_st = saved[10:12]
-            gates = saved[12:16]
-        b_vec, _, _, mi_vec = gates
-        if dh is None:
-            dh = torch.zeros((B, NH, S, d_hv), device=qf.device, dtype=qf.dtype)
-        dhf = _flat(dh.to(qf.dtype), S, d_hv)
-        dCf = _flat(dC_last.float(), d_qk, d_hv) if dC_last is not None else None
-        has_C0, has_n0, has_m0 = ctx.has
-        with_dc0 = ctx.needs_input_grad[5]
-        state_bw = functools.partial(rec.recurrent_bw, qf, b_vec, mi_vec, m_st, n_out, dhf, dCf,
-                                     L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
-                                     eps=cfg.eps, d_hv=d_hv, with_dc0=with_dc0,
-                                     tuning=cfg.tuning)
-        kw = dict(L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
-                  tuning=cfg.tuning)
-        if cfg.limit or pbw.fused_bw(cfg.L, d_qk, d_hv, qf.dtype, cfg.tuning):
+        gates = rec.chunk_gates(i_f, f_f, L=cfg.L, is_exp=cfg.is_exp)
+        C_st, _, m_st, _ = rec.recurrent_fw(kf, vf, gates[1], gates[4], gates[5], C0f, n0f,
+                                            m0f, L=cfg.L, is_exp=cfg.is_exp, with_n=False,
+                                            tuning=cfg.tuning)
+        gates = gates[:4]
+    else:
+        C_st, m_st = saved[:2]
+        gates = tuple(saved[2:6]) if cfg.is_exp else (*saved[2:5], saved[2])
+    b_vec, _, _, mi_vec = gates
+    if dh is None:
+        dh = torch.zeros((B, NH, S, d_hv), device=qf.device, dtype=qf.dtype)
+    dhf = _flat(_as(dh, qf.dtype), S, d_hv)
+    dCf = _flat(_as(dC_last, torch.float32), d_qk, d_hv) if dC_last is not None else None
+    state_bw = functools.partial(rec.recurrent_bw, qf, b_vec, mi_vec, m_st, n_out, dhf, dCf,
+                                 L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize,
+                                 eps=cfg.eps, d_hv=d_hv, with_dc0=with_dc0, tuning=cfg.tuning)
+    kw = dict(L=cfg.L, is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
+              tuning=cfg.tuning)
+    if plan.fused_bw:
+        dC_st, dC_0 = state_bw()
+        dq, dk, dv, qdq, kdk = lbw.limit_parallel_bw(qf, kf, vf, gates, m_st, n_out, C_st,
+                                                     dC_st, dhf, **kw)
+    else:
+        # dQ needs no state gradient: on a side stream it runs beside the state-gradient
+        # kernel, whose few long programs leave most of the GPU idle at long sequences
+        # (docs/kernels.md, rule B7). That kernel is launched first, so that its programs
+        # hold their SMs before dQ's grid fills the rest (launched after dQ, it waited for
+        # dQ's last programs in a CUDA graph of the call); where dQ runs in Gluon (B12),
+        # dQ first. The tiled kernels skip the inter-chunk products with a zero state (B6).
+        dq_first = pbw.dq_in_gluon(qf, kf, vf, C_st, dhf, L=cfg.L, is_exp=cfg.is_exp,
+                                   normalize=cfg.normalize, tuning=cfg.tuning)
+        with _side_stream(qf) as fork:
+            if not dq_first:
+                with fork.main():
+                    dC_st, dC_0 = state_bw()
+            dq, qdq = pbw.parallel_bw_dq(qf, kf, vf, gates, m_st, n_out, C_st, dhf,
+                                         has_c0=C0 is not None, **kw)
+        if dq_first:
             dC_st, dC_0 = state_bw()
-            dq, dk, dv, qdq, kdk = lbw.limit_parallel_bw(qf, kf, vf, gates, m_st, n_out, C_st,
-                                                         dC_st, dhf, **kw)
-        else:
-            # dQ needs no state gradient: on a side stream it runs beside the state-gradient
-            # kernel, whose few long programs leave most of the GPU idle at long sequences
-            # (docs/kernels.md, rule B7). That kernel is launched first, so that its programs
-            # hold their SMs before dQ's grid fills the rest (launched after dQ, it waited for
-            # dQ's last programs in a CUDA graph of the call); where dQ runs in Gluon (B12),
-            # dQ first. The tiled kernels skip the inter-chunk products with a zero state (B6).
-            dq_first = pbw.dq_in_gluon(qf, kf, vf, C_st, dhf, L=cfg.L, is_exp=cfg.is_exp,
-                                       normalize=cfg.normalize, tuning=cfg.tuning)
-            with _side_stream(qf) as fork:
-                if not dq_first:
-                    with fork.main():
-                        dC_st, dC_0 = state_bw()
-                dq, qdq = pbw.parallel_bw_dq(qf, kf, vf, gates, m_st, n_out, C_st, dhf,
-                                             has_c0=has_C0, **kw)
-            if dq_first:
-                dC_st, dC_0 = state_bw()
-            dk, dv, kdk = pbw.parallel_bw_dkv(qf, kf, vf, gates, m_st, n_out, dC_st, dhf,
-                                              has_dc_last=dCf is not None, **kw)
-            fork.join(dq, qdq)
-        del C_st, dC_st
-        # gate gradients (docs/tfla-kernels.md 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
-        T = (dCf * C_last_f).sum((-2, -1)) if dCf is not None else None
-        di, df = rec.gate_grads(qdq, kdk, i_f, f_f, T, is_exp=cfg.is_exp)
-        i_dtype, f_dtype, C_dtype = ctx.in_dtypes
-        dC0 = dC_0.reshape(B, NH, d_qk, d_hv).to(C_dtype) if with_dc0 else None
-        dn0 = torch.zeros(ctx.n0_shape, device=qf.device, dtype=torch.float32) if has_n0 else None
-        dm0 = torch.zeros(ctx.m0_shape, device=qf.device, dtype=torch.float32) if has_m0 else None
-        return (dq.reshape(B, NH, S, d_qk), dk.reshape(B, NH, S, d_qk),
-                dv.reshape(B, NH, S, d_hv), di.reshape(B, NH, S).to(i_dtype),
-                df.reshape(B, NH, S).to(f_dtype), dC0, dn0, dm0, None, None)
+        dk, dv, kdk = pbw.parallel_bw_dkv(qf, kf, vf, gates, m_st, n_out, dC_st, dhf,
+                                          has_dc_last=dCf is not None, **kw)
+        fork.join(dq, qdq)
+    del C_st, dC_st
+    # gate gradients (docs/tfla-kernels.md 3.4): dī = k·dk, df̄_t = sum_{u>=t}(q·dq - k·dk) + T
+    T = (dCf * C_last.reshape(-1, d_qk, d_hv)).sum((-2, -1)) if dCf is not None else None
+    di, df = rec.gate_grads(qdq, kdk, i_f, f_f, T, is_exp=cfg.is_exp)
+    grads = [_as(dq.reshape(B, NH, S, d_qk), dtypes[0]), _as(dk.reshape(B, NH, S, d_qk), dtypes[1]),
+             _as(dv.reshape(B, NH, S, d_hv), dtypes[2]), _as(di.reshape(B, NH, S), dtypes[3]),
+             _as(df.reshape(B, NH, S), dtypes[4])]
+    if with_dc0:
+        grads.append(_as(dC_0.reshape(B, NH, d_qk, d_hv), C0.dtype))
+    return grads
 
 
 #: the side stream of each CUDA device (:func:`_side_stream`)
@@ -311,42 +361,3 @@ def _dot_operands(q, k, v):
     if q.dtype == torch.bfloat16 and triton.knobs.runtime.interpret:
         return q.float(), k.float(), v.float()
     return q, k, v
-
-
-def run(q, k, v, i, f, C0, n0, m0, cfg: Config, return_last: bool):
-    """Apply :class:`ChunkwiseFunction`; returns h or (h, last state) as the references do
-    ((C, n, m (B, NH, 1)) for mLSTMexp, (C, n) for mLSTMsig)."""
-    out_dtype = q.dtype
-    q, k, v = _dot_operands(q, k, v)
-    h, C_last, n_last, m_last = ChunkwiseFunction.apply(q, k, v, i, f, C0, n0, m0, cfg,
-                                                        return_last)
-    h = h.to(out_dtype)
-    if not return_last:
-        return h
-    if cfg.is_exp:
-        return h, (C_last, n_last, m_last)
-    return h, (C_last, n_last)
-
-
-def run_sig_walk(q, k, v, i, f, C0, n0, L: int, return_last: bool, tuning: Tuning = DEFAULT):
-    """mLSTMsig's forward walk (``sig_walk_fw``, no gradients, no normaliser) where
-    ``walk_config``'s rule (with ``tuning``'s overrides) takes the call: h or (h, (C_S, n_S))
-    as :func:`run` returns them; None where the rule does not take it (the caller then runs
-    :func:`run`)."""
-    walk = kernels()[4]
-    B, NH, S, d_qk = q.shape
-    d_hv = v.shape[-1]
-    cfg = walk.walk_config(L, d_qk, d_hv, B * NH, q.dtype, num_sms(q.device), return_last,
-                           tuning, S=S)
-    if cfg is None:
-        return None
-    out_dtype = q.dtype
-    q, k, v = _dot_operands(q, k, v)
-    out = walk.sig_walk_fw(_flat(q, S, d_qk), _flat(k, S, d_qk), _flat(v, S, d_hv), _flat(i, S),
-                           _flat(f, S), _flat(C0, d_qk, d_hv), _flat(n0, d_qk), **cfg,
-                           with_last=return_last)
-    if not return_last:
-        return out.reshape(B, NH, S, d_hv).to(out_dtype)
-    h, C_last, n_last = out
-    return h.reshape(B, NH, S, d_hv).to(out_dtype), (C_last.reshape(B, NH, d_qk, d_hv),
-                                                      n_last.reshape(B, NH, d_qk))

@@ -238,8 +238,10 @@ def launch(kernel, grid, *args, num_stages: int, **kwargs):
     """
     from triton.runtime.errors import OutOfResources
 
-    key = (kernel, num_stages, tuple(sorted(kwargs.items())),
-           tuple(a.dtype for a in args if isinstance(a, torch.Tensor)))
+    # the keyword arguments in the order the launch site passes them (one site, one order:
+    # no sort on every launch, docs/kernels.md "Host time")
+    key = (kernel, num_stages, tuple(kwargs.items()),
+           tuple([a.dtype for a in args if isinstance(a, torch.Tensor)]))
     ns = _FITTED.get(key, num_stages)
     while True:
         try:

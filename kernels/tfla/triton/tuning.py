@@ -18,7 +18,8 @@ from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-__all__ = ["Tuning", "Overrides", "DEFAULT", "active_tuning", "use_tuning"]
+__all__ = ["Tuning", "Overrides", "DEFAULT", "active_tuning", "use_tuning", "tuning_key",
+           "tuning_of"]
 
 
 class Overrides(Mapping):
@@ -147,3 +148,30 @@ def use_tuning(tuning: Tuning) -> Iterator[Tuning]:
         yield tuning
     finally:
         _ACTIVE.reset(token)
+
+
+#: every Tuning a call has taken, by its key (:func:`tuning_key`); DEFAULT is key 0
+_BY_KEY: list[Tuning] = [DEFAULT]
+_KEYS: dict[Tuning, int] = {DEFAULT: 0}
+
+
+def tuning_key() -> int:
+    """The active Tuning as a plain int (0: ``DEFAULT``), the form in which the registered
+    operators (``tfla.ops``) carry it from a call to its backward: an operator's arguments
+    are tensors and plain scalars. The same Tuning always has the same key.
+    """
+    tuning = _ACTIVE.get()
+    key = _KEYS.get(tuning)
+    if key is None:
+        key = _KEYS[tuning] = len(_BY_KEY)
+        _BY_KEY.append(tuning)
+    return key
+
+
+def tuning_of(key: int) -> Tuning:
+    """The Tuning of a :func:`tuning_key` key.
+
+    Raises:
+        IndexError: a key that :func:`tuning_key` never gave.
+    """
+    return _BY_KEY[key]
