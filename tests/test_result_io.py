@@ -210,6 +210,7 @@ def test_resume_refuses_a_linked_worker_log(measured, tmp_path):
     (lambda rows, meta: rows[0].update(mode="xyz"), "has mode 'xyz', not one of fwd, fwdbw"),
     (lambda rows, meta: meta.update(measurement={"timing": {"warmup_s": "five"}}), "measurement.timing.warmup_s"),
     (lambda rows, meta: meta.update(shards_incomplete=[{"cases_missing": "3"}]), "cases_missing"),
+    (lambda rows, meta: meta.update(git_commit_date=20260101), "'git_commit_date' is an integer, not a string"),
 ])
 @pytest.mark.parametrize("command", ["report", "compare"])
 def test_a_mistyped_or_infinite_value_in_a_set_is_one_line_naming_the_field(tmp_path, change, field, command):

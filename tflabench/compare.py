@@ -58,6 +58,7 @@ import pandas as pd
 from tflabench.errors import UserError
 from tflabench.conditions import CPU_TIMERS, timing_differences, timing_method
 from tflabench.results import LIMIT_FIELDS, case_label, recorded_timing
+from tflabench.text_safety import LABEL_WIDTH, markdown_text, terminal_text
 
 #: Statuses that mean the case ran and produced a timing.
 OK = "ok"
@@ -1315,7 +1316,7 @@ def resolution_line(comparison: Comparison) -> str:
         return f"resolution: no case ran ok on both sides (time threshold {threshold:.0%})"
     text = (f"resolution: the samples could detect a change of {_fmt_resolution(summary['median'])} "
             f"(median of {summary['cases']} case(s); worst {_fmt_resolution(summary['worst'])}, "
-            f"{summary['worst_case']}); time threshold {threshold:.0%}")
+            f"{terminal_text(summary['worst_case'], 2 * LABEL_WIDTH)}); time threshold {threshold:.0%}")
     if summary["median"] > threshold:
         text += "; most cases cannot resolve the threshold: raise timing.iterations or measure on a quieter machine"
     return text
@@ -1471,8 +1472,11 @@ def render_table(comparison: Comparison, console: Any = None, show_unchanged: bo
     console.print(verdict_line(comparison, fail_on), highlight=False, markup=False)
 
 
-def _md_cell(value: Any) -> str:
-    return str(value).replace("|", "\\|").replace("\n", " ")
+def _md_line(value: Any) -> str:
+    """A line of the report that holds text from a set (a label, a reason, a warning, a
+    path): every character Markdown or HTML acts on escaped (docs/harness.md, "What reaches
+    the terminal"); the length is bounded where the text is made (labels cut in the line)."""
+    return markdown_text(value, None)
 
 
 _MD_HEADER = ("", "case", "backend", "base ms", "new ms", "time", "p", "resolution", "peak memory", "tail",
@@ -1483,14 +1487,14 @@ def _md_table(records: list[Mapping[str, Any]]) -> list[str]:
     lines = ["| " + " | ".join(_MD_HEADER) + " |", "|" + "|".join(
         [":-:", "---", "---", "--:", "--:", "--:", "--:", "--:", "--:", "--:", "---"]) + "|"]
     for r in records:
-        cells = (
+        cells = (  # text from the set through markdown_text, the project's own numbers as made
             f"{_OUTCOME_MARK[r['outcome']]} {_OUTCOME_LABEL[r['outcome']]}",
-            r["case"], r["backend"] or "-", _fmt_ms(r["base_ms"]), _fmt_ms(r["new_ms"]),
-            _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]), _fmt_resolution(r["resolution"]),
-            _fmt_change(r["mem_ratio"]), _fmt_tail(r),
-            _status_text(r) + (" (unchecked)" if r.get("unchecked") else ""),
+            markdown_text(r["case"]), markdown_text(r["backend"] or "-"), _fmt_ms(r["base_ms"]),
+            _fmt_ms(r["new_ms"]), _fmt_change(r["time_ratio"]), _fmt_p(r["p_value"]),
+            _fmt_resolution(r["resolution"]), _fmt_change(r["mem_ratio"]), _fmt_tail(r),
+            markdown_text(_status_text(r)) + (" (unchecked)" if r.get("unchecked") else ""),
         )
-        lines.append("| " + " | ".join(_md_cell(c) for c in cells) + " |")
+        lines.append("| " + " | ".join(cells) + " |")
     return lines
 
 
@@ -1500,14 +1504,17 @@ def to_markdown(comparison: Comparison, fail_on: str = "any", max_rows: int = 20
     Sections: verdict, warnings, geometric-mean speed-up per backend (worst first), a
     table of every case that is not unchanged (worst first), and the unchanged cases in
     a collapsed ``<details>`` table. At most ``max_rows`` case rows in all; the rest are
-    counted in a note (GitHub caps a comment at 65536 characters).
+    counted in a note (GitHub caps a comment at 65536 characters). Every string from a set
+    (suite, paths, labels, backends, reasons, warnings, the worst case's label) passes
+    :func:`tflabench.text_safety.markdown_text`: no tag, comment, mention or pipe from a
+    set acts in the rendered comment (docs/compare-gate.md).
     """
     t = comparison.thresholds
-    lines = [f"## tflabench compare: `{comparison.suite}`", ""]
-    lines.append(f"**{verdict_line(comparison, fail_on)}**")
+    lines = [f"## tflabench compare: {markdown_text(comparison.suite)}", ""]
+    lines.append(f"**{_md_line(verdict_line(comparison, fail_on))}**")
     lines.append("")
     lines.append(
-        f"Base `{comparison.base_path}` vs new `{comparison.new_path}`. Rule: time change "
+        f"Base {markdown_text(comparison.base_path)} vs new {markdown_text(comparison.new_path)}. Rule: time change "
         f"beyond ±{t.time_threshold:.0%} of the median and Mann-Whitney U p < {t.alpha:g} on the "
         f"per-iteration samples (non-overlapping IQRs when fewer than {t.min_samples} samples); "
         f"unchanged only when the {1 - 2 * t.alpha:.0%} confidence interval of the time ratio lies "
@@ -1518,16 +1525,16 @@ def to_markdown(comparison: Comparison, fail_on: str = "any", max_rows: int = 20
         f"fails when more than {UNDECIDED_SHARE:.0%} of the cases are undecided for want of resolution."
     )
     lines.append("")
-    lines.append(resolution_line(comparison) + ".")
+    lines.append(_md_line(resolution_line(comparison)) + ".")
     lines.append("")
     for warning in comparison.warnings:
-        lines.append(f"> [!WARNING]\n> {_md_cell(warning)}\n")
+        lines.append(f"> [!WARNING]\n> {markdown_text(warning, 4000)}\n")
     lines += ["### Geometric-mean speed-up per backend (base / new; > 1 is faster)", ""]
     lines += ["| backend | cases | speed-up | slower | faster | undecided | failures |",
               "|---|--:|--:|--:|--:|--:|--:|"]
     for r in comparison.backends.to_dict("records"):
         lines.append(
-            f"| {_md_cell(r['backend'])} | {r['cases']} | {_fmt_speedup(r['geomean_speedup'])} | "
+            f"| {markdown_text(r['backend'])} | {r['cases']} | {_fmt_speedup(r['geomean_speedup'])} | "
             f"{r['slower']} | {r['faster']} | {r['undecided']} | {r['failures']} |"
         )
     lines.append("")

@@ -75,3 +75,20 @@ def timing_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[t
     a, b = timing_method(old), timing_method(new)
     return [(key, a[key], b[key]) for key in TIMING_CONDITIONS
             if a[key] is not None and b[key] is not None and a[key] != b[key]]
+
+
+def join_differences(old: Mapping[str, Any], new: Mapping[str, Any]) -> list[tuple[str, Any, Any]]:
+    """The :func:`timing_differences` that forbid the rows of two result sets to share one
+    set (``run --resume``, ``merge``): on the CPU every :data:`TIMING_CONDITIONS` field (the
+    CPU and its host are the device, the thread count picks the timer); on a GPU the timer
+    only (shards of one GPU run may run on several hosts, ``merge`` records each). A set
+    measured on the CPU by either side counts as a CPU set. ``(field, old, new)``, in the
+    order of :data:`TIMING_CONDITIONS`. Source: docs/result-sets.md, "One timing method
+    per set"."""
+    cpu = timing_method(old)["timer"] in CPU_TIMERS or timing_method(new)["timer"] in CPU_TIMERS
+    return [d for d in timing_differences(old, new) if cpu or d[0] == "timer"]
+
+
+#: How each :data:`TIMING_CONDITIONS` field is named in a refusal of ``--resume`` or ``merge``.
+TIMING_FIELD_NAMES = {"timer": "timer", "threads": "CPU threads per worker (cpu_threads.per_worker)",
+                      "cpu": "CPU model (cpu)", "hostname": "host (hostname)"}

@@ -39,6 +39,7 @@ from tflabench import compare as cmp
 from tflabench import results as R
 from tflabench.environment import commit_date
 from tflabench.errors import UserError
+from tflabench.text_safety import markdown_text
 
 #: Fewest commits a segment needs for the test between per-commit medians; fewer: the
 #: pooled per-iteration samples of both segments (two-sided exact Mann-Whitney U of 2 against
@@ -496,15 +497,20 @@ def render_table(history: History, console: Any = None, show_all: bool = False) 
 
 def to_markdown(history: History, max_rows: int = 200) -> str:
     """The report as GitHub Markdown (a CI job summary): the span, the verdict, the notes,
-    the step table (at most ``max_rows`` rows, the rest counted)."""
-    lines = [f"### tflabench history: {history.suite}", "", span_line(history), "",
-             f"**{verdict_line(history)}**", ""]
-    lines += [f"- note: {note}" for note in history.notes]
+    the step table (at most ``max_rows`` rows, the rest counted). Every string from a set
+    (suite, revisions, dates, labels, kernels, notes naming them) passes
+    :func:`tflabench.text_safety.markdown_text`, so no tag, comment, mention or pipe from a
+    set acts in the rendered summary (docs/harness.md, "What reaches the terminal")."""
+    lines = [f"### tflabench history: {markdown_text(history.suite)}", "", markdown_text(span_line(history), None),
+             "", f"**{markdown_text(verdict_line(history), None)}**", ""]
+    lines += [f"- note: {markdown_text(note, 4000)}" for note in history.notes]
     rows = step_rows(history)
     if rows:
         lines += ["", "| " + " | ".join(_HEADER) + " |", "|" + "---|" * len(_HEADER)]
+        from_set = (0, 2, 5)  # case label, revision, kernel; the other cells are the project's numbers
         for row in rows[:max_rows]:
-            lines.append("| " + " | ".join(cell.replace("|", "\\|") for cell in row) + " |")
+            lines.append("| " + " | ".join(markdown_text(cell) if i in from_set else cell.replace("|", "\\|")
+                                           for i, cell in enumerate(row)) + " |")
         if len(rows) > max_rows:
             lines.append(f"\n{len(rows) - max_rows} more row(s) in the JSON report")
     else:

@@ -189,7 +189,7 @@ METADATA_TYPES: dict[str, type | tuple[type, ...]] = {
     "triton": str, "python": str, "cpu": str, "peers": dict, "tflabench": str, "shard": str,
     "ceilings": dict, "device": str, "gpus": list, "compare": dict, "only": list, "measurement": dict,
     "resumed": list, "merged_from": list, "shards_missing": list, "shards_incomplete": list,
-    "case_ids": list,
+    "case_ids": list, "git_commit_date": str,
 }
 
 #: Fields of a ``measurement``'s ``timing`` / ``numerics`` (``metadata.json``) that do not

@@ -15,7 +15,10 @@ and both are listed (:class:`ResumePlan`). ``timing.timeout_s`` and a kernel's
 else is a condition: the device and GPU, ``dtype``, ``seed``, every other ``timing`` and
 ``numerics`` field, each kernel's backend and its parameters given as single values, the
 software the rows are measured with (driver, CUDA, torch, triton, python, peers,
-tflabench), ``--shard`` and the roofline ceilings. A change of git revision (a suite edited
+tflabench), ``--shard``, the roofline ceilings, and the timing method
+(:func:`tflabench.conditions.join_differences`: on the CPU the timer, the threads per
+worker, the CPU model and the host; on a GPU the timer). ``metadata.json`` then keeps
+saying what every row was measured with. A change of git revision (a suite edited
 in the checkout makes it ``+dirty``) is recorded in ``metadata.json`` under ``resumed``.
 
 The rows are checked too (:func:`row_differences`): each row's suite, device, dtype, the
@@ -34,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 from tflabench import results as R
+from tflabench.conditions import TIMING_FIELD_NAMES, join_differences, timing_method
 from tflabench.errors import UserError
 from tflabench.results import LIMIT_FIELDS, TIMING_DEFAULTS, case_label
 from tflabench.suite import Case, LoadedSuite
@@ -238,8 +242,27 @@ def row_differences(rows: list[dict], linenos: list[int], suite_name: str, new: 
     return out
 
 
+def timing_method_differences(old_meta: dict, new_measurement: dict, env: dict,
+                              cpu_threads: dict | None) -> list[tuple[str, Any, Any, str]]:
+    """``(field, value in the result set, value now, how to match it)`` for each timing
+    method field (:func:`tflabench.conditions.join_differences`) in which this run (its
+    :func:`measurement`, environment and ``cpu_threads`` record) differs from the result
+    set's ``metadata.json``; empty where they agree or a side does not record it."""
+    now = {"measurement": new_measurement, "cpu_threads": cpu_threads,
+           "cpu": env.get("cpu"), "hostname": env.get("hostname")}
+    threads = timing_method(old_meta)["threads"]
+    same_threads = (f"run with the threads per worker it began with (OMP_NUM_THREADS={threads})"
+                    if threads is not None else "run with the threads per worker it began with")
+    hints = {"timer": same_threads, "threads": same_threads,
+             "cpu": "resume on the machine it began on", "hostname": "resume on the machine it began on"}
+    if new_measurement.get("device") != "cpu":
+        hints["timer"] = "set timing.cuda_graph back to what the result set was timed with"
+    return [(TIMING_FIELD_NAMES[f], a, b, hints[f]) for f, a, b in join_differences(old_meta, now)]
+
+
 def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_measurement: dict,
-                env: dict, cases: list[Case], *, shard: str | None, ceilings: dict | None) -> ResumePlan:
+                env: dict, cases: list[Case], *, shard: str | None, ceilings: dict | None,
+                cpu_threads: dict | None = None) -> ResumePlan:
     """Check that ``loaded`` may be resumed into ``directory`` and say what runs.
 
     Args:
@@ -249,6 +272,8 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
         cases: every case of the suite (before ``--only`` and ``--shard``).
         shard: this run's ``--shard`` (``K/N`` text, normalised) or None.
         ceilings: this run's roofline ceilings (as recorded in the metadata) or None.
+        cpu_threads: this run's ``cpu_threads`` record (``tflabench.worker_pool.cpu_threads``)
+            or None (then the thread count and the CPU timer are not compared).
 
     Raises UserError with one line: the first field that differs (and how many more), its
     value in the result set and now, and how to start a fresh run; or what makes the set
@@ -284,14 +309,14 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
             f"{where}: the result set does not record its measurement conditions (an earlier tflabench "
             f"wrote it) and the suite file changed since (sha256 {str(old_meta['suite_sha256'])[:12]}..., "
             f"now {loaded.sha256[:12]}...); resume with the suite file it began with, or {fresh}")
-    cpu = ("cpu",) if new_measurement.get("device") == "cpu" else ()  # CPU timings: the CPU is the device
-    for key in ENVIRONMENT_KEYS + cpu:
+    for key in ENVIRONMENT_KEYS:  # the CPU model and host of CPU timings: the timing method below
         if key in old_meta and old_meta.get(key) != env.get(key):
             hint = "resume where it began (the same GPU and software)"
             if key == "peers":   # a peer installed since: its cases can still stand beside the set
                 hint = ("resume with the peers it began with; to add a peer installed since, run its kernels "
                         "alone (--only LABEL) as a new result set beside this one")
             diffs.append((key, old_meta.get(key), env.get(key), hint))
+    diffs += timing_method_differences(old_meta, new_measurement, env, cpu_threads)
     if "shard" in old_meta and old_meta.get("shard") != shard:
         diffs.append(("--shard", old_meta.get("shard"), shard, "give the --shard it began with"))
     if "ceilings" in old_meta and old_meta.get("ceilings") != ceilings:

@@ -22,6 +22,7 @@ from typing import Any, Callable, Iterable, Mapping, Sequence
 
 from tflabench import results
 from tflabench.bounds import MAX_SHARDS
+from tflabench.conditions import TIMING_FIELD_NAMES, join_differences
 from tflabench.errors import UserError, io_reason
 
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -184,8 +185,10 @@ def merge_results(
     """Join the result sets of the shards of one run into one result set in ``out_dir``.
 
     Every input must be a shard (metadata ``shard`` ``"K/N"``) of the same suite (name
-    and ``suite_sha256``), the same N, and the same environment
-    (:data:`MERGE_ENVIRONMENT_KEYS`); no shard may appear twice and no case may be in two
+    and ``suite_sha256``), the same N, the same environment
+    (:data:`MERGE_ENVIRONMENT_KEYS`) and timing method
+    (:func:`tflabench.conditions.join_differences`: on the CPU the timer, threads per
+    worker, CPU model and host); no shard may appear twice and no case may be in two
     shards. The merged metadata is the first shard's with ``shard`` null, ``merged_from``
     (each shard's ``shard``, ``path``, ``hostname``, ``date``), ``shards_missing`` (list of
     K), ``gpus_used`` every shard's GPUs and ``date`` the earliest shard's.
@@ -205,7 +208,7 @@ def merge_results(
 
     Raises:
         UserError: no input; an input that is missing, corrupt or not a shard; shards of
-            different suites, environments or N; a repeated shard or case; missing or
+            different suites, environments, timing methods or N; a repeated shard or case; missing or
             incomplete shards (without ``allow_missing``); an ``out_dir`` that already
             holds results.
     """
@@ -243,13 +246,22 @@ def merge_results(
                 f"merge: {str(rs.path)!r} is shard {k}/{n} but {str(first.path)!r} is {first_k}/{first_n}; "
                 "all shards must split into the same N"
             )
-        cpu = ("cpu",) if ref.get("device") == "cpu" else ()  # CPU timings: the CPU is the device
-        for key in MERGE_ENVIRONMENT_KEYS + cpu:
+        for key in MERGE_ENVIRONMENT_KEYS:
             if meta.get(key) != ref.get(key):
                 raise UserError(
                     f"merge: {str(rs.path)!r} ran in another environment ({key} {meta.get(key)!r}, "
                     f"{str(first.path)!r} has {ref.get(key)!r}); rerun the shards with one setup"
                 )
+        timing = join_differences(ref, meta)  # on the CPU: timer, threads per worker, CPU model, host
+        if timing:
+            key, a, b = timing[0]
+            more = f" (also different: {', '.join(TIMING_FIELD_NAMES[d[0]] for d in timing[1:])})" if timing[1:] else ""
+            raise UserError(
+                f"merge: {str(rs.path)!r} was timed another way ({TIMING_FIELD_NAMES[key]} {b!r}, "
+                f"{str(first.path)!r} has {a!r}){more}; rows timed differently cannot share a result set: "
+                "rerun that shard with the others' threads per worker on their machine, or keep the shards "
+                "as separate result sets"
+            )
 
     seen: dict[int, Any] = {}
     for k, _, rs in shards:

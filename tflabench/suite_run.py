@@ -245,6 +245,7 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, state: dict
     if lock.note:
         _say(console, "note", lock.note)
     resumed: list[dict] = []
+    threads = cpu_threads(len(gpus or [None]))  # part of the timing method a resume checks
     if resume:
         # every check first: a refused resume leaves the set as it was
         try:
@@ -252,7 +253,7 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, state: dict
         except UserError as exc:
             raise UserError(f"--resume: {exc}; start a fresh run (the same command without --resume)") from None
         plan = resume_mod.plan_resume(directory, loaded, old_meta, conditions, env, all_cases,
-                                      shard=shard_text, ceilings=ceil)
+                                      shard=shard_text, ceilings=ceil, cpu_threads=threads)
         R.remove_stale_temporaries(directory)
         for line in R.repair_rows(directory):
             _say(console, "warning", line)
@@ -269,7 +270,6 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, state: dict
         date = now
     todo = [c for c in cases if c.case_id not in done]
     skipped = len(cases) - len(todo)
-    threads = cpu_threads(len(gpus or [None]))
     metadata = {
         "suite": suite.name, "suite_path": str(loaded.path), "suite_sha256": loaded.sha256,
         "date": date, **env, "shard": shard_text, "ceilings": ceil,

@@ -92,7 +92,7 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     Args:
         frame: result rows (:attr:`tflabench.results.ResultSet.rows`).
     """
-    from tflabench.plots.style import OURS_KEY, fig_title, legend_below, log_axis, order_kernels
+    from tflabench.plots.style import fig_title, legend_below, log_axis, order_kernels, ours_key
 
     ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()].copy()
     if ok.empty:
@@ -119,7 +119,7 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
         ax.grid(True, which="both", alpha=0.3)
     order = order_kernels([s for s in styles if s in handles], styles)
     legend_below(fig, [handles[s] for s in order], order, ncol=3 if len(order) > 4 else len(order),
-                 title=OURS_KEY if any(st.ours for st in styles.values()) else None)
+                 title=ours_key(zip(ok["series"], ok["backend"] if "backend" in ok else [None] * len(ok))))
     if title:
         fig_title(fig, title)
     return save_figure(fig, path)

@@ -56,7 +56,7 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
     legend below the panels.
     """
     from tflabench.errors import UserError
-    from tflabench.plots.style import OURS_KEY, ax_title, fig_title, kernel_styles, legend_below, log_axis, order_kernels
+    from tflabench.plots.style import ax_title, fig_title, kernel_styles, legend_below, log_axis, order_kernels, ours_key
 
     if not placement:
         raise UserError("no measured case with model FLOPs/bytes and a time to place on the roofline")
@@ -128,7 +128,7 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
         labels.append(f"ringed: outlier, over {OUTLIER_FACTOR:g}x from its kernel's median")
         extra.append(handles["__outlier__"])
     legend_below(fig, [handles[k] for k in kernels] + extra, labels, ncol=3, fontsize=7.5,
-                 title=OURS_KEY if any(styles[k].ours for k in kernels) else None)
+                 title=ours_key((p["kernel"], p.get("backend")) for p in placement))
     if title:
         fig_title(fig, title, fontsize=10)
     return save_figure(fig, path)

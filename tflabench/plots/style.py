@@ -30,8 +30,6 @@ MARKERS = ("o", "s", "D", "^", "v", "P", "X", "<", ">", "h", "p", "*", "d", "8")
 OURS_BACKENDS = frozenset({"tfla"})
 #: Backends of the TFLA authors' kernels (drawn dashed, hollow, in the colour of ours).
 AUTHORS_BACKENDS = frozenset({"mlstm_kernels"})
-#: The key's line that says how ours and the peers are drawn.
-OURS_KEY = "solid, filled: ours; dashed, hollow: the authors' kernels (mlstm_kernels) and other peers"
 #: Colours of other things in a figure (GPU roofs, model curves) than kernels.
 NEUTRALS = ("#000000", "#555555", "#888888")
 
@@ -91,6 +89,34 @@ def is_ours(label: str, backend: str | None = None) -> bool:
     if backend is not None:
         return backend in OURS_BACKENDS
     return "(ours)" in label
+
+
+def is_authors(label: str, backend: str | None = None) -> bool:
+    """Whether a kernel is the TFLA authors' (:data:`AUTHORS_BACKENDS`): its backend, else a
+    label ending in ``(mlstm_kernels)``."""
+    if backend is not None:
+        return backend in AUTHORS_BACKENDS
+    return "(mlstm_kernels)" in label
+
+
+def ours_key(kernels) -> str | None:
+    """The legend's note on how ours and the peers are drawn, naming only what the figure
+    shows: ``solid, filled: ours``, then ``dashed, hollow:`` the authors' kernels
+    (``mlstm_kernels``) where one is drawn and other peers where one is drawn. None where
+    no kernel of ours is drawn (every kernel then looks alike: no note).
+
+    Args:
+        kernels: iterable of ``(label, backend)`` of the kernels drawn (backend may be None).
+    """
+    items = list(dict.fromkeys((str(label), backend) for label, backend in kernels))
+    if not any(is_ours(label, backend) for label, backend in items):
+        return None
+    peers = [(label, backend) for label, backend in items if not is_ours(label, backend)]
+    authors = any(is_authors(label, backend) for label, backend in peers)
+    others = any(not is_authors(label, backend) for label, backend in peers)
+    named = (["the authors' kernels (mlstm_kernels)"] if authors else []) + (
+        ["other peers" if authors else "peers"] if others else [])
+    return "solid, filled: ours" + ("; dashed, hollow: " + " and ".join(named) if named else "")
 
 
 def kernel_styles(kernels) -> dict[str, KernelStyle]:
@@ -317,6 +343,6 @@ def log_log_axes(ax, *, xlabel: str, ylabel: str, x_base: float = 10, y_base: fl
     ax.grid(True, which="both", alpha=0.3)
 
 
-__all__ = ["AUTHORS_BACKENDS", "OURS_KEY", "KernelStyle", "MARKERS", "NEUTRALS", "OURS_BACKENDS", "PALETTE", "family_key",
-           "is_ours", "kernel_styles", "order_kernels", "legend_below", "log_axis", "log_log_axes", "place_labels", "set_label", "styles_for_rows", "tick_text",
+__all__ = ["AUTHORS_BACKENDS", "KernelStyle", "MARKERS", "NEUTRALS", "OURS_BACKENDS", "PALETTE", "family_key",
+           "is_authors", "is_ours", "kernel_styles", "ours_key", "order_kernels", "legend_below", "log_axis", "log_log_axes", "place_labels", "set_label", "styles_for_rows", "tick_text",
            "wrap_text", "fig_title", "ax_title", "label_points", "LABEL_OFFSETS"]
