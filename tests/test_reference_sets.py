@@ -116,3 +116,10 @@ def test_references_command_prints_the_index_as_markdown():
     assert result.stdout == (REFERENCE / "README.md").read_text(encoding="utf-8")
     table = CliRunner().invoke(app, ["references"])
     assert table.exit_code == 0 and "h100/tfla_ci/" in table.stdout
+
+
+def test_cases_of_a_run_in_progress_say_how_many_of_its_cases_are_measured():
+    s = refs.ReferenceSet("h100", "x", Path("x"), {"case_ids": [f"c{i}" for i in range(10)]}, {"ok": 3, "crash": 1})
+    assert s.cases == "3 of 4 ok (1 crash), 4 of 10 measured (in progress)"
+    whole = refs.ReferenceSet("h100", "x", Path("x"), {"case_ids": ["a", "b"]}, {"ok": 2})
+    assert whole.cases == "2 of 2 ok"

@@ -56,10 +56,16 @@ class ReferenceSet:
 
     @property
     def cases(self) -> str:
-        """``<ok> of <cases> ok`` and the other statuses in brackets."""
+        """``<ok> of <cases> ok`` and the other statuses in brackets; for a run not yet
+        finished (fewer cases measured than its ``case_ids`` name), ``<ok> of <cases> ok,
+        <n> of <planned> measured (in progress)``."""
         total = sum(self.statuses.values())
         others = ", ".join(f"{n} {s}" for s, n in sorted(self.statuses.items()) if s != "ok")
-        return f"{self.statuses.get('ok', 0)} of {total} ok" + (f" ({others})" if others else "")
+        text = f"{self.statuses.get('ok', 0)} of {total} ok" + (f" ({others})" if others else "")
+        planned = self.metadata.get("case_ids")
+        if isinstance(planned, list) and len(planned) > total:
+            text += f", {total} of {len(planned)} measured (in progress)"
+        return text
 
 
 def reference_root(root: str | os.PathLike | None = None) -> Path:
