@@ -87,3 +87,11 @@ def isolated_cwd(tmp_path, monkeypatch, isolated_user_files):
     """The test runs in tmp_path (figures land in tmp_path/results/plots) and reads no user
     hardware file (:func:`isolated_user_files`)."""
     monkeypatch.chdir(tmp_path)
+
+
+@pytest.fixture(autouse=True)
+def _no_inherited_columns(monkeypatch):
+    """pytest-xdist's workers set COLUMNS=80, which the console honours (tflabench.console):
+    without this the same test would print 80 or 250 columns wide depending on ``-n``. A test
+    that wants a width sets COLUMNS itself."""
+    monkeypatch.delenv("COLUMNS", raising=False)

@@ -1316,7 +1316,7 @@ def resolution_line(comparison: Comparison) -> str:
         return f"resolution: no case ran ok on both sides (time threshold {threshold:.0%})"
     text = (f"resolution: the samples could detect a change of {_fmt_resolution(summary['median'])} "
             f"(median of {summary['cases']} case(s); worst {_fmt_resolution(summary['worst'])}, "
-            f"{terminal_text(summary['worst_case'], 2 * LABEL_WIDTH)}); time threshold {threshold:.0%}")
+            f"{terminal_text(summary['worst_case'])}); time threshold {threshold:.0%}")
     if summary["median"] > threshold:
         text += "; most cases cannot resolve the threshold: raise timing.iterations or measure on a quieter machine"
     return text
