@@ -622,6 +622,27 @@ def mlstm_inputs(shape: Shape, dtype, device: str, seed: int, requires_grad: boo
     }
 
 
+def bthd_inputs(shape: Shape, dtype, device: str, seed: int):
+    """FLA's layout: ``q``, ``k`` (B, T, H, d_qk) and ``v`` (B, T, H, d_hv) ~ N(0, 1) in
+    ``dtype``, and ``normal(dims, mean=0.0)``, the float32 sampler of the same generator, for
+    the family's further inputs (gates, beta) drawn after them. Deterministic in ``seed``;
+    no ``requires_grad`` (the caller sets it once every input is made)."""
+    import torch
+
+    gen = _generator(device, seed)
+    B, T, H = shape.batch, shape.seq_len, shape.heads
+
+    def normal(dims, mean=0.0):
+        return torch.randn(dims, generator=gen, device=device, dtype=torch.float32) + mean
+
+    inputs = {
+        "q": normal((B, T, H, shape.d_qk)).to(dtype),
+        "k": normal((B, T, H, shape.d_qk)).to(dtype),
+        "v": normal((B, T, H, shape.d_hv)).to(dtype),
+    }
+    return inputs, normal
+
+
 def attention_inputs(shape: Shape, dtype, device: str, seed: int, requires_grad: bool = False,
                      layout: str = "BHSD") -> dict:
     """Attention inputs ``q``, ``k`` (d_qk) and ``v`` (d_hv) ~ N(0, 1) in ``dtype``, in

@@ -33,7 +33,8 @@ import importlib
 from typing import Any, Literal
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
+from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, bthd_inputs, peer_unavailable,
+                                     resolve_layout)
 from tflabench.backends.base import find_spec as _find_spec
 
 INSTALL_HINT = "pip install fla-core==0.6.0 einops (Triton kernels: a CUDA GPU)"
@@ -163,18 +164,9 @@ class DeltaRuleBackend(Backend):
         if params.op == "chunk_delta_rule" and dtype == torch.float32:
             raise ValueError("dtype: fla's chunk_delta_rule refuses float32 (fla-core 0.6.0); use bfloat16 or float16")
 
-        gen = torch.Generator(device=device).manual_seed(seed)
         B, T, H = shape.batch, shape.seq_len, shape.heads
-
-        def normal(dims, mean=0.0):
-            return torch.randn(dims, generator=gen, device=device, dtype=torch.float32) + mean
-
-        inputs = {
-            "q": normal((B, T, H, shape.d_qk)).to(dtype),
-            "k": normal((B, T, H, shape.d_qk)).to(dtype),
-            "v": normal((B, T, H, shape.d_hv)).to(dtype),
-            "beta": torch.sigmoid(normal((B, T, H))).to(dtype),
-        }
+        inputs, normal = bthd_inputs(shape, dtype, device, seed)
+        inputs["beta"] = torch.sigmoid(normal((B, T, H))).to(dtype)
         if params.op in GATED_OPS:
             gate_dtype = torch.float64 if dtype == torch.float64 else torch.float32
             inputs["g"] = F.logsigmoid(normal((B, T, H), mean=3.0)).to(gate_dtype)

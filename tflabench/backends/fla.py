@@ -57,7 +57,8 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
+from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, bthd_inputs, peer_unavailable,
+                                     resolve_layout)
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.environment import FLA_640_GUARD_ENV, fla_640_refused
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
@@ -433,17 +434,8 @@ class FlaBackend(Backend):
         import torch
         import torch.nn.functional as F
 
-        gen = torch.Generator(device=device).manual_seed(seed)
         B, T, H = shape.batch, shape.seq_len, shape.heads
-
-        def normal(dims, mean=0.0):
-            return torch.randn(dims, generator=gen, device=device, dtype=torch.float32) + mean
-
-        inputs = {
-            "q": normal((B, T, H, shape.d_qk)).to(dtype),
-            "k": normal((B, T, H, shape.d_qk)).to(dtype),
-            "v": normal((B, T, H, shape.d_hv)).to(dtype),
-        }
+        inputs, normal = bthd_inputs(shape, dtype, device, seed)
         if params.op in PER_KEY_GATE_OPS:
             inputs["g"] = F.logsigmoid(normal((B, T, H, shape.d_qk), mean=3.0)).to(dtype)
         elif params.op != "lightning_attn":
