@@ -275,6 +275,14 @@ def mamba3_reference(q, k, v, adt, dt, trap, q_bias, k_bias, angles, D=None):
 # ------------------------------------------------------------------------ Mamba 2
 
 
+def _chunk_power_of_two(value: int) -> int:
+    """The kernels' chunk size: a power of two >= 16 (Mamba 2's SSD and Mamba-3's SISO
+    kernels tile by it); raises ValueError naming the value otherwise."""
+    if value < 16 or value & (value - 1):
+        raise ValueError(f"must be a power of two >= 16, got {value}")
+    return value
+
+
 class Mamba2Params(BackendParams):
     """What a suite may set for ``mamba2``.
 
@@ -302,9 +310,7 @@ class Mamba2Params(BackendParams):
     @field_validator("chunk_size")
     @classmethod
     def _power_of_two(cls, value):
-        if value < 16 or value & (value - 1):
-            raise ValueError(f"must be a power of two >= 16, got {value}")
-        return value
+        return _chunk_power_of_two(value)
 
 
 class Mamba2Backend(Backend):
@@ -533,9 +539,7 @@ class Mamba3Params(HeadLayoutParams):
     @field_validator("chunk_size")
     @classmethod
     def _power_of_two(cls, value):
-        if value < 16 or value & (value - 1):
-            raise ValueError(f"must be a power of two >= 16, got {value}")
-        return value
+        return _chunk_power_of_two(value)
 
 
 class Mamba3Backend(Backend):
