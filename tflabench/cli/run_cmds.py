@@ -184,6 +184,13 @@ def _report_run(loaded, result, plots: bool) -> None:
 NOISY_NAMED = 6
 
 
+def _named_cases(cases: list[tuple[str, float]], share: str) -> str:
+    """The first :data:`NOISY_NAMED` (label, share) pairs of a warning as ``label (share);
+    ...``, ``share`` a format string for the number, and how many more there are."""
+    named = "; ".join(f"{terminal_text(label, 120)} ({share.format(x)})" for label, x in cases[:NOISY_NAMED])
+    return named + (f"; and {len(cases) - NOISY_NAMED} more" if len(cases) > NOISY_NAMED else "")
+
+
 def _warn_noisy(rows) -> list[tuple[str, float]]:
     """End a run (or a report) with a warning naming the cases whose timings spread more
     than compare's noise level, and what to do (on stderr); returns those cases
@@ -196,8 +203,7 @@ def _warn_noisy(rows) -> list[tuple[str, float]]:
     traced = rows  # only traced rows can say why (fast on 100,000 rows)
     if "gpu_slowdowns" in rows.columns:
         traced = rows[rows["gpu_slowdowns"].map(lambda x: isinstance(x, str))]
-    named = "; ".join(f"{terminal_text(label, 120)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
-    more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
+    named = _named_cases(noisy, "{:.0%}")
     trace = slowdown_text(traced, noisy)
     on_gpu = "device" in rows.columns and rows["device"].astype(str).str.startswith("cuda").any()
     if trace:
@@ -205,7 +211,7 @@ def _warn_noisy(rows) -> list[tuple[str, float]]:
     elif on_gpu:
         trace = " (`run --gpu-trace` records whether the GPU slowed down.)"
     typer.echo(f"warning: {len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median "
-               f"(IQR / median): {named}{more}.{trace} Their medians are not to be trusted and `tflabench "
+               f"(IQR / median): {named}.{trace} Their medians are not to be trusted and `tflabench "
                f"compare` cannot decide on them: {NOISE_ADVICE}.", err=True)
     return noisy
 
@@ -219,10 +225,9 @@ def _host_bound_lines(rows) -> list[str]:
     bound = host_bound_cases(rows)
     if not bound:
         return []
-    named = "; ".join(f"{terminal_text(label, 120)} (host {share:.0%} of GPU)" for label, share in bound[:NOISY_NAMED])
-    more = f"; and {len(bound) - NOISY_NAMED} more" if len(bound) > NOISY_NAMED else ""
+    named = _named_cases(bound, "host {:.0%} of GPU")
     return [f"{len(bound)} case(s) host-bound (host time per call at least {HOST_BOUND_SHARE:.0%} of the GPU "
-            f"time): {named}{more}. {HOST_BOUND_ADVICE[:1].upper()}{HOST_BOUND_ADVICE[1:]}."]
+            f"time): {named}. {HOST_BOUND_ADVICE[:1].upper()}{HOST_BOUND_ADVICE[1:]}."]
 
 
 def _warn_host_bound(rows) -> list[str]:
@@ -439,10 +444,9 @@ def _noisy_lines(noisy: list[tuple[str, float]]) -> list[str]:
 
     if not noisy:
         return []
-    named = "; ".join(f"{terminal_text(label, 120)} ({spread:.0%})" for label, spread in noisy[:NOISY_NAMED])
-    more = f"; and {len(noisy) - NOISY_NAMED} more" if len(noisy) > NOISY_NAMED else ""
+    named = _named_cases(noisy, "{:.0%}")
     return [f"{len(noisy)} case(s) spread more than {NOISY_RELATIVE_IQR:.0%} of their median (IQR / median): "
-            f"{named}{more}. Their medians are not to be trusted and `tflabench compare` cannot decide on them."]
+            f"{named}. Their medians are not to be trusted and `tflabench compare` cannot decide on them."]
 
 
 def backend_table():
