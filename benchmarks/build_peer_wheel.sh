@@ -71,6 +71,14 @@ rev_of() {  # rev_of DIR FALLBACK: the git commit of DIR, else FALLBACK, else "u
   git -C "$1" rev-parse HEAD 2>/dev/null || echo "${2:-unknown}"
 }
 
+build_wheel() {  # build_wheel WHAT DIR: pip wheel of DIR with "${envs[@]}" into $work/dist; exit 1 on failure
+  echo "building $1 with $jobs jobs; log: $log"
+  if ! (cd "$2" && env "${envs[@]}" "$PYTHON" -m pip wheel --no-deps --no-build-isolation \
+          -w "$work/dist" . >"$log" 2>&1); then
+    echo "build_peer_wheel.sh: the $1 build failed; the end of $log:" >&2; tail -30 "$log" >&2; exit 1
+  fi
+}
+
 if [ "$peer" = fa3 ]; then
   [ -n "$src" ] && [ -d "$src/hopper" ] || err "--src must be a flash-attention tree holding hopper/, got '$src'"
   cutlass="${cutlass:-$src/csrc/cutlass}"
@@ -89,11 +97,7 @@ if [ "$peer" = fa3 ]; then
   for d in ${hdims//,/ }; do case "$d" in 64|96|128|192|256) ;; *) err "--hdim takes 64, 96, 128, 192, 256, got '$d'" ;; esac; done
   envs=(FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTENTION_OFFLINE_BUILD=1 MAX_JOBS="$jobs" NVCC_THREADS=2)
   for s in "${switches[@]}"; do envs+=("FLASH_ATTENTION_DISABLE_${s}"); done
-  echo "building FlashAttention 3 (hdim $hdims, bf16, sm_90a, fwd+bwd) with $jobs jobs; log: $log"
-  if ! (cd "$work/fa/hopper" && env "${envs[@]}" "$PYTHON" -m pip wheel --no-deps --no-build-isolation \
-          -w "$work/dist" . >"$log" 2>&1); then
-    echo "build_peer_wheel.sh: the FlashAttention 3 build failed; the end of $log:" >&2; tail -30 "$log" >&2; exit 1
-  fi
+  build_wheel "FlashAttention 3 (hdim $hdims, bf16, sm_90a, fwd+bwd)" "$work/fa/hopper"
   sources="flash-attention $src_rev (hopper/), CUTLASS $cutlass_rev"
   flags="${envs[*]}"
 else
@@ -114,11 +118,7 @@ open(path, "w").write(text.replace(anchor, line + anchor))
 PY
   src_rev="$(basename "$sdist") sha256 $(sha256sum "$sdist" | cut -d' ' -f1)"
   envs=(MAMBA_FORCE_BUILD=TRUE MAX_JOBS="$jobs" NVCC_THREADS=1)
-  echo "building mamba_ssm (selective_scan_cuda, sm_$arch) with $jobs jobs; log: $log"
-  if ! (cd "$pkg" && env "${envs[@]}" "$PYTHON" -m pip wheel --no-deps --no-build-isolation \
-          -w "$work/dist" . >"$log" 2>&1); then
-    echo "build_peer_wheel.sh: the mamba_ssm build failed; the end of $log:" >&2; tail -30 "$log" >&2; exit 1
-  fi
+  build_wheel "mamba_ssm (selective_scan_cuda, sm_$arch)" "$pkg"
   sources="$src_rev"
   flags="${envs[*]} -gencode arch=compute_$arch,code=sm_$arch"
 fi
