@@ -4,7 +4,7 @@ Setting of the paper's Figure 4: embedding 4096, 16 heads, d_qk 128, d_hv 256,
 bfloat16, 65,536 tokens (batch = 65,536 / S), S in {2048, 8192, 32768}; forward and
 forward+backward (backward of a ones gradient, gradients set to None between calls);
 median of 30 timed calls after 10 warm-ups, CUDA events around each call, no L2 flush
-(timing, first call and peak memory through tflabench.measure);
+(timing, first call and peak memory through tflabench.run.measure);
 peak memory = torch.cuda.max_memory_allocated during one call minus what was allocated
 before it (inputs and the output gradient included in that base). Gates f ~ N(3, 1),
 i ~ N(0, 1), the peers' benchmark setting.
@@ -35,7 +35,7 @@ import traceback
 
 import torch
 
-from tflabench.measure import first_call_seconds, peak_memory_bytes, time_callable
+from tflabench.run.measure import first_call_seconds, peak_memory_bytes, time_callable
 
 TOKENS = 65536
 NH, D_QK, D_HV = 16, 128, 256
@@ -226,7 +226,7 @@ def breakdown(rows, S=8192, n=10):
 
 def time_call(fn, n_warmup=10, n_iter=30):
     """Per-call milliseconds of ``fn`` through the harness's timer, each call started on an
-    idle device (``tflabench.measure.time_callable`` with ``sync_each``)."""
+    idle device (``tflabench.run.measure.time_callable`` with ``sync_each``)."""
     return time_callable(fn, device=DEV, warmup=n_warmup, iterations=n_iter, sync_each=True)
 
 

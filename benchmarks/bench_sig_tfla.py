@@ -11,7 +11,7 @@ Shapes (the tables of docs/kernels.md's tuning rules; bf16):
   small  B 16, 32 heads, d_qk 64, d_hv 128, S 4096
 Method as the issue's table: inputs without grad for "fwd" (with grad and a ones dh for
 "fwdbw", gradients set to None before each call), median of 20 timed calls after 5
-warm-ups (tflabench.measure.time_callable: CUDA events, calls back to back), peak memory =
+warm-ups (tflabench.run.measure.time_callable: CUDA events, calls back to back), peak memory =
 torch.cuda.max_memory_allocated during one call minus what was allocated before it; all in
 one process, peers in the same process. Compile/autotune is the untimed first call.
 
@@ -420,7 +420,7 @@ class Bench:
     # ------------------------------------------------------------ one measurement
     def measure(self, shape_name, impl, L, mode, variant=""):
         torch = self.torch
-        from tflabench.measure import time_callable
+        from tflabench.run.measure import time_callable
         row = dict(shape=shape_name, impl=impl, variant=variant, chunk=L, mode=mode)
         if time.time() > self.deadline:
             row["error"] = "skipped: budget"
@@ -550,7 +550,7 @@ class Bench:
 
     def breakdown(self, shape_name, L):
         torch = self.torch
-        from tflabench.measure import time_callable
+        from tflabench.run.measure import time_callable
         rec, pfw, (q, k, v, i, f) = self.flat_inputs(shape_name)
         with torch.no_grad():
             gates = rec.chunk_gates(i, f, L=L, is_exp=False)
@@ -605,7 +605,7 @@ def sweep(b, shape_name, L, which):
     """Time the tiled forward's recurrent or H kernel alone over a grid of configs (stage A),
     then the best one with other pipeline depths / pieces / d_qk blocks (stage B)."""
     torch = b.torch
-    from tflabench.measure import time_callable
+    from tflabench.run.measure import time_callable
     from tfla.triton.tuning import Tuning
     shp = (SMOKE_SHAPES if b.smoke else SHAPES)[shape_name]
     rec, pfw, (q, k, v, i, f) = b.flat_inputs(shape_name)

@@ -31,7 +31,7 @@ def main(argv=None):
     sys.path.insert(0, os.path.join(here, ".."))
     import torch
     from fla.ops.simple_gla import chunk_simple_gla
-    from tflabench.measure import time_callable
+    from tflabench.run.measure import time_callable
 
     from bench_sig_tfla import make_inputs
 

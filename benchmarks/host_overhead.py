@@ -11,7 +11,7 @@ time, the GPU waits on the CPU and the median swings with the CPU's speed (docs/
 Figure 4's heads).
 
 Per shape, kernel and mode, ``--rounds`` rounds of: the median of ``--iters`` calls back to
-back (``tflabench.measure.time_callable``: CUDA events, after 5 warm-ups), then the host
+back (``tflabench.run.measure.time_callable``: CUDA events, after 5 warm-ups), then the host
 time per call (wall time from the call's start until it returns, the GPU idle before it;
 median of 10). A row gives the median over the rounds of both. ``--root`` measures another
 checkout's kernels (package ``tfla`` under ROOT/kernels), ``--tag`` names it in the
@@ -22,7 +22,7 @@ heads, d_qk 128, d_hv 256, S 8192).
         [--kernels ours,cudnn,authors] [--root DIR] [--tag NAME] [--rounds 4] [--iters 30]
         [--graph]
 
-``--graph``: our modes are also captured once as a CUDA graph (``tflabench.measure.graph_replay``,
+``--graph``: our modes are also captured once as a CUDA graph (``tflabench.run.measure.graph_replay``,
 as ``timing.cuda_graph`` does) and replayed (rows ``ours graph``); a line before the
 table says whether the replayed h and gradients equal the eager call's.
 
@@ -62,7 +62,7 @@ def main(argv=None) -> int:
     import tfla
     from bench_sig_tfla import SHAPES, make_inputs
 
-    from tflabench.measure import time_callable
+    from tflabench.run.measure import time_callable
 
     if not os.path.abspath(tfla.__file__).startswith(root):
         print(f"host_overhead.py: imported tfla from {tfla.__file__}, not under {root}",
@@ -183,9 +183,9 @@ CALLS = {"ours": ours, "cudnn": cudnn, "authors": authors}
 
 def graph_of(fn, mode: str, shape: str, tag: str, torch):
     """``fn`` (returning its output tensors) captured as a CUDA graph
-    (``tflabench.measure.graph_replay``): the graph's replay, after printing how its outputs
+    (``tflabench.run.measure.graph_replay``): the graph's replay, after printing how its outputs
     compare with an eager call's; None (and a line saying why) where capture fails."""
-    from tflabench.measure import GraphCaptureError, graph_replay
+    from tflabench.run.measure import GraphCaptureError, graph_replay
 
     static = []
 

@@ -27,12 +27,12 @@ def main(argv=None):
     sys.path.insert(0, root)
     import pandas as pd
 
-    from tflabench import model_vs_measured as mm
+    from tflabench.analysis import model_vs_measured as mm
     from tflabench.errors import UserError
-    from tflabench.plots.benchmark import plot_runtime
-    from tflabench.plots.model_measured import roofline_measured_figure
-    from tflabench.reference_sets import reference_for
-    from tflabench.results import load_results
+    from tflabench.report.plots.benchmark import plot_runtime
+    from tflabench.report.plots.model_measured import roofline_measured_figure
+    from tflabench.store.references import reference_for
+    from tflabench.store.results import load_results
 
     try:
         rs = load_results(reference_for(args.gpu, "h100_7b", args.references))

@@ -3,7 +3,7 @@
 A device-only check (docs/harness.md, "Timing method"). For a few kernels of
 suites/h100_7b.yaml at one S it times the same call three ways, in one process:
 
-* ``harness``: tflabench.measure.time_callable, a CUDA event pair around each call and no
+* ``harness``: tflabench.run.measure.time_callable, a CUDA event pair around each call and no
   synchronisation between calls (the CPU may run ahead; as triton.testing.do_bench does);
 * ``sync each``: the same with ``sync_each=True`` (a synchronise before each timed call), so each
   call starts on an idle GPU and its Python launch overhead falls inside the events (what a
@@ -40,7 +40,7 @@ def main() -> None:
 
     from tflabench.backends import get_backend
     from tflabench.backends.base import Shape, mlstm_inputs
-    from tflabench.measure import time_callable
+    from tflabench.run.measure import time_callable
 
     ap = argparse.ArgumentParser()
     ap.add_argument("--suite", default="suites/h100_7b.yaml")

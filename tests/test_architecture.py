@@ -104,7 +104,7 @@ def test_the_reader_resolves_imports_inside_functions_and_relative_ones():
     """The graph is only as good as its reader: an import hidden in a function body and a
     relative import must both count (the checks below would pass vacuously otherwise)."""
     graph = import_graph()
-    assert "tflabench.measure" in graph["tflabench.worker_pool"]        # imported in the worker function
+    assert "tflabench.run.measure" in graph["tflabench.run.pool"]        # imported in the worker function
     assert "tfla.reference" in graph["tflabench.backends.base"]         # imported in a method
     assert "tfla.triton.common" in graph["tfla.triton.chunkwise"]       # a relative import
     assert len(graph) > 60

@@ -257,7 +257,7 @@ def test_report_says_no_model_for_a_measured_kernel_the_model_does_not_count():
     import pandas as pd
     from rich.console import Console
 
-    from tflabench.tables import summary_table
+    from tflabench.report.tables import summary_table
 
     rows = pd.DataFrame([
         {"kernel": "Gated DeltaNet (FLA chunk)", "mode": "fwd", "status": "ok", "ms_median": 1.5,
@@ -290,7 +290,7 @@ def test_every_gradient_of_the_new_peers_has_a_budget_class(name, gates):
 
 
 def test_the_html_report_says_no_model_too():
-    from tflabench.report_html import _results_table
+    from tflabench.report.html import _results_table
 
     nan = float("nan")
     records = [
@@ -307,7 +307,7 @@ def test_the_html_report_says_no_model_too():
 
 def test_verify_applies_forget_gate_regimes_to_gated_deltanet_only():
     from tflabench.numerics import VerifySettings
-    from tflabench.verify_case import FAMILY_PROFILES, regimes_for
+    from tflabench.run.verify_case import FAMILY_PROFILES, regimes_for
 
     backend = get_backend("fla_delta")
     gated = backend.numerics_family(backend.parse_params({}))

@@ -87,7 +87,7 @@ def test_flops_fwdbw_pad_and_table_output():
 
 
 def _result_set(tmp_path):
-    from tflabench.results import write_results
+    from tflabench.store.results import write_results
 
     rows = []
     for L, ms in ((64, 7.411136), (128, 6.376), (256, 6.301056)):  # §7 measured H100 forward runtimes

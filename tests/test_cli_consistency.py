@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tflabench import environment
-from tflabench import results as R
+from tflabench.store import results as R
 from tflabench.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -14,7 +14,7 @@ from typer.main import get_command
 from typer.testing import CliRunner
 
 from tflabench.cli import app
-from tflabench.results import write_results
+from tflabench.store.results import write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from typer.testing import CliRunner
 
-from tflabench import results as R
+from tflabench.store import results as R
 from tflabench.backends import known_names
 from tflabench.cli import app
 
@@ -82,7 +82,7 @@ def test_report_prints_table_and_writes_both_figures_outside_the_set(tmp_path, m
 
 
 def test_memory_figure_is_skipped_without_a_chunk_sweep(tmp_path):
-    from tflabench.plots.benchmark import write_plots
+    from tflabench.report.plots.benchmark import write_plots
 
     directory = _result_set(tmp_path)
     rs = R.load_results(directory)
@@ -113,7 +113,7 @@ def test_run_refuses_bad_options_with_exit_2(tmp_path):
 
 
 def test_run_with_gpus_on_a_machine_without_one_is_refused(tmp_path, monkeypatch):
-    from tflabench import worker_pool
+    from tflabench.run import pool as worker_pool
     from tflabench.environment import GpuInfo
 
     monkeypatch.setattr(worker_pool, "gpu_info", lambda: GpuInfo([], None))
@@ -123,7 +123,7 @@ def test_run_with_gpus_on_a_machine_without_one_is_refused(tmp_path, monkeypatch
 
 
 def test_interrupted_run_names_the_result_set_to_resume(tmp_path, monkeypatch):
-    from tflabench import suite_run
+    from tflabench.run import suite_run
 
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt

@@ -1,6 +1,6 @@
 """tflabench compare: matching, the per-case decision, warnings, outputs, exit status.
 
-Result sets are built here with ``tflabench.results.write_results``. Timing noise is
+Result sets are built here with ``tflabench.store.results.write_results``. Timing noise is
 synthetic with fixed seeds: per-iteration samples ``median * (1 + 0.03 * N(0, 1))`` with
 about 5 % outliers 1.3-3x slower (a GPU that is preempted, a clock dip), plus a run-level
 drift of ``N(0, 0.5 %)`` per run and case (thermal/clock state between two runs). A/A
@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tflabench import compare as cmp
+from tflabench.compare import gate as cmp
 from tflabench.cli import app
 from tflabench.errors import UserError
-from tflabench.results import case_label, load_results, write_results
+from tflabench.store.results import case_label, load_results, write_results
 
 SUITE = "cmp_demo"
 METADATA = dict(

@@ -1,7 +1,7 @@
 """tflabench compare: the gate against drift, tails, timers and sample counts, and the
 terminal table at 80 columns (docs/ci.md, "How compare decides"; docs/compare-gate.md).
 
-Result sets are built with ``tflabench.results.write_results``; noise is synthetic with
+Result sets are built with ``tflabench.store.results.write_results``; noise is synthetic with
 fixed seeds. One test runs a reduced copy of the CPU demo twice and compares the runs.
 """
 
@@ -18,10 +18,10 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tflabench import compare as cmp
+from tflabench.compare import gate as cmp
 from tflabench.cli import app
-from tflabench.conditions import timing_differences, timing_method
-from tflabench.results import load_results, write_results
+from tflabench.store.conditions import timing_differences, timing_method
+from tflabench.store.results import load_results, write_results
 
 SUITE = "gate_demo"
 GPU_META = dict(suite=SUITE, hostname="runner-1", gpu_name="NVIDIA H200", device="cuda", driver="570.86",

@@ -27,12 +27,12 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tflabench import results as R
+from tflabench.store import results as R
 from tflabench.cli import app
 from tflabench.errors import UserError
-from tflabench.plots.benchmark import write_plots
-from tflabench.suite import load_suite
-from tflabench.suite_run import run_suite
+from tflabench.report.plots.benchmark import write_plots
+from tflabench.store.suite import load_suite
+from tflabench.run.suite_run import run_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 cli = CliRunner()
@@ -160,7 +160,7 @@ def test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock(tm
 DRIVER = textwrap.dedent('''
     # driver.py N ARGS: `tflabench run ARGS`, SIGKILLed halfway through writing row N.
     import os, signal, sys
-    from tflabench import results as R
+    from tflabench.store import results as R
 
     n_row, args = int(sys.argv[1]), sys.argv[2:]
     real, count = R._write_all, [0]
@@ -498,7 +498,7 @@ def test_resume_refuses_a_suite_measuring_differently_naming_the_field(measured,
 def test_a_timing_field_the_result_set_predates_counts_with_its_value_then():
     """A set written before timing.cuda_graph existed was timed eagerly: resuming it with
     graph replays is a different method, with eager timing it is the same."""
-    from tflabench.resume import differences
+    from tflabench.store.resume import differences
 
     old = {"timing": {"warmup": 1, "iterations": 2, "timeout_s": 30.0, "sync_each": False}}
     now = {"warmup": 1, "iterations": 2, "timeout_s": 60.0, "sync_each": False, "warmup_s": 0.0}

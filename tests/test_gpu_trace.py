@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from tflabench.gpu_trace import GpuTrace, parse_sample, summarise
+from tflabench.run.gpu_trace import GpuTrace, parse_sample, summarise
 
 
 def test_a_sample_line_parses_and_anything_else_is_none():
@@ -69,7 +69,7 @@ def test_the_trace_samples_one_gpu_and_keeps_only_its_window(fake_smi):
 def test_the_power_field_falls_back_to_the_average_where_the_driver_has_no_instant_reading(tmp_path):
     """An older driver refuses power.draw.instant (exit 2, 'not a valid field'), another
     answers [N/A]: the trace then asks for power.draw, and a missing nvidia-smi costs nothing."""
-    from tflabench.gpu_trace import power_field
+    from tflabench.run.gpu_trace import power_field
 
     for name, answer in (("refuses", "echo 'Field \"power.draw.instant\" is not a valid field to query.'; exit 2"),
                          ("na", "echo '[N/A]'; exit 0"), ("answers", "echo '431.07'; exit 0")):
@@ -102,7 +102,7 @@ def test_run_gpu_trace_reaches_the_cases_and_the_metadata(tmp_path):
     from typer.testing import CliRunner
 
     from tflabench.cli import app
-    from tflabench.results import load_results
+    from tflabench.store.results import load_results
 
     data = {"name": "trace_cpu", "device": "cpu", "dtype": "float32", "modes": ["fwd"],
             "timing": {"warmup": 1, "iterations": 3, "timeout_s": 120}, "numerics": {"max_seq_len": 64},
@@ -135,7 +135,7 @@ def test_a_killed_worker_leaves_no_sampler_behind(tmp_path):
                       "while true; do echo '1980, 0x0000000000000000, 450.00' 2>/dev/null; sleep 0.02; done\n")
     script.chmod(0o755)
     worker = subprocess.Popen([sys.executable, "-c", (
-        "import time; from tflabench.gpu_trace import GpuTrace\n"
+        "import time; from tflabench.run.gpu_trace import GpuTrace\n"
         f"t = GpuTrace('0', period_ms=20, command={str(script)!r}).__enter__()\n"
         "t.wait_first(); print('sampling', flush=True); time.sleep(60)\n")],
         stdout=subprocess.PIPE, text=True, env=dict(os.environ))
@@ -165,8 +165,8 @@ def test_a_killed_worker_leaves_no_sampler_behind(tmp_path):
 def test_the_results_table_shows_the_trace_only_for_traced_rows(tmp_path):
     from rich.console import Console
 
-    from tflabench.results import load_results, write_results
-    from tflabench.tables import summary_table
+    from tflabench.store.results import load_results, write_results
+    from tflabench.report.tables import summary_table
 
     def row(seq_len, **trace):
         return dict(suite="s", kernel="k", backend="tfla", family="mlstm", params={"chunk_size": 64},
@@ -192,7 +192,7 @@ def test_the_traced_gpu_is_named_by_its_uuid_whatever_order_cuda_counts_in(monke
 
     import torch
 
-    from tflabench import measure
+    from tflabench.run import measure
 
     props = types.SimpleNamespace(uuid="0b42632a-bc5c-f731-724b-6936a19c4b24")
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pytest
 
 from tflabench import environment
-from tflabench.compare import compare_results
+from tflabench.compare.gate import compare_results
 from tflabench.environment import GpuDevice, GpuInfo, gpus_used, visible_gpus
-from tflabench.results import load_results, new_row, write_results
-from tflabench.shard import merge_results
+from tflabench.store.results import load_results, new_row, write_results
+from tflabench.store.shard import merge_results
 
 HOST = GpuInfo([GpuDevice("0", "NVIDIA H200", "GPU-aaaa-0"), GpuDevice("1", "NVIDIA H200", "GPU-bbbb-1"),
                 GpuDevice("2", "NVIDIA H100 80GB HBM3", "GPU-cccc-2")], "580.1", "nvidia-smi")
@@ -93,7 +93,7 @@ def test_gpu_index_is_text(tmp_path, value):
 def test_run_with_gpus_on_a_machine_without_gpus_is_refused_with_exit_2(monkeypatch, tmp_path):
     from typer.testing import CliRunner
 
-    from tflabench import worker_pool
+    from tflabench.run import pool as worker_pool
     from tflabench.cli import app
 
     monkeypatch.setattr(worker_pool, "gpu_info", lambda: GpuInfo([], None))
@@ -128,8 +128,8 @@ def test_a_worker_killed_on_one_gpu_loses_only_its_case_and_the_other_gpu_goes_o
     runs on, the same process throughout."""
     import yaml
 
-    from tflabench.suite import expand_cases, load_suite
-    from tflabench.suite_run import run_suite
+    from tflabench.store.suite import expand_cases, load_suite
+    from tflabench.run.suite_run import run_suite
 
     kfile = tmp_path / "killed_kernels.py"
     kfile.write_text(KILLED)

@@ -1,4 +1,4 @@
-"""`tflabench history` (tflabench.history, docs/ci.md "History") on synthetic series.
+"""`tflabench history` (tflabench.compare.history, docs/ci.md "History") on synthetic series.
 
 One real result set of a tiny CPU suite is measured once (the shape of real rows and
 metadata); each fake commit is a copy whose timings are scaled: a 30 % step at commit 6
@@ -17,11 +17,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tflabench import history as H
+from tflabench.compare import history as H
 from tflabench.cli import app
 from tflabench.errors import UserError
-from tflabench.kernel_profile import parse_profile
-from tflabench.results import load_results, write_results
+from tflabench.run.kernel_profile import parse_profile
+from tflabench.store.results import load_results, write_results
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -2,7 +2,7 @@
 before anything on disk changes, and no result set ends up mixing conditions.
 
 Result sets come from one real run of a two-case CPU suite (module fixture ``measured``)
-or are written with ``tflabench.results.write_results``. Each test that refuses also
+or are written with ``tflabench.store.results.write_results``. Each test that refuses also
 checks that the files of the set are byte for byte what they were."""
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tflabench import results as R
+from tflabench.store import results as R
 from tflabench.cli import app
-from tflabench.suite_run import run_suite
-from tflabench.suite import load_suite
+from tflabench.run.suite_run import run_suite
+from tflabench.store.suite import load_suite
 
 cli = CliRunner()
 
@@ -369,7 +369,7 @@ def test_sigterm_says_what_is_kept_at_that_moment(tmp_path, hold_at, rows, expec
 def test_interruption_before_anything_is_written_leaves_nothing(tmp_path, monkeypatch):
     from tflabench import environment
     from tflabench.cli.run_cmds import _interrupted_line
-    from tflabench.worker_pool import RunInterrupted
+    from tflabench.run.pool import RunInterrupted
 
     suite = _write_suite(tmp_path / "s.yaml")
 
@@ -450,7 +450,7 @@ def test_report_no_plots_writes_no_figure_even_with_html(tmp_path, measured):
 
 
 def test_worker_log_keeps_the_head_and_the_tail_of_each_case(tmp_path, monkeypatch):
-    from tflabench import worker_pool
+    from tflabench.run import pool as worker_pool
 
     monkeypatch.setattr(worker_pool, "LOG_HEAD_BYTES", 2000)
     monkeypatch.setattr(worker_pool, "LOG_TAIL_BYTES", 1000)

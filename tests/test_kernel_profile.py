@@ -11,7 +11,7 @@ import pytest
 from tflabench.backends import get_backend
 from tflabench.backends.base import Shape
 from tflabench.errors import UserError
-from tflabench.kernel_profile import breakdown, breakdowns, parse_profile
+from tflabench.run.kernel_profile import breakdown, breakdowns, parse_profile
 from tflabench.model import counts_for_case
 from tflabench.model.floor import compulsory_bytes, physical_floor
 from tflabench.model.parts import row_part, split_parts
@@ -21,7 +21,7 @@ FIG4 = dict(B=8, NH=16, T=8192, d_qk=128, d_hv=256)  # Figure 4's heads at B*S =
 
 CAPTURE = """
 import json, torch
-from tflabench.kernel_profile import capture
+from tflabench.run.kernel_profile import capture
 
 w = torch.randn(32, 32, requires_grad=True)
 x = torch.randn(16, 32, requires_grad=True)
@@ -192,7 +192,7 @@ def test_run_profile_on_the_cpu_records_operators_and_report_splits_them_by_part
     from typer.testing import CliRunner
 
     from tflabench.cli import app
-    from tflabench.results import load_results
+    from tflabench.store.results import load_results
 
     data = {"name": "profile_cpu", "device": "cpu", "dtype": "float32", "modes": ["fwd", "fwdbw"],
             "timing": {"warmup": 1, "iterations": 3, "timeout_s": 120}, "numerics": {"max_seq_len": 64},

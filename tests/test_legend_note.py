@@ -8,8 +8,8 @@ import json
 import pandas as pd
 import pytest
 
-from tflabench.plots import benchmark
-from tflabench.plots.style import ours_key
+from tflabench.report.plots import benchmark
+from tflabench.report.plots.style import ours_key
 
 OURS = ("mLSTMsig TFLA xl_chunk (ours)", "tfla", {"variant": "sig", "algorithm": "xl_chunk"})
 AUTHORS = ("mLSTMsig TFLA xl_chunk (mlstm_kernels)", "mlstm_kernels", {"variant": "sig", "algorithm": "xl_chunk"})

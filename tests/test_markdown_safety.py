@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tflabench import history as H
+from tflabench.compare import history as H
 from tflabench.cli import app
-from tflabench.results import load_results, write_results
+from tflabench.store.results import load_results, write_results
 
 HOSTILE = ("<!-- x", "</details>", "@user", "<img src=x>", "a|b")
 LABEL = "k " + " ".join(HOSTILE)

@@ -11,9 +11,9 @@ import torch
 from tflabench.backends import register
 from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, attention_inputs,
                                      attention_reference)
-from tflabench.measure import (max_normalised_error, measure_case, numerics_gate, summarize,
+from tflabench.run.measure import (max_normalised_error, measure_case, numerics_gate, summarize,
                                time_callable)
-from tflabench.suite import Case
+from tflabench.store.suite import Case
 
 
 class _ScaleGrad(torch.autograd.Function):
@@ -87,7 +87,7 @@ def test_time_callable_runs_warmups_then_timed_iterations():
 def test_time_callable_warms_up_for_warmup_s_seconds_after_the_counted_warmups(monkeypatch):
     """warmup_s: untimed calls after the counted ones until that much wall time has passed,
     never inside the timed calls; 0 keeps the count alone."""
-    import tflabench.measure as measure
+    import tflabench.run.measure as measure
 
     now = [0.0]
     monkeypatch.setattr(measure.time, "perf_counter", lambda: now[0])
@@ -108,7 +108,7 @@ def test_time_callable_warms_up_for_warmup_s_seconds_after_the_counted_warmups(m
 def test_cuda_graph_timing_needs_cuda_and_a_failed_capture_names_the_setting(monkeypatch):
     """time_callable refuses cuda_graph off CUDA; graph_replay turns any capture failure
     (here: no CUDA stream to capture on) into GraphCaptureError naming timing.cuda_graph."""
-    import tflabench.measure as measure
+    import tflabench.run.measure as measure
 
     with pytest.raises(ValueError, match="cuda_graph: CUDA graphs need a CUDA device; got device 'cpu'"):
         time_callable(lambda: None, device="cpu", warmup=0, iterations=1, cuda_graph=True)
@@ -126,7 +126,7 @@ def test_cuda_graph_timing_needs_cuda_and_a_failed_capture_names_the_setting(mon
 def test_a_failed_capture_is_an_error_row_that_keeps_what_was_measured(monkeypatch):
     """A kernel that cannot be captured loses its timings only: the numerics and the peak
     memory measured before stay in the row."""
-    import tflabench.measure as measure
+    import tflabench.run.measure as measure
 
     def refuse(fn, **kw):
         assert kw["cuda_graph"] is True
@@ -205,7 +205,7 @@ def test_host_ms_per_call_is_the_median_host_time_and_clears_before_each(monkeyp
 
     import torch
 
-    from tflabench.measure import host_ms_per_call
+    from tflabench.run.measure import host_ms_per_call
 
     syncs, cleared, delays = [], [], iter([0.001, 0.030, 0.002, 0.003, 0.004])
     monkeypatch.setattr(torch.cuda, "synchronize", lambda *a, **k: syncs.append(1))

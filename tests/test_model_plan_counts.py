@@ -7,9 +7,9 @@ import pytest
 
 from tflabench.backends import get_backend
 from tflabench.backends.base import Shape
-from tflabench.measure import counts_for_plan
+from tflabench.run.measure import counts_for_plan
 from tflabench.model import WALK_ALGORITHMS, counts_for_case, plan_counts_kwargs
-from tflabench.model_vs_measured import roofline_placement
+from tflabench.analysis.model_vs_measured import roofline_placement
 
 SHAPE = dict(B=8, NH=16, T=8192, d_qk=128, d_hv=256)
 

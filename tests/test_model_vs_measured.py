@@ -16,8 +16,8 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from tflabench import model_vs_measured as mm
-from tflabench import results as R
+from tflabench.analysis import model_vs_measured as mm
+from tflabench.store import results as R
 from tflabench.cli import app
 from tflabench.errors import UserError
 from tflabench.hardware import get_gpu
@@ -168,7 +168,7 @@ def test_ceilings_for_a_cpu_set_or_an_unknown_gpu_say_what_to_do():
 
 
 def test_figures_are_written_and_refuse_empty_input(tmp_path):
-    from tflabench.plots.model_measured import chunk_sweep_figure, roofline_measured_figure
+    from tflabench.report.plots.model_measured import chunk_sweep_figure, roofline_measured_figure
 
     g = get_gpu("h200")
     rows = [_row(kernel=f"kernel {k}", L=64, ms=1.0 + k, flops=1e12, nbytes=1e10 * (k + 1),
@@ -292,7 +292,7 @@ def test_optimal_chunk_measure_bad_input_exits_2(args, text):
 
 
 def test_sweep_suite_names_each_kernel_and_passes_its_chunk_sizes():
-    from tflabench.chunk_measure import SweepSpec, sweep_suite
+    from tflabench.run.chunk_measure import SweepSpec, sweep_suite
 
     suite = sweep_suite(SweepSpec(kernels=["ours", "mlstm_kernels", "mypkg.k:fn"], chunk_sizes=(128, 64)))
     assert [k["backend"] for k in suite["kernels"]] == ["tfla", "mlstm_kernels", "custom"]
@@ -305,7 +305,7 @@ def test_sweep_suite_names_each_kernel_and_passes_its_chunk_sizes():
 def test_measured_sweep_runs_through_the_run_machinery_on_the_cpu(tmp_path):
     """The library path behind --measure (the CLI refuses without a GPU): tfla's PyTorch
     reference at a tiny shape, each case in a worker, rows + model comparison."""
-    from tflabench.chunk_measure import SweepSpec, measure_chunk_sweep
+    from tflabench.run.chunk_measure import SweepSpec, measure_chunk_sweep
 
     spec = SweepSpec(kernels=["ours"], batch=1, seq_len=64, heads=1, d_qk=8, d_hv=16, chunk_sizes=(16, 32),
                      modes=("fwd",), dtype="float32", warmup=0, iterations=2)

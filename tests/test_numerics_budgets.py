@@ -16,10 +16,10 @@ import pytest
 import torch
 
 from tflabench import numerics as N
-from tflabench import results as R
+from tflabench.store import results as R
 from tflabench.backends import get_backend
 from tflabench.backends.base import Shape
-from tflabench.measure import numerics_gate
+from tflabench.run.measure import numerics_gate
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = "tests/numerics_kernels.py"
@@ -151,7 +151,7 @@ def test_run_rows_keep_their_case_ids():
 
 
 def test_compare_reports_ok_to_wrong_as_a_new_failure(tmp_path):
-    from tflabench.compare import compare_results
+    from tflabench.compare.gate import compare_results
 
     ident = dict(suite="s", kernel="k", backend="custom", family="custom", params={}, mode="fwd",
                  dtype="float32", device="cpu", batch=1, seq_len=40, heads=2, d_qk=16, d_hv=16,
@@ -170,7 +170,7 @@ def test_compare_reports_ok_to_wrong_as_a_new_failure(tmp_path):
 
 def test_suite_budgets_reach_the_case_and_bad_values_are_refused(tmp_path):
     from tflabench.errors import UserError
-    from tflabench.suite import expand_cases, load_suite
+    from tflabench.store.suite import expand_cases, load_suite
 
     text = (ROOT / "suites/cpu_demo.yaml").read_text()
     good = tmp_path / "good.yaml"

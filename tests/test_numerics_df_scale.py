@@ -24,12 +24,12 @@ import torch
 from typer.testing import CliRunner
 
 from tflabench import numerics as N
-from tflabench import verify_run as V
+from tflabench.run import verify_run as V
 from tflabench.backends.base import mlstm_reference
 from tflabench.cli import app
-from tflabench.results import load_results
-from tflabench.suite import load_suite
-from tflabench.verify_case import verify_case
+from tflabench.store.results import load_results
+from tflabench.store.suite import load_suite
+from tflabench.run.verify_case import verify_case
 
 ROOT = Path(__file__).resolve().parent.parent
 

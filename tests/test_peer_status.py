@@ -1,7 +1,7 @@
 """doctor's peer-mode diagnosis and the Triton autotune cache reuse (no GPU needed).
 
 The environments are made up; the expected verdicts follow the facts in
-tflabench/peer_status.py's docstring (fla-core 0.6.0's #640 guard: Hopper and
+tflabench/backends/status.py's docstring (fla-core 0.6.0's #640 guard: Hopper and
 3.4.0 <= triton < 3.7.1; the fa3_fwd wheel is forward only; mamba_ssm without
 selective_scan_cuda has no Mamba v1).
 """
@@ -13,11 +13,11 @@ import json
 import pytest
 from typer.testing import CliRunner
 
-from tflabench import triton_cache
+from tflabench.run import triton_cache
 from tflabench.backends import fla as fla_mod
 from tflabench.backends import get_backend
 from tflabench.cli import app
-from tflabench.peer_status import peer_modes
+from tflabench.backends.status import peer_modes
 
 H200_ENV = {"gpu_name": "NVIDIA H200", "triton": "3.6.0",
             "peers": {"fla-core": "0.6.0", "mamba_ssm": "2.3.2.post1", "fa3_fwd": "0.0.3", "mlstm_kernels": "2.0.6"}}

@@ -1,4 +1,4 @@
-"""The runtime figure's x-axis follows what a result set sweeps (tflabench.plots.benchmark)."""
+"""The runtime figure's x-axis follows what a result set sweeps (tflabench.report.plots.benchmark)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pandas as pd
 import pytest
 
-from tflabench.plots.benchmark import _series_labels, plot_runtime, runtime_axis
+from tflabench.report.plots.benchmark import _series_labels, plot_runtime, runtime_axis
 
 
 def _rows(sweep: str) -> pd.DataFrame:

@@ -11,8 +11,8 @@ import json
 
 import pytest
 
-from tflabench import model_vs_measured as mm
-from tflabench import results as R
+from tflabench.analysis import model_vs_measured as mm
+from tflabench.store import results as R
 from tflabench.hardware import get_gpu
 
 #: Overlap or overhang (pixels) put down to rounding, not to a collision.
@@ -61,8 +61,8 @@ def layout_problems(fig) -> list[str]:
 def checked(monkeypatch):
     """Wrap ``save_figure`` in every figure module: each figure's layout problems are
     collected under its file name before it is written."""
-    import tflabench.plots as plots
-    from tflabench.plots import analytic, benchmark, model_measured
+    import tflabench.report.plots as plots
+    from tflabench.report.plots import analytic, benchmark, model_measured
 
     found: dict[str, list[str]] = {}
     original = plots.save_figure
@@ -134,7 +134,7 @@ def _fake_set(tmp_path):
 
 
 def test_result_set_figures_at_default_size(tmp_path, checked):
-    from tflabench.plots.benchmark import write_plots
+    from tflabench.report.plots.benchmark import write_plots
 
     directory = _fake_set(tmp_path)
     written = write_plots(directory, tmp_path / "plots")
@@ -171,8 +171,8 @@ def test_auto_chunk_rows_sit_at_the_intensity_of_the_chunk_that_ran(tmp_path):
 
 
 def test_titles_name_the_suite_and_the_gpu_apart():
-    from tflabench.plots.numerics import heatmap_title
-    from tflabench.plots.style import set_label
+    from tflabench.report.plots.numerics import heatmap_title
+    from tflabench.report.plots.style import set_label
 
     assert set_label({"suite": "h100_7b", "gpu_name": "NVIDIA H200"}) == "suite h100_7b · measured on NVIDIA H200"
     assert set_label({"suite": "cpu_demo", "gpu_name": None}) == "suite cpu_demo · measured on the CPU"
@@ -183,7 +183,7 @@ def test_titles_name_the_suite_and_the_gpu_apart():
 def test_numerics_heat_map_at_default_size(tmp_path, monkeypatch):
     import pandas as pd
 
-    from tflabench.plots import numerics
+    from tflabench.report.plots import numerics
 
     found = {}
     original = numerics.save_figure

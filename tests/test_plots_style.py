@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 from matplotlib.colors import to_rgb
 
-from tflabench.plots import style
+from tflabench.report.plots import style
 
 FIG4 = [  # (label, backend, params) of the paper's Figure-4 suite
     ("mLSTMsig TFLA xl_chunk (ours)", "tfla", {"variant": "sig", "algorithm": "xl_chunk"}),
@@ -73,7 +73,7 @@ def test_tick_text_is_plain(value, text):
 
 
 def test_a_narrow_log_axis_gets_several_plain_labels_and_no_powers_of_ten():
-    from tflabench.plots import new_figure
+    from tflabench.report.plots import new_figure
 
     fig, ax = new_figure()
     ax.plot([1, 2], [1.02, 1.68])
@@ -88,7 +88,7 @@ def test_a_narrow_log_axis_gets_several_plain_labels_and_no_powers_of_ten():
 
 
 def test_place_labels_keeps_nearly_equal_values_apart():
-    from tflabench.plots import new_figure
+    from tflabench.report.plots import new_figure
 
     fig, ax = new_figure()
     ax.set_yscale("log")
@@ -103,7 +103,7 @@ def test_place_labels_keeps_nearly_equal_values_apart():
 def test_intensity_figure_names_each_gpu_in_its_own_colour(tmp_path):
     from tflabench.hardware import get_gpu
     from tflabench.model import chunkwise_coefficients
-    from tflabench.plots import analytic
+    from tflabench.report.plots import analytic
 
     drawn = {}
     original = analytic.save_figure
@@ -131,7 +131,7 @@ def test_intensity_figure_names_each_gpu_in_its_own_colour(tmp_path):
 
 
 def test_heatmap_colours_follow_the_budget_and_the_key_explains_grey(tmp_path):
-    from tflabench.plots.numerics import BUDGET_STEPS, heatmap_title, write_heatmap
+    from tflabench.report.plots.numerics import BUDGET_STEPS, heatmap_title, write_heatmap
 
     rows = []
     for regime, err in (("standard", 1e-4), ("f_open", 5e-3), ("f_closed", 3e-2)):
@@ -149,7 +149,7 @@ def test_heatmap_colours_follow_the_budget_and_the_key_explains_grey(tmp_path):
 
 
 def test_runtime_plot_puts_its_legend_outside_the_axes(tmp_path):
-    from tflabench.plots import benchmark
+    from tflabench.report.plots import benchmark
 
     rows = []
     for label, backend, params in FIG4[:4]:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 
 from tflabench.cli import app
 from tflabench.errors import UserError
-from tflabench.results import write_results
+from tflabench.store.results import write_results
 from tflabench.text_safety import (LABEL_WIDTH, distinct_labels, markdown_text, normalise_label, shorten,
                                    terminal_text)
 
@@ -193,7 +193,7 @@ def test_report_writes_figures_outside_the_set_by_default_and_never_over_a_track
 
 
 def test_a_suite_with_labels_that_collide_after_normalisation_is_refused(tmp_path):
-    from tflabench.suite import expand_cases, load_suite
+    from tflabench.store.suite import expand_cases, load_suite
 
     suite = tmp_path / "s.yaml"
     suite.write_text("name: s\ndevice: cpu\nmodel: {embedding_dim: 128}\nsweep: {tokens: 1024, seq_len: [128]}\n"

@@ -24,8 +24,8 @@ from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from typer.testing import CliRunner
 
-from tflabench import results as R
-from tflabench import suite_run
+from tflabench.store import results as R
+from tflabench.run import suite_run
 from tflabench.cli import app
 
 cli = CliRunner()

@@ -1,4 +1,4 @@
-"""The reference sets (tflabench.reference_sets): one current set per suite and GPU, each a
+"""The reference sets (tflabench.store.references): one current set per suite and GPU, each a
 whole run of its suite, indexed in results/reference/README.md, found by `compare --reference`.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tflabench import reference_sets as refs
+from tflabench.store import references as refs
 from tflabench.cli import app
 from tflabench.errors import UserError
 

@@ -14,7 +14,7 @@ import pytest
 from typer.testing import CliRunner
 
 from tflabench.cli import app
-from tflabench.results import write_results
+from tflabench.store.results import write_results
 
 CPU_META = dict(suite="cpu_demo", suite_path="suites/cpu_demo.yaml", date="2026-01-01T00:00:00",
                 git_revision="0" * 40, hostname="laptop", gpu_name=None, gpu_count=0, driver=None, cuda=None,

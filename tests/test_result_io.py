@@ -26,12 +26,12 @@ from hypothesis import strategies as st
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tflabench import results as R
-from tflabench import shard
+from tflabench.store import results as R
+from tflabench.store import shard
 from tflabench.cli import app
 from tflabench.errors import UserError
-from tflabench.suite import load_suite
-from tflabench.suite_run import run_suite
+from tflabench.store.suite import load_suite
+from tflabench.run.suite_run import run_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 cli = CliRunner()
@@ -388,7 +388,7 @@ def test_sigterm_during_report_exits_130_like_ctrl_c(small_set, tmp_path):
     driver = textwrap.dedent(f'''
         import sys, time
         from pathlib import Path
-        from tflabench import results as R
+        from tflabench.store import results as R
         real = R.load_results
         def slow(path):
             Path({str(ready)!r}).write_text("loading")

@@ -7,7 +7,7 @@ import math
 
 import pytest
 
-from tflabench import results as R
+from tflabench.store import results as R
 from tflabench.errors import UserError
 
 

@@ -9,11 +9,11 @@ import textwrap
 import pytest
 import yaml
 
-from tflabench import results as R
+from tflabench.store import results as R
 from tflabench.errors import UserError
-from tflabench.suite_run import run_suite
-from tflabench.worker_pool import parse_gpus
-from tflabench.suite import expand_cases, load_suite
+from tflabench.run.suite_run import run_suite
+from tflabench.run.pool import parse_gpus
+from tflabench.store.suite import expand_cases, load_suite
 
 KERNELS = textwrap.dedent('''
     import os, time, torch
@@ -203,8 +203,8 @@ def test_resume_refuses_a_result_set_of_another_suite(tmp_path):
 
 def test_shard_runs_its_share_and_records_it(tmp_path):
     loaded = _suite(tmp_path, [("good", "good", {})], seq_len=(8, 16, 32, 64), name="shard_test")
-    from tflabench.suite_run import case_cost
-    from tflabench.shard import select_shard
+    from tflabench.run.suite_run import case_cost
+    from tflabench.store.shard import select_shard
 
     expected = {c.case_id for c in select_shard(expand_cases(loaded), 2, 2, case_cost)}
     result = run_suite(loaded, out_root=tmp_path / "results", shard="2/2", progress=False)
@@ -222,7 +222,7 @@ def test_each_case_tunes_at_its_own_shape(tmp_path):
 
 
 def test_gpus_option_is_parsed_or_refused(monkeypatch):
-    from tflabench import worker_pool
+    from tflabench.run import pool as worker_pool
     from tflabench.environment import GpuDevice, GpuInfo
 
     four = GpuInfo([GpuDevice(str(i), "NVIDIA H200") for i in range(4)], "580", "nvidia-smi")
@@ -249,7 +249,7 @@ def test_gpus_option_is_parsed_or_refused(monkeypatch):
 def test_kernel_refusing_its_environment_becomes_unavailable_not_error(tmp_path):
     """A backend's classify_error (here fla's #640 backward refusal) turns the raised
     RuntimeError into an `unavailable` reason; any other exception stays an error."""
-    from tflabench.worker_pool import _refusal_reason
+    from tflabench.run.pool import _refusal_reason
 
     data = {"name": "refusal", "device": "cpu", "dtype": "bfloat16", "modes": ["fwdbw"],
             "sweep": {"batch": 1, "seq_len": [64]},
@@ -264,7 +264,7 @@ def test_kernel_refusing_its_environment_becomes_unavailable_not_error(tmp_path)
 
 
 def test_cpu_threads_share_the_cores_and_the_user_setting_wins():
-    from tflabench.worker_pool import cpu_threads, usable_cores
+    from tflabench.run.pool import cpu_threads, usable_cores
 
     cores = usable_cores()
     one = cpu_threads(1, environ={})
@@ -286,7 +286,7 @@ def test_workers_use_the_thread_count_recorded_in_the_metadata(tmp_path, monkeyp
 
 
 def test_a_single_threaded_cpu_worker_is_timed_by_its_cpu_time():
-    from tflabench.measure import cpu_timer
+    from tflabench.run.measure import cpu_timer
 
     assert cpu_timer(1) == "process_time" and cpu_timer(4) == "perf_counter"
 
@@ -302,7 +302,7 @@ def test_suite_compare_thresholds_reach_the_result_metadata(tmp_path):
 
 
 def test_only_keeps_the_matching_kernels_and_refuses_a_pattern_matching_none(tmp_path):
-    from tflabench.suite_run import select_kernels
+    from tflabench.run.suite_run import select_kernels
 
     loaded = _suite(tmp_path, [("good one", "good", {}), ("raiser", "raises", {})], seq_len=(16, 32))
     cases = expand_cases(loaded)
@@ -338,7 +338,7 @@ def test_a_worker_log_closed_twice_or_underneath_raises_nothing(tmp_path):
     import os
     import threading
 
-    from tflabench.worker_pool import _LogPump
+    from tflabench.run.pool import _LogPump
 
     reader, writer = multiprocessing.Pipe(duplex=False)
     pump = _LogPump(reader, tmp_path / "worker.log")
@@ -371,7 +371,7 @@ def test_cpu_workers_keep_freed_buffers_in_the_heap(tmp_path):
     import subprocess
     import sys
 
-    from tflabench.worker_pool import CPU_MALLOC_SETTINGS, cpu_allocator
+    from tflabench.run.pool import CPU_MALLOC_SETTINGS, cpu_allocator
 
     if platform.libc_ver()[0] != "glibc":
         assert cpu_allocator()["mallopt"] is None
@@ -379,7 +379,7 @@ def test_cpu_workers_keep_freed_buffers_in_the_heap(tmp_path):
     assert cpu_allocator() == {"library": "glibc", "mallopt": CPU_MALLOC_SETTINGS}
     probe = textwrap.dedent("""
         import ctypes, sys
-        from tflabench.worker_pool import steady_allocator
+        from tflabench.run.pool import steady_allocator
         libc = ctypes.CDLL(None)
         class Info(ctypes.Structure):
             _fields_ = [(n, ctypes.c_size_t) for n in

@@ -10,8 +10,8 @@ from typer.testing import CliRunner
 
 from tflabench.cli import app
 from tflabench.errors import UserError
-from tflabench.results import load_results, write_results
-from tflabench.shard import merge_results, parse_shard, select_shard, shard_assignment
+from tflabench.store.results import load_results, write_results
+from tflabench.store.shard import merge_results, parse_shard, select_shard, shard_assignment
 
 
 @dataclasses.dataclass(frozen=True)
@@ -205,7 +205,7 @@ def test_slurm_array_recipe_runs_the_cpu_default_suite_in_three_shards_and_merge
     import sys
     from pathlib import Path
 
-    from tflabench.suite import default_suite_path, expand_cases, load_suite
+    from tflabench.store.suite import default_suite_path, expand_cases, load_suite
 
     root = Path(__file__).resolve().parent.parent
     script = root / "benchmarks" / "slurm_array.sh"
@@ -242,7 +242,7 @@ def test_slurm_array_recipe_runs_the_cpu_default_suite_in_three_shards_and_merge
     assert merged.metadata["shard"] is None and merged.metadata["suite"] == "cpu_demo"
 
     # compare sees the merged set as one run of the suite: nothing lost, nothing added
-    from tflabench.compare import compare_results
+    from tflabench.compare.gate import compare_results
 
     comparison = compare_results(merged, merged)
     # (five CPU samples a case may not resolve the 3 % threshold: undecided, never changed)

@@ -29,8 +29,8 @@ from pathlib import Path
 
 import pytest
 
-from tflabench.compare import IDENTITY_COLUMNS
-from tflabench.results import load_results
+from tflabench.compare.gate import IDENTITY_COLUMNS
+from tflabench.store.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "slurm_array.sh"

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from tflabench.errors import UserError
-from tflabench.suite import expand_cases, load_suite
+from tflabench.store.suite import expand_cases, load_suite
 
 SUITES = Path(__file__).resolve().parent.parent / "suites"
 
@@ -231,7 +231,7 @@ def test_a_timing_method_field_reaches_the_timing_and_keeps_the_case_ids(tmp_pat
     """timing.sync_each and timing.warmup_s are how a case is timed, not what it is: the case
     ids (compare's key) stay those of the default suite, and measure_case hands the value to
     time_callable."""
-    import tflabench.measure as measure
+    import tflabench.run.measure as measure
 
     base = expand_cases(load_suite(_write(tmp_path, BASE)))
     timed = expand_cases(load_suite(_write(tmp_path, _modified(lambda d: d["timing"].update({field: value})))))
@@ -252,7 +252,7 @@ def test_a_timing_method_field_reaches_the_timing_and_keeps_the_case_ids(tmp_pat
 def test_cuda_graph_reaches_the_cases_keeps_their_ids_and_is_refused_on_the_cpu(tmp_path):
     """timing.cuda_graph is how a case is timed (its ids stay the default suite's); a run
     on the CPU, where there is no graph to replay, is refused before anything is written."""
-    from tflabench.suite_run import run_suite
+    from tflabench.run.suite_run import run_suite
 
     base = expand_cases(load_suite(_write(tmp_path, BASE)))
     loaded = load_suite(_write(tmp_path, _modified(lambda d: d["timing"].update(cuda_graph=True))))

@@ -11,11 +11,11 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tflabench import results as R
+from tflabench.store import results as R
 from tflabench.cli import app
-from tflabench.conditions import join_differences
+from tflabench.store.conditions import join_differences
 from tflabench.errors import UserError
-from tflabench.shard import merge_results
+from tflabench.store.shard import merge_results
 
 runner = CliRunner()
 

@@ -15,14 +15,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from tflabench import verify_run as V
-from tflabench.verify_case import regimes_for, verify_case
-from tflabench.verify_summary import cell_summary
+from tflabench.run import verify_run as V
+from tflabench.run.verify_case import regimes_for, verify_case
+from tflabench.analysis.verify_summary import cell_summary
 from tflabench.cli import app
 from tflabench.errors import UserError
 from tflabench.numerics import VerifySettings
-from tflabench.results import load_results
-from tflabench.suite import load_suite
+from tflabench.store.results import load_results
+from tflabench.store.suite import load_suite
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -165,7 +165,7 @@ def test_one_kernel_without_a_suite(tmp_path, monkeypatch):
 
 
 def test_verify_locks_its_result_set_and_a_second_writer_is_refused(suite_file, tmp_path, monkeypatch):
-    from tflabench import results as R
+    from tflabench.store import results as R
 
     loaded = load_suite(suite_file)
     cases = [c for c in V.verify_cases(loaded, device="cpu") if c.kernel == "mLSTMsig reference"][:1]

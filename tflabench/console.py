@@ -4,7 +4,7 @@ On a terminal a Console takes the terminal's width. Elsewhere (output redirected
 file, a pipe, a CI log) it is ``COLUMNS`` wide where that is set, else :data:`WIDE`
 columns, enough for every table tflabench prints on one line each. Tables fit any width
 of at least :data:`NARROWEST` (columns that do not fit move to a second table,
-:func:`tflabench.tables.fit_tables`); ``report --wide`` prints them on one line each.
+:func:`tflabench.report.tables.fit_tables`); ``report --wide`` prints them on one line each.
 Text read from a set or a suite passes :func:`literal` (escape sequences and control
 characters removed: :mod:`tflabench.text_safety`). Markdown and JSON are written as plain
 text and never pass through here.

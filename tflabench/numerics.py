@@ -1,7 +1,7 @@
 """Numerics budgets, error measures and the verdict: the one definition of "correct".
 
-Both the numerics gate of ``tflabench run`` (:func:`tflabench.measure.numerics_gate`) and
-``tflabench verify`` (:mod:`tflabench.verify_run`) compare a kernel's tensors with its family's
+Both the numerics gate of ``tflabench run`` (:func:`tflabench.run.measure.numerics_gate`) and
+``tflabench verify`` (:mod:`tflabench.run.verify_run`) compare a kernel's tensors with its family's
 float64 reference through :func:`judge`, with the budgets of :func:`budget`, so the two
 never disagree on what "correct" means. ``docs/numerics.md`` gives every number its reason.
 
@@ -498,7 +498,7 @@ class RegimeSpec(BaseModel):
     forget-gate and input-gate pre-activations, and a factor on q and k. Unset fields keep
     the backend's own inputs (f ~ N(3, 1), i ~ N(0, 1), q, k ~ N(0, 1) for the mLSTM).
 
-    Per family (``tflabench.verify_case.FAMILY_PROFILES``): mLSTM ``i``, ``f`` are the gate
+    Per family (``tflabench.run.verify_case.FAMILY_PROFILES``): mLSTM ``i``, ``f`` are the gate
     pre-activations; GLA's log forget gate is ``logsigmoid(f)``; Mamba 2's ``dt`` (before
     its bias and softplus) is ``-f``, so that a large f keeps the state (decay exp(Δ A) -> 1)
     as for the mLSTM; ``qk_scale`` multiplies q and k (attention: the logits by its square).

@@ -10,7 +10,7 @@ This module is the one home of the rules (docs/harness.md, "What reaches the ter
 - :func:`markdown_text`: :func:`terminal_text`, then every character Markdown or the HTML
   inside it acts on is escaped (``<``, ``>``, ``&``, ``@``, ``|``, backticks, brackets,
   emphasis), so ``<!--``, ``</details>``, ``<img ...>`` and ``@user`` print as written.
-- HTML: ``html.escape`` (:mod:`tflabench.report_html`), after :func:`terminal_text`.
+- HTML: ``html.escape`` (:mod:`tflabench.report.html`), after :func:`terminal_text`.
 - :func:`normalise_label`: NFC and no zero-width characters, applied where a suite or a
   set is read; :func:`distinct_labels` refuses labels that collide after it.
 - :func:`shorten`: a long label cut to :data:`LABEL_WIDTH` characters with an ellipsis,

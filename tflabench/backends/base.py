@@ -1,7 +1,7 @@
 """The backend contract: what every kernel family implements so the runner can measure it.
 
 A backend is one small object (a subclass of :class:`Backend`, registered with
-:func:`tflabench.backends.register`). The runner and :mod:`tflabench.measure` call only the
+:func:`tflabench.backends.register`). The runner and :mod:`tflabench.run.measure` call only the
 methods below, in a worker process, and never special-case a family
 (``docs/ARCHITECTURE.md``, "Contract: backends").
 
@@ -95,7 +95,7 @@ class Shape:
 class BackendParams(BaseModel):
     """Base of every backend's ``Params``: frozen, and ``extra="forbid"`` so that a suite
     naming a parameter the backend does not take fails validation (suite field path and
-    the allowed names are reported by :mod:`tflabench.suite`)."""
+    the allowed names are reported by :mod:`tflabench.store.suite`)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -320,7 +320,7 @@ class Backend:
 
     def numerics_family(self, params: BackendParams) -> str:
         """The family whose input regimes ``tflabench verify`` applies
-        (:data:`tflabench.verify_case.FAMILY_PROFILES`): default :attr:`family`."""
+        (:data:`tflabench.run.verify_case.FAMILY_PROFILES`): default :attr:`family`."""
         return self.family
 
     def initial_state(self, params: BackendParams, inputs: dict[str, Any], seed: int,

@@ -1,8 +1,8 @@
 """Commands of the analytic model: flops, roofline, intensity, optimal-chunk, gpus.
 
-Thin: parse, check the options (:mod:`tflabench.analytic_inputs`), compute the rows
-(:mod:`tflabench.analytic_rows`), render (rich tables or ``--json``), plot
-(:mod:`tflabench.plots.analytic`, imported only when a plot is drawn).
+Thin: parse, check the options (:mod:`tflabench.analysis.analytic_inputs`), compute the rows
+(:mod:`tflabench.analysis.analytic_rows`), render (rich tables or ``--json``), plot
+(:mod:`tflabench.report.plots.analytic`, imported only when a plot is drawn).
 No torch, pandas or matplotlib import on the paths that print numbers only.
 """
 
@@ -15,8 +15,8 @@ from typing import List, Optional
 
 import typer
 
-from tflabench import analytic_inputs as inputs
-from tflabench.analytic_rows import (count_row_kernel, intensity_curves, measured_points, mlstm_points,
+from tflabench.analysis import analytic_inputs as inputs
+from tflabench.analysis.analytic_rows import (count_row_kernel, intensity_curves, measured_points, mlstm_points,
                                      optimal_chunk_rows, peer_points, roofline_rows)
 from tflabench.cli import app, ceilings_option, comma_list, interruptible, plots_option, user_errors
 from tflabench.console import literal as lit
@@ -77,7 +77,7 @@ def _varying_label(cfg: dict, varying: set[str]) -> str:
 
 def _plot_dir(out: Path | None, figure_format: str) -> tuple[Path, str]:
     """Where figures go (``--out``, default results/plots) and their suffix."""
-    from tflabench.plots import DEFAULT_PLOT_DIR
+    from tflabench.report.plots import DEFAULT_PLOT_DIR
 
     fmt = inputs.one_of("--figure-format", figure_format, ("png", "svg", "pdf"))
     directory = Path(out) if out is not None else DEFAULT_PLOT_DIR
@@ -233,7 +233,7 @@ def _load_set(path):
     it is none or has no usable row."""
     if path is None:
         return None
-    from tflabench.results import load_results
+    from tflabench.store.results import load_results
 
     result_set = load_results(path)
     if not measured_points(result_set.rows):
@@ -244,10 +244,10 @@ def _load_set(path):
 def _measured_gpu(result_set, gpu_name, ceilings, hardware):
     """``roofline --results``: the GPU whose roofline the set's rows are placed on: the first
     ``--gpu``, else the GPU the set was measured on (a CPU set needs ``--gpu``, as ``report``
-    does: :func:`tflabench.model_vs_measured.ceilings_for`); None without ``--results``."""
+    does: :func:`tflabench.analysis.model_vs_measured.ceilings_for`); None without ``--results``."""
     if result_set is None:
         return None
-    from tflabench.model_vs_measured import ceilings_for
+    from tflabench.analysis.model_vs_measured import ceilings_for
 
     return ceilings_for(result_set.metadata, ceilings, gpu_name, hardware_file=hardware)
 
@@ -328,7 +328,7 @@ def roofline(
                  for row, p in zip(roofline_rows(gpus, shown), shown * len(gpus))]
         placement, distance = [], []
         if measured:  # each measured row against its own bound, on the set's (or the first --gpu's) roofline
-            from tflabench.model_vs_measured import distance_to_bound, roofline_placement
+            from tflabench.analysis.model_vs_measured import distance_to_bound, roofline_placement
 
             placement = roofline_placement(result_set.rows, alpha=measured_gpu.flops_per_s,
                                            beta=measured_gpu.bytes_per_s)
@@ -336,7 +336,7 @@ def roofline(
         path = measured_path = None
         modes = list(dict.fromkeys(cfg["mode"] for cfg in grid))
         if plots:
-            from tflabench.plots.analytic import roofline_figure
+            from tflabench.report.plots.analytic import roofline_figure
 
             def values(key, fmt_value=str):
                 return ",".join(dict.fromkeys(fmt_value(cfg[key]) for cfg in grid))
@@ -349,8 +349,8 @@ def roofline(
                        f"states {values('bytes_Cmn', _state_name)}; {inputs.ceilings_text(gpus)})"),
             )
             if placement:
-                from tflabench.plots.model_measured import roofline_measured_figure
-                from tflabench.plots.style import set_label
+                from tflabench.report.plots.model_measured import roofline_measured_figure
+                from tflabench.report.plots.style import set_label
 
                 measured_path = roofline_measured_figure(
                     placement, measured_gpu, path=path.with_name(f"{path.stem}_measured{path.suffix}"),
@@ -389,7 +389,7 @@ def roofline(
         if measured:
             con.print(f"{len(measured)} measured points from {results}, each placed at its own shape "
                       f"on the {measured_gpu.name} roofline ({measured_gpu.ceilings} ceilings):", markup=False)
-            from tflabench.tables import distance_table
+            from tflabench.report.tables import distance_table
 
             con.print(distance_table(distance))
         for written in (path, measured_path):
@@ -458,7 +458,7 @@ def intensity(
         p_qk = inputs.dqk_pqk(grid[0]["d_hv"], dqk, pqk)[1]
         path = None
         if plots:
-            from tflabench.plots.analytic import intensity_figure
+            from tflabench.report.plots.analytic import intensity_figure
 
             path = intensity_figure(
                 curves, gpus, T=seq_len, path=plot_dir / f"intensity_{variant}_dhv{dhvs.replace(',', '_')}.{fmt}",
@@ -580,7 +580,7 @@ def optimal_chunk(
         rows.sort(key=lambda r: [g.key for g in gpus].index(r["gpu"]))
         paths = []
         if plots:
-            from tflabench.plots.analytic import optimal_chunk_figure
+            from tflabench.report.plots.analytic import optimal_chunk_figure
 
             p = (dqk / grid[0]["d_hv"]) if dqk is not None else (pqk if pqk is not None else 0.5)
             figures = list(dict.fromkeys((cfg["bytes_Cmn"], cfg["F_causal"]) for cfg in grid))
@@ -622,7 +622,7 @@ def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_f
                            warmup, iterations, progress, plots, figure_format) -> None:
     """optimal-chunk --measure: validate, refuse without a GPU, run the sweep, show model vs measured."""
     with user_errors():
-        from tflabench import chunk_measure as cm
+        from tflabench.run import chunk_measure as cm
 
         variant = inputs.one_of("--variant", variant, ("sig", "exp"))
         counts = inputs.one_of("--counts", counts, ("rows", "paper"))
@@ -673,15 +673,15 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
                          figure_format, as_json):
     """Render a measured chunk-size sweep: per-L table, optima, figure (CLI helper);
     ``run_plots``: the run's own figures (None: none drawn)."""
-    from tflabench import model_vs_measured as mm
+    from tflabench.analysis import model_vs_measured as mm
 
     g = mm.ceilings_for(rs.metadata, ceilings, gpu, hardware_file=hardware)
     sweeps = mm.chunk_sweeps(rs.rows, alpha=g.flops_per_s, beta=g.bytes_per_s, ceilings=g.ceilings,
                              F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn)
     path = None
     if sweeps and plot_dir is not None:
-        from tflabench.plots.model_measured import chunk_sweep_figure
-        from tflabench.plots.style import set_label
+        from tflabench.report.plots.model_measured import chunk_sweep_figure
+        from tflabench.report.plots.style import set_label
 
         path = chunk_sweep_figure(
             sweeps, path=Path(plot_dir) / f"optimal_chunk_measured.{figure_format}",

@@ -1,7 +1,7 @@
 """Commands: compare (regression report between two result sets), merge (join shards),
 references (the index of the reference sets).
 
-Thin: parse, call :mod:`tflabench.compare` / :mod:`tflabench.shard`, render. The decision
+Thin: parse, call :mod:`tflabench.compare.gate` / :mod:`tflabench.store.shard`, render. The decision
 rule and its reasons are in docs/ci.md.
 """
 
@@ -16,7 +16,7 @@ from tflabench.cli import app, echo_warnings, user_errors
 
 
 def _override(flag: str, help: str):
-    """An option overriding one threshold of :class:`tflabench.compare.Thresholds`; not
+    """An option overriding one threshold of :class:`tflabench.compare.gate.Thresholds`; not
     given (None), the threshold comes from --thresholds, the suite, or its default."""
     return typer.Option(None, flag, help=help)
 
@@ -73,9 +73,9 @@ def compare(
     import json
     import os
 
-    from tflabench import compare as cmp
+    from tflabench.compare import gate as cmp
     from tflabench.outputs import check_writable, write_text
-    from tflabench.results import load_results
+    from tflabench.store.results import load_results
 
     with user_errors():
         from tflabench.errors import UserError
@@ -119,10 +119,10 @@ def compare(
 
 
 def _reference_pair(gpu: Optional[str], first: Path, second: Optional[Path]) -> tuple[Path, Path]:
-    """(BASE, NEW) for ``compare --reference GPU NEW`` (tflabench.reference_sets); raises
+    """(BASE, NEW) for ``compare --reference GPU NEW`` (tflabench.store.references); raises
     UserError for two sets with --reference or one set without it."""
     from tflabench.errors import UserError
-    from tflabench.reference_sets import reference_for, suite_of
+    from tflabench.store.references import reference_for, suite_of
 
     if gpu is None:
         raise UserError("compare: give BASE and NEW, or --reference GPU and NEW")
@@ -143,7 +143,7 @@ def references(
 ) -> None:
     """List the reference sets: one per suite and GPU, with commit, date, software and cases ok."""
     from tflabench.console import literal, make_console
-    from tflabench.reference_sets import index_markdown, reference_sets
+    from tflabench.store.references import index_markdown, reference_sets
 
     with user_errors():
         sets = reference_sets()
@@ -174,8 +174,8 @@ def merge(
     missing or incomplete shards (fewer rows than the cases they were to measure) unless
     --allow-missing.
     """
-    from tflabench.results import load_results
-    from tflabench.shard import merge_results
+    from tflabench.store.results import load_results
+    from tflabench.store.shard import merge_results
 
     with user_errors():
         warnings: list[str] = []

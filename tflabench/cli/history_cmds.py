@@ -1,5 +1,5 @@
 """Command: history (where each case's time stepped over a series of result sets, one per
-commit). Thin: parse, call :mod:`tflabench.history`, render. The method: docs/ci.md, "History".
+commit). Thin: parse, call :mod:`tflabench.compare.history`, render. The method: docs/ci.md, "History".
 """
 
 from __future__ import annotations
@@ -37,12 +37,12 @@ def history(
     import json
     import os
 
-    from tflabench import history as H
-    from tflabench.compare import append_step_summary
+    from tflabench.compare import history as H
+    from tflabench.compare.gate import append_step_summary
     from tflabench.errors import UserError
-    from tflabench.kernel_profile import parse_profile
+    from tflabench.run.kernel_profile import parse_profile
     from tflabench.outputs import check_writable, write_text
-    from tflabench.results import load_results
+    from tflabench.store.results import load_results
 
     with user_errors():
         if output_format not in ("table", "markdown", "json"):
@@ -57,7 +57,7 @@ def history(
         text_md = H.to_markdown(result)
         figures = []
         if out is not None:
-            from tflabench.plots.history import plot_trends
+            from tflabench.report.plots.history import plot_trends
 
             figures = plot_trends(result, out)
 

@@ -1,7 +1,7 @@
 """Commands: run, report, backends, doctor, calibrate (the main job and its helpers).
 
-Thin: parse, call :mod:`tflabench.suite_run` / :mod:`tflabench.results` /
-:mod:`tflabench.environment`, render with :mod:`tflabench.tables` and :mod:`tflabench.plots`.
+Thin: parse, call :mod:`tflabench.run.suite_run` / :mod:`tflabench.store.results` /
+:mod:`tflabench.environment`, render with :mod:`tflabench.report.tables` and :mod:`tflabench.report.plots`.
 torch, pandas and matplotlib are imported inside the command functions (the analytic
 commands start without them).
 """
@@ -67,7 +67,7 @@ def run(
         "--device) and exit, measuring nothing: the size of a SLURM job array (docs/ci.md)."),
 ) -> None:
     """Run a benchmark suite: every case in an isolated worker, results + plots on disk."""
-    from tflabench.suite import default_suite_path
+    from tflabench.store.suite import default_suite_path
 
     path = suite if suite is not None else default_suite_path()
     if count:
@@ -85,9 +85,9 @@ def _print_case_count(path: Path, *, shard, only, device) -> None:
     """``run --count``: the number of cases of suite ``path`` after ``--only``, ``--shard``
     and ``--device``, on stdout alone (a script reads it). Raises UserError (exit 2) where
     ``run`` would refuse the suite or an option."""
-    from tflabench.shard import parse_shard, select_shard
-    from tflabench.suite import expand_cases, load_suite, resolve_device
-    from tflabench.suite_run import case_cost, select_kernels
+    from tflabench.store.shard import parse_shard, select_shard
+    from tflabench.store.suite import expand_cases, load_suite, resolve_device
+    from tflabench.run.suite_run import case_cost, select_kernels
 
     with user_errors():
         if device not in (None, "cpu", "cuda"):
@@ -110,7 +110,7 @@ class _AfterRun(KeyboardInterrupt):
 
 def _interrupted_line(stop: KeyboardInterrupt, suite_path: Path) -> str:
     """What an interrupted ``run`` leaves, said truly at whatever moment it stopped."""
-    from tflabench.worker_pool import RunInterrupted
+    from tflabench.run.pool import RunInterrupted
 
     if isinstance(stop, _AfterRun):
         return f"interrupted after the run finished: every row is in {stop.directory}"
@@ -128,9 +128,9 @@ def _interrupted_line(stop: KeyboardInterrupt, suite_path: Path) -> str:
 def _run_and_report(path: Path, *, resume, out, shard, gpus, only, max_kernel_failures, ceilings, device,
                     progress, plots, triton_cache, profile=False, gpu_trace=False) -> Path:
     """``run``'s body: check the options, run the suite, print the table, draw the figures."""
-    from tflabench.suite import load_suite
-    from tflabench.suite_run import run_suite
-    from tflabench.worker_pool import parse_gpus
+    from tflabench.store.suite import load_suite
+    from tflabench.run.suite_run import run_suite
+    from tflabench.run.pool import parse_gpus
 
     with user_errors():
         if device not in (None, "cpu", "cuda"):
@@ -140,7 +140,7 @@ def _run_and_report(path: Path, *, resume, out, shard, gpus, only, max_kernel_fa
         loaded = load_suite(path)
         gpu_list = parse_gpus(gpus)
         if shard is not None:
-            from tflabench.shard import parse_shard
+            from tflabench.store.shard import parse_shard
 
             parse_shard(shard)
         result = run_suite(loaded, out_root=out, resume=resume, gpus=gpu_list, shard=shard,
@@ -155,8 +155,8 @@ def _run_and_report(path: Path, *, resume, out, shard, gpus, only, max_kernel_fa
 
 
 def _report_run(loaded, result, plots: bool) -> None:
-    from tflabench.results import load_results
-    from tflabench.tables import summary_table
+    from tflabench.store.results import load_results
+    from tflabench.report.tables import summary_table
 
     written_plots = _write_run_plots(result.directory) if plots else []
     con = make_console()
@@ -194,8 +194,8 @@ def _named_cases(cases: list[tuple[str, float]], share: str) -> str:
 def _warn_noisy(rows) -> list[tuple[str, float]]:
     """End a run (or a report) with a warning naming the cases whose timings spread more
     than compare's noise level, and what to do (on stderr); returns those cases
-    (:func:`tflabench.compare.noisy_cases`)."""
-    from tflabench.compare import NOISE_ADVICE, NOISY_RELATIVE_IQR, noisy_cases, slowdown_text
+    (:func:`tflabench.compare.gate.noisy_cases`)."""
+    from tflabench.compare.gate import NOISE_ADVICE, NOISY_RELATIVE_IQR, noisy_cases, slowdown_text
 
     noisy = noisy_cases(rows)
     if not noisy:
@@ -218,9 +218,9 @@ def _warn_noisy(rows) -> list[tuple[str, float]]:
 
 def _host_bound_lines(rows) -> list[str]:
     """The host-bound warning (docs/harness.md "Host time"): one line naming the cases whose
-    host time per call reaches :data:`tflabench.measure.HOST_BOUND_SHARE` of their GPU time
+    host time per call reaches :data:`tflabench.run.measure.HOST_BOUND_SHARE` of their GPU time
     and what helps; [] where none does."""
-    from tflabench.measure import HOST_BOUND_ADVICE, HOST_BOUND_SHARE, host_bound_cases
+    from tflabench.run.measure import HOST_BOUND_ADVICE, HOST_BOUND_SHARE, host_bound_cases
 
     bound = host_bound_cases(rows)
     if not bound:
@@ -239,17 +239,17 @@ def _warn_host_bound(rows) -> list[str]:
 
 
 def _write_run_plots(directory: Path) -> list[Path]:
-    """The figures of a run's result set (:func:`tflabench.plots.benchmark.write_plots`); a
+    """The figures of a run's result set (:func:`tflabench.report.plots.benchmark.write_plots`); a
     problem drawing them is a warning on stderr (the measurements are on disk already)."""
-    from tflabench.results import ROWS_FILE
+    from tflabench.store.results import ROWS_FILE
 
     if not (directory / ROWS_FILE).exists():
         return []
     try:
         import tempfile
 
-        from tflabench.plots.benchmark import write_plots
-        from tflabench.results import install_file
+        from tflabench.report.plots.benchmark import write_plots
+        from tflabench.store.results import install_file
 
         with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:  # aside, then renamed in
             return [install_file(p, directory / "plots" / Path(p).relative_to(scratch))
@@ -291,12 +291,12 @@ def report(
     import tempfile
 
     with user_errors():
-        from tflabench import model_vs_measured as mm
+        from tflabench.analysis import model_vs_measured as mm
         from tflabench.outputs import check_writable
-        from tflabench.report_html import HTML_ROWS, check_html_path, html_report, write_html_report
-        from tflabench.results import load_results, timing_text
-        from tflabench.kernel_profile import breakdowns
-        from tflabench.tables import (SHOWN_ROWS, distance_table, kernels_table, profile_table, summary_table,
+        from tflabench.report.html import HTML_ROWS, check_html_path, html_report, write_html_report
+        from tflabench.store.results import load_results, timing_text
+        from tflabench.run.kernel_profile import breakdowns
+        from tflabench.report.tables import (SHOWN_ROWS, distance_table, kernels_table, profile_table, summary_table,
                                       sweep_table, verify_table)
 
         if not 0.5 <= causal_factor <= 1.0:
@@ -365,18 +365,18 @@ def report(
 
         def draw(directory: Path) -> list[Path]:
             if verify_set:
-                from tflabench.plots.numerics import heatmap_title, write_heatmap
+                from tflabench.report.plots.numerics import heatmap_title, write_heatmap
 
                 from tflabench.text_safety import LABEL_WIDTH
 
                 shown = rs.rows.assign(kernel=rs.rows["kernel"].map(lambda k: terminal_text(k, LABEL_WIDTH)))
                 return [write_heatmap(shown, directory / "verify_heatmap.png", title=heatmap_title(meta))]
-            from tflabench.plots.benchmark import write_plots
+            from tflabench.report.plots.benchmark import write_plots
 
             return write_plots(rs.path, directory, model_gpu=model_gpu, F_causal=causal_factor)
 
         if plots:  # drawn aside, then each renamed into place: never written through a link
-            from tflabench.results import install_file
+            from tflabench.store.results import install_file
 
             with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:
                 written = [install_file(p, plot_dir / Path(p).relative_to(scratch)) for p in draw(Path(scratch))]
@@ -440,7 +440,7 @@ def _normalise_set_labels(rs, where) -> None:
 def _noisy_lines(noisy: list[tuple[str, float]]) -> list[str]:
     """The spread warning of :func:`_warn_noisy` (its ``(label, spread)`` pairs) as lines for
     the HTML report (none where no case spread more than compare's noise level)."""
-    from tflabench.compare import NOISY_RELATIVE_IQR
+    from tflabench.compare.gate import NOISY_RELATIVE_IQR
 
     if not noisy:
         return []
@@ -529,8 +529,8 @@ def doctor() -> None:
                 con.print(f"  - {p}", markup=False)
         else:
             con.print("[green]no known problem[/]")
-        from tflabench import triton_cache
-        from tflabench.peer_status import peer_modes
+        from tflabench.run import triton_cache
+        from tflabench.backends.status import peer_modes
 
         con.print(f"triton cache {triton_cache.status()}", markup=False)
         con.print(peer_mode_table(peer_modes(env)))
@@ -538,7 +538,7 @@ def doctor() -> None:
 
 
 def peer_mode_table(modes):
-    """A rich Table of :func:`tflabench.peer_status.peer_modes`: each peer mode, the backend
+    """A rich Table of :func:`tflabench.backends.status.peer_modes`: each peer mode, the backend
     that measures it, whether it runs here, why not and what would fix it."""
     from rich.table import Table
 
@@ -566,7 +566,7 @@ def calibrate(
         import torch
 
         from tflabench import hardware as hw
-        from tflabench.measure import time_callable
+        from tflabench.run.measure import time_callable
 
         if matmul_n < 256:
             raise UserError(f"--matmul-n={matmul_n}; allowed: >= 256")

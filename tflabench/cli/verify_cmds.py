@@ -1,8 +1,8 @@
-"""Command: verify (the numerics grid of :mod:`tflabench.verify_run`).
+"""Command: verify (the numerics grid of :mod:`tflabench.run.verify_run`).
 
-Thin: parse, build the grid (:func:`tflabench.verify_run.verify_cases`), run it
-(:func:`tflabench.verify_run.run_verify`), render :func:`tflabench.tables.verify_table` and
-the heat map (:func:`tflabench.plots.numerics.write_heatmap`).
+Thin: parse, build the grid (:func:`tflabench.run.verify_run.verify_cases`), run it
+(:func:`tflabench.run.verify_run.run_verify`), render :func:`tflabench.report.tables.verify_table` and
+the heat map (:func:`tflabench.report.plots.numerics.write_heatmap`).
 Exit status as ``compare``: 1 when any case fails its budget (or crashes / errors), 0 when
 all pass, 2 for bad input.
 """
@@ -36,7 +36,7 @@ def _kernel_suite(backend: str, params_text: str | None, dtype: str | None, devi
     import yaml
     from pydantic import ValidationError
 
-    from tflabench.suite import LoadedSuite, Suite, expand_cases, _format_validation
+    from tflabench.store.suite import LoadedSuite, Suite, expand_cases, _format_validation
 
     try:
         params = json.loads(params_text) if params_text else {}
@@ -104,9 +104,9 @@ def verify(
 
     Exit status: 1 when any case fails its budget, 0 when all pass, 2 for bad input.
     """
-    from tflabench import verify_run as V
-    from tflabench.suite import load_suite
-    from tflabench.worker_pool import parse_gpus
+    from tflabench.run import verify_run as V
+    from tflabench.store.suite import load_suite
+    from tflabench.run.pool import parse_gpus
 
     with user_errors():
         if device not in (None, "cpu", "cuda"):
@@ -154,8 +154,8 @@ def verify(
     from collections import Counter
 
     from tflabench.console import make_console
-    from tflabench.results import load_results
-    from tflabench.tables import verify_table
+    from tflabench.store.results import load_results
+    from tflabench.report.tables import verify_table
 
     name = V.verify_suite_name(loaded.suite.name)
     frame = load_results(result.directory).rows
@@ -180,8 +180,8 @@ def _write_heatmap(frame, directory: Path) -> Path | None:
     from tflabench.console import make_console
 
     try:
-        from tflabench.plots.numerics import heatmap_title, write_heatmap
-        from tflabench.results import load_results
+        from tflabench.report.plots.numerics import heatmap_title, write_heatmap
+        from tflabench.store.results import load_results
 
         return write_heatmap(frame, directory / "plots" / "verify_heatmap.png",
                              title=heatmap_title(load_results(directory).metadata))

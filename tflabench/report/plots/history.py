@@ -1,5 +1,5 @@
 """Trend figures of ``tflabench history`` (matplotlib, imported lazily): one figure per
-kernel family (:func:`tflabench.plots.style.family_key`), each case's median time per
+kernel family (:func:`tflabench.report.plots.style.family_key`), each case's median time per
 commit, the levels of its segments and a mark at each step (docs/ci.md, "History")."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from tflabench.plots import new_figure, save_figure
+from tflabench.report.plots import new_figure, save_figure
 
 
 def _file_name(family: str) -> str:
@@ -16,8 +16,8 @@ def _file_name(family: str) -> str:
 
 
 def families(history: Any) -> dict[str, list]:
-    """The cases of a :class:`tflabench.history.History` grouped by family, in first-seen order."""
-    from tflabench.plots.style import family_key
+    """The cases of a :class:`tflabench.compare.history.History` grouped by family, in first-seen order."""
+    from tflabench.report.plots.style import family_key
 
     out: dict[str, list] = {}
     for case in history.cases:
@@ -35,7 +35,7 @@ def plot_trends(history: Any, out_dir: str | Path, max_cases: int = 12) -> list[
     Returns the paths written. Raises UserError where a file cannot be written."""
     import numpy as np
 
-    from tflabench.plots.style import MARKERS, PALETTE, legend_below, log_axis
+    from tflabench.report.plots.style import MARKERS, PALETTE, legend_below, log_axis
 
     labels = [f"#{i + 1}\n{c.short}" for i, c in enumerate(history.commits)]
     written = []

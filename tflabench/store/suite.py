@@ -46,7 +46,7 @@ from tflabench import bounds as B
 from tflabench.backends import get_backend
 from tflabench.errors import UserError
 from tflabench.numerics import BudgetOverride, VerifySettings
-from tflabench.results import IDENTITY_COLUMNS, case_id, case_label, check_plain_name
+from tflabench.store.results import IDENTITY_COLUMNS, case_id, case_label, check_plain_name
 from tflabench.text_safety import normalise_label, terminal_text
 from tflabench.yaml_load import load_yaml
 
@@ -249,10 +249,10 @@ class Case:
     #: None for ``run`` cases (its ``name`` is the row's ``numerics_case`` column).
     verify: str | None = None
     #: ``run --profile``: after the timings, profile the kernels of a few calls
-    #: (:func:`tflabench.kernel_profile.capture`; the row's ``kernel_profile`` column).
+    #: (:func:`tflabench.run.kernel_profile.capture`; the row's ``kernel_profile`` column).
     profile: bool = False
     #: ``run --gpu-trace``: sample the GPU's clock, power and slowdown reasons over the timed
-    #: calls (:class:`tflabench.gpu_trace.GpuTrace`; the row's GPU trace columns).
+    #: calls (:class:`tflabench.run.gpu_trace.GpuTrace`; the row's GPU trace columns).
     gpu_trace: bool = False
 
     @property
@@ -266,7 +266,7 @@ class Case:
 
     @property
     def case_id(self) -> str:
-        """Stable id of the case (:func:`tflabench.results.case_id`)."""
+        """Stable id of the case (:func:`tflabench.store.results.case_id`)."""
         return case_id(self.identity())
 
     @property
@@ -276,7 +276,7 @@ class Case:
         return json.loads(self.params)
 
     def describe(self) -> str:
-        """The case's label (:func:`tflabench.results.case_label`) for progress bars and logs."""
+        """The case's label (:func:`tflabench.store.results.case_label`) for progress bars and logs."""
         return case_label(self.identity())
 
     def to_dict(self) -> dict:
@@ -606,4 +606,4 @@ def budgets_json(budgets: dict) -> str | None:
 
 def default_suite_path() -> Path:
     """``suites/cpu_demo.yaml`` of the checkout (the default of ``tflabench run``)."""
-    return Path(__file__).resolve().parent.parent / "suites" / "cpu_demo.yaml"
+    return Path(__file__).resolve().parents[2] / "suites" / "cpu_demo.yaml"

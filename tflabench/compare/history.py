@@ -35,8 +35,8 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from tflabench import compare as cmp
-from tflabench import results as R
+from tflabench.compare import gate as cmp
+from tflabench.store import results as R
 from tflabench.environment import commit_date
 from tflabench.errors import UserError
 from tflabench.text_safety import markdown_text
@@ -160,8 +160,8 @@ def check_series(sets: list[Any]) -> list[str]:
     """Refuse a series that cannot be read as one suite's history; return warnings.
 
     Every set must name the same suite, and the measurement conditions that ``compare``
-    warns about (:data:`tflabench.compare.ENVIRONMENT_KEYS`, the timing fields of
-    :func:`tflabench.compare.timing_warnings`) must agree with the first set's: over a
+    warns about (:data:`tflabench.compare.gate.ENVIRONMENT_KEYS`, the timing fields of
+    :func:`tflabench.compare.gate.timing_warnings`) must agree with the first set's: over a
     history a difference would show as a step of every case. A peer's version that differs
     is a warning, as in ``compare``.
 
@@ -342,11 +342,11 @@ def analyse(sets: list[Any], *, threshold: float | None = None,
     """The history of a series of result sets of one suite.
 
     Args:
-        sets: result sets (:class:`tflabench.results.ResultSet`), any order.
+        sets: result sets (:class:`tflabench.store.results.ResultSet`), any order.
         threshold: the smallest relative step reported and judged (0.05 = 5 %); None: the
             suite's ``compare: time_threshold`` of the oldest set (else compare's default): as in
             ``compare``, the sets under judgement do not set their own gate.
-        parse_profile: reads a row's ``kernel_profile`` (``tflabench.kernel_profile.parse_profile``);
+        parse_profile: reads a row's ``kernel_profile`` (``tflabench.run.kernel_profile.parse_profile``);
             None: profiles are not read.
         lookup: a revision's commit date where the metadata records none.
 

@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tflabench.plots import save_figure
+from tflabench.report.plots import save_figure
 
 GIB = 2**30
 MODE_TITLES = {"fwd": "forward", "fwdbw": "forward + backward"}
@@ -75,10 +75,10 @@ def _series_labels(frame, exclude: tuple[str, ...] = ()) -> list[str]:
 
 
 def _series_styles(frame) -> dict:
-    """One :class:`tflabench.plots.style.KernelStyle` per series, the same in every panel:
+    """One :class:`tflabench.report.plots.style.KernelStyle` per series, the same in every panel:
     a colour and marker per kernel family; ours solid and filled, the authors' and other
-    peers dashed and hollow (:mod:`tflabench.plots.style`)."""
-    from tflabench.plots.style import kernel_styles
+    peers dashed and hollow (:mod:`tflabench.report.plots.style`)."""
+    from tflabench.report.plots.style import kernel_styles
 
     return kernel_styles((r["series"], r.get("backend"), r.get("params")) for r in frame.to_dict("records"))
 
@@ -90,9 +90,9 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     Returns the path, or None when no row is ``ok``.
 
     Args:
-        frame: result rows (:attr:`tflabench.results.ResultSet.rows`).
+        frame: result rows (:attr:`tflabench.store.results.ResultSet.rows`).
     """
-    from tflabench.plots.style import fig_title, legend_below, log_axis, order_kernels, ours_key
+    from tflabench.report.plots.style import fig_title, legend_below, log_axis, order_kernels, ours_key
 
     ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()].copy()
     if ok.empty:
@@ -142,7 +142,7 @@ def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Pa
     panel per mode, one line per kernel and shape, points labelled with L where the labels
     do not collide (paper Fig. 5), one legend below the panels. Returns the path, or None
     when no kernel sweeps chunk sizes (or no memory was measured, as on the CPU)."""
-    from tflabench.plots.style import fig_title, kernel_styles, label_points, legend_below
+    from tflabench.report.plots.style import fig_title, kernel_styles, label_points, legend_below
 
     sweep = chunk_sweeps(frame)
     if sweep.empty:
@@ -183,10 +183,10 @@ def write_plots(directory: str | Path, out_dir: str | Path | None = None, *, mod
     ``out_dir`` (default ``<directory>/plots/``): ``runtime.png`` (Fig. 4) and, when a
     kernel sweeps chunk sizes, ``memory_vs_runtime.png`` (Fig. 5); on a catalogued GPU also
     ``roofline_measured.png`` and ``optimal_chunk.png``
-    (:func:`tflabench.plots.model_measured.model_figures`; ``model_gpu``: its ceilings, default the
+    (:func:`tflabench.report.plots.model_measured.model_figures`; ``model_gpu``: its ceilings, default the
     set's GPU, measured where recorded; ``F_causal``: its chunk-sweep model). Returns the paths written.
     Raises UserError when ``directory`` is not a result set."""
-    from tflabench.results import load_results
+    from tflabench.store.results import load_results
 
     from tflabench.text_safety import LABEL_WIDTH, terminal_text
 
@@ -194,7 +194,7 @@ def write_plots(directory: str | Path, out_dir: str | Path | None = None, *, mod
     out = Path(out_dir) if out_dir is not None else rs.path / "plots"
     rs.rows["kernel"] = rs.rows["kernel"].map(lambda k: terminal_text(k, LABEL_WIDTH))  # a figure's labels: short, plain
     frame = rs.rows
-    from tflabench.plots.style import set_label
+    from tflabench.report.plots.style import set_label
 
     title = set_label(rs.metadata)
     written = []
@@ -202,7 +202,7 @@ def write_plots(directory: str | Path, out_dir: str | Path | None = None, *, mod
         path = fn(frame, out / name, title=title)
         if path is not None:
             written.append(path)
-    from tflabench.plots.model_measured import model_figures
+    from tflabench.report.plots.model_measured import model_figures
 
     written += model_figures(rs, out, gpu=model_gpu, F_causal=F_causal)
     return written

@@ -56,8 +56,8 @@ import numpy as np
 import pandas as pd
 
 from tflabench.errors import UserError
-from tflabench.conditions import CPU_TIMERS, timing_differences, timing_method
-from tflabench.results import LIMIT_FIELDS, case_label, recorded_timing
+from tflabench.store.conditions import CPU_TIMERS, timing_differences, timing_method
+from tflabench.store.results import LIMIT_FIELDS, case_label, recorded_timing
 from tflabench.text_safety import LABEL_WIDTH, markdown_text, terminal_text
 
 #: Statuses that mean the case ran and produced a timing.
@@ -833,7 +833,7 @@ def timing_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str,
     that both runs record with different values, but the limits (:data:`LIMIT_FIELDS`:
     ``timeout_s``): ``warmup_s`` 0 against 5, ``sync_each``, ``flush_l2``, ``cuda_graph``,
     the counts. A field a set does not record (written before the field existed) counts
-    with its value then (:func:`~tflabench.results.recorded_timing`)."""
+    with its value then (:func:`~tflabench.store.results.recorded_timing`)."""
     base, new = recorded_timing(base_metadata), recorded_timing(new_metadata)
     return [f"timing.{key} differs: base {base[key]!r}, new {new[key]!r}; the cases were timed by different "
             "methods, so timings may move for that reason alone"
@@ -848,7 +848,7 @@ HOST_KEYS = ("hostname", "cpu", "python")
 def provenance_warnings(base_metadata: Mapping[str, Any], new_metadata: Mapping[str, Any]) -> list[str]:
     """One warning per :data:`HOST_KEYS` key that differs between the two runs (only where
     both record it), one per differing timer or thread count
-    (:func:`tflabench.conditions.timing_differences`), and one per side merged from shards
+    (:func:`tflabench.store.conditions.timing_differences`), and one per side merged from shards
     that hold fewer cases than they were to measure (``shards_incomplete``, written by
     ``merge --allow-missing``)."""
     out = []
@@ -934,7 +934,7 @@ NOISE_ADVICE = ("measure on a quiet machine (close other programs), raise timing
 def slowdown_text(rows: pd.DataFrame, noisy: list[tuple[str, float]]) -> str:
     """What ``run --gpu-trace`` saw during the ``noisy`` cases (:func:`noisy_cases`' pairs):
     ``""`` where none of them was traced; else which slowdown reasons the driver reported in
-    how many of them (:mod:`tflabench.gpu_trace`), e.g. ``"the GPU reported sw_power_cap
+    how many of them (:mod:`tflabench.run.gpu_trace`), e.g. ``"the GPU reported sw_power_cap
     during 3 of the 4 traced ones"``."""
     if "gpu_slowdowns" not in rows.columns:
         return ""
@@ -972,7 +972,7 @@ def history_drift(base_rows: pd.DataFrame, history: Iterable[Any]) -> float | No
     up to 8 %); None without partners or without a shared case.
 
     ``base_rows`` indexed by the matching key (as :func:`_prepare` leaves it); each
-    partner an object with ``.rows`` and ``.path`` (a :class:`~tflabench.results.ResultSet`).
+    partner an object with ``.rows`` and ``.path`` (a :class:`~tflabench.store.results.ResultSet`).
     """
     largest = None
     base_ok = {key: _number(r, "ms_median") for key, r in base_rows.to_dict("index").items() if _status(r) == OK}
@@ -994,7 +994,7 @@ def _timer_differs(base_meta: Mapping[str, Any], new_meta: Mapping[str, Any]) ->
 def compare_results(base: Any, new: Any, thresholds: Thresholds | None = None,
                     threshold_source: Mapping[str, str] | None = None, history: Iterable[Any] = ()) -> Comparison:
     """Compare two result sets (objects with ``.rows``, ``.metadata``, ``.path``, e.g.
-    :class:`tflabench.results.ResultSet`).
+    :class:`tflabench.store.results.ResultSet`).
 
     Matching is by ``case_id`` and ``mode`` (the stable hash of the full configuration);
     where ``case_id`` is missing, by the identity columns. Decision rule: module docstring.

@@ -1,7 +1,7 @@
 """Figures of the analytic model: roofline (paper Figs. 19-20), intensity over chunk size (Fig. 18),
 optimal chunk size over d_hv and over accelerator intensity (Figs. 21-22).
 
-matplotlib is imported only inside these functions (via :mod:`tflabench.plots`). Each function
+matplotlib is imported only inside these functions (via :mod:`tflabench.report.plots`). Each function
 takes data computed by :mod:`tflabench.model`, writes the figure with :func:`save_figure` and
 returns the path.
 """
@@ -11,10 +11,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tflabench.analytic_inputs import ceilings_text
-from tflabench.plots import new_figure, save_figure
+from tflabench.analysis.analytic_inputs import ceilings_text
+from tflabench.report.plots import new_figure, save_figure
 
-from tflabench.plots.style import (PALETTE, ax_title, kernel_styles, label_points, legend_below, log_axis,
+from tflabench.report.plots.style import (PALETTE, ax_title, kernel_styles, label_points, legend_below, log_axis,
                                    log_log_axes, place_labels)
 
 #: Dash patterns of the GPUs' lines (roofs, I_acc lines), one per GPU with its colour.
@@ -65,7 +65,7 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
         measured_points: dicts with ``label``, ``intensity_flop_per_byte``, ``flops_per_s``
             (measured FLOP/s = model FLOPs / measured time at the row's own shape), and
             optionally ``kernel`` and ``mode``: a colour and marker per kernel
-            (:mod:`tflabench.plots.style`), forward+backward smaller than forward.
+            (:mod:`tflabench.report.plots.style`), forward+backward smaller than forward.
         path: output file. title: figure title.
     """
     fig, ax = new_figure((9.0, 5.8))

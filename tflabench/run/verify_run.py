@@ -3,18 +3,18 @@
 The grid (the suite's ``numerics.verify`` section, :class:`tflabench.numerics.VerifySettings`):
 per kernel configuration of the suite, every dtype x regime x sequence length x
 with/without initial state x mode; the regimes that apply to a family are
-:func:`tflabench.verify_case.regimes_for`. Default lengths per kernel with chunk L:
+:func:`tflabench.run.verify_case.regimes_for`. Default lengths per kernel with chunk L:
 ``L // 2 + 1`` (shorter than one chunk), ``2 L`` (whole chunks), ``2 L + L // 2 + 1``
 (a partial last chunk).
 
 Each case runs in the worker pool of ``tflabench run`` (a kernel that aborts is a
-``crash`` row; the worker calls :func:`tflabench.verify_case.verify_case`), at batch 1 and
+``crash`` row; the worker calls :func:`tflabench.run.verify_case.verify_case`), at batch 1 and
 ``verify.heads`` heads. Rows: ``ok`` (every tensor within budget), ``wrong`` (reason: the
 deciding tensor, its error, budget and relF; or the non-finite count), ``unavailable``
 (the kernel cannot run this length, mode or state here), ``crash`` / ``timeout`` /
 ``error``. The result set (``results/<suite>-verify/<timestamp>/``) is read by ``report``
 and ``compare`` like any other; the heat map and the table are drawn from it
-(:mod:`tflabench.plots.numerics`, :mod:`tflabench.tables`).
+(:mod:`tflabench.report.plots.numerics`, :mod:`tflabench.report.tables`).
 """
 
 from __future__ import annotations
@@ -30,15 +30,15 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from rich.text import Text
 
 from tflabench import environment
-from tflabench import results as R
+from tflabench.store import results as R
 from tflabench.backends import get_backend
 from tflabench.errors import UserError
 from tflabench.numerics import BUDGET_REASONS, DEFAULT_BUDGETS, VerifySettings
-from tflabench.suite import Case, LoadedSuite, expand_cases, require_device, resolve_device
-from tflabench.suite_run import select_kernels
-from tflabench.verify_case import regimes_for, takes_state
-from tflabench.verify_summary import FAILING
-from tflabench.worker_pool import RunInterrupted, cpu_threads, run_cases
+from tflabench.store.suite import Case, LoadedSuite, expand_cases, require_device, resolve_device
+from tflabench.run.suite_run import select_kernels
+from tflabench.run.verify_case import regimes_for, takes_state
+from tflabench.analysis.verify_summary import FAILING
+from tflabench.run.pool import RunInterrupted, cpu_threads, run_cases
 
 #: Suffix of a verify result set's suite name (``<suite>-verify``): ``compare`` refuses to
 #: match a verify set against a timing set of the same suite.
@@ -144,11 +144,11 @@ def run_verify(
     """Run verify ``cases`` (:func:`verify_cases`) in worker processes with a progress
     bar; write the result set ``<out_root>/<suite>-verify/<timestamp>/`` (rows as they
     complete, table, metadata with the budgets); the heat map is the caller's
-    (:func:`tflabench.plots.numerics.write_heatmap`). ``max_kernel_failures``:
-    as :func:`tflabench.worker_pool.run_cases` (a kernel that aborts twice in a row, e.g. while
+    (:func:`tflabench.report.plots.numerics.write_heatmap`). ``max_kernel_failures``:
+    as :func:`tflabench.run.pool.run_cases` (a kernel that aborts twice in a row, e.g. while
     compiling, is not started again for each of its remaining cases).
 
-    The result set is locked while verify writes it (:class:`tflabench.results.ResultSetLock`,
+    The result set is locked while verify writes it (:class:`tflabench.store.results.ResultSetLock`,
     as ``run``): a second writer of the same directory is refused.
 
     Raises UserError for a CUDA suite without a GPU, or a result set another run holds.

@@ -1,11 +1,11 @@
 """``tflabench run``: a suite end to end, from its cases to a complete result set.
 
-Expands the suite (:func:`tflabench.suite.expand_cases`), keeps ``--only`` kernels and a
-``--shard``, skips what a ``--resume`` already measured (:mod:`tflabench.resume`), writes
-the metadata, runs the cases in the worker pool (:func:`tflabench.worker_pool.run_cases`,
+Expands the suite (:func:`tflabench.store.suite.expand_cases`), keeps ``--only`` kernels and a
+``--shard``, skips what a ``--resume`` already measured (:mod:`tflabench.store.resume`), writes
+the metadata, runs the cases in the worker pool (:func:`tflabench.run.pool.run_cases`,
 rows appended as they complete) under a progress bar, and writes the table. Figures and
-the summary table are drawn by the caller from the result set (:mod:`tflabench.plots`,
-:mod:`tflabench.tables`): nothing here renders.
+the summary table are drawn by the caller from the result set (:mod:`tflabench.report.plots`,
+:mod:`tflabench.report.tables`): nothing here renders.
 """
 
 from __future__ import annotations
@@ -23,14 +23,14 @@ from rich.progress import (BarColumn, MofNCompleteColumn, Progress, SpinnerColum
 from rich.text import Text
 
 from tflabench import environment, hardware
-from tflabench import resume as resume_mod
-from tflabench import results as R
+from tflabench.store import resume as resume_mod
+from tflabench.store import results as R
 from tflabench.backends import get_backend
 from tflabench.backends.base import Shape
 from tflabench.errors import UserError
-from tflabench.shard import format_shard, parse_shard, select_shard
-from tflabench.suite import Case, LoadedSuite, expand_cases, require_device, resolve_device
-from tflabench.worker_pool import RunInterrupted, cpu_allocator, cpu_threads, run_cases
+from tflabench.store.shard import format_shard, parse_shard, select_shard
+from tflabench.store.suite import Case, LoadedSuite, expand_cases, require_device, resolve_device
+from tflabench.run.pool import RunInterrupted, cpu_allocator, cpu_threads, run_cases
 
 
 @dataclasses.dataclass
@@ -124,38 +124,38 @@ def run_suite(
     """Run a validated suite end to end: expand, (shard), skip measured cases when
     resuming, run every case in workers with a progress bar, write the result set
     (rows.jsonl as it goes, then results.parquet, metadata.json). The figures are the
-    caller's (:func:`tflabench.plots.benchmark.write_plots` on the result set).
+    caller's (:func:`tflabench.report.plots.benchmark.write_plots` on the result set).
 
     Args:
         out_root: root of new result sets (``<out_root>/<suite>/<timestamp>/``).
         resume: an existing result-set directory to finish (its measured cases are skipped).
         gpus: from :func:`parse_gpus`.
-        shard: ``"K/N"`` (``tflabench.shard``).
+        shard: ``"K/N"`` (``tflabench.store.shard``).
         only: glob patterns (case-insensitive); keep only the kernels whose suite label or
             backend name matches one of them (e.g. ``["*mLSTMsig*", "mamba2"]``).
         max_kernel_failures: see :func:`run_cases`.
         ceilings: ``datasheet`` or ``measured`` (roofline columns).
         device: override the suite's device (``cpu`` / ``cuda``).
         console: rich Console for the progress bar (default: stderr).
-        triton_cache: ``--triton-cache DIR`` (:func:`tflabench.triton_cache.configure`), set up
+        triton_cache: ``--triton-cache DIR`` (:func:`tflabench.run.triton_cache.configure`), set up
             once every check has passed.
         profile: after each case's timings, profile its kernels (the ``kernel_profile``
-            column: :mod:`tflabench.kernel_profile`).
+            column: :mod:`tflabench.run.kernel_profile`).
         gpu_trace: sample each case's GPU clock, power and slowdown reasons over its timings
-            (the GPU trace columns: :mod:`tflabench.gpu_trace`).
+            (the GPU trace columns: :mod:`tflabench.run.gpu_trace`).
 
-    The result set is locked while the run writes it (:class:`~tflabench.results.ResultSetLock`).
+    The result set is locked while the run writes it (:class:`~tflabench.store.results.ResultSetLock`).
     A resume checks that the suite describes the same measurement
-    (:func:`tflabench.resume.plan_resume`), sets a torn last line of ``rows.jsonl`` aside
-    (:func:`~tflabench.results.repair_rows`) and lists the cases added to or removed from
+    (:func:`tflabench.store.resume.plan_resume`), sets a torn last line of ``rows.jsonl`` aside
+    (:func:`~tflabench.store.results.repair_rows`) and lists the cases added to or removed from
     the suite since the set began.
 
     Raises UserError for a CUDA suite without a GPU, a bad shard, a resume directory that
     is not a result set of this suite or was measured under other conditions, a result set
-    another run is writing; :class:`~tflabench.results.ResultWriteError` (a UserError) when
+    another run is writing; :class:`~tflabench.store.results.ResultWriteError` (a UserError) when
     the result set cannot be written; every refusal comes before anything on disk changes.
     A KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one) becomes
-    :class:`~tflabench.worker_pool.RunInterrupted`, saying where the run stood; a result set
+    :class:`~tflabench.run.pool.RunInterrupted`, saying where the run stood; a result set
     this run created and had not yet written to is removed.
     """
     state = {"directory": None, "written": False, "created": False}
@@ -286,7 +286,7 @@ def _run_locked(loaded: LoadedSuite, directory: Path, lock, console, state: dict
     if resumed:
         metadata["resumed"] = resumed
     if triton_cache is not None:  # the last check (the cache directory must be creatable)
-        from tflabench import triton_cache as tc
+        from tflabench.run import triton_cache as tc
 
         cache_dir = tc.configure(triton_cache)
         console.print(f"triton cache: {cache_dir} ({len(tc.autotune_entries(cache_dir))} autotune results)",

@@ -19,7 +19,7 @@ environment given (so that tests can give one). Sources of the facts below (chec
   ``TFLABENCH_FLA_640_GUARD=narrow`` (:func:`tflabench.backends.fla.guard_narrowed`) runs it
   where the block is not 64, with the numerics gate checking every gradient.
 - FLA ``chunk_gla``: runs both modes; its first call autotunes for minutes per shape, which
-  :mod:`tflabench.triton_cache` keeps across runs.
+  :mod:`tflabench.run.triton_cache` keeps across runs.
 - FlashAttention 3: the ``fa3_fwd`` wheel is built with ``FLASHATTENTION_DISABLE_BACKWARD``;
   ``flash_attn_interface`` (fwd+bwd) is built from flash-attention's ``hopper/`` (not on
   the package index; hours of nvcc). FlashAttention 4 (``flash-attn-4`` 4.0.0b36, CuTe DSL,

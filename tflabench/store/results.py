@@ -92,7 +92,7 @@ MEMORY_COLUMNS: tuple[str, ...] = ("peak_mem_bytes",)
 #: over several GPUs (``--gpus``, shards) or a host with mixed models says which row ran
 #: where, and ``compare`` can warn when it would compare rows across GPU models.
 DEVICE_COLUMNS: tuple[str, ...] = ("gpu_index", "gpu_name")
-#: ``run --gpu-trace`` (:mod:`tflabench.gpu_trace`): over the case's timed calls, the lowest
+#: ``run --gpu-trace`` (:mod:`tflabench.run.gpu_trace`): over the case's timed calls, the lowest
 #: SM clock while busy (MHz), the highest power draw (W) and the slowdown reasons the driver
 #: reported (comma-separated, ``""`` none); None without ``--gpu-trace`` or ``nvidia-smi``.
 GPU_TRACE_COLUMNS: tuple[str, ...] = ("gpu_sm_mhz_min", "gpu_power_w_max", "gpu_slowdowns")
@@ -111,7 +111,7 @@ NUMERICS_COLUMNS: tuple[str, ...] = (
 )
 #: ``run --profile``: ``kernel_profile``, JSON text (None without ``--profile``): the time
 #: of every kernel the case launched, per step, from torch's profiler; its form is
-#: :func:`tflabench.kernel_profile.parse_profile`'s (``docs/ARCHITECTURE.md``).
+#: :func:`tflabench.run.kernel_profile.parse_profile`'s (``docs/ARCHITECTURE.md``).
 PROFILE_COLUMNS: tuple[str, ...] = ("kernel_profile",)
 MODEL_COLUMNS: tuple[str, ...] = (
     "flops",
@@ -203,7 +203,7 @@ LIMIT_FIELDS: frozenset[str] = frozenset({"timeout_s", "verify"})
 #: ``resume.differences``)
 TIMING_DEFAULTS: dict = {"warmup_s": 0.0, "cuda_graph": False}
 #: The JSON type of each field of ``measurement.timing`` that tflabench reads (the suite's
-#: ``timing``, ``tflabench.suite.Timing``): :func:`metadata_problem` refuses another.
+#: ``timing``, ``tflabench.store.suite.Timing``): :func:`metadata_problem` refuses another.
 TIMING_FIELD_TYPES: dict[str, type] = {
     "warmup": float, "iterations": float, "timeout_s": float, "warmup_s": float,
     "flush_l2": bool, "sync_each": bool, "cuda_graph": bool,
@@ -390,7 +390,7 @@ def number(value: Any) -> float | None:
 
 
 def case_label(record: Mapping[str, Any], *, shape_only: bool = False) -> str:
-    """The one short label of a case, from a result row or a :class:`tflabench.suite.Case`'s
+    """The one short label of a case, from a result row or a :class:`tflabench.store.suite.Case`'s
     identity: ``kernel mode dtype B8 S8192 NH8 d256/512 L128`` and, for a ``tflabench
     verify`` row, its case (``f_closed+init``). Parts whose columns are empty are left out
     (``d?/512`` where one head dimension is unknown). ``shape_only``: the shape part alone

@@ -1,7 +1,7 @@
 """Where the analytic model meets the measurement: chunk-size sweeps, per-shape roofline
 placement and the distance of every result row to its own bound.
 
-Three computations, each on result rows (:attr:`tflabench.results.ResultSet.rows`, or a list
+Three computations, each on result rows (:attr:`tflabench.store.results.ResultSet.rows`, or a list
 of row dicts) and one GPU's ceilings ``alpha`` (FLOP/s) and ``beta`` (byte/s):
 
 - :func:`chunk_sweeps` / :func:`analyse_chunk_sweep`: a chunked mLSTM kernel measured at
@@ -32,7 +32,7 @@ from tflabench.errors import UserError
 from tflabench.model import (WALK_ALGORITHMS, counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline,
                              plan_counts_kwargs, runtime)
 from tflabench.model.analysis import golden_min, optimal_chunk
-from tflabench.results import case_label, number
+from tflabench.store.results import case_label, number
 
 #: Families whose chunk-size sweeps the mLSTM model describes (backend family ``mlstm``).
 MODEL_FAMILIES = ("mlstm",)
@@ -285,7 +285,7 @@ def roofline_placement(rows, *, alpha, beta) -> list[dict]:
     kernel) or without a time are left out.
 
     Returns dicts: ``kernel``, ``mode``, ``backend``, ``params`` (the row's, for the figure's
-    kernel styles), ``case`` (the shape, :func:`tflabench.results.case_label`), ``seq_len``,
+    kernel styles), ``case`` (the shape, :func:`tflabench.store.results.case_label`), ``seq_len``,
     ``batch``, ``chunk_size``, ``intensity_flop_per_byte``, ``achieved_flops_per_s``,
     ``bound_flops_per_s``, ``fraction``, ``bound`` (``memory``/``compute``),
     ``roofline_ms``, ``ms_median``, ``outlier`` (see :func:`mark_outliers`).

@@ -1,8 +1,8 @@
 """The worker pool: each case of a run in a worker process, so that no case can end the run.
 
 Each case runs in a worker process (``multiprocessing`` spawn) that calls the per-case
-work, :func:`tflabench.measure.measure_case` (a timing case) or
-:func:`tflabench.verify_case.verify_case` (a case whose ``verify`` field is set). The
+work, :func:`tflabench.run.measure.measure_case` (a timing case) or
+:func:`tflabench.run.verify_case.verify_case` (a case whose ``verify`` field is set). The
 parent waits for the result with the case's timeout:
 
 - the worker dies (segfault, ``abort()``, an LLVM assertion) -> row ``crash`` with the
@@ -32,7 +32,7 @@ of a worker kills its whole group (``os.killpg``), and a small reaper process
 (:class:`_GroupReaper`) kills the groups still registered when the run itself dies, even
 by SIGKILL (it sees its pipe from the run close). What a run
 does around the pool (the suite, resume, metadata, the result table) is
-:mod:`tflabench.suite_run` and :mod:`tflabench.verify_run`.
+:mod:`tflabench.run.suite_run` and :mod:`tflabench.run.verify_run`.
 """
 
 from __future__ import annotations
@@ -52,12 +52,12 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from tflabench import results as R
-from tflabench import triton_cache
+from tflabench.store import results as R
+from tflabench.run import triton_cache
 from tflabench.backends import get_backend
 from tflabench.environment import gpu_info, gpus_used, visible_gpus
 from tflabench.errors import UserError
-from tflabench.suite import Case
+from tflabench.store.suite import Case
 
 #: Seconds a fresh worker may take to start (import torch, initialise) before it counts
 #: as crashed.
@@ -302,7 +302,7 @@ def _worker_main(conn, output, gpu: str | None, parent_pid: int, device: str, th
 
         if threads > 0:
             torch.set_num_threads(threads)
-        from tflabench import measure, verify_case
+        from tflabench.run import measure, verify_case
     except BaseException as exc:  # pragma: no cover - broken installs
         conn.send({"ready": False, "error": "".join(traceback.format_exception_only(type(exc), exc))})
         return
@@ -675,7 +675,7 @@ def run_cases(
 
     KeyboardInterrupt stops the slots, kills the workers and propagates. A row that cannot
     be written (a full disk) stops the run the same way and raises
-    :class:`~tflabench.results.ResultWriteError`; the rows written before it stay.
+    :class:`~tflabench.store.results.ResultWriteError`; the rows written before it stay.
     """
     ctx = multiprocessing.get_context("spawn")
     writer = R.RowWriter(directory)

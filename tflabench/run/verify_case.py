@@ -10,7 +10,7 @@ the last state where the backend can), and for ``fwdbw`` the backward of a fixed
 output gradient; then :func:`tflabench.numerics.judge` compares the output, the last state
 and every input gradient with the float64 reference, each against its budget (the mLSTM
 family's df against the scale of its summands, :func:`tflabench.numerics.reference_scales`).
-The grid of cases and its run are :mod:`tflabench.verify_run`.
+The grid of cases and its run are :mod:`tflabench.run.verify_run`.
 """
 
 from __future__ import annotations
@@ -21,9 +21,9 @@ from typing import Any, Callable
 
 from tflabench.backends import get_backend
 from tflabench.backends.base import Backend, Shape
-from tflabench.measure import torch_dtype
+from tflabench.run.measure import torch_dtype
 from tflabench.numerics import REGIMES, RegimeSpec, VerifySettings, judge, reference_scales, tf32_text
-from tflabench.suite import Case
+from tflabench.store.suite import Case
 
 def _redraw(old, mean: float, std: float, gen, transform=None):
     """A new leaf tensor like ``old`` (shape, dtype, device, requires_grad) with values

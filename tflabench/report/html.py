@@ -5,8 +5,8 @@ embedded as ``data:image/png;base64`` URIs, the style sheet is inline, there is 
 The file opens in any browser, offline, and can be attached to an issue or mailed.
 Markdown stays the format for pull-request comments (``tflabench compare --format markdown``).
 
-:func:`html_report` builds the text from a :class:`~tflabench.results.ResultSet`, the model
-comparisons of :mod:`tflabench.model_vs_measured` and a list of figure files;
+:func:`html_report` builds the text from a :class:`~tflabench.store.results.ResultSet`, the model
+comparisons of :mod:`tflabench.analysis.model_vs_measured` and a list of figure files;
 :func:`write_html_report` writes it.
 """
 
@@ -20,7 +20,7 @@ from typing import Iterable
 
 from tflabench.errors import UserError
 from tflabench.outputs import check_writable, write_text
-from tflabench.results import timing_text
+from tflabench.store.results import timing_text
 from tflabench.text_safety import TEXT_WIDTH, terminal_text
 
 _STYLE = """
@@ -174,8 +174,8 @@ def _results_table(records: list[dict]) -> tuple[str, list[str]]:
 
 def verify_table_html(frame) -> str:
     """The verify verdict per kernel, dtype and regime (the deciding case:
-    :func:`tflabench.verify_summary.cell_summary`), as the terminal's ``report`` prints it."""
-    from tflabench.verify_summary import cell_summary
+    :func:`tflabench.analysis.verify_summary.cell_summary`), as the terminal's ``report`` prints it."""
+    from tflabench.analysis.verify_summary import cell_summary
 
     rows, classes = [], []
     for r in cell_summary(frame).to_dict("records"):
@@ -193,7 +193,7 @@ def verify_table_html(frame) -> str:
 
 
 def distance_table_html(distance: list[dict]) -> str:
-    """The "distance to the bound" table (:func:`tflabench.model_vs_measured.distance_to_bound`)."""
+    """The "distance to the bound" table (:func:`tflabench.analysis.model_vs_measured.distance_to_bound`)."""
     rows = [[terminal_text(d["kernel"], HTML_LABEL_WIDTH), d["mode"], d["n"], _num(d["median_fraction"], ".2f"), _num(d["worst_fraction"], ".2f"),
              d["worst_case"], _num(d["best_fraction"], ".2f"), d["best_case"], d["bound"]] for d in distance]
     return table_html(["kernel", "mode", "cases", "median of bound", "worst", "worst case", "best", "best case",
@@ -286,10 +286,10 @@ def html_report(rs, *, figures: Iterable[str | Path] = (), distance: list[dict] 
     the terminal, and the figures.
 
     Args:
-        rs: :class:`tflabench.results.ResultSet` of a run, a verify run or merged shards.
+        rs: :class:`tflabench.store.results.ResultSet` of a run, a verify run or merged shards.
         figures: PNG files to embed, in order (captioned in words: :func:`caption`).
         distance: rows of the "distance to the bound" table, or None to leave it out.
-        sweeps: chunk-size sweeps (:class:`tflabench.model_vs_measured.ChunkSweep`) or None.
+        sweeps: chunk-size sweeps (:class:`tflabench.analysis.model_vs_measured.ChunkSweep`) or None.
         ceilings_text: which ceilings the model used (shown above the model tables).
         notes: lines the terminal report printed beside its tables (e.g. why there is no
             model comparison), shown under the head.

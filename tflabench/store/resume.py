@@ -16,7 +16,7 @@ else is a condition: the device and GPU, ``dtype``, ``seed``, every other ``timi
 ``numerics`` field, each kernel's backend and its parameters given as single values, the
 software the rows are measured with (driver, CUDA, torch, triton, python, peers,
 tflabench), ``--shard``, the roofline ceilings, and the timing method
-(:func:`tflabench.conditions.join_differences`: on the CPU the timer, the threads per
+(:func:`tflabench.store.conditions.join_differences`: on the CPU the timer, the threads per
 worker, the CPU model and the host; on a GPU the timer). ``metadata.json`` then keeps
 saying what every row was measured with. A change of git revision (a suite edited
 in the checkout makes it ``+dirty``) is recorded in ``metadata.json`` under ``resumed``.
@@ -36,14 +36,14 @@ import json
 from pathlib import Path
 from typing import Any
 
-from tflabench import results as R
-from tflabench.conditions import TIMING_FIELD_NAMES, join_differences, timing_method
+from tflabench.store import results as R
+from tflabench.store.conditions import TIMING_FIELD_NAMES, join_differences, timing_method
 from tflabench.errors import UserError
-from tflabench.results import LIMIT_FIELDS, TIMING_DEFAULTS, case_label
-from tflabench.suite import Case, LoadedSuite
+from tflabench.store.results import LIMIT_FIELDS, TIMING_DEFAULTS, case_label
+from tflabench.store.suite import Case, LoadedSuite
 
 #: Environment keys of ``metadata.json`` that must match for a resume (as for merging
-#: shards, ``tflabench.shard.MERGE_ENVIRONMENT_KEYS``, less the git revision).
+#: shards, ``tflabench.store.shard.MERGE_ENVIRONMENT_KEYS``, less the git revision).
 ENVIRONMENT_KEYS: tuple[str, ...] = ("gpu_name", "driver", "cuda", "torch", "triton", "python", "peers",
                                      "tflabench")
 #: Cases listed by name in a resume's report (the rest are counted).
@@ -106,8 +106,8 @@ def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     between two :func:`measurement` records, in the order: device, dtype, seed, timing,
     numerics, kernels. Fields that only one side knows (a field added by a newer
     tflabench) are not compared, but a timing field the result set predates counts with
-    the value it was timed with (:data:`tflabench.results.TIMING_DEFAULTS`); neither are
-    :data:`tflabench.results.LIMIT_FIELDS` nor swept parameters."""
+    the value it was timed with (:data:`tflabench.store.results.TIMING_DEFAULTS`); neither are
+    :data:`tflabench.store.results.LIMIT_FIELDS` nor swept parameters."""
     out: list[tuple[str, Any, Any]] = []
     for key in ("device", "dtype", "seed"):
         if key in old and key in new and old[key] != new[key]:
@@ -245,7 +245,7 @@ def row_differences(rows: list[dict], linenos: list[int], suite_name: str, new: 
 def timing_method_differences(old_meta: dict, new_measurement: dict, env: dict,
                               cpu_threads: dict | None) -> list[tuple[str, Any, Any, str]]:
     """``(field, value in the result set, value now, how to match it)`` for each timing
-    method field (:func:`tflabench.conditions.join_differences`) in which this run (its
+    method field (:func:`tflabench.store.conditions.join_differences`) in which this run (its
     :func:`measurement`, environment and ``cpu_threads`` record) differs from the result
     set's ``metadata.json``; empty where they agree or a side does not record it."""
     now = {"measurement": new_measurement, "cpu_threads": cpu_threads,
@@ -272,7 +272,7 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
         cases: every case of the suite (before ``--only`` and ``--shard``).
         shard: this run's ``--shard`` (``K/N`` text, normalised) or None.
         ceilings: this run's roofline ceilings (as recorded in the metadata) or None.
-        cpu_threads: this run's ``cpu_threads`` record (``tflabench.worker_pool.cpu_threads``)
+        cpu_threads: this run's ``cpu_threads`` record (``tflabench.run.pool.cpu_threads``)
             or None (then the thread count and the CPU timer are not compared).
 
     Raises UserError with one line: the first field that differs (and how many more), its

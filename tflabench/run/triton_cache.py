@@ -172,10 +172,10 @@ def status(environ=os.environ) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """``python -m tflabench.triton_cache pack|unpack SRC DEST`` (for the device scripts)."""
+    """``python -m tflabench.run.triton_cache pack|unpack SRC DEST`` (for the device scripts)."""
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) != 3 or args[0] not in ("pack", "unpack"):
-        print("usage: python -m tflabench.triton_cache pack CACHE_DIR DEST | unpack SRC CACHE_DIR", file=sys.stderr)
+        print("usage: python -m tflabench.run.triton_cache pack CACHE_DIR DEST | unpack SRC CACHE_DIR", file=sys.stderr)
         return 2
     n = (pack if args[0] == "pack" else unpack)(args[1], args[2])
     print(f"{args[0]}: {n} autotune result(s) {args[1]} -> {args[2]}")

@@ -20,9 +20,9 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tflabench import results
+from tflabench.store import results
 from tflabench.bounds import MAX_SHARDS
-from tflabench.conditions import TIMING_FIELD_NAMES, join_differences
+from tflabench.store.conditions import TIMING_FIELD_NAMES, join_differences
 from tflabench.errors import UserError, io_reason
 
 _SHARD_RE = re.compile(r"^\s*(\d+)\s*/\s*(\d+)\s*$")
@@ -187,7 +187,7 @@ def merge_results(
     Every input must be a shard (metadata ``shard`` ``"K/N"``) of the same suite (name
     and ``suite_sha256``), the same N, the same environment
     (:data:`MERGE_ENVIRONMENT_KEYS`) and timing method
-    (:func:`tflabench.conditions.join_differences`: on the CPU the timer, threads per
+    (:func:`tflabench.store.conditions.join_differences`: on the CPU the timer, threads per
     worker, CPU model and host); no shard may appear twice and no case may be in two
     shards. The merged metadata is the first shard's with ``shard`` null, ``merged_from``
     (each shard's ``shard``, ``path``, ``hostname``, ``date``), ``shards_missing`` (list of
@@ -337,7 +337,7 @@ def _write_whole(out: Path, rows: list, metadata: dict) -> Path:
     written: a merge killed midway leaves no ``out`` (only its temporary directory, which
     the next merge into the same place removes when its process is gone), so a half-made
     set is never read as a result set and a second merge works. Raises
-    :class:`~tflabench.results.ResultWriteError`."""
+    :class:`~tflabench.store.results.ResultWriteError`."""
     import shutil
     import uuid
 

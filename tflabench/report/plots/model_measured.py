@@ -7,8 +7,8 @@
 - :func:`chunk_sweep_figure`: measured runtime over chunk size beside the model's runtime
   curve and optima (eqs. 111, 116, 121), the measured/model ratio and the peak memory.
 
-Data come from :mod:`tflabench.model_vs_measured`; each function writes with
-:func:`tflabench.plots.save_figure` and returns the path.
+Data come from :mod:`tflabench.analysis.model_vs_measured`; each function writes with
+:func:`tflabench.report.plots.save_figure` and returns the path.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tflabench.model_vs_measured import OUTLIER_FACTOR
-from tflabench.plots import save_figure
+from tflabench.analysis.model_vs_measured import OUTLIER_FACTOR
+from tflabench.report.plots import save_figure
 
 GIB = 2**30
 
@@ -39,7 +39,7 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
     """Per-shape roofline of measured cases (paper eq. 119, each case at its own intensity).
 
     Args:
-        placement: :func:`tflabench.model_vs_measured.roofline_placement` (dicts with
+        placement: :func:`tflabench.analysis.model_vs_measured.roofline_placement` (dicts with
             ``kernel``, ``mode``, ``case``, ``intensity_flop_per_byte``,
             ``achieved_flops_per_s``, ``bound_flops_per_s``, ``fraction``, ``outlier``;
             ``backend`` and ``params`` pick the kernel styles).
@@ -50,13 +50,13 @@ def roofline_measured_figure(placement: list[dict], gpu, *, path, title: str | N
     at each case's own bound, a thin line down to the marker of what it achieved (the
     vertical distance is the time left on the table). Right: achieved / bound per case,
     one row per kernel, the kernel's median as a bar; outliers
-    (:data:`tflabench.model_vs_measured.OUTLIER_FACTOR` from the median) ringed (the
+    (:data:`tflabench.analysis.model_vs_measured.OUTLIER_FACTOR` from the median) ringed (the
     distance table names their case: no text on the markers). Kernels keep one colour and marker
-    throughout (:mod:`tflabench.plots.style`: ours filled, peers hollow), named in one
+    throughout (:mod:`tflabench.report.plots.style`: ours filled, peers hollow), named in one
     legend below the panels.
     """
     from tflabench.errors import UserError
-    from tflabench.plots.style import ax_title, fig_title, kernel_styles, legend_below, log_axis, order_kernels, ours_key
+    from tflabench.report.plots.style import ax_title, fig_title, kernel_styles, legend_below, log_axis, order_kernels, ours_key
 
     if not placement:
         raise UserError("no measured case with model FLOPs/bytes and a time to place on the roofline")
@@ -143,7 +143,7 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
     """Measured runtime over chunk size L beside the model (the optimal-chunk figure).
 
     One column per (shape, mode); top row: measured median ms per kernel (ours solid and
-    filled, the authors' dashed and hollow: :mod:`tflabench.plots.style`), the model's
+    filled, the authors' dashed and hollow: :mod:`tflabench.report.plots.style`), the model's
     runtime curve (eq. 116 sum form, dashed black; the max form = roofline bound, dotted
     grey), vertical lines at the model's optima (eq. 111 FLOP-optimal, eq. 121
     runtime-optimal) and a star at each kernel's measured optimum; middle row: measured /
@@ -151,7 +151,7 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
     (GiB). Each column's key sits below it, outside the data.
 
     Args:
-        sweeps: :class:`tflabench.model_vs_measured.ChunkSweep` list (one per kernel,
+        sweeps: :class:`tflabench.analysis.model_vs_measured.ChunkSweep` list (one per kernel,
             shape and mode).
         path: output file. title: figure title.
 
@@ -159,7 +159,7 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
         UserError: no sweep given.
     """
     from tflabench.errors import UserError
-    from tflabench.plots.style import ax_title, fig_title, kernel_styles, log_axis
+    from tflabench.report.plots.style import ax_title, fig_title, kernel_styles, log_axis
 
     if not sweeps:
         raise UserError("no chunk-size sweep of an mLSTM kernel (two or more chunk sizes at one shape) to draw")
@@ -239,9 +239,9 @@ def model_figures(rs, out_dir: str | Path, *, gpu=None, F_causal: float = 0.66, 
     """The model-vs-measurement figures of a result set that apply, into ``out_dir``:
     ``roofline_measured.png`` (every ``ok`` row with model counts) and ``optimal_chunk.png``
     (when an mLSTM kernel sweeps chunk sizes). ``gpu``: the ceilings
-    (:func:`tflabench.model_vs_measured.ceilings_for`); default: the set's GPU with measured
+    (:func:`tflabench.analysis.model_vs_measured.ceilings_for`); default: the set's GPU with measured
     ceilings where recorded. Returns [] when the set was measured on no catalogued GPU."""
-    from tflabench import model_vs_measured as mm
+    from tflabench.analysis import model_vs_measured as mm
     from tflabench.errors import UserError
 
     if gpu is None:
@@ -250,7 +250,7 @@ def model_figures(rs, out_dir: str | Path, *, gpu=None, F_causal: float = 0.66, 
         except UserError:
             return []
     out = Path(out_dir)
-    from tflabench.plots.style import set_label
+    from tflabench.report.plots.style import set_label
 
     where = set_label(rs.metadata)
     written = []

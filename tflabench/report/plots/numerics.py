@@ -1,7 +1,7 @@
 """The verify heat map: kernels x regimes, each cell's colour its worst error as a share of
 its numerics budget.
 
-One cell per (kernel, dtype) row and regime column (:func:`tflabench.verify_summary.cell_summary`:
+One cell per (kernel, dtype) row and regime column (:func:`tflabench.analysis.verify_summary.cell_summary`:
 the deciding case over lengths, initial state and modes). The colour is the deciding
 case's error / budget (the max-normalised error of its worst tensor over that tensor's
 budget, docs/numerics.md) in steps a key below the map names: blues within the budget
@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tflabench.plots import save_figure
+from tflabench.report.plots import save_figure
 
 #: Steps of error / budget and their colours: within the budget blues (colour-blind safe,
 #: light = far inside), past it vermillion.
@@ -66,7 +66,7 @@ def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch, Rectangle
 
-    from tflabench.verify_summary import FAILING, cell_summary
+    from tflabench.analysis.verify_summary import FAILING, cell_summary
 
     summary = cell_summary(frame)
     if summary.empty:
@@ -135,7 +135,7 @@ def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
     fig.legend(handles=handles, loc="outside lower center", ncol=4, fontsize=7, frameon=False,
                title="worst error / its budget (the case that decides the cell: the worst over lengths, "
                      "initial state and modes; framed: fails)", title_fontsize=7.5)
-    from tflabench.plots.style import fig_title
+    from tflabench.report.plots.style import fig_title
 
     fig_title(fig, title or "Numerics: worst error per kernel and regime, as a share of its budget", fontsize=10)
     return save_figure(fig, path)

@@ -19,7 +19,7 @@ from typing import Mapping
 from tflabench.errors import UserError
 
 #: The directory of the reference sets in a checkout of the project.
-DEFAULT_ROOT = Path(__file__).resolve().parents[1] / "results" / "reference"
+DEFAULT_ROOT = Path(__file__).resolve().parents[2] / "results" / "reference"
 #: A GPU or suite name that names a directory below the root (no path, no "..").
 _PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 #: The software named beside the peers in the index, in this order.
@@ -78,7 +78,7 @@ def reference_sets(root: str | os.PathLike | None = None) -> list[ReferenceSet]:
 
     Raises UserError when a set's rows or metadata cannot be read (results.load_results)
     or its directory is not named after the suite its metadata records."""
-    from tflabench.results import ROWS_FILE, load_results
+    from tflabench.store.results import ROWS_FILE, load_results
 
     found = []
     base = reference_root(root)
@@ -101,7 +101,7 @@ def reference_for(gpu: str, suite: str, root: str | os.PathLike | None = None) -
 
     Raises UserError naming the GPUs that have a set of ``suite`` (or saying none has) when
     ``<root>/<gpu>/<suite>/rows.jsonl`` does not exist."""
-    from tflabench.results import ROWS_FILE
+    from tflabench.store.results import ROWS_FILE
 
     base = reference_root(root)
     gpu = gpu.strip().lower()
@@ -119,7 +119,7 @@ def suite_of(new: str | os.PathLike) -> str:
     """The suite a result set ran: its metadata's ``suite``, else the rows' one ``suite``.
 
     Raises UserError when neither names exactly one suite."""
-    from tflabench.results import load_results
+    from tflabench.store.results import load_results
 
     result = load_results(new)
     suite = result.metadata.get("suite")

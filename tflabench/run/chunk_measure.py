@@ -3,10 +3,10 @@
 
 :func:`sweep_suite` writes an ordinary suite (one kernel entry per ``--kernel``, its
 ``chunk_size`` a list, one shape, the chosen modes); :func:`measure_chunk_sweep` runs it
-with :func:`tflabench.suite_run.run_suite` (isolated workers, warm-up, numerics gate, peak
+with :func:`tflabench.run.suite_run.run_suite` (isolated workers, warm-up, numerics gate, peak
 memory, one row per case and mode) and analyses the rows with
-:func:`tflabench.model_vs_measured.chunk_sweeps`. Nothing here times anything itself:
-"one timing function" stays :mod:`tflabench.measure`.
+:func:`tflabench.analysis.model_vs_measured.chunk_sweeps`. Nothing here times anything itself:
+"one timing function" stays :mod:`tflabench.run.measure`.
 
 Kernels (``--kernel``): ``ours`` (backend ``tfla``, xl_chunk), ``mlstm_kernels`` (the
 authors' xl_chunk, mLSTMsig with ``normalize: false`` as the paper), or a custom kernel
@@ -21,9 +21,9 @@ import re
 from pathlib import Path
 
 from tflabench.errors import UserError
-from tflabench.results import load_results
-from tflabench.suite import load_suite
-from tflabench.suite_run import run_suite
+from tflabench.store.results import load_results
+from tflabench.store.suite import load_suite
+from tflabench.run.suite_run import run_suite
 
 #: Chunk sizes swept by default (paper Figure 5: 64 ... 1024).
 DEFAULT_CHUNK_SIZES = (64, 128, 256, 512, 1024)
@@ -109,7 +109,7 @@ def kernel_entry(kernel: str, spec: SweepSpec) -> dict:
 
 
 def sweep_suite(spec: SweepSpec, *, device: str = "cuda") -> dict:
-    """The suite (as a dict, the YAML schema of :mod:`tflabench.suite`) that sweeps the chunk size."""
+    """The suite (as a dict, the YAML schema of :mod:`tflabench.store.suite`) that sweeps the chunk size."""
     spec.validate()
     return {
         "name": spec.name,
@@ -155,7 +155,7 @@ def require_gpu() -> None:
 
 def measure_chunk_sweep(spec: SweepSpec, *, out_root: str | Path = "results", device: str = "cuda",
                         progress: bool = True):
-    """Run the sweep through :func:`tflabench.suite_run.run_suite` and return
+    """Run the sweep through :func:`tflabench.run.suite_run.run_suite` and return
     ``(RunResult, ResultSet)``. ``device``: ``cuda`` (what the CLI uses) or ``cpu`` (tests:
     the tfla backend then runs its PyTorch reference). The suite file goes to
     ``<out_root>/suites/<name>.yaml``, the result set to ``<out_root>/<name>/<timestamp>/``."""

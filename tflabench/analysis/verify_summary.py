@@ -1,8 +1,8 @@
 """The verdict of a ``tflabench verify`` result set per kernel, dtype and regime.
 
 :func:`cell_summary` reduces the rows over lengths, initial states and modes to the case
-that decides each cell; the table (:func:`tflabench.tables.verify_table`) and the heat map
-(:func:`tflabench.plots.numerics.write_heatmap`) both draw it.
+that decides each cell; the table (:func:`tflabench.report.tables.verify_table`) and the heat map
+(:func:`tflabench.report.plots.numerics.write_heatmap`) both draw it.
 """
 
 from __future__ import annotations

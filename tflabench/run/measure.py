@@ -25,12 +25,12 @@ too). Method (paper App. E.3; ``docs/harness.md``):
    outside the timed region. Statistics: median, mean, min, max, quartiles (linear
    interpolation, numpy's default) and every sample.
 5. **Kernel profile** (``run --profile``, after the timings, never inside them): a few
-   calls under ``torch.profiler`` (:func:`tflabench.kernel_profile.capture`): the time of
+   calls under ``torch.profiler`` (:func:`tflabench.run.kernel_profile.capture`): the time of
    each kernel launched (CUDA) or operator run (CPU), per pass.
 
 A CUDA row also records the GPU it ran on (:func:`gpu_columns`), and with ``run --gpu-trace``
 its clock, power and slowdown reasons over the warm-up and timed calls
-(:mod:`tflabench.gpu_trace`).
+(:mod:`tflabench.run.gpu_trace`).
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ from typing import Any, Callable
 
 from tflabench.backends import get_backend
 from tflabench.backends.base import Backend, BackendParams, Shape, model_breakdown
-from tflabench.conditions import CPU_TIMERS, cpu_timer  # noqa: F401  (CPU_TIMERS: the timers' names)
-from tflabench.gpu_trace import GpuTrace
+from tflabench.store.conditions import CPU_TIMERS, cpu_timer  # noqa: F401  (CPU_TIMERS: the timers' names)
+from tflabench.run.gpu_trace import GpuTrace
 from tflabench.model import plan_counts_kwargs
 from tflabench.numerics import budget as budget_of
 from tflabench.numerics import judge, reference_scales, tensor_error, tf32_text
@@ -283,7 +283,7 @@ def host_bound_cases(rows) -> list[tuple[str, float]]:
     :data:`HOST_BOUND_SHARE` of their GPU median (``ms_median``), as (case label, host / GPU),
     largest share first; [] for rows without ``host_ms`` (CPU rows, older sets). ``rows``: a
     DataFrame of result rows (docs/harness.md "Host time")."""
-    from tflabench.results import case_label
+    from tflabench.store.results import case_label
 
     if "host_ms" not in getattr(rows, "columns", ()):
         return []
@@ -536,8 +536,8 @@ def counts_for_plan(backend: Backend, params: BackendParams, shape: Shape, mode:
 
 
 def measure_case(case) -> dict:
-    """Run one timing :class:`tflabench.suite.Case` in this process (a case with ``verify``
-    set is :func:`tflabench.verify_case.verify_case`'s); returns the outcome columns
+    """Run one timing :class:`tflabench.store.suite.Case` in this process (a case with ``verify``
+    set is :func:`tflabench.run.verify_case.verify_case`'s); returns the outcome columns
     (``status``, ``reason``, timings, ``first_call_s``, ``peak_mem_bytes``,
     ``numerics_err``, ``numerics_ref``, ``flops``, ``bytes``).
 
@@ -640,7 +640,7 @@ def measure_case(case) -> dict:
     if counts is not None:
         out["flops"], out["bytes"] = counts
     if case.profile:
-        from tflabench.kernel_profile import capture
+        from tflabench.run.kernel_profile import capture
 
         try:
             if grad:

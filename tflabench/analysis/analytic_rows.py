@@ -6,12 +6,12 @@ ms); the CLI renders them as tables or ``--json``.
 
 from __future__ import annotations
 
-from tflabench.analytic_inputs import chunk_at_most
+from tflabench.analysis.analytic_inputs import chunk_at_most
 from tflabench.model import (chunkwise_coefficients, counts_for_case, l_ridge, mlstm_counts,
                              mlstm_fwdbw_counts, place_on_roofline)
 from tflabench.model.analysis import optimal_chunk
 from tflabench.model.parts import row_part, row_pass
-from tflabench.results import number
+from tflabench.store.results import number
 
 
 def count_row_kernel(formulation: str, row: str) -> str:

@@ -20,7 +20,7 @@ from rich.text import Text
 
 from tflabench.console import literal as L
 from tflabench.text_safety import ELLIPSIS, LABEL_WIDTH, shorten, terminal_text
-from tflabench.verify_summary import cell_summary
+from tflabench.analysis.verify_summary import cell_summary
 
 #: Rows of a run's table printed by default (the rest are counted; ``report --all`` prints them).
 SHOWN_ROWS = 100
@@ -303,7 +303,7 @@ def verify_table(frame, title: str | None = None):
 
 
 def distance_table(distance: list[dict]):
-    """A table of :func:`tflabench.model_vs_measured.distance_to_bound` rows (fractions of
+    """A table of :func:`tflabench.analysis.model_vs_measured.distance_to_bound` rows (fractions of
     the bound, eq. 119), fitted to the width it is printed at."""
     columns = [Column("kernel"), Column("mode"), Column("cases", True), Column("median", True), Column("worst", True),
                Column("worst case", fold=True, max_width=40), Column("best", True),
@@ -316,7 +316,7 @@ def distance_table(distance: list[dict]):
 
 def sweep_table(sweeps):
     """A table: predicted vs measured optimal chunk size per chunk-size sweep
-    (:func:`tflabench.model_vs_measured.chunk_sweeps`), fitted to the width it is printed at."""
+    (:func:`tflabench.analysis.model_vs_measured.chunk_sweeps`), fitted to the width it is printed at."""
     columns = [Column("kernel"), Column("mode"), Column("shape", fold=True, max_width=30), Column("measured L", True),
                Column("ms", True), Column("model L (eq. 121)", True), Column("model best swept L", True),
                Column("FLOP-opt L (eq. 111)", True), Column("measured / model (eq. 116) per L", fold=True)]
@@ -341,7 +341,7 @@ def _ms_and_fraction(ms, bound) -> str:
 
 
 def profile_table(cases, title: str | None = None):
-    """A rich Table of :class:`tflabench.kernel_profile.CaseBreakdown` objects, one row per
+    """A rich Table of :class:`tflabench.run.kernel_profile.CaseBreakdown` objects, one row per
     case: the measured median, the profiled kernels' time, each model part's time with
     ``(bound / time)`` against the part's own roofline bound, the model's bound of the whole
     call and the physical floor, each with ``(bound / measured median)``; ``no model`` where

@@ -6,7 +6,7 @@ tell that from a slower kernel by the timings alone; the driver can. :class:`Gpu
 ``nvidia-smi`` in a loop beside the worker (one query every :data:`PERIOD_MS` ms: SM clock,
 the active clock-event reasons, power draw) and :meth:`GpuTrace.columns` summarises the
 samples taken between two moments (the timed calls of a case) as the row's
-:data:`tflabench.results.GPU_TRACE_COLUMNS`:
+:data:`tflabench.store.results.GPU_TRACE_COLUMNS`:
 
 - ``gpu_sm_mhz_min``: the lowest SM clock (MHz) among the samples where the GPU was busy
   (the idle reason not set);
@@ -76,7 +76,7 @@ def parse_sample(line: str) -> tuple[float, int, float] | None:
 
 
 def summarise(samples: list[tuple[float, int, float]]) -> dict:
-    """The :mod:`tflabench.gpu_trace` columns of parsed samples (the module docstring)."""
+    """The :mod:`tflabench.run.gpu_trace` columns of parsed samples (the module docstring)."""
     if not samples:
         return {"gpu_sm_mhz_min": None, "gpu_power_w_max": None, "gpu_slowdowns": None}
     busy = [mhz for mhz, reasons, _ in samples if not reasons & IDLE and not math.isnan(mhz)]
@@ -121,7 +121,7 @@ class GpuTrace:
 
     Args:
         gpu: the GPU as ``nvidia-smi -i`` takes it: ``GPU-<uuid>`` (what the harness passes,
-            :func:`tflabench.measure.nvidia_smi_id`) or an index in nvidia-smi's order.
+            :func:`tflabench.run.measure.nvidia_smi_id`) or an index in nvidia-smi's order.
         period_ms: milliseconds between samples.
         command: the ``nvidia-smi`` executable.
 

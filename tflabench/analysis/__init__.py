@@ -1,0 +1,1 @@
+"""What the rows mean: measured rows against the analytic model, and verify's verdicts."""
