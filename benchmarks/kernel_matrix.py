@@ -52,6 +52,13 @@ status 1 if any row fails, 2 for bad options.
     python benchmarks/kernel_matrix.py --compile-only --jobs 2   # CPU, sm_90
     python benchmarks/kernel_matrix.py --jobs 8 --out results/kernel_matrix   # on a GPU
     python benchmarks/kernel_matrix.py --smoke                   # CPU, interpreter
+
+``--machine-code FILE`` (with ``--compile-only``) writes each compiled kernel's name and the
+sha256 of its cubin; with ``--root DIR`` the same for another checkout's kernels, so that two
+files equal say that a change left the kernels' sm_90 machine code as it was:
+
+    python benchmarks/kernel_matrix.py --compile-only --shard 1/8 --machine-code after.txt
+    python benchmarks/kernel_matrix.py --compile-only --shard 1/8 --root OLD --machine-code before.txt
 """
 
 from __future__ import annotations
@@ -59,12 +66,16 @@ from __future__ import annotations
 import argparse
 import csv
 import dataclasses
+import hashlib
 import json
 import os
 import sys
 import time
 
-ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
+#: the checkout whose kernels are compiled or run: this one, or ``--root``'s (passed to the
+#: worker processes through the environment)
+ROOT = os.path.abspath(os.environ.get("KERNEL_MATRIX_ROOT")
+                       or os.path.join(os.path.dirname(__file__), ".."))
 
 CHUNKS = (16, 32, 64, 128, 256, 512, 1024)
 DTYPES = ("bfloat16", "float16", "float32")
@@ -416,7 +427,7 @@ def _first_line(exc: BaseException) -> str:
 # ---------------------------------------------------------------------------- set-up
 
 _GRID = {"n_sms": 0}
-_STATS: dict = {"launches": 0, "compiled": set()}
+_STATS: dict = {"launches": 0, "compiled": set(), "machine_code": set()}
 
 
 def _emulate_sm_count() -> None:
@@ -459,6 +470,7 @@ def _set_up_compile_only() -> None:
         kernel = run(self, *args, grid=grid, warmup=True, **kwargs)
         _STATS["launches"] += 1
         _STATS["compiled"].add(kernel.hash)
+        _STATS["machine_code"].add((kernel.name, hashlib.sha256(kernel.asm["cubin"]).hexdigest()))
         if kernel.metadata.shared > SM90_MAX_SHARED:
             raise OutOfResources(kernel.metadata.shared, SM90_MAX_SHARED, "shared memory")
         return kernel
@@ -486,8 +498,8 @@ def _run_group(mode: str, group: list[Case]) -> tuple[list[dict], int, set]:
 
             regimes = SMOKE_REGIMES if mode == "smoke" else tuple(REGIMES)
             rows += check_case(case, "cpu" if mode == "smoke" else "cuda", regimes)
-    stats = (_STATS["launches"], set(_STATS["compiled"]))
-    _STATS["launches"], _STATS["compiled"] = 0, set()
+    stats = (_STATS["launches"], set(_STATS["compiled"]), set(_STATS["machine_code"]))
+    _STATS["launches"], _STATS["compiled"], _STATS["machine_code"] = 0, set(), set()
     return rows, *stats
 
 
@@ -500,9 +512,10 @@ def groups(items: list[Case]) -> list[list[Case]]:
     return sorted(by.values(), key=len, reverse=True)
 
 
-def run(items: list[Case], mode: str, jobs: int) -> tuple[list[dict], int, int]:
+def run(items: list[Case], mode: str, jobs: int) -> tuple[list[dict], int, int, set]:
     """Every case of ``items`` in ``mode`` ("compile", "gpu", "smoke"), in ``jobs`` worker
-    processes (1: this one). Returns (rows, launches, distinct kernels compiled)."""
+    processes (1: this one). Returns (rows, launches, distinct kernels compiled, and their
+    machine code as ``(kernel name, sha256 of the cubin)`` pairs)."""
     results = []
     if jobs <= 1:
         _set_up(mode)
@@ -518,7 +531,8 @@ def run(items: list[Case], mode: str, jobs: int) -> tuple[list[dict], int, int]:
     order = {c.label: n for n, c in enumerate(items)}
     rows = sorted((r for res in results for r in res[0]), key=lambda r: order[r["config"]])
     compiled = set().union(*(res[2] for res in results)) if results else set()
-    return rows, sum(res[1] for res in results), len(compiled)
+    machine_code = set().union(*(res[3] for res in results)) if results else set()
+    return rows, sum(res[1] for res in results), len(compiled), machine_code
 
 
 def write(out_dir: str, rows: list[dict], summary: dict) -> None:
@@ -543,7 +557,15 @@ def main(argv=None) -> int:
     ap.add_argument("--shard", default=None, help="i/n: every n-th case from the i-th")
     ap.add_argument("--out", default=None, help="directory for kernel_matrix.csv, summary.json")
     ap.add_argument("--quiet", action="store_true", help="print failures and the summary only")
+    ap.add_argument("--root", default=None,
+                    help="compile or run another checkout's kernels (package tfla under ROOT/kernels)")
+    ap.add_argument("--machine-code", default=None, metavar="FILE",
+                    help="--compile-only: write each compiled kernel's name and the sha256 of its "
+                         "cubin, one sorted line each (two checkouts' files equal: the same machine code)")
     args = ap.parse_args(argv)
+    if args.root:
+        global ROOT
+        ROOT = os.environ["KERNEL_MATRIX_ROOT"] = os.path.abspath(args.root)
     which = "compile" if args.compile_only else "smoke" if args.smoke else "gpu"
     try:
         items = shard(list(SMOKE) if args.smoke else cases(), args.shard)
@@ -560,7 +582,10 @@ def main(argv=None) -> int:
                   file=sys.stderr)
             return 2
     t0 = time.perf_counter()
-    rows, launches, compiled = run(items, which, args.jobs)
+    rows, launches, compiled, machine_code = run(items, which, args.jobs)
+    if args.machine_code and which == "compile":
+        with open(args.machine_code, "w") as fh:
+            fh.writelines(f"{name} {sha}\n" for name, sha in sorted(machine_code))
     seconds = time.perf_counter() - t0
     failed = [r for r in rows if r["status"] != "ok"]
     for r in rows:

@@ -297,7 +297,8 @@ def report(
         from tflabench.store.results import load_results, timing_text
         from tflabench.run.kernel_profile import breakdowns
         from tflabench.report.tables import (SHOWN_ROWS, distance_table, kernels_table, profile_table, summary_table,
-                                      sweep_table, verify_table)
+                                      sweep_table, verify_table, auto_gap_table)
+        from tflabench.analysis.chunk_rule import auto_gaps
 
         if not 0.5 <= causal_factor <= 1.0:
             raise UserError(f"--causal-factor={causal_factor!r} is not valid; F_causal must lie in [0.5, 1]")
@@ -351,6 +352,9 @@ def report(
                     con.print(distance_table(distance))
                 if sweeps:
                     con.print(sweep_table(sweeps))
+            gaps = auto_gaps(rs.rows.to_dict("records"))
+            if gaps:
+                con.print(auto_gap_table(gaps))
             alpha, beta = (model_gpu.flops_per_s, model_gpu.bytes_per_s) if model_gpu is not None else (None, None)
             profiled = "kernel_profile" in rs.rows.columns and bool(rs.rows["kernel_profile"].notna().any())
             capped = rs.rows if all_rows or len(rs.rows) <= SHOWN_ROWS else rs.rows.iloc[:SHOWN_ROWS]

@@ -20,6 +20,7 @@ from rich.text import Text
 
 from tflabench.console import literal as L
 from tflabench.text_safety import ELLIPSIS, LABEL_WIDTH, shorten, terminal_text
+from tflabench.analysis.chunk_rule import GAP_LIMIT
 from tflabench.analysis.verify_summary import cell_summary
 
 #: Rows of a run's table printed by default (the rest are counted; ``report --all`` prints them).
@@ -331,6 +332,21 @@ def sweep_table(sweeps):
                    columns, rows, label_cols=(0,))
 
 
+def auto_gap_table(gaps):
+    """A table: ``chunk_size="auto"`` against the best fixed chunk size per shape and mode
+    (:func:`tflabench.analysis.chunk_rule.auto_gaps`), and how many shapes are within the limit."""
+    columns = [Column("kernel"), Column("mode"), Column("shape", fold=True, max_width=30),
+               Column("best fixed L", True), Column("ms", True), Column("auto L", True),
+               Column("auto ms", True), Column("gap", True)]
+    rows = [[g.shape["kernel"], L(g.shape["mode"]),
+             f"B={g.shape['batch']} S={g.shape['seq_len']} NH={g.shape['heads']} {g.shape['d_qk']}/{g.shape['d_hv']}",
+             str(g.best_L), f"{g.best_ms:.3f}", "-" if g.auto_L is None else str(g.auto_L), f"{g.auto_ms:.3f}",
+             Text(f"{100 * g.gap:+.1f} %", style="" if g.within else "bold red")] for g in gaps]
+    inside = sum(g.within for g in gaps)
+    return _fitted(f'chunk_size "auto" against the best fixed chunk size: {inside} of {len(gaps)} shapes '
+                   f"within {100 * GAP_LIMIT:.0f} %", columns, rows, label_cols=(0,))
+
+
 def _ms_and_fraction(ms, bound) -> str:
     """``0.412 (0.61)``: a time in ms and, in brackets, ``bound / ms``."""
     if ms is None:
@@ -399,4 +415,4 @@ def kernels_table(case, top: int = 12):
     return _fitted(title, columns, rows)
 
 
-__all__ = ["Column", "Fitted", "fit_tables", "legend_table", "short_labels", "summary_table", "verify_table", "distance_table", "sweep_table", "profile_table", "kernels_table"]
+__all__ = ["Column", "Fitted", "fit_tables", "legend_table", "short_labels", "summary_table", "verify_table", "distance_table", "sweep_table", "auto_gap_table", "profile_table", "kernels_table"]

@@ -1,0 +1,103 @@
+"""How far ``chunk_size="auto"`` is from the best fixed chunk size, per shape and mode.
+
+A result set whose suite runs one kernel at ``chunk_size: [auto, 64, 128, ...]``
+(suites/chunk_rule_fit.yaml, suites/chunk_rule_heldout.yaml) holds, for each shape and
+mode, one row that asked for ``auto`` and one row per fixed chunk size. :func:`auto_gaps`
+pairs them: the best fixed chunk size (lowest median), auto's median, the chunk size auto
+ran, and the gap ``auto / best - 1``. docs/kernels.md, "Chunk size": the rule is fit on one
+matrix and checked on the other, and is to stay within :data:`GAP_LIMIT` of the best fixed
+chunk size at every shape of both.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+#: auto's allowed distance from the best fixed chunk size (0.05: within 5 %)
+GAP_LIMIT = 0.05
+#: The columns that name one shape and mode of one kernel (its label carries the head layout)
+SHAPE_KEYS = ("kernel", "mode", "dtype", "batch", "seq_len", "heads", "d_qk", "d_hv")
+
+
+@dataclasses.dataclass(frozen=True)
+class AutoGap:
+    """auto against the best fixed chunk size at one shape and mode.
+
+    ``best_L`` and ``best_ms``: the fixed chunk size of the lowest median time (ms) and that
+    time; ``auto_ms``: auto's median (ms); ``auto_L``: the chunk size auto ran (None where the
+    set does not say); ``gap``: ``auto_ms / best_ms - 1`` (negative: auto faster);
+    ``fixed``: every fixed chunk size measured with its median (ms), ascending.
+    """
+
+    shape: dict
+    best_L: int
+    best_ms: float
+    auto_ms: float
+    auto_L: int | None
+    gap: float
+    fixed: tuple
+
+    @property
+    def within(self) -> bool:
+        """auto within :data:`GAP_LIMIT` of the best fixed chunk size."""
+        return self.auto_ms <= self.best_ms * (1 + GAP_LIMIT)
+
+
+def _asked_chunk(row: dict):
+    """The chunk size the suite asked for: ``"auto"``, an int, or None (not a chunked kernel)."""
+    params = row.get("params")
+    if isinstance(params, str):
+        try:
+            params = json.loads(params)
+        except ValueError:
+            return None
+    return params.get("chunk_size") if isinstance(params, dict) else None
+
+
+def _finite(x) -> float | None:
+    try:
+        x = float(x)
+    except (TypeError, ValueError):
+        return None
+    return x if math.isfinite(x) and x > 0 else None
+
+
+def _ran_chunk(row: dict) -> int | None:
+    for column in ("chunk_size_run", "chunk_size"):
+        value = _finite(row.get(column))
+        if value is not None:
+            return int(value)
+    return None
+
+
+def auto_gaps(rows) -> list[AutoGap]:
+    """Every shape and mode of ``rows`` (dicts of result rows, status ``ok`` only) measured
+    at ``auto`` and at one fixed chunk size or more, ordered by kernel, mode, S and batch."""
+    groups: dict[tuple, dict] = {}
+    for row in rows:
+        ms = _finite(row.get("ms_median"))
+        asked = _asked_chunk(row)
+        if row.get("status") != "ok" or ms is None or asked is None:
+            continue
+        group = groups.setdefault(tuple(row.get(k) for k in SHAPE_KEYS), {"auto": None, "fixed": {}})
+        if asked == "auto":
+            group["auto"] = (ms, _ran_chunk(row))
+        elif isinstance(asked, int) and not isinstance(asked, bool):
+            group["fixed"][asked] = ms
+    out = []
+    for key, group in groups.items():
+        if group["auto"] is None or not group["fixed"]:
+            continue
+        best_L = min(group["fixed"], key=lambda L: (group["fixed"][L], L))
+        auto_ms, auto_L = group["auto"]
+        out.append(AutoGap(shape=dict(zip(SHAPE_KEYS, key)), best_L=best_L, best_ms=group["fixed"][best_L],
+                           auto_ms=auto_ms, auto_L=auto_L, gap=auto_ms / group["fixed"][best_L] - 1,
+                           fixed=tuple(sorted(group["fixed"].items()))))
+    out.sort(key=lambda g: (str(g.shape["kernel"]), str(g.shape["mode"]), g.shape["seq_len"] or 0,
+                            g.shape["batch"] or 0))
+    return out
+
+
+__all__ = ["AutoGap", "GAP_LIMIT", "SHAPE_KEYS", "auto_gaps"]
