@@ -170,7 +170,7 @@ def _case(**over):
     params = dict(heads=2, flaw="none", d_hv=None, d_qk=None, p_qk=1.0)
     params.update(over.pop("params", {}))
     base = dict(suite="t", kernel="att", backend="test_attention", family="attention",
-                params=json.dumps(BACKEND.parse_params(params).model_dump(mode="json"), sort_keys=True),
+                params=BACKEND.parse_params(params),
                 mode="fwdbw", dtype="float32", device="cpu", batch=2, seq_len=64, heads=2, d_qk=16,
                 d_hv=16, chunk_size=None, embedding_dim=32, warmup=1, iterations=3, timeout_s=30,
                 numerics_max_seq_len=32)

@@ -23,7 +23,6 @@ names (``ms``, ``flops_per_s``, ``bytes``); L is in tokens.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from typing import Any, Iterable
 
@@ -32,7 +31,7 @@ from tflabench.errors import UserError
 from tflabench.model import (WALK_ALGORITHMS, counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline,
                              plan_counts_kwargs, runtime)
 from tflabench.model.analysis import golden_min, optimal_chunk
-from tflabench.store.results import case_label, number
+from tflabench.store.results import case_label, chunk_size_ran, number, row_params
 
 #: Families whose chunk-size sweeps the mLSTM model describes (backend family ``mlstm``).
 MODEL_FAMILIES = ("mlstm",)
@@ -55,20 +54,10 @@ def _records(rows) -> list[dict]:
     return [dict(r) for r in rows]
 
 
-def _params(row: dict) -> dict:
-    p = row.get("params")
-    if isinstance(p, dict):
-        return p
-    try:
-        return json.loads(p) if p else {}
-    except (TypeError, ValueError):
-        return {}
-
-
 def row_variant(row: dict) -> str | None:
     """``sig`` / ``exp`` for an mLSTM row (family ``mlstm``, or a ``custom`` kernel with
     ``layout: mlstm``; its params' ``variant``, default ``sig``), else None."""
-    p = _params(row)
+    p = row_params(row)
     family = row.get("family")
     if family not in MODEL_FAMILIES and not (family == "custom" and p.get("layout", "mlstm") == "mlstm"):
         return None
@@ -79,7 +68,7 @@ def row_variant(row: dict) -> str | None:
 def row_kernel_split(row: dict) -> str:
     """``limit_chunk`` for a row of a one-level limit_chunk kernel (its params' ``algorithm``),
     else ``xl_chunk`` (the backward model's kernel split, docs/model.md)."""
-    return "limit_chunk" if _params(row).get("algorithm") == "limit_chunk" else "xl_chunk"
+    return "limit_chunk" if row_params(row).get("algorithm") == "limit_chunk" else "xl_chunk"
 
 
 # ------------------------------------------------------------------ the model at one shape
@@ -208,7 +197,7 @@ def chunk_sweeps(rows, *, alpha, beta, ceilings="datasheet", F_causal=0.66, coun
     """Every chunk-size sweep of an mLSTM kernel in ``rows``, analysed against the model.
 
     A sweep is the ``ok`` rows with a ``ms_median`` that share :data:`SWEEP_KEYS` and have
-    more than one distinct ``chunk_size``, of family ``mlstm`` (the model covers chunkwise
+    more than one distinct chunk size that ran (``chunk_size_run``), of family ``mlstm`` (the model covers chunkwise
     mLSTM only). Rows of other families are skipped. See :class:`ChunkSweep`.
 
     Args:
@@ -220,7 +209,7 @@ def chunk_sweeps(rows, *, alpha, beta, ceilings="datasheet", F_causal=0.66, coun
     """
     groups: dict[tuple, list[dict]] = {}
     for r in _records(rows):
-        if r.get("status") != "ok" or number(r.get("ms_median")) is None or number(r.get("chunk_size")) is None:
+        if r.get("status") != "ok" or number(r.get("ms_median")) is None or chunk_size_ran(r) is None:
             continue
         if row_variant(r) is None or _params(r).get("chunk_size") == "auto":
             continue      # auto's row is no point of the sweep (tflabench.analysis.chunk_rule)
@@ -228,8 +217,8 @@ def chunk_sweeps(rows, *, alpha, beta, ceilings="datasheet", F_causal=0.66, coun
     out = []
     for key, group in groups.items():
         by_L: dict[int, dict] = {}
-        for r in group:  # one row per L (the last one wins, as rows.jsonl's later rows)
-            by_L[int(r["chunk_size"])] = r
+        for r in group:  # one row per L that ran (the last one wins, as rows.jsonl's later rows)
+            by_L[int(chunk_size_ran(r))] = r
         if len(by_L) < 2:
             continue
         first = group[0]
@@ -251,8 +240,8 @@ def analyse_chunk_sweep(rows: list[dict], *, variant: str, alpha, beta, shape: d
     mode = first["mode"]
     split = row_kernel_split(first)
     points = []
-    for r in sorted(rows, key=lambda r: r["chunk_size"]):
-        L = int(r["chunk_size"])
+    for r in sorted(rows, key=chunk_size_ran):
+        L = int(chunk_size_ran(r))
         c = model_counts_at(variant, mode, L, **shape, F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn,
                             kernel_split=split)
         ms = float(r["ms_median"])
@@ -303,7 +292,7 @@ def roofline_placement(rows, *, alpha, beta) -> list[dict]:
             "kernel": str(r.get("kernel") or r.get("backend") or "?"), "mode": str(r.get("mode") or ""),
             "backend": r.get("backend"), "params": r.get("params"),
             "case": case_label(r, shape_only=True), "batch": number(r.get("batch")),
-            "seq_len": number(r.get("seq_len")), "chunk_size": number(r.get("chunk_size")),
+            "seq_len": number(r.get("seq_len")), "chunk_size": chunk_size_ran(r),
             **{k: placed[k] for k in ("intensity_flop_per_byte", "achieved_flops_per_s", "bound_flops_per_s",
                                       "fraction", "bound", "roofline_ms")},
             "ms_median": ms,
@@ -319,14 +308,15 @@ _DTYPE_BYTES = {"bfloat16": 2, "float16": 2, "float32": 4}
 def _counts_at_chunk_run(row: dict) -> tuple[float, float] | None:
     """(flops, bytes) of an mLSTM row whose suite asked for ``chunk_size: auto`` or that ran a
     walk (the row's ``algorithm``), counted at the chunk size that ran (the row's
-    ``chunk_size``) for the algorithm that ran (a walk keeps its states on chip:
+    ``chunk_size_run``: :func:`tflabench.store.results.chunk_size_ran`) for the algorithm
+    that ran (a walk keeps its states on chip:
     :func:`tflabench.model.plan_counts_kwargs`), so that each row sits at its own intensity
     and under its own bound; None for every other row (its recorded counts were made at its
     own chunk size). docs/model.md: intensity rises with L, so one assumed L would stack rows of
     different chunk sizes at one intensity."""
-    variant, L = row_variant(row), number(row.get("chunk_size"))
+    variant, L = row_variant(row), chunk_size_ran(row)
     walk = row.get("algorithm") in WALK_ALGORITHMS
-    if variant is None or not L or (_params(row).get("chunk_size") != "auto" and not walk):
+    if variant is None or not L or (row_params(row).get("chunk_size") != "auto" and not walk):
         return None
     shape = {k: number(row.get(k)) for k in ("batch", "seq_len", "heads", "d_qk", "d_hv")}
     if not all(shape.values()) or row.get("mode") not in ("fwd", "fwdbw"):

@@ -14,6 +14,8 @@ and add its names to :data:`BACKEND_MODULES`.
 from __future__ import annotations
 
 import importlib
+from typing import Any, Mapping
+
 from tflabench.backends.base import (  # noqa: F401  (re-exported for backend modules)
     MODES,
     Backend,
@@ -23,6 +25,7 @@ from tflabench.backends.base import (  # noqa: F401  (re-exported for backend mo
     resolve_layout,
 )
 from tflabench.errors import UserError
+from tflabench.store.results import row_params
 
 #: Registry name -> module that registers it. The peers' modules are written against the
 #: contract in ``base.py``; ``custom`` takes a user's ``module:function``.
@@ -70,10 +73,17 @@ def _load_module(module: str) -> str | None:
     return _IMPORT_ERRORS[module] or None
 
 
+class _UncheckedParams(BackendParams):
+    """A missing backend's parameters: taken as given (a module-level class, so that a case
+    holding them pickles into a worker)."""
+
+    model_config = {"extra": "allow", "frozen": True}
+
+
 class _MissingBackend(Backend):
     """Stands in for a known name whose module is missing or fails to import."""
 
-    Params = type("Params", (BackendParams,), {"model_config": {"extra": "allow", "frozen": True}})
+    Params = _UncheckedParams
 
     def __init__(self, name: str, module: str, error: str):
         self.name = name  # type: ignore[misc]
@@ -130,3 +140,15 @@ def reset_import_cache() -> None:
     for module, err in list(_IMPORT_ERRORS.items()):
         if err:
             del _IMPORT_ERRORS[module]
+
+
+def params_of_row(row: Mapping[str, Any]) -> BackendParams:
+    """The typed ``Params`` of a result row read back from a set: its ``params`` column
+    (:func:`tflabench.store.results.row_params`) validated by the row's ``backend``; the one
+    place a row's parameters become a backend's model (``--profile``'s model parts; the run
+    path never parses: its cases carry their typed parameters).
+
+    Raises UserError for an unknown backend, pydantic's ValidationError for parameters the
+    backend does not take (now).
+    """
+    return get_backend(str(row.get("backend"))).parse_params(row_params(row))

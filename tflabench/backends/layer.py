@@ -25,7 +25,7 @@ import functools
 import math
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from tflabench.backends import get_backend, register
 from tflabench.backends.base import Backend, BackendParams, HeadLayoutParams, Shape
@@ -42,13 +42,16 @@ class LayerParams(HeadLayoutParams):
     Attributes:
         mixer: ``mlstm`` (xLSTM 7B's mLSTM layer) or ``attention``.
         cell: the registered backend that runs the cell (:data:`CELLS`).
-        cell_params: that backend's own parameters (its head layout is the layer's).
+        cell_params: that backend's own parameters (its head layout is the layer's), as the
+            suite gives them; validated with the layer's, and kept parsed (:func:`_cell`).
         heads, d_qk, d_hv, p_qk: the head layout; the embedding is ``heads * d_hv``.
     """
 
     mixer: Literal["mlstm", "attention"] = "mlstm"
     cell: str = "tfla"
     cell_params: dict[str, Any] = Field(default_factory=dict)
+    #: the cell backend's ``Params`` of ``cell_params`` and the layer's head layout, parsed once
+    _cell_parsed: BackendParams | None = PrivateAttr(default=None)
 
     @model_validator(mode="after")
     def _cell_fits_mixer(self):
@@ -58,38 +61,29 @@ class LayerParams(HeadLayoutParams):
         for key in ("heads", "d_qk", "d_hv", "p_qk"):
             if key in self.cell_params:
                 raise ValueError(f"cell_params.{key}: the head layout is the layer's; set {key} beside cell")
+        raw = dict(self.cell_params)
+        raw.update({name: getattr(self, name) for name in ("heads", "d_qk", "d_hv") if getattr(self, name) is not None})
+        try:
+            self._cell_parsed = get_backend(self.cell).parse_params(raw)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            where = f".{err['loc'][0]}" if err["loc"] else ""   # the field (not pydantic's union tags)
+            raise ValueError(f"cell_params{where}: "
+                             f"{str(err['msg']).removeprefix('Value error, ')}") from None
         return self
 
 
 def _cell(params: LayerParams) -> tuple[Backend, BackendParams]:
-    """The cell's backend and its validated parameters (the layer's head layout), worked out
-    once per set of layer parameters."""
-    import json
-
-    return _cell_cached(json.dumps(params.model_dump(), sort_keys=True))
-
-
-@functools.lru_cache(maxsize=64)
-def _cell_cached(key: str) -> tuple[Backend, BackendParams]:
-    import json
-
-    params = json.loads(key)
-    backend = get_backend(params["cell"])
-    raw = dict(params["cell_params"])
-    for name in ("heads", "d_qk", "d_hv"):
-        if params[name] is not None:
-            raw[name] = params[name]
-    return backend, backend.parse_params(raw)
+    """The cell's backend and its parameters (the layer's head layout), as parsed with the
+    layer's (:class:`LayerParams`)."""
+    return get_backend(params.cell), params._cell_parsed
 
 
 @functools.lru_cache(maxsize=None)
-def _seq_major(cell: str, cell_params_key: str) -> bool:
+def _seq_major(cell: str, params: BackendParams) -> bool:
     """Whether the cell backend's q is (B, S, NH, D) (FlashAttention's layout) rather than
     (B, NH, S, D): read off its inputs at a tiny CPU shape whose S and NH differ."""
-    import json
-
     backend = get_backend(cell)
-    params = backend.parse_params(json.loads(cell_params_key))
     import torch
 
     q = backend.make_inputs(params, Shape(1, 5, 2, 3, 7, "float32"), torch.float32, "cpu", 0)["q"]
@@ -187,9 +181,7 @@ def layer_forward(params: LayerParams, inputs: dict[str, Any]):
         h = F.rms_norm(h, (d_hv,), inputs["w_hnorm"]).transpose(1, 2).reshape(B, S, E)
         mixed = h * torch.sigmoid(xn @ inputs["W_o"])
     else:
-        import json
-
-        seq_major = _seq_major(params.cell, json.dumps(cell_params.model_dump(), sort_keys=True))
+        seq_major = _seq_major(params.cell, cell_params)
         q, k, v = (xn @ inputs["W_qkv"]).split([NH * d_qk, NH * d_qk, NH * d_hv], dim=-1)
         o = backend.forward(cell_params, {"q": heads(q, d_qk), "k": heads(k, d_qk), "v": heads(v, d_hv)})
         mixed = (o if seq_major else o.transpose(1, 2)).reshape(B, S, E)

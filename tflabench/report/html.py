@@ -20,7 +20,7 @@ from typing import Iterable
 
 from tflabench.errors import UserError
 from tflabench.outputs import check_writable, write_text
-from tflabench.store.results import timing_text
+from tflabench.store.results import chunk_size_ran, timing_text
 from tflabench.text_safety import TEXT_WIDTH, terminal_text
 
 _STYLE = """
@@ -141,7 +141,7 @@ def _results_table(records: list[dict]) -> tuple[str, list[str]]:
         cells = [terminal_text(r.get("kernel"), HTML_LABEL_WIDTH), r.get("mode"), _num(r.get("batch"), ".0f"),
                  _num(r.get("seq_len"), ".0f"),
                  f"{_num(r.get('heads'), '.0f')} x {_num(r.get('d_qk'), '.0f')}/{_num(r.get('d_hv'), '.0f')}",
-                 _num(r.get("chunk_size"), ".0f"), status, _num(r.get("ms_median"), ".3f"),
+                 _num(chunk_size_ran(r), ".0f"), status, _num(r.get("ms_median"), ".3f"),
                  f"{q25}-{q75}" if q25 and q75 else ""]
         if "ms median" not in cols:
             del cells[-2:]

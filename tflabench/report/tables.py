@@ -19,6 +19,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tflabench.console import literal as L
+from tflabench.store.results import chunk_size_ran
 from tflabench.text_safety import ELLIPSIS, LABEL_WIDTH, shorten, terminal_text
 from tflabench.analysis.chunk_rule import GAP_LIMIT
 from tflabench.analysis.verify_summary import cell_summary
@@ -260,7 +261,7 @@ def summary_table(frame, title: str | None = None, limit: int | None = SHOWN_ROW
         rows.append([
             r.get("kernel"), L(r.get("mode")), fmt(r.get("batch"), ".0f"), fmt(r.get("seq_len"), ".0f"),
             f"{fmt(r.get('heads'), '.0f')} x {fmt(r.get('d_qk'), '.0f')}/{fmt(r.get('d_hv'), '.0f')}",
-            fmt(r.get("chunk_size"), ".0f"), _styled(status, colour), fmt(r.get("ms_median"), ".3f"),
+            fmt(chunk_size_ran(r), ".0f"), _styled(status, colour), fmt(r.get("ms_median"), ".3f"),
             *([f"{q25}-{q75}" if q25 and q75 else ""] if show_q else []),
             *([fmt(r.get("host_ms"), ".3f")] if show_host else []),
             fmt(peak / 2**30 if peak is not None and peak == peak else None, ".2f"),
@@ -378,9 +379,9 @@ def profile_table(cases, title: str | None = None):
     rows = []
     for case in cases:
         r = case.row
-        chunk = r.get("chunk_size")
+        chunk = chunk_size_ran(r)
         cells = [r.get("kernel"), L(r.get("mode")), f"{int(r['seq_len'])}",
-                 "" if chunk is None or chunk != chunk else f"{int(chunk)}",
+                 "" if chunk is None else f"{int(chunk)}",
                  "" if case.measured_ms is None else f"{case.measured_ms:.3f}"]
         if profiled:
             cells.append("" if case.kernel_ms is None else f"{case.kernel_ms:.3f}")

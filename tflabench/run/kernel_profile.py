@@ -225,21 +225,44 @@ def _number(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+def plan_breakdown(backend, params, shape, mode: str, ran: dict):
+    """The model's :class:`tflabench.model.Counts` of one call counted for what ran: the
+    backend's model kind (``Backend.model_kind``) at the plan's chunk size (``ran["chunk_size"]``,
+    tokens) with the plan's algorithm (``ran["algorithm"]``;
+    :func:`tflabench.model.plan_counts_kwargs`: an mLSTMsig walk keeps its states on chip); an
+    empty ``ran`` counts at the parameters. None where the backend has no model count."""
+    from tflabench.backends.base import model_breakdown
+    from tflabench.model import plan_counts_kwargs
+
+    found = backend.model_kind(params, shape, mode)
+    if found is None:
+        return None
+    kind, kwargs = found
+    kwargs = dict(kwargs)
+    if ran.get("chunk_size") and "L" in kwargs:
+        kwargs["L"] = int(ran["chunk_size"])
+    kwargs.update(plan_counts_kwargs(kind, ran.get("algorithm")))
+    return model_breakdown(kind, mode, shape, **kwargs)
+
+
 def _model(row: dict):
-    """(backend, params, kind, counts, shape) for a row, or Nones where unknown."""
-    from tflabench.backends import get_backend
+    """(backend, params, kind, counts, shape) for a row, or Nones where unknown; the counts
+    are those of the chunk size and algorithm the row ran (:func:`plan_breakdown`)."""
+    from tflabench.backends import get_backend, params_of_row
     from tflabench.backends.base import Shape
+    from tflabench.store.results import chunk_size_ran
 
     try:
         backend = get_backend(str(row.get("backend")))
-        params = backend.parse_params(json.loads(row.get("params") or "{}"))
+        params = params_of_row(row)
     except Exception:  # a backend this checkout does not know: every kernel is `other`
         return None, None, None, None, None
     try:
         shape = Shape(int(row["batch"]), int(row["seq_len"]), int(row["heads"]), int(row["d_qk"]),
                       int(row["d_hv"]), str(row.get("dtype") or "bfloat16"))
         found = backend.model_kind(params, shape, str(row.get("mode")))
-        counts = backend.model_breakdown(params, shape, str(row.get("mode")))
+        counts = plan_breakdown(backend, params, shape, str(row.get("mode")),
+                                {"chunk_size": chunk_size_ran(row), "algorithm": row.get("algorithm")})
     except Exception:  # no shape or no model for it: times without bounds
         return backend, params, None, None, None
     return backend, params, (found[0] if found else None), counts, shape

@@ -44,10 +44,10 @@ import time
 from typing import Any, Callable
 
 from tflabench.backends import get_backend
-from tflabench.backends.base import Backend, BackendParams, Shape, model_breakdown
+from tflabench.backends.base import Backend, BackendParams, Shape
 from tflabench.store.conditions import CPU_TIMERS, cpu_timer  # noqa: F401  (CPU_TIMERS: the timers' names)
 from tflabench.run.gpu_trace import GpuTrace
-from tflabench.model import plan_counts_kwargs
+from tflabench.run.kernel_profile import plan_breakdown
 from tflabench.numerics import budget as budget_of
 from tflabench.numerics import judge, reference_scales, tensor_error, tf32_text
 
@@ -521,25 +521,29 @@ def counts_for_plan(backend: Backend, params: BackendParams, shape: Shape, mode:
     (:func:`tflabench.model.plan_counts_kwargs`: an mLSTMsig walk keeps its states on chip);
     None where the backend has no model count or recorded no plan (the counts made before
     the run stand)."""
-    if not ran:
-        return None
-    found = backend.model_kind(params, shape, mode)
-    if found is None:
-        return None
-    kind, kwargs = found
-    kwargs = dict(kwargs)
-    if ran.get("chunk_size") and "L" in kwargs:
-        kwargs["L"] = int(ran["chunk_size"])
-    kwargs.update(plan_counts_kwargs(kind, ran.get("algorithm")))
-    counts = model_breakdown(kind, mode, shape, **kwargs)
+    counts = plan_breakdown(backend, params, shape, mode, ran) if ran else None
     return None if counts is None else (float(counts.flops), float(counts.bytes))
+
+
+def plan_columns(backend: Backend, params: BackendParams, ran: dict) -> dict:
+    """The row's columns of what a case ran: ``chunk_size_run`` (tokens; the plan's chunk
+    size, else the size the parameters fix, ``Backend.chunk_size``; None for a kernel
+    without chunks) and, where the plan names it, ``algorithm``. ``ran``: the backend's
+    ``run_plan``. The identity column ``chunk_size`` stays what the suite asked (None for
+    ``auto``), so that the case's id does not depend on the run."""
+    chunk = ran.get("chunk_size") or backend.chunk_size(params)
+    out = {"chunk_size_run": None if chunk is None else int(chunk)}
+    if ran.get("algorithm") is not None:
+        out["algorithm"] = ran["algorithm"]
+    return out
 
 
 def measure_case(case) -> dict:
     """Run one timing :class:`tflabench.store.suite.Case` in this process (a case with ``verify``
     set is :func:`tflabench.run.verify_case.verify_case`'s); returns the outcome columns
     (``status``, ``reason``, timings, ``first_call_s``, ``peak_mem_bytes``,
-    ``numerics_err``, ``numerics_ref``, ``flops``, ``bytes``).
+    ``numerics_err``, ``numerics_ref``, ``flops``, ``bytes``, ``chunk_size_run`` and
+    ``algorithm``: :func:`plan_columns`). Its typed ``case.params`` are used as they are.
 
     Status here is ``ok``, ``wrong`` or ``unavailable``; a kernel's exception propagates
     (the worker turns it into ``error`` / ``oom``), as does a crash (the process dies).
@@ -547,7 +551,7 @@ def measure_case(case) -> dict:
     import torch
 
     backend = get_backend(case.backend)
-    params = backend.parse_params(case.params_dict)
+    params = case.params
     shape = Shape(case.batch, case.seq_len, case.heads, case.d_qk, case.d_hv, case.dtype)
     out: dict[str, Any] = {}
     counts = None
@@ -635,7 +639,7 @@ def measure_case(case) -> dict:
     out["ms_samples"] = json.dumps(out["ms_samples"])
     note = backend.note(params, device)
     ran = backend.run_plan(params, shape, case.mode, dtype, device)
-    out.update(ran)
+    out.update(plan_columns(backend, params, ran))
     counts = counts_for_plan(backend, params, shape, case.mode, ran)
     if counts is not None:
         out["flops"], out["bytes"] = counts

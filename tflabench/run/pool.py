@@ -43,6 +43,7 @@ import faulthandler
 import gc
 import multiprocessing
 import os
+import pickle
 import platform
 import signal
 import sys
@@ -267,7 +268,9 @@ def steady_allocator() -> bool:
 
 
 def _worker_main(conn, output, gpu: str | None, parent_pid: int, device: str, threads: int = 0) -> None:
-    """Worker loop: receive case dicts, send back outcome dicts, until None or EOF.
+    """Worker loop: receive :class:`~tflabench.store.suite.Case` objects (pickled whole, their
+    typed ``params`` with them: nothing is parsed again here), send back outcome dicts, until
+    None or EOF.
 
     ``output`` is the writing end of the pipe that becomes the worker's stdout and stderr
     (the parent's :class:`_LogPump` copies it into the log). ``gpu`` pins the worker
@@ -314,8 +317,8 @@ def _worker_main(conn, output, gpu: str | None, parent_pid: int, device: str, th
             return
         if msg is None:
             return
-        case = Case(**msg)
-        print(f"--- case {case.describe()} pid={os.getpid()} params={case.params}", flush=True)
+        case: Case = msg
+        print(f"--- case {case.describe()} pid={os.getpid()} params={case.params_json}", flush=True)
         if scope == "case":     # tune at this case's shape (triton_cache: autotuning scope)
             triton_cache.forget_autotuning()
         try:
@@ -372,7 +375,7 @@ def _refusal_reason(case: Case, exc: BaseException) -> str | None:
     """The backend's reason when ``exc`` is an environment refusal (``classify_error``)."""
     try:
         backend = get_backend(case.backend)
-        return backend.classify_error(backend.parse_params(case.params_dict), case.mode, exc)
+        return backend.classify_error(case.params, case.mode, exc)
     except Exception:  # classification must never hide the original error
         return None
 
@@ -546,9 +549,11 @@ class _Worker:
         self.log.new_case()
         self._log_offset = self._log_size()
         try:
-            self.conn.send(case.to_dict())
+            self.conn.send(case)   # pickled whole: the typed params cross as they are
         except (BrokenPipeError, OSError):
             return {"status": "crash", "reason": self._death_reason("worker was gone before the case")}
+        except (pickle.PicklingError, TypeError, AttributeError) as exc:   # nothing was sent
+            return {"status": "error", "reason": f"the case cannot be sent to its worker ({exc})"}
         if self.conn.poll(case.timeout_s):
             try:
                 return self.conn.recv()
@@ -700,7 +705,7 @@ def run_cases(
     slot_gpu = dict(enumerate(gpus_used(gpus))) if on_gpu else {}
 
     def given_up(case: Case) -> dict | None:
-        streak = failures[(case.backend, case.kernel, case.params)]
+        streak = failures[(case.backend, case.kernel, case.params_json)]
         if max_kernel_failures <= 0 or len(streak) < max_kernel_failures:
             return None
         last = streak[-1]
@@ -762,11 +767,8 @@ def run_cases(
                 worker.kill()
                 workers.pop(slot, None)
             row = _base_row(case)
-            for key, value in outcome.items():
-                # chunk_size: a backend that picks it at run time ("auto") reports the size
-                # run; the case's identity (and case_id) keep None there
-                if key in R.COLUMNS and (key not in R.IDENTITY_COLUMNS
-                                         or (key == "chunk_size" and row.get(key) is None)):
+            for key, value in outcome.items():   # the identity is the case's, never the outcome's
+                if key in R.COLUMNS and key not in R.IDENTITY_COLUMNS:
                     row[key] = value
             if case.device.startswith("cuda") and row.get("status") != "unavailable":
                 where = slot_gpu.get(slot) or {}  # the worker's own columns win; a dead one has none
@@ -774,7 +776,7 @@ def run_cases(
                 row["gpu_name"] = row.get("gpu_name") or where.get("name")
             R.fill_model_columns(row, flops_per_s, bytes_per_s)
             with lock:
-                streak = failures[(case.backend, case.kernel, case.params)]
+                streak = failures[(case.backend, case.kernel, case.params_json)]
                 if row.get("status") in ("crash", "timeout"):
                     streak.append(row)
                 else:

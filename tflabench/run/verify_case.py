@@ -147,7 +147,7 @@ def verify_case(case: Case) -> dict:
     spec_all = json.loads(case.verify)
     spec = RegimeSpec.model_validate(spec_all["spec"])
     backend = get_backend(case.backend)
-    params = backend.parse_params(case.params_dict)
+    params = case.params
     if case.device.startswith("cuda") and not torch.cuda.is_available():
         return {"status": "unavailable", "reason": "no CUDA device visible to torch"}
     reason = backend.available(params) or backend.unsupported_mode(params, case.mode)

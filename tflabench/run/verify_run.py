@@ -85,13 +85,13 @@ def verify_cases(
     base = select_kernels(expand_cases(loaded, device=device), only)
     configs: dict[tuple, tuple[Case, set]] = {}
     for c in base:
-        key = (c.kernel, c.backend, c.params, c.embedding_dim)
+        key = (c.kernel, c.backend, c.params_json, c.embedding_dim)
         configs.setdefault(key, (c, set()))[1].add(c.dtype)
     cases: list[Case] = []
     name = verify_suite_name(suite.name)
     for c, suite_dtypes in configs.values():
         backend = get_backend(c.backend)
-        params = backend.parse_params(c.params_dict)
+        params = c.params
         family = backend.numerics_family(params)
         dtypes = settings.dtypes or sorted(suite_dtypes)
         states = [s for s in settings.initial_state if not s or takes_state(backend)] or [False]

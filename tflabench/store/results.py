@@ -69,8 +69,11 @@ IDENTITY_COLUMNS: tuple[str, ...] = (
 #: (gate regime, length, initial state) of a ``tflabench verify`` row; None for ``run`` rows.
 OPTIONAL_IDENTITY_COLUMNS: tuple[str, ...] = ("numerics_case",)
 #: ``algorithm``: what the kernel actually ran where the backend says (``tfla``: one of
-#: ``tfla.plan.ALGORITHMS``); None for other backends.
-OUTCOME_COLUMNS: tuple[str, ...] = ("status", "reason", "algorithm")
+#: ``tfla.plan.ALGORITHMS``); None for other backends. ``chunk_size_run``: the chunk size
+#: (tokens) that ran, from the backend's plan (``chunk_size: auto`` resolved), never written
+#: into the identity column ``chunk_size``; None without chunks, and in sets that predate it
+#: (read through :func:`chunk_size_ran`).
+OUTCOME_COLUMNS: tuple[str, ...] = ("status", "reason", "algorithm", "chunk_size_run")
 TIMING_COLUMNS: tuple[str, ...] = (
     "ms_median",
     "ms_mean",
@@ -389,6 +392,28 @@ def number(value: Any) -> float | None:
     return value if math.isfinite(value) else None
 
 
+def chunk_size_ran(row: Mapping[str, Any]) -> float | None:
+    """The chunk size (tokens) a row ran: its ``chunk_size_run``; in a set that predates that
+    column, its ``chunk_size`` (where those sets wrote the size an ``auto`` case ran); None
+    for a kernel without chunks. The one reader of the size that ran (tables, figures, the
+    model's counts of a row)."""
+    ran = number(row.get("chunk_size_run"))
+    return ran if ran is not None else number(row.get("chunk_size"))
+
+
+def row_params(row: Mapping[str, Any]) -> dict:
+    """A row's ``params`` column as a dict (JSON text or a dict); {} where it is missing or
+    not a JSON object. The raw values as written (:func:`params_json`), not validated: a
+    backend's typed ``Params`` of a row are :func:`tflabench.backends.params_of_row`'s."""
+    value = row.get("params")
+    if isinstance(value, str) and value.strip().startswith("{"):
+        try:
+            value = json.loads(value)
+        except json.JSONDecodeError:
+            return {}
+    return dict(value) if isinstance(value, Mapping) else {}
+
+
 def case_label(record: Mapping[str, Any], *, shape_only: bool = False) -> str:
     """The one short label of a case, from a result row or a :class:`tflabench.store.suite.Case`'s
     identity: ``kernel mode dtype B8 S8192 NH8 d256/512 L128`` and, for a ``tflabench
@@ -408,7 +433,8 @@ def case_label(record: Mapping[str, Any], *, shape_only: bool = False) -> str:
               for column, prefix in (("batch", "B"), ("seq_len", "S"), ("heads", "NH"))]
     if whole("d_qk") or whole("d_hv"):
         parts.append(f"d{whole('d_qk') or '?'}/{whole('d_hv') or '?'}")
-    parts.append(f"L{whole('chunk_size')}" if whole("chunk_size") else None)
+    ran = chunk_size_ran(record)
+    parts.append(f"L{int(ran)}" if ran else None)
     if not shape_only:
         parts.append(text("numerics_case"))
     return " ".join(p for p in parts if p)

@@ -85,7 +85,7 @@ def measurement(loaded: LoadedSuite, device: str, cases: list[Case]) -> dict:
     for case in cases:
         entry = kernels.setdefault(case.kernel, {"backend": set(), "params": collections.defaultdict(set)})
         entry["backend"].add(case.backend)
-        for key, value in case.params_dict.items():
+        for key, value in case.params.model_dump(mode="json").items():
             entry["params"][key].add(json.dumps(value, sort_keys=True))
     return {
         "device": device,
@@ -225,14 +225,7 @@ def row_differences(rows: list[dict], linenos: list[int], suite_name: str, new: 
         label = row.get("kernel")
         if row.get("backend") is not None and row["backend"] not in entry.get("backend", [row["backend"]]):
             differ(f"kernels[{label!r}].backend", row["backend"], _one(entry.get("backend")), lineno)
-        params = row.get("params")
-        if isinstance(params, str):
-            try:
-                params = json.loads(params)
-            except ValueError:
-                params = None
-        if not isinstance(params, dict):
-            continue
+        params = R.row_params(row)
         swept = set(entry.get("swept") or ())
         for key, texts in (entry.get("params") or {}).items():
             if key in swept or key not in params:

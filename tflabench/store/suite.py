@@ -32,6 +32,7 @@ value of one), an unresolvable head layout.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import json
@@ -43,10 +44,10 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from tflabench import bounds as B
-from tflabench.backends import get_backend
+from tflabench.backends import BackendParams, get_backend
 from tflabench.errors import UserError
 from tflabench.numerics import BudgetOverride, VerifySettings
-from tflabench.store.results import IDENTITY_COLUMNS, case_id, case_label, check_plain_name
+from tflabench.store.results import IDENTITY_COLUMNS, case_id, case_label, check_plain_name, params_json
 from tflabench.text_safety import normalise_label, terminal_text
 from tflabench.yaml_load import load_yaml
 
@@ -213,15 +214,21 @@ SUITE_FIELDS = {
 class Case:
     """One measurement: a kernel configuration x shape x mode (one result row).
 
-    Identity (the result row's identity columns; ``params`` is the canonical JSON of the
-    validated backend parameters) plus how to measure it (timing and numerics settings).
+    Identity (the result row's identity columns) plus how to measure it (timing and
+    numerics settings). ``params`` is the backend's validated, frozen ``Params`` (parsed
+    once, by :func:`expand_cases`); its canonical JSON, :attr:`params_json`, is the row's
+    ``params`` column and part of :attr:`case_id`. ``chunk_size`` is the identity column:
+    the chunk size the parameters fix (``Backend.chunk_size``), None where the backend
+    picks it per call (``chunk_size: auto``; the size that ran is the row's
+    ``chunk_size_run``) or has none. The worker pool sends a Case to its workers as it is
+    (pickled, the typed ``params`` with it).
     """
 
     suite: str
     kernel: str
     backend: str
     family: str
-    params: str
+    params: BackendParams
     mode: str
     dtype: str
     device: str
@@ -255,41 +262,49 @@ class Case:
     #: calls (:class:`tflabench.run.gpu_trace.GpuTrace`; the row's GPU trace columns).
     gpu_trace: bool = False
 
+    @functools.cached_property
+    def params_json(self) -> str:
+        """The canonical JSON of :attr:`params` (sorted keys, compact; the row's ``params``
+        column): the serialised form, never parsed back on the run path."""
+        return params_json(self.params.model_dump(mode="json"))
+
     @property
     def numerics_case(self) -> str | None:
         """The verify case's name (identity column), None for ``run`` cases."""
         return json.loads(self.verify)["name"] if self.verify else None
 
     def identity(self) -> dict:
-        """The identity columns of the result row (without ``case_id``)."""
-        return {col: getattr(self, col) for col in IDENTITY_COLUMNS[1:]}
+        """The identity columns of the result row (without ``case_id``; ``params`` as
+        :attr:`params_json`)."""
+        out = {col: getattr(self, col) for col in IDENTITY_COLUMNS[1:] if col != "params"}
+        out["params"] = self.params_json
+        return out
 
-    @property
+    @functools.cached_property
     def case_id(self) -> str:
         """Stable id of the case (:func:`tflabench.store.results.case_id`)."""
         return case_id(self.identity())
-
-    @property
-    def params_dict(self) -> dict:
-        """The backend parameters as a dict (``params`` holds them as sorted JSON); a
-        backend validates them with ``backend.parse_params(case.params_dict)``."""
-        return json.loads(self.params)
 
     def describe(self) -> str:
         """The case's label (:func:`tflabench.store.results.case_label`) for progress bars and logs."""
         return case_label(self.identity())
 
-    def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+    def __hash__(self) -> int:  # by its id: a layer's params (a dict inside) do not hash
+        return hash(self.case_id)
 
 
 @dataclasses.dataclass
 class LoadedSuite:
-    """A validated suite: the schema object, its file path and the file's sha256."""
+    """A validated suite: the schema object, its file path and the file's sha256; ``params``:
+    each kernel entry's parameter combinations as its backend's typed ``Params``, parsed once
+    (by the first :func:`expand_cases`, which :func:`load_suite` runs) and shared by the cases
+    of every later expansion."""
 
     suite: Suite
     path: Path
     sha256: str
+    params: dict[tuple[int, str], BackendParams] = dataclasses.field(default_factory=dict, repr=False,
+                                                                     compare=False)
 
 
 # --------------------------------------------------------------------------- errors
@@ -468,6 +483,31 @@ def require_device(suite_name: str, device: str) -> None:
                             "small), or set device: auto in the suite")
 
 
+def _parse_params(backend, spec: KernelSpec, where: str, values: dict, index: dict) -> BackendParams:
+    """One parameter combination of kernel entry ``where`` (``kernels[n]``) validated by its
+    backend: the backend's typed ``Params``. ``index``: the position of each list-valued key's
+    value in its list. Raises UserError ``<where>.params.<key>[i]: <reason>``."""
+    try:
+        return backend.parse_params(values)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = err["loc"][0] if err["loc"] else None
+        at = f"{where}.params"
+        if key is not None:
+            at += f".{key}" + (f"[{index[key]}]" if key in index else "")
+        if err["type"] == "extra_forbidden":
+            allowed = ", ".join(backend.Params.model_fields) or "nothing"
+            raise UserError(f"{at}: not a parameter of backend {spec.backend!r}; it takes: {allowed}") from None
+        if err["type"] == "value_error":  # the Params' own checks name the value already
+            msg = str(err["msg"]).removeprefix("Value error, ")
+            name, sep, rest = msg.partition(": ")
+            if key is None and sep and name in values:  # "field: reason" of a model check
+                at += f".{name}" + (f"[{index[name]}]" if name in index else "")
+                msg = rest
+            raise UserError(f"{at}: {msg}") from None
+        raise UserError(f"{at}: {err['msg']} (got {err.get('input')!r})") from None
+
+
 def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list[Case]:
     """All cases of a suite, in run order: kernels in file order, then parameter
     combinations, embedding dimensions, dtypes, shapes (batch, seq_len), modes.
@@ -482,6 +522,7 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
     ``timing.warmup_s`` not below a kernel's timeout.
     """
     suite = loaded.suite if isinstance(loaded, LoadedSuite) else loaded
+    parsed = loaded.params if isinstance(loaded, LoadedSuite) else {}   # parsed once per suite
     device = device or resolve_device(suite.device)
     embeddings = _as_list(suite.model.embedding_dim)
     dtypes = _as_list(suite.dtype)
@@ -515,26 +556,10 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
                     "(compared after Unicode normalisation, invisible characters removed); a label names one kernel "
                     "(the rows, resume and compare match on it): give each entry its own label, or one entry "
                     "with the differing parameter as a list")
-            try:
-                params = backend.parse_params(values)
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                key = err["loc"][0] if err["loc"] else None
-                at = f"{where}.params"
-                if key is not None:
-                    at += f".{key}" + (f"[{index[key]}]" if key in index else "")
-                if err["type"] == "extra_forbidden":
-                    allowed = ", ".join(backend.Params.model_fields) or "nothing"
-                    raise UserError(f"{at}: not a parameter of backend {spec.backend!r}; it takes: {allowed}") from None
-                if err["type"] == "value_error":  # the Params' own checks name the value already
-                    msg = str(err["msg"]).removeprefix("Value error, ")
-                    name, sep, rest = msg.partition(": ")
-                    if key is None and sep and name in values:  # "field: reason" of a model check
-                        at += f".{name}" + (f"[{index[name]}]" if name in index else "")
-                        msg = rest
-                    raise UserError(f"{at}: {msg}") from None
-                raise UserError(f"{at}: {err['msg']} (got {err.get('input')!r})") from None
-            params_text = json.dumps(params.model_dump(mode="json"), sort_keys=True, separators=(",", ":"))
+            key = (kn, json.dumps(values, sort_keys=True, default=str))
+            params = parsed.get(key)
+            if params is None:
+                params = parsed[key] = _parse_params(backend, spec, where, values, index)
             chunk = backend.chunk_size(params)
             for emb in embeddings:
                 try:
@@ -546,7 +571,7 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
                         for mode in modes:
                             cases.append(Case(
                                 suite=suite.name, kernel=label, backend=spec.backend,
-                                family=backend.family, params=params_text, mode=mode,
+                                family=backend.family, params=params, mode=mode,
                                 dtype=dtype, device=device, batch=batch, seq_len=seq_len,
                                 heads=heads, d_qk=d_qk, d_hv=d_hv, chunk_size=chunk,
                                 embedding_dim=emb, warmup=suite.timing.warmup,
@@ -566,7 +591,7 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
         other = seen.setdefault(case.case_id, case)
         if other is not case:
             raise UserError(f"kernels: the case {case.describe()} is given twice (its parameters "
-                            f"{case.params} name the same kernel); give each kernel once")
+                            f"{case.params_json} name the same kernel); give each kernel once")
     return cases
 
 

@@ -19,6 +19,7 @@ import json
 from pathlib import Path
 
 from tflabench.report.plots import save_figure
+from tflabench.store.results import chunk_size_ran, row_params
 
 GIB = 2**30
 MODE_TITLES = {"fwd": "forward", "fwdbw": "forward + backward"}
@@ -42,6 +43,15 @@ RUNTIME_AXES = (
 )
 
 
+def _chunk_that_ran(frame):
+    """A copy of ``frame`` whose ``chunk_size`` is the size each row ran
+    (:func:`tflabench.store.results.chunk_size_ran`: ``chunk_size: auto`` resolved), the L the
+    figures draw."""
+    frame = frame.copy()
+    frame["chunk_size"] = [chunk_size_ran(r) for r in frame.to_dict("records")]
+    return frame
+
+
 def runtime_axis(frame) -> tuple[str, str | None, str]:
     """(column, params key, label) of the runtime plot's x-axis: the first of
     :data:`RUNTIME_AXES` that takes more than one value in ``frame``; sequence length when
@@ -59,14 +69,14 @@ def _series_labels(frame, exclude: tuple[str, ...] = ()) -> list[str]:
     labels = []
     varying: dict[str, list[str]] = {}
     for kernel, group in frame.groupby("kernel", sort=False):
-        dicts = [json.loads(p) if isinstance(p, str) else {} for p in group["params"]]
+        dicts = [row_params(r) for r in group.to_dict("records")]
         keys = sorted({k for d in dicts for k in d} - set(exclude))
         varying[kernel] = [k for k in keys if len({json.dumps(d.get(k), sort_keys=True) for d in dicts}) > 1]
     multi_batch = frame.groupby(["kernel", "params", "mode", "seq_len"])["batch"].transform("nunique") > 1
     if "batch" in exclude:
         multi_batch = multi_batch & False
     for (_, row), mb in zip(frame.iterrows(), multi_batch):
-        params = json.loads(row["params"]) if isinstance(row["params"], str) else {}
+        params = row_params(row)
         extra = [f"{k}={params.get(k)}" for k in varying.get(row["kernel"], [])]
         if mb:
             extra.append(f"B={int(row['batch'])}")
@@ -94,7 +104,7 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
     """
     from tflabench.report.plots.style import fig_title, legend_below, log_axis, order_kernels, ours_key
 
-    ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()].copy()
+    ok = _chunk_that_ran(frame[(frame["status"] == "ok") & frame["ms_median"].notna()])
     if ok.empty:
         return None
     x_col, x_key, x_label = runtime_axis(ok)
@@ -127,7 +137,9 @@ def plot_runtime(frame, path: str | Path, title: str | None = None) -> Path | No
 
 def chunk_sweeps(frame):
     """Rows of kernels measured at more than one chunk size at the same shape, mode and
-    dtype (with runtime and peak memory): the Figure-5 subset; empty when none."""
+    dtype (with runtime and peak memory): the Figure-5 subset, ``chunk_size`` the size that
+    ran; empty when none."""
+    frame = _chunk_that_ran(frame)
     ok = frame[(frame["status"] == "ok") & frame["ms_median"].notna()
                & frame["peak_mem_bytes"].notna() & frame["chunk_size"].notna()]
     if ok.empty:

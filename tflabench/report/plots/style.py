@@ -20,6 +20,8 @@ import math
 import re
 from dataclasses import dataclass
 
+from tflabench.store.results import row_params
+
 #: Okabe-Ito (blue, vermillion, bluish green, reddish purple, orange, sky blue, black),
 #: then Paul Tol's muted (indigo, olive, wine, teal, sand, rose, purple).
 PALETTE = ("#0072B2", "#D55E00", "#009E73", "#CC79A7", "#E69F00", "#56B4E9", "#000000",
@@ -56,17 +58,6 @@ class KernelStyle:
                 "markeredgewidth": 1.3}
 
 
-def _params(value) -> dict:
-    if isinstance(value, dict):
-        return value
-    if isinstance(value, str) and value.strip().startswith("{"):
-        try:
-            return json.loads(value)
-        except json.JSONDecodeError:
-            return {}
-    return {}
-
-
 def family_key(label: str, backend: str | None = None, params=None) -> str:
     """The family a kernel belongs to: for ours and the authors' mLSTM kernels their
     ``variant`` and ``algorithm`` (so the two implementations of one algorithm share a
@@ -74,7 +65,7 @@ def family_key(label: str, backend: str | None = None, params=None) -> str:
     algorithm, the forward walk, so it is not drawn as the fixed-chunk kernel); for any
     other kernel its label without a trailing ``(...)`` implementation note only when that
     note names ours or the authors' backend, else the whole label."""
-    p = _params(params)
+    p = row_params({"params": params})
     if backend in OURS_BACKENDS | AUTHORS_BACKENDS and p.get("variant"):
         key = f"mlstm {p.get('variant')} {p.get('algorithm') or 'xl_chunk'}"
         return key + " auto" if p.get("chunk_size") == "auto" else key
@@ -130,7 +121,7 @@ def kernel_styles(kernels) -> dict[str, KernelStyle]:
     Returns:
         {label: KernelStyle}; one colour and marker per family (:func:`family_key`).
     """
-    items = list(dict.fromkeys((str(k[0]), k[1], json.dumps(_params(k[2]), sort_keys=True)) for k in kernels))
+    items = list(dict.fromkeys((str(k[0]), k[1], json.dumps(row_params({"params": k[2]}), sort_keys=True)) for k in kernels))
     families: list[str] = []
     ours_first = sorted(items, key=lambda it: not is_ours(it[0], it[1]))
     for label, backend, params in ours_first:
