@@ -12,8 +12,9 @@ chunk size at every shape of both.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
+
+from tflabench.store.results import chunk_size_ran, row_params
 
 #: auto's allowed distance from the best fixed chunk size (0.05: within 5 %)
 GAP_LIMIT = 0.05
@@ -45,17 +46,6 @@ class AutoGap:
         return self.auto_ms <= self.best_ms * (1 + GAP_LIMIT)
 
 
-def _asked_chunk(row: dict):
-    """The chunk size the suite asked for: ``"auto"``, an int, or None (not a chunked kernel)."""
-    params = row.get("params")
-    if isinstance(params, str):
-        try:
-            params = json.loads(params)
-        except ValueError:
-            return None
-    return params.get("chunk_size") if isinstance(params, dict) else None
-
-
 def _finite(x) -> float | None:
     try:
         x = float(x)
@@ -64,26 +54,19 @@ def _finite(x) -> float | None:
     return x if math.isfinite(x) and x > 0 else None
 
 
-def _ran_chunk(row: dict) -> int | None:
-    for column in ("chunk_size_run", "chunk_size"):
-        value = _finite(row.get(column))
-        if value is not None:
-            return int(value)
-    return None
-
-
 def auto_gaps(rows) -> list[AutoGap]:
     """Every shape and mode of ``rows`` (dicts of result rows, status ``ok`` only) measured
     at ``auto`` and at one fixed chunk size or more, ordered by kernel, mode, S and batch."""
     groups: dict[tuple, dict] = {}
     for row in rows:
         ms = _finite(row.get("ms_median"))
-        asked = _asked_chunk(row)
+        asked = row_params(row).get("chunk_size")
         if row.get("status") != "ok" or ms is None or asked is None:
             continue
         group = groups.setdefault(tuple(row.get(k) for k in SHAPE_KEYS), {"auto": None, "fixed": {}})
         if asked == "auto":
-            group["auto"] = (ms, _ran_chunk(row))
+            ran = _finite(chunk_size_ran(row))
+            group["auto"] = (ms, None if ran is None else int(ran))
         elif isinstance(asked, int) and not isinstance(asked, bool):
             group["fixed"][asked] = ms
     out = []

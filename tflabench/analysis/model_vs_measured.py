@@ -211,7 +211,7 @@ def chunk_sweeps(rows, *, alpha, beta, ceilings="datasheet", F_causal=0.66, coun
     for r in _records(rows):
         if r.get("status") != "ok" or number(r.get("ms_median")) is None or chunk_size_ran(r) is None:
             continue
-        if row_variant(r) is None or _params(r).get("chunk_size") == "auto":
+        if row_variant(r) is None or row_params(r).get("chunk_size") == "auto":
             continue      # auto's row is no point of the sweep (tflabench.analysis.chunk_rule)
         groups.setdefault(tuple(r.get(k) for k in SWEEP_KEYS), []).append(r)
     out = []
