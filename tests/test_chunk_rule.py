@@ -12,7 +12,7 @@ from typer.testing import CliRunner
 from tflabench.analysis import model_vs_measured as mm
 from tflabench.analysis.chunk_rule import GAP_LIMIT, auto_gaps
 from tflabench.cli import app
-from tflabench.store import results as R
+from tflabench.store import results as R, schema
 from tflabench.store.suite import load_suite
 
 pytestmark = pytest.mark.usefixtures("isolated_cwd")   # tests/conftest.py
@@ -23,7 +23,7 @@ SHAPE = dict(batch=8, seq_len=8192, heads=16, d_qk=128, d_hv=256)
 
 def _row(asked, ms, *, ran=None, mode="fwd", seq_len=8192, status="ok", kernel="sig 128/256"):
     shape = {**SHAPE, "seq_len": seq_len}
-    row = R.new_row(suite="chunk_rule_fit", kernel=kernel, backend="tfla", family="mlstm",
+    row = schema.new_row(suite="chunk_rule_fit", kernel=kernel, backend="tfla", family="mlstm",
                     params={"chunk_size": asked, "variant": "sig"}, mode=mode, dtype="bfloat16", device="cuda",
                     chunk_size=ran if asked == "auto" else asked, embedding_dim=4096, **shape)
     row.update(status=status, ms_median=ms if status == "ok" else None)

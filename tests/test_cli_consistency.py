@@ -12,6 +12,7 @@ from typer.testing import CliRunner
 
 from tflabench import environment
 from tflabench.store import results as R
+from tflabench.store.schema import new_row
 from tflabench.cli import app
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -26,7 +27,7 @@ def _error_line(result) -> str:
 
 
 def _cpu_set(tmp_path: Path) -> Path:
-    row = R.new_row(suite="cpu_demo", kernel="mLSTMsig (ours)", backend="tfla", family="mlstm",
+    row = new_row(suite="cpu_demo", kernel="mLSTMsig (ours)", backend="tfla", family="mlstm",
                     params={"chunk_size": 64, "variant": "sig"}, mode="fwd", dtype="float32", device="cpu",
                     batch=1, seq_len=256, heads=2, d_qk=32, d_hv=64, chunk_size=64, embedding_dim=128)
     row.update(status="ok", ms_median=2.0, flops=4e8, bytes=2e7, ms_samples=json.dumps([2.0, 2.1, 1.9]))

@@ -12,6 +12,7 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from tflabench.store import results as R
+from tflabench.store.schema import new_row
 from tflabench.backends import known_names
 from tflabench.cli import app
 
@@ -46,7 +47,7 @@ def _result_set(tmp_path):
     rows = []
 
     def add(kernel, mode, seq_len, chunk, ms, peak, status="ok"):
-        row = R.new_row(suite="demo", kernel=kernel, backend="tfla", family="mlstm",
+        row = new_row(suite="demo", kernel=kernel, backend="tfla", family="mlstm",
                         params={"chunk_size": chunk}, mode=mode, dtype="bfloat16", device="cuda",
                         batch=65536 // seq_len, seq_len=seq_len, heads=16, d_qk=128, d_hv=256,
                         chunk_size=chunk, embedding_dim=4096)

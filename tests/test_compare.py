@@ -16,10 +16,12 @@ import numpy as np
 import pytest
 from typer.testing import CliRunner
 
-from tflabench.compare import gate as cmp
+from tflabench.compare import caveats, gate as cmp, render, statistics
+from tflabench.compare.thresholds import Thresholds, UNDECIDED_SHARE, load_thresholds_file, resolve_thresholds
 from tflabench.cli import app
 from tflabench.errors import UserError
-from tflabench.store.results import case_label, load_results, write_results
+from tflabench.store.results import load_results, write_results
+from tflabench.text_safety import case_label
 
 SUITE = "cmp_demo"
 METADATA = dict(
@@ -148,7 +150,7 @@ def test_median_shift_inside_a_wide_spread_is_undecided_not_same():
     # inside the threshold either: undecided, with a resolution far above 3 %.
     base = np.linspace(0.5, 1.5, 8)
     new = base * 1.05
-    decision = cmp.decide_time(float(np.median(base)), float(np.median(new)), base, new, cmp.Thresholds())
+    decision = statistics.decide_time(float(np.median(base)), float(np.median(new)), base, new, Thresholds())
     assert decision.ratio == pytest.approx(1.05)
     assert decision.p_value > 0.01
     assert decision.verdict == "undecided"
@@ -161,7 +163,7 @@ def test_fifty_fold_slowdown_with_overlapping_samples_is_undecided():
     # but the samples overlap (p about 0.15): the test cannot decide, so neither may we.
     base = np.array([1.0, 1.2, 2.0, 60.0, 80.0])
     new = np.array([1.1, 150.0, 99.0, 120.0, 1.3])
-    decision = cmp.decide_time(float(np.median(base)), float(np.median(new)), base, new, cmp.Thresholds())
+    decision = statistics.decide_time(float(np.median(base)), float(np.median(new)), base, new, Thresholds())
     assert decision.ratio == pytest.approx(49.5)
     assert decision.p_value > 0.01
     assert decision.verdict == "undecided"
@@ -171,28 +173,28 @@ def test_ratio_interval_covers_a_pure_shift_and_narrows_with_samples():
     rng = np.random.default_rng(0)
     few, many = 1.0 + 0.02 * rng.standard_normal(8), 1.0 + 0.02 * rng.standard_normal(200)
     for base in (few, many):
-        low, estimate, high = cmp.ratio_interval(base, base * 1.2, 0.01)
+        low, estimate, high = statistics.ratio_interval(base, base * 1.2, 0.01)
         assert estimate == pytest.approx(1.2)
         assert low < 1.2 < high
-    width_few = cmp.ratio_interval(few, few * 1.2, 0.01)
-    width_many = cmp.ratio_interval(many, many * 1.2, 0.01)
+    width_few = statistics.ratio_interval(few, few * 1.2, 0.01)
+    width_many = statistics.ratio_interval(many, many * 1.2, 0.01)
     assert (width_many[2] - width_many[0]) < (width_few[2] - width_few[0]) / 2
     # 4 against 4 samples cannot reach one-sided 0.01 (1/70 = 0.014): no bound at all
-    low, _, high = cmp.ratio_interval(few[:4], few[:4], 0.01)
+    low, _, high = statistics.ratio_interval(few[:4], few[:4], 0.01)
     assert low == 0.0 and high == float("inf")
 
 
 def test_tight_samples_of_the_same_speed_are_unchanged_with_a_small_resolution():
     rng = np.random.default_rng(1)
     base, new = 1.0 + 0.005 * rng.standard_normal(30), 1.0 + 0.005 * rng.standard_normal(30)
-    decision = cmp.decide_time(float(np.median(base)), float(np.median(new)), base, new, cmp.Thresholds())
+    decision = statistics.decide_time(float(np.median(base)), float(np.median(new)), base, new, Thresholds())
     assert decision.verdict == "same"
     assert 0 < decision.resolution < 0.01
 
 
 def test_too_few_samples_for_the_level_are_undecided():
     base, new = np.array([1.0, 1.01, 0.99, 1.0]), np.array([1.0, 1.02, 0.98, 1.01])
-    decision = cmp.decide_time(1.0, 1.005, base, new, cmp.Thresholds(min_samples=4))
+    decision = statistics.decide_time(1.0, 1.005, base, new, Thresholds(min_samples=4))
     assert decision.verdict == "undecided" and decision.resolution == float("inf")
 
 
@@ -282,13 +284,13 @@ def test_undecided_is_counted_listed_and_fails_only_on_its_own_choice(tmp_path):
     row = outcome_of(comparison, BACKENDS[0], 512)
     assert row["outcome"] == "undecided" and row["resolution"] > 0.03
     assert comparison.counts["undecided"] >= 1
-    assert "undecided" in cmp.verdict_line(comparison, "any")
+    assert "undecided" in render.verdict_line(comparison, "any")
     assert comparison.exit_status("any") == 0 and comparison.exit_status("regression") == 0
     assert comparison.exit_status("undecided") == 1 and comparison.exit_status("regression,undecided") == 1
-    changed = _markdown_tables(cmp.to_markdown(comparison))[1]
+    changed = _markdown_tables(render.to_markdown(comparison))[1]
     assert any("undecided" in line and "S512" in line for line in changed)
     assert "resolution" in changed[0]
-    report = cmp.to_json(comparison, "undecided")
+    report = render.to_json(comparison, "undecided")
     assert report["exit_status"] == 1 and report["resolution"]["cases"] == len(comparison.cases)
     with pytest.raises(UserError, match="'sometimes' is not one of"):
         comparison.exit_status("regression,sometimes")
@@ -343,18 +345,18 @@ def test_suite_thresholds_from_base_metadata_then_file_then_option(tmp_path):
     slow = {("tfla_sig", 2048): 1.10}
     base = write(tmp_path, "a", suite_rows(1), compare={"time_threshold": 0.2})
     new = write(tmp_path, "b", suite_rows(2, slow=slow), compare={"time_threshold": 0.05})
-    thresholds, source = cmp.resolve_thresholds(base.metadata)
+    thresholds, source = resolve_thresholds(base.metadata)
     assert (thresholds.time_threshold, source["time_threshold"]) == (0.2, "base suite")
     assert cmp.compare_results(base, new, thresholds).counts["regression"] == 0
 
     path = tmp_path / "thresholds.yaml"
     path.write_text("compare:\n  time_threshold: 0.05\n  alpha: 0.001\n")
-    thresholds, source = cmp.resolve_thresholds(base.metadata, cmp.load_thresholds_file(path))
+    thresholds, source = resolve_thresholds(base.metadata, load_thresholds_file(path))
     assert (thresholds.time_threshold, thresholds.alpha, source["alpha"]) == (0.05, 0.001, "thresholds file")
     assert cmp.compare_results(base, new, thresholds).counts["regression"] == 1
 
-    thresholds, source = cmp.resolve_thresholds(
-        base.metadata, cmp.load_thresholds_file(path), {"time_threshold": 0.5, "alpha": None})
+    thresholds, source = resolve_thresholds(
+        base.metadata, load_thresholds_file(path), {"time_threshold": 0.5, "alpha": None})
     assert (thresholds.time_threshold, source["time_threshold"], thresholds.alpha) == (0.5, "option", 0.001)
 
 
@@ -365,7 +367,7 @@ def test_the_candidate_cannot_loosen_the_gate(tmp_path):
     base = write(tmp_path, "a", suite_rows(1))
     new = write(tmp_path, "b", suite_rows(2, slow=slow), compare={"time_threshold": 9.9, "alpha": 1e-300})
     comparison = cmp.compare_results(base, new)
-    assert comparison.thresholds == cmp.Thresholds()
+    assert comparison.thresholds == Thresholds()
     assert comparison.counts["regression"] == len(BACKENDS) * len(SEQ_LENS)
     assert comparison.exit_status("any") == 1
     (warning,) = [w for w in comparison.warnings if w.startswith("new asks for")]
@@ -384,7 +386,7 @@ def test_a_candidate_without_the_numerics_gate_is_marked_and_never_an_improvemen
     assert comparison.cases["unchecked"].all()
     assert any("numerics.check off" in w for w in comparison.warnings)
     assert comparison.exit_status("any") == 0  # not counted toward the undecided share
-    assert "(unchecked)" in cmp.to_markdown(comparison)
+    assert "(unchecked)" in render.to_markdown(comparison)
     checked = write(tmp_path, "c", suite_rows(2, slow=fast), measurement={"numerics": {"check": True}})
     assert cmp.compare_results(base, checked).counts["improvement"] == len(BACKENDS) * len(SEQ_LENS)
 
@@ -400,9 +402,9 @@ def test_undecided_for_want_of_resolution_on_more_than_a_quarter_fails_the_defau
                                    samples=base_median_ms(r["backend"], r["seq_len"]) * np.linspace(0.5, 1.5, 8))
     comparison = cmp.compare_results(write(tmp_path, "a", rows), write(tmp_path, "b", new_rows))
     counted, compared = comparison.undecided_share()
-    assert compared == len(rows) and counted / compared > cmp.UNDECIDED_SHARE
+    assert compared == len(rows) and counted / compared > UNDECIDED_SHARE
     assert comparison.counts["regression"] == 0 and comparison.exit_status("any") == 1
-    assert "undecided for want of resolution" in cmp.verdict_line(comparison, "any")
+    assert "undecided for want of resolution" in render.verdict_line(comparison, "any")
     assert comparison.exit_status("regression,failure") == 0
 
 
@@ -410,10 +412,10 @@ def test_bad_threshold_file_is_a_user_error(tmp_path):
     path = tmp_path / "t.yaml"
     path.write_text("time_treshold: 0.05\n")
     with pytest.raises(UserError, match="unknown threshold 'time_treshold'"):
-        cmp.load_thresholds_file(path)
+        load_thresholds_file(path)
     path.write_text("alpha: 2\n")
     with pytest.raises(UserError, match="alpha"):
-        cmp.load_thresholds_file(path)
+        load_thresholds_file(path)
 
 
 # ----------------------------------------------------------------------------- rendering
@@ -437,7 +439,7 @@ def test_markdown_has_a_header_and_one_row_per_reported_case(tmp_path):
     new_rows = suite_rows(2, slow={("tfla_sig", 2048): 1.10})
     new_rows[5] = make_row(rows[5]["backend"], rows[5]["seq_len"], status="crash", reason="segfault | core dumped")
     comparison = cmp.compare_results(write(tmp_path, "a", rows), write(tmp_path, "b", new_rows[1:]))
-    text = cmp.to_markdown(comparison)
+    text = render.to_markdown(comparison)
     tables = _markdown_tables(text)
     # per-backend table, changed cases, unchanged cases (in <details>)
     assert len(tables) == 3
@@ -460,7 +462,7 @@ def test_markdown_has_a_header_and_one_row_per_reported_case(tmp_path):
 def test_json_report_lists_every_case(tmp_path):
     base = write(tmp_path, "a", suite_rows(1))
     new = write(tmp_path, "b", suite_rows(2, slow={("fa2", 512): 1.2}))
-    report = json.loads(json.dumps(cmp.to_json(cmp.compare_results(base, new))))
+    report = json.loads(json.dumps(render.to_json(cmp.compare_results(base, new))))
     assert len(report["cases"]) == len(BACKENDS) * len(SEQ_LENS)
     assert report["exit_status"] == 1 and report["counts"]["regression"] == 1
     assert report["cases"][0]["outcome"] == "regression"
@@ -573,7 +575,7 @@ def test_noisy_cases_are_named_widest_first(tmp_path):
     rows = suite_rows(1)
     rows[2] = make_row(rows[2]["backend"], rows[2]["seq_len"], samples=np.linspace(0.5, 1.5, N_ITER))
     rows[7] = make_row(rows[7]["backend"], rows[7]["seq_len"], samples=np.linspace(0.8, 1.2, N_ITER))
-    noisy = cmp.noisy_cases(write(tmp_path, "a", rows).rows)
+    noisy = caveats.noisy_cases(write(tmp_path, "a", rows).rows)
     assert [label for label, _ in noisy] == [case_label(rows[2]), case_label(rows[7])]
     assert noisy[0][1] == pytest.approx(0.5, abs=0.02) and noisy[1][1] == pytest.approx(0.2, abs=0.02)
 
@@ -602,17 +604,17 @@ def test_noise_warnings_say_whether_the_traced_gpu_slowed_down(tmp_path, capsys)
     rows[2]["gpu_slowdowns"], rows[7]["gpu_slowdowns"] = "sw_power_cap,sw_thermal_slowdown", ""
     rows[3]["gpu_slowdowns"] = "hw_slowdown"  # a steady case: not counted
     traced = write(tmp_path, "a", rows).rows
-    (warning,) = cmp.noise_warnings(traced, "new")
+    (warning,) = caveats.noise_warnings(traced, "new")
     assert "the GPU reported sw_power_cap, sw_thermal_slowdown during 1 of the 2 traced one(s)" in warning
     assert "hw_slowdown" not in warning
     _warn_noisy(traced)
     assert "The GPU reported sw_power_cap, sw_thermal_slowdown during 1 of the 2 traced one(s)." in capsys.readouterr().err
     rows[2]["gpu_slowdowns"] = ""
-    (warning,) = cmp.noise_warnings(write(tmp_path, "b", rows).rows, "new")
+    (warning,) = caveats.noise_warnings(write(tmp_path, "b", rows).rows, "new")
     assert "the GPU reported no slowdown reason during the 2 traced one(s)" in warning
     untraced = suite_rows(1)
     untraced[2] = rows[2] | {"gpu_slowdowns": None}
-    (warning,) = cmp.noise_warnings(write(tmp_path, "c", untraced).rows, "new")
+    (warning,) = caveats.noise_warnings(write(tmp_path, "c", untraced).rows, "new")
     assert "GPU reported" not in warning
     _warn_noisy(write(tmp_path, "d", untraced).rows)
     assert "`run --gpu-trace` records whether the GPU slowed down" in capsys.readouterr().err

@@ -18,7 +18,8 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from tflabench.compare import gate as cmp
+from tflabench.compare import gate as cmp, render, statistics
+from tflabench.compare.thresholds import Thresholds
 from tflabench.cli import app
 from tflabench.store.conditions import timing_differences, timing_method
 from tflabench.store.results import load_results, write_results
@@ -79,8 +80,8 @@ def test_forty_thousand_samples_a_side_take_little_memory():
     new = 1.2 * np.exp(0.02 * rng.standard_normal(40_000))
     tracemalloc.start()
     try:
-        decision = cmp.decide_time(float(np.median(base)), float(np.median(new)), base, new, cmp.Thresholds())
-        tail = cmp.decide_tail(base, new, cmp.Thresholds())
+        decision = statistics.decide_time(float(np.median(base)), float(np.median(new)), base, new, Thresholds())
+        tail = statistics.decide_tail(base, new, Thresholds())
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
@@ -95,7 +96,7 @@ def test_pairwise_difference_quantile_is_the_quantile_of_all_pairs(sizes):
     x, y = np.round(rng.normal(size=sizes[0]), 2), np.round(rng.normal(size=sizes[1]) + 0.3, 2)
     pairs = np.subtract.outer(y, x).ravel()  # the definition, at sizes where it is cheap
     for q in (0.01, 0.3, 0.5, 0.99):
-        assert cmp.pairwise_difference_quantile(x, y, q) == pytest.approx(np.quantile(pairs, q), abs=1e-12)
+        assert statistics.pairwise_difference_quantile(x, y, q) == pytest.approx(np.quantile(pairs, q), abs=1e-12)
 
 
 def test_a_tail_regression_is_its_own_finding(tmp_path):
@@ -108,7 +109,7 @@ def test_a_tail_regression_is_its_own_finding(tmp_path):
     assert case["outcome"] == "tail" and case["time_verdict"] != "slower"
     assert case["mean_ratio"] == pytest.approx(10.9) and "tail" in case["detail"]
     assert comparison.exit_status("any") == 1 and comparison.exit_status("regression") == 1
-    assert "tail" in cmp.to_markdown(comparison).split("### Changed cases")[1]
+    assert "tail" in render.to_markdown(comparison).split("### Changed cases")[1]
     one_stall = write(tmp_path, "c", [row(KERNELS[0], 128, np.r_[np.ones(99), [100.0]])])
     assert cmp.compare_results(base, one_stall).cases.iloc[0]["outcome"] != "tail"
 
@@ -157,7 +158,7 @@ def test_cpu_drift_between_runs_is_undecided_and_passes_but_a_3x_slowdown_fails(
     drifted = comparison.cases[comparison.cases["undecided_kind"] == "drift"]
     assert len(drifted) == len(drift) and comparison.counts["regression"] == 0
     assert comparison.exit_status("any") == 0
-    assert "within the drift between runs" in cmp.verdict_line(comparison)
+    assert "within the drift between runs" in render.verdict_line(comparison)
 
     slowed = write(tmp_path, "c", rows(2, factor={(KERNELS[0], 128): 3.0}, device="cpu"))
     comparison = cmp.compare_results(base, slowed)
@@ -215,7 +216,7 @@ def test_two_runs_of_the_cpu_demo_pass_the_default_gate(tmp_path):
 
 def _render(comparison, width: int, **kwargs) -> str:
     console = Console(file=io.StringIO(), width=width, highlight=False, no_color=True)
-    cmp.render_table(comparison, console, show_unchanged=True, **kwargs)
+    render.render_table(comparison, console, show_unchanged=True, **kwargs)
     return console.file.getvalue()
 
 
@@ -227,8 +228,8 @@ def test_the_table_reads_at_80_columns_and_cuts_no_number(tmp_path):
     assert max(len(line) for line in text.splitlines()) <= 80
     assert "…" not in text
     for r in comparison.cases.to_dict("records"):
-        for number in (cmp._fmt_ms(r["base_ms"]), cmp._fmt_ms(r["new_ms"]), cmp._fmt_change(r["time_ratio"]),
-                       f"res={cmp._fmt_resolution(r['resolution'])}", f"tail={cmp._fmt_tail(r)}"):
+        for number in (render._fmt_ms(r["base_ms"]), render._fmt_ms(r["new_ms"]), render._fmt_change(r["time_ratio"]),
+                       f"res={render._fmt_resolution(r['resolution'])}", f"tail={render._fmt_tail(r)}"):
             assert re.search(rf"(?<![\d.]){re.escape(number)}(?![\d.%])", text), number
     assert "kernels: mLSTMexp = mLSTMexp TFLA (reference)" in text
     assert "mem=" in text
@@ -237,5 +238,5 @@ def test_the_table_reads_at_80_columns_and_cuts_no_number(tmp_path):
 
 
 def test_short_kernel_names_stay_apart():
-    names = cmp.short_kernel_names(["mLSTMsig TFLA (reference)", "mLSTMsig TFLA (triton)", "fa2"])
+    names = render.short_kernel_names(["mLSTMsig TFLA (reference)", "mLSTMsig TFLA (triton)", "fa2"])
     assert names == {"mLSTMsig TFLA (reference)": "mLSTMsig", "mLSTMsig TFLA (triton)": "mLSTMsig#2"}

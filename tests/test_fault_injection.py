@@ -28,6 +28,9 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from tflabench.store import results as R
+from tflabench.store import files as store_files
+from tflabench.store.lock import LOCK_FILE, ResultSetLock
+from tflabench.store.schema import new_row
 from tflabench.cli import app
 from tflabench.errors import UserError
 from tflabench.report.plots.benchmark import write_plots
@@ -137,7 +140,7 @@ def test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock(tm
     hold.unlink()
     kept = _whole_lines(directory / R.ROWS_FILE)
     assert [r["seq_len"] for r in kept] == [8, 16, 24]
-    owner = json.loads((directory / R.LOCK_FILE).read_text())
+    owner = json.loads((directory / LOCK_FILE).read_text())
     assert owner["pid"] == proc.pid  # the killed run could not remove its lock
     assert not (directory / R.PARQUET_FILE).exists()  # killed before the table: rows.jsonl is enough
     rs = R.load_results(directory)
@@ -153,17 +156,17 @@ def test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock(tm
     rows = _whole_lines(directory / R.ROWS_FILE)
     assert rows[: len(kept)] == kept and len(rows) == 6  # the earlier rows, untouched, then the rest
     assert sorted(r["seq_len"] for r in rows) == [8, 16, 24, 32, 40, 48]
-    assert not (directory / R.LOCK_FILE).exists() and not list(directory.glob(".*.tmp"))
+    assert not (directory / LOCK_FILE).exists() and not list(directory.glob(".*.tmp"))
     assert _new_files(before, tmp_path, directory) == set()
 
 
 DRIVER = textwrap.dedent('''
     # driver.py N ARGS: `tflabench run ARGS`, SIGKILLed halfway through writing row N.
     import os, signal, sys
-    from tflabench.store import results as R
+    from tflabench.store import files
 
     n_row, args = int(sys.argv[1]), sys.argv[2:]
-    real, count = R._write_all, [0]
+    real, count = files.write_all, [0]
 
     def torn_write(fd, data):
         count[0] += 1
@@ -173,7 +176,7 @@ DRIVER = textwrap.dedent('''
         real(fd, data)
 
     if __name__ == "__main__":  # not again in the spawned workers, which import this file
-        R._write_all = torn_write
+        files.write_all = torn_write
         from tflabench.cli import app
         app(["run", *args, "--no-progress", "--no-plots"])
 ''')
@@ -277,7 +280,7 @@ def test_reading_a_set_while_a_live_run_writes_it_does_not_call_the_last_line_to
     _, directory = _copy(measured, tmp_path)
     one = (directory / R.ROWS_FILE).read_text().splitlines()[0]
     (directory / R.ROWS_FILE).write_text(one + "\n" + one[:30])
-    with R.ResultSetLock(directory):  # this process plays the run that is appending
+    with ResultSetLock(directory):  # this process plays the run that is appending
         rs = R.load_results(directory)
     assert len(rs.rows) == 1 and "line 2 is not whole yet" in rs.warnings[0]
     assert (directory / R.ROWS_FILE).read_text() == one + "\n" + one[:30]
@@ -312,7 +315,7 @@ def test_truncated_parquet_is_never_read_while_the_rows_are_there_and_is_rewritt
 
 def test_sets_without_their_table_are_read_by_report_compare_and_merge(tmp_path):
     def shard_set(k: int, seq_len: int) -> Path:
-        row = R.new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
+        row = new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
                         dtype="float32", device="cpu", batch=1, seq_len=seq_len, heads=2, d_qk=16, d_hv=16,
                         chunk_size=None, embedding_dim=32)
         row.update(status="ok", ms_median=1.0, ms_samples=[1.0, 1.0])
@@ -348,7 +351,7 @@ def test_killed_table_write_leaves_the_previous_table_and_no_partial_file(measur
 
 def test_full_disk_stops_the_run_keeps_whole_rows_and_says_how_to_finish(tmp_path, monkeypatch):
     suite = _suite(tmp_path, seq_len=(16, 32, 48))
-    real, count = R._write_all, [0]
+    real, count = store_files.write_all, [0]
 
     def disk_fills(fd, data):  # the second row: half of it fits, then ENOSPC
         count[0] += 1
@@ -357,7 +360,7 @@ def test_full_disk_stops_the_run_keeps_whole_rows_and_says_how_to_finish(tmp_pat
             raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
         real(fd, data)
 
-    monkeypatch.setattr(R, "_write_all", disk_fills)
+    monkeypatch.setattr(store_files, "write_all", disk_fills)
     before = _files(tmp_path)
     result = cli.invoke(app, ["run", str(suite), "--out", str(tmp_path / "out"), "--no-progress", "--no-plots"])
     line = _one_error_line(result)
@@ -365,8 +368,8 @@ def test_full_disk_stops_the_run_keeps_whole_rows_and_says_how_to_finish(tmp_pat
     assert f"cannot write {directory / R.ROWS_FILE}: No space left on device (ENOSPC)" in line
     assert f"--resume {directory}" in line
     assert [r["seq_len"] for r in _whole_lines(directory / R.ROWS_FILE)] == [16]  # the torn half cut off
-    assert not (directory / R.LOCK_FILE).exists()
-    monkeypatch.setattr(R, "_write_all", real)  # space freed: the resume finishes
+    assert not (directory / LOCK_FILE).exists()
+    monkeypatch.setattr(store_files, "write_all", real)  # space freed: the resume finishes
     resumed = cli.invoke(app, ["run", str(suite), "--resume", str(directory), "--no-progress", "--no-plots"])
     assert resumed.exit_code == 0, resumed.output
     assert [r["seq_len"] for r in _whole_lines(directory / R.ROWS_FILE)] == [16, 32, 48]
@@ -425,20 +428,20 @@ def test_read_only_output_directory_is_one_line_exit_2(tmp_path, monkeypatch):
 
 def test_lock_of_another_host_is_refused_with_how_to_clear_it(measured, tmp_path):
     suite, directory = _copy(measured, tmp_path)
-    (directory / R.LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "gpu-node-7", "started": "earlier"}))
+    (directory / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "gpu-node-7", "started": "earlier"}))
     rows = (directory / R.ROWS_FILE).read_bytes()
     line = _one_error_line(cli.invoke(app, ["run", str(suite), "--resume", str(directory)]))
-    assert "pid 1 on host gpu-node-7" in line and f"delete {directory / R.LOCK_FILE}" in line
+    assert "pid 1 on host gpu-node-7" in line and f"delete {directory / LOCK_FILE}" in line
     assert (directory / R.ROWS_FILE).read_bytes() == rows
 
 
 def test_lock_is_exclusive_and_released(tmp_path):
-    with R.ResultSetLock(tmp_path) as lock:
-        assert json.loads((tmp_path / R.LOCK_FILE).read_text())["pid"] == os.getpid()
+    with ResultSetLock(tmp_path) as lock:
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["pid"] == os.getpid()
         with pytest.raises(UserError, match=f"pid {os.getpid()} on host"):
-            R.ResultSetLock(tmp_path).acquire()
+            ResultSetLock(tmp_path).acquire()
         assert lock.note is None
-    assert not (tmp_path / R.LOCK_FILE).exists()
+    assert not (tmp_path / LOCK_FILE).exists()
 
 
 # --------------------------------------------------------------------------- names

@@ -8,7 +8,8 @@ import pytest
 from tflabench import environment
 from tflabench.compare.gate import compare_results
 from tflabench.environment import GpuDevice, GpuInfo, gpus_used, visible_gpus
-from tflabench.store.results import load_results, new_row, write_results
+from tflabench.store.results import load_results, write_results
+from tflabench.store.schema import new_row
 from tflabench.store.shard import merge_results
 
 HOST = GpuInfo([GpuDevice("0", "NVIDIA H200", "GPU-aaaa-0"), GpuDevice("1", "NVIDIA H200", "GPU-bbbb-1"),

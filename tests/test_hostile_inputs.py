@@ -18,6 +18,7 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from tflabench.store import results as R
+from tflabench.store.schema import new_row
 from tflabench.cli import app
 from tflabench.run.suite_run import run_suite
 from tflabench.store.suite import load_suite
@@ -192,14 +193,14 @@ def test_resume_refuses_a_measurement_record_of_the_wrong_shape_naming_the_field
 def _shard(tmp_path: Path, k: int, n: int, seq_lens: list[int], expected: list[int] | None) -> Path:
     rows = []
     for s in seq_lens:
-        row = R.new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
+        row = new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
                         dtype="float32", device="cpu", batch=1, seq_len=s, heads=2, d_qk=16, d_hv=16,
                         chunk_size=None, embedding_dim=32)
         row.update(status="ok", ms_median=1.0, ms_samples=[1.0, 1.0, 1.0])
         rows.append(row)
     ids = None
     if expected is not None:
-        ids = [R.new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
+        ids = [new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
                          dtype="float32", device="cpu", batch=1, seq_len=s, heads=2, d_qk=16, d_hv=16,
                          chunk_size=None, embedding_dim=32)["case_id"] for s in expected]
     return R.write_results(tmp_path / f"shard{k}", rows, {"suite": "s", "shard": f"{k}/{n}", "case_ids": ids})
@@ -225,7 +226,7 @@ def test_merge_refuses_a_shard_holding_fewer_cases_than_it_was_to_measure(tmp_pa
 
 def test_merge_of_shards_without_their_own_case_list_checks_the_suites(tmp_path):
     # shards written before each recorded its own cases: the union against the suite's
-    ids = [R.new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
+    ids = [new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
                      dtype="float32", device="cpu", batch=1, seq_len=s, heads=2, d_qk=16, d_hv=16, chunk_size=None,
                      embedding_dim=32)["case_id"] for s in (16, 32, 48)]
     paths = []
@@ -288,7 +289,7 @@ def test_compare_thresholds_file_is_bounded(measured, tmp_path, text, expected):
 
 
 def test_min_samples_zero_is_refused_not_a_crash_on_rows_without_samples(tmp_path):
-    row = R.new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
+    row = new_row(suite="s", kernel="k", backend="sdpa", family="attention", params={}, mode="fwd",
                     dtype="float32", device="cpu", batch=1, seq_len=16, heads=2, d_qk=16, d_hv=16,
                     chunk_size=None, embedding_dim=32)
     row.update(status="ok", ms_median=1.0)  # no ms_samples, no quartiles

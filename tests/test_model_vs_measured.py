@@ -18,6 +18,7 @@ from typer.testing import CliRunner
 
 from tflabench.analysis import model_vs_measured as mm
 from tflabench.store import results as R
+from tflabench.store.schema import fill_model_columns, new_row
 from tflabench.cli import app
 from tflabench.errors import UserError
 from tflabench.hardware import get_gpu
@@ -43,7 +44,7 @@ def close(value: float, printed: str, rel: float = 1e-6) -> bool:
 
 def _row(kernel="sig sweep", *, L=128, ms=1.0, mode="fwd", family="mlstm", status="ok", shape=FIG17,
          flops=None, nbytes=None, peak=None, variant="sig"):
-    row = R.new_row(suite="s", kernel=kernel, backend="tfla", family=family,
+    row = new_row(suite="s", kernel=kernel, backend="tfla", family=family,
                     params={"chunk_size": L, "variant": variant}, mode=mode, dtype="bfloat16", device="cuda",
                     chunk_size=L, embedding_dim=shape["heads"] * shape["d_hv"], **shape)
     row.update(status=status, ms_median=ms if status == "ok" else None, flops=flops, bytes=nbytes,
@@ -137,7 +138,7 @@ def test_each_row_is_placed_against_the_bound_at_its_own_intensity():
     assert comp["bound_flops_per_s"] == pytest.approx(989e12)             # alpha
     assert comp["fraction"] == pytest.approx((1e12 / 2e-3) / 989e12)
     # the same number as the result column roofline_fraction under the same ceilings
-    filled = R.fill_model_columns(dict(rows[0]), g.flops_per_s, g.bytes_per_s)
+    filled = fill_model_columns(dict(rows[0]), g.flops_per_s, g.bytes_per_s)
     assert filled["roofline_fraction"] == pytest.approx(mem["fraction"])
 
 

@@ -17,6 +17,7 @@ import torch
 
 from tflabench import numerics as N
 from tflabench.store import results as R
+from tflabench.store.schema import case_id, new_row
 from tflabench.backends import get_backend
 from tflabench.backends.base import Shape
 from tflabench.run.measure import numerics_gate
@@ -145,9 +146,9 @@ def test_run_rows_keep_their_case_ids():
     rows = [json.loads(line) for line in
             (ROOT / "results/reference/h200/chunk_tradeoff/rows.jsonl").read_text().splitlines()[:5]]
     for row in rows:
-        assert R.case_id(row) == row["case_id"]
-        assert R.case_id({k: v for k, v in row.items() if k != "numerics_case"}) == row["case_id"]
-    assert R.case_id({**rows[0], "numerics_case": "f_closed"}) != rows[0]["case_id"]
+        assert case_id(row) == row["case_id"]
+        assert case_id({k: v for k, v in row.items() if k != "numerics_case"}) == row["case_id"]
+    assert case_id({**rows[0], "numerics_case": "f_closed"}) != rows[0]["case_id"]
 
 
 def test_compare_reports_ok_to_wrong_as_a_new_failure(tmp_path):
@@ -156,8 +157,8 @@ def test_compare_reports_ok_to_wrong_as_a_new_failure(tmp_path):
     ident = dict(suite="s", kernel="k", backend="custom", family="custom", params={}, mode="fwd",
                  dtype="float32", device="cpu", batch=1, seq_len=40, heads=2, d_qk=16, d_hv=16,
                  chunk_size=None, embedding_dim=32)
-    ok = {**R.new_row(**ident), "status": "ok", "ms_median": 1.0, "numerics_err": 1e-6}
-    wrong = {**R.new_row(**ident), "status": "wrong", "numerics_err": 1e-2, "numerics_worst": "out",
+    ok = {**new_row(**ident), "status": "ok", "ms_median": 1.0, "numerics_err": 1e-6}
+    wrong = {**new_row(**ident), "status": "wrong", "numerics_err": 1e-2, "numerics_worst": "out",
              "reason": "numerics: max-normalised error 0.01 on out exceeds its budget 0.001"}
     base = R.load_results(R.write_results(tmp_path / "base", [ok], {"suite": "s"}))
     new = R.load_results(R.write_results(tmp_path / "new", [wrong], {"suite": "s"}))

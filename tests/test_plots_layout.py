@@ -13,6 +13,7 @@ import pytest
 
 from tflabench.analysis import model_vs_measured as mm
 from tflabench.store import results as R
+from tflabench.store.schema import new_row
 from tflabench.hardware import get_gpu
 
 #: Overlap or overhang (pixels) put down to rounding, not to a collision.
@@ -108,7 +109,7 @@ def test_analytic_figures_at_default_size(tmp_path, checked):
 def _row(kernel, backend, L, S, ms, mode="fwd", peak=None, chunk="fixed"):
     shape = dict(batch=65536 // S, seq_len=S, heads=8, d_qk=256, d_hv=512)
     params = {"chunk_size": "auto" if chunk == "auto" else L, "variant": "sig"}
-    row = R.new_row(suite="h100_7b", kernel=kernel, backend=backend, family="mlstm", params=params, mode=mode,
+    row = new_row(suite="h100_7b", kernel=kernel, backend=backend, family="mlstm", params=params, mode=mode,
                     dtype="bfloat16", device="cuda", chunk_size=L, embedding_dim=8 * 512, **shape)
     c = mm.model_counts_at("sig", mode, L, **shape, F_causal=0.5)
     row.update(status="ok", ms_median=ms, flops=c.flops, bytes=c.bytes, peak_mem_bytes=peak,

@@ -25,6 +25,7 @@ from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from tflabench.store import results as R
+from tflabench.store.schema import new_row
 from tflabench.run import suite_run
 from tflabench.cli import app
 
@@ -49,7 +50,7 @@ def fake_run_cases(cases, directory, *, on_start=None, on_done=None, **_):
         for n, case in enumerate(cases):
             if on_start is not None:
                 on_start(0, case)
-            row = R.new_row(**case.identity())
+            row = new_row(**case.identity())
             samples = [1.0 + 0.01 * ((n + i) % 3) for i in range(case.iterations)]
             row.update(status="ok", ms_median=sorted(samples)[len(samples) // 2], ms_mean=sum(samples) / len(samples),
                        ms_min=min(samples), ms_max=max(samples), ms_q25=min(samples), ms_q75=max(samples),

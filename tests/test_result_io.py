@@ -27,6 +27,10 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from tflabench.store import results as R
+from tflabench.store import files as store_files
+from tflabench.store.files import ResultWriteError, install_file
+from tflabench.store.lock import LOCK_FILE, ResultSetLock
+from tflabench.store.schema import COLUMNS, METADATA_TYPES, TIMING_FIELD_TYPES, new_row
 from tflabench.store import shard
 from tflabench.cli import app
 from tflabench.errors import UserError
@@ -89,7 +93,7 @@ def _one_error_line(result) -> str:
 
 
 def _row(seq_len=64, **over) -> dict:
-    row = R.new_row(suite="io", kernel="k", backend="custom", family="custom", params={"x": 1}, mode="fwd",
+    row = new_row(suite="io", kernel="k", backend="custom", family="custom", params={"x": 1}, mode="fwd",
                     dtype="float32", device="cpu", batch=1, seq_len=seq_len, heads=2, d_qk=16, d_hv=16,
                     chunk_size=None, embedding_dim=32)
     row.update(status="ok", ms_median=1.0, ms_samples=[1.0, 1.0, 1.0])
@@ -154,10 +158,10 @@ def test_a_set_file_linked_to_dev_zero_or_a_fifo_is_refused_at_once(small_set, n
 def test_reads_are_bounded_per_file(small_set, monkeypatch):
     (small_set / R.PARQUET_FILE).unlink()  # rows.jsonl alone (a killed run's set)
     size = (small_set / R.ROWS_FILE).stat().st_size
-    monkeypatch.setattr(R, "MAX_ROWS_FILE_BYTES", size - 1)
+    monkeypatch.setattr(store_files, "MAX_ROWS_FILE_BYTES", size - 1)
     with pytest.raises(UserError, match=f"{size} bytes, more than the {size - 1} bytes"):
         R.load_results(small_set)
-    monkeypatch.setattr(R, "MAX_ROWS_FILE_BYTES", size)
+    monkeypatch.setattr(store_files, "MAX_ROWS_FILE_BYTES", size)
     assert len(R.load_results(small_set).rows) == 2
 
 
@@ -171,17 +175,17 @@ def test_atomic_write_replaces_a_planted_link_instead_of_writing_through_it(tmp_
     assert victim.read_text() == "precious" and not target.is_symlink()
     assert json.loads(target.read_text())["suite"] == "io"
     # a link planted under the temporary file's name is not followed either
-    monkeypatch.setattr(R.uuid, "uuid4", lambda: type("U", (), {"hex": "0" * 32})())
+    monkeypatch.setattr(store_files.uuid, "uuid4", lambda: type("U", (), {"hex": "0" * 32})())
     planted = target.with_name(f".{target.name}.{os.getpid()}.00000000.tmp")
     planted.symlink_to(victim)
-    with pytest.raises(R.ResultWriteError):
+    with pytest.raises(ResultWriteError):
         R.write_metadata(target.parent, {"suite": "io2"})
     assert victim.read_text() == "precious"
     # install_file (figures) refuses a directory that is a link
     (tmp_path / "elsewhere").mkdir()
     (tmp_path / "set" / "plots").symlink_to(tmp_path / "elsewhere")
-    with pytest.raises(R.ResultWriteError, match="symbolic link, not a directory"):
-        R.install_file(victim, tmp_path / "set" / "plots" / "runtime.png")
+    with pytest.raises(ResultWriteError, match="symbolic link, not a directory"):
+        install_file(victim, tmp_path / "set" / "plots" / "runtime.png")
     assert list((tmp_path / "elsewhere").iterdir()) == []
 
 
@@ -260,7 +264,7 @@ def test_a_sweep_of_a_billion_cases_is_refused_before_any_list_is_built(tmp_path
 
 
 def _hold_lock(directory, ready, release):
-    lock = R.ResultSetLock(directory).acquire()
+    lock = ResultSetLock(directory).acquire()
     ready.set()
     release.wait(60)
     lock.release()
@@ -274,15 +278,15 @@ def test_a_live_lock_is_never_taken_over_even_when_its_pid_looks_dead(tmp_path):
     holder.start()
     try:
         assert ready.wait(60)
-        owner = json.loads((tmp_path / R.LOCK_FILE).read_text())
-        (tmp_path / R.LOCK_FILE).write_text(json.dumps({**owner, "pid": 2**22 + 17}))  # no such process here
-        assert R.ResultSetLock(tmp_path).held()
+        owner = json.loads((tmp_path / LOCK_FILE).read_text())
+        (tmp_path / LOCK_FILE).write_text(json.dumps({**owner, "pid": 2**22 + 17}))  # no such process here
+        assert ResultSetLock(tmp_path).held()
         with pytest.raises(UserError, match="being written by another run"):
-            R.ResultSetLock(tmp_path).acquire()
+            ResultSetLock(tmp_path).acquire()
     finally:
         release.set()
         holder.join(60)
-    with R.ResultSetLock(tmp_path) as lock:  # free once its owner let go
+    with ResultSetLock(tmp_path) as lock:  # free once its owner let go
         assert lock.note is None
 
 
@@ -294,10 +298,10 @@ def test_the_lock_of_a_killed_owner_is_free_because_the_kernel_dropped_it(tmp_pa
     assert ready.wait(60)
     os.kill(holder.pid, signal.SIGKILL)
     holder.join(60)
-    assert not R.ResultSetLock(tmp_path).held()
-    with R.ResultSetLock(tmp_path) as lock:
+    assert not ResultSetLock(tmp_path).held()
+    with ResultSetLock(tmp_path) as lock:
         assert f"took over the lock of pid {holder.pid}" in lock.note
-        assert json.loads((tmp_path / R.LOCK_FILE).read_text())["host"] == socket.gethostname()
+        assert json.loads((tmp_path / LOCK_FILE).read_text())["host"] == socket.gethostname()
 
 
 # --------------------------------------------------------------------------- merge
@@ -418,7 +422,7 @@ JSON_VALUES = st.recursive(
     | st.text(max_size=12),
     lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner, max_size=4),
     max_leaves=12)
-COLUMN_NAMES = st.sampled_from(list(R.COLUMNS) + ["extra"])
+COLUMN_NAMES = st.sampled_from(list(COLUMNS) + ["extra"])
 
 
 @st.composite
@@ -435,12 +439,12 @@ def damaged_row(draw):
 @st.composite
 def damaged_metadata(draw):
     meta = {"suite": "io", "shard": None}
-    keys = st.sampled_from(list(R.METADATA_TYPES) + ["measurement.timing", "shards_incomplete[0]"])
+    keys = st.sampled_from(list(METADATA_TYPES) + ["measurement.timing", "shards_incomplete[0]"])
     for key in draw(st.lists(keys, max_size=4)):
         value = draw(JSON_VALUES)
         if key == "measurement.timing":
             meta["measurement"] = {"timing": value if not isinstance(value, dict) else
-                                   {draw(st.sampled_from(list(R.TIMING_FIELD_TYPES))): draw(JSON_VALUES)}}
+                                   {draw(st.sampled_from(list(TIMING_FIELD_TYPES))): draw(JSON_VALUES)}}
         elif key == "shards_incomplete[0]":
             meta["shards_incomplete"] = [value]
         else:

@@ -8,6 +8,9 @@ import math
 import pytest
 
 from tflabench.store import results as R
+from tflabench.report.tables import timing_text
+from tflabench.store import schema
+from tflabench.text_safety import case_label
 from tflabench.errors import UserError
 
 
@@ -16,8 +19,8 @@ def _row(**over):
                     params={"variant": "sig", "chunk_size": 64}, mode="fwd", dtype="float32",
                     device="cpu", batch=2, seq_len=256, heads=4, d_qk=32, d_hv=64,
                     chunk_size=64, embedding_dim=256)
-    identity.update({k: over.pop(k) for k in list(over) if k in R.IDENTITY_COLUMNS})
-    row = R.new_row(**identity)
+    identity.update({k: over.pop(k) for k in list(over) if k in schema.IDENTITY_COLUMNS})
+    row = schema.new_row(**identity)
     row.update(status="ok", reason=None, ms_median=1.5, ms_mean=1.6, ms_min=1.0, ms_max=2.5,
                ms_q25=1.2, ms_q75=1.9, ms_samples=[1.0, 1.5, 2.5], n_iter=3, first_call_s=0.25,
                peak_mem_bytes=None, numerics_err=1e-7, numerics_ref="mlstm float64 reference",
@@ -35,13 +38,13 @@ def _meta():
 
 
 def _assert_same_rows(frame, rows):
-    assert list(frame.columns) == list(R.COLUMNS)
+    assert list(frame.columns) == list(schema.COLUMNS)
     assert len(frame) == len(rows)
     for got, want in zip(frame.to_dict("records"), rows):
-        full = R.complete_row(want)
-        for col in R.COLUMNS:
+        full = schema.complete_row(want)
+        for col in schema.COLUMNS:
             g, w = got[col], full[col]
-            if col in R.NUMERIC_COLUMNS:
+            if col in schema.NUMERIC_COLUMNS:
                 if w is None:
                     assert math.isnan(g), col
                 else:
@@ -57,7 +60,7 @@ def test_results_round_trip_through_each_file(tmp_path, keep):
                          ms_q75=None, ms_samples=None, n_iter=None, first_call_s=None)]
     R.write_results(tmp_path, rows, _meta())
     if keep == "results.csv":
-        R.rows_frame(rows).to_csv(tmp_path / "results.csv", index=False)
+        schema.rows_frame(rows).to_csv(tmp_path / "results.csv", index=False)
     for name in ("rows.jsonl", "results.parquet", "results.csv"):
         if name != keep and (tmp_path / name).exists():
             (tmp_path / name).unlink()
@@ -74,18 +77,18 @@ def test_timing_text_says_how_a_set_was_timed():
     value it was timed with; a set without a timing record says so."""
     timing = {"warmup": 10, "iterations": 30, "timeout_s": 300.0, "flush_l2": False, "sync_each": False}
     meta = lambda **t: {"measurement": {"timing": dict(timing, **t)}}  # noqa: E731
-    assert R.timing_text(meta()) == "median of 30 calls queued back to back, after 10 warm-up calls"
-    assert R.timing_text(meta(cuda_graph=True, warmup_s=5.0)) == (
+    assert timing_text(meta()) == "median of 30 calls queued back to back, after 10 warm-up calls"
+    assert timing_text(meta(cuda_graph=True, warmup_s=5.0)) == (
         "median of 30 replays of one captured CUDA graph, after 10 warm-up calls and 5 s of them")
-    assert R.timing_text(meta(sync_each=True, flush_l2=True)) == (
+    assert timing_text(meta(sync_each=True, flush_l2=True)) == (
         "median of 30 calls, each after a synchronise, after 10 warm-up calls, L2 flushed before each")
-    assert R.timing_text({}) == "not recorded" and R.timing_text({"measurement": {"timing": None}}) == "not recorded"
+    assert timing_text({}) == "not recorded" and timing_text({"measurement": {"timing": None}}) == "not recorded"
 
 
 def test_metadata_has_every_contract_key(tmp_path):
     R.write_results(tmp_path, [_row()], {"suite": "s"})
     meta = json.loads((tmp_path / "metadata.json").read_text())
-    assert set(R.METADATA_KEYS) <= set(meta)
+    assert set(schema.METADATA_KEYS) <= set(meta)
     assert meta["suite"] == "s" and meta["gpu_name"] is None
 
 
@@ -144,11 +147,11 @@ def test_missing_or_corrupt_result_set_raises_user_error(tmp_path):
 
 def test_case_id_depends_on_identity_only():
     a = _row()
-    same_params_as_text = R.case_id(dict(a, params=json.dumps({"variant": "sig", "chunk_size": 64}, indent=1)))
+    same_params_as_text = schema.case_id(dict(a, params=json.dumps({"variant": "sig", "chunk_size": 64}, indent=1)))
     assert same_params_as_text == a["case_id"]
-    assert R.case_id(dict(a, batch=2.0, ms_median=99.0, status="crash")) == a["case_id"]
-    assert R.case_id(dict(a, mode="fwdbw")) != a["case_id"]
-    assert R.case_id(dict(a, params={"variant": "exp", "chunk_size": 64})) != a["case_id"]
+    assert schema.case_id(dict(a, batch=2.0, ms_median=99.0, status="crash")) == a["case_id"]
+    assert schema.case_id(dict(a, mode="fwdbw")) != a["case_id"]
+    assert schema.case_id(dict(a, params={"variant": "exp", "chunk_size": 64})) != a["case_id"]
 
 
 def test_unknown_column_is_refused(tmp_path):
@@ -160,12 +163,12 @@ def test_model_columns_follow_their_definitions():
     # flops 2e12 and bytes 1e9 at 10 ms against ceilings 1e15 FLOP/s and 2e12 byte/s:
     # intensity 2e12/1e9 = 2000 FLOP/byte; achieved 2e12 / 10e-3 s = 200 TFLOP/s;
     # roofline bound max(2e12/1e15, 1e9/2e12) s = 2 ms (compute bound); fraction 2/10.
-    row = R.fill_model_columns({"flops": 2e12, "bytes": 1e9, "ms_median": 10.0}, 1e15, 2e12)
+    row = schema.fill_model_columns({"flops": 2e12, "bytes": 1e9, "ms_median": 10.0}, 1e15, 2e12)
     assert row["intensity_flop_per_byte"] == pytest.approx(2000.0)
     assert row["tflops_per_s"] == pytest.approx(200.0)
     assert row["roofline_ms"] == pytest.approx(2.0)
     assert row["roofline_fraction"] == pytest.approx(0.2)
-    no_ceilings = R.fill_model_columns({"flops": 2e12, "bytes": 1e9, "ms_median": None})
+    no_ceilings = schema.fill_model_columns({"flops": 2e12, "bytes": 1e9, "ms_median": None})
     assert "roofline_ms" not in no_ceilings and "tflops_per_s" not in no_ceilings
 
 
@@ -184,20 +187,20 @@ def test_number_keeps_finite_values_only():
     measurement (rows store NaN and inf as null), a numeric string or numpy scalar is."""
     import numpy as np
 
-    assert R.number("2.5") == 2.5 and R.number(np.float32(0.5)) == 0.5 and R.number(3) == 3.0
+    assert schema.number("2.5") == 2.5 and schema.number(np.float32(0.5)) == 0.5 and schema.number(3) == 3.0
     for bad in (None, "", "n/a", float("nan"), float("inf"), -float("inf"), np.nan, True, [1]):
-        assert R.number(bad) is None, bad
+        assert schema.number(bad) is None, bad
 
 
 def test_case_label_is_one_format_for_cases_and_rows():
     row = {"kernel": "mLSTMsig", "backend": "tfla", "mode": "fwdbw", "dtype": "bfloat16", "batch": 8.0,
            "seq_len": 8192, "heads": 8, "d_qk": 256, "d_hv": 512, "chunk_size": float("nan"),
            "numerics_case": None}
-    assert R.case_label(row) == "mLSTMsig fwdbw bfloat16 B8 S8192 NH8 d256/512"
-    assert R.case_label({**row, "chunk_size": 128, "numerics_case": "f_closed+init"}) == \
+    assert case_label(row) == "mLSTMsig fwdbw bfloat16 B8 S8192 NH8 d256/512"
+    assert case_label({**row, "chunk_size": 128, "numerics_case": "f_closed+init"}) == \
         "mLSTMsig fwdbw bfloat16 B8 S8192 NH8 d256/512 L128 f_closed+init"
-    assert R.case_label({**row, "kernel": None, "d_qk": None}, shape_only=True) == "B8 S8192 NH8 d?/512"
-    assert R.case_label({"backend": "sdpa"}) == "sdpa"
+    assert case_label({**row, "kernel": None, "d_qk": None}, shape_only=True) == "B8 S8192 NH8 d?/512"
+    assert case_label({"backend": "sdpa"}) == "sdpa"
 
 
 def test_model_columns_are_the_roofline_placement_of_the_row():
@@ -205,11 +208,11 @@ def test_model_columns_are_the_roofline_placement_of_the_row():
     (one definition: tflabench.model.place_on_roofline)."""
     from tflabench.model import place_on_roofline
 
-    row = R.fill_model_columns({"flops": 3e12, "bytes": 2e9, "ms_median": 4.0}, 1e15, 3e12)
+    row = schema.fill_model_columns({"flops": 3e12, "bytes": 2e9, "ms_median": 4.0}, 1e15, 3e12)
     placed = place_on_roofline(3e12, 2e9, 4.0, alpha=1e15, beta=3e12)
     assert row["roofline_ms"] == placed["roofline_ms"] == pytest.approx(3.0)          # compute: 3e12 / 1e15
     assert row["roofline_fraction"] == placed["fraction"] == pytest.approx(0.75)
     assert row["tflops_per_s"] == pytest.approx(placed["achieved_flops_per_s"] / 1e12) == pytest.approx(750)
     assert placed["bound"] == "compute" and placed["bound_flops_per_s"] == pytest.approx(1e15)
-    inf = R.fill_model_columns({"flops": float("inf"), "bytes": 2e9, "ms_median": 4.0}, 1e15, 3e12)
+    inf = schema.fill_model_columns({"flops": float("inf"), "bytes": 2e9, "ms_median": 4.0}, 1e15, 3e12)
     assert inf.get("roofline_ms") is None and inf.get("intensity_flop_per_byte") is None

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import pytest
 
-from tflabench.compare.gate import IDENTITY_COLUMNS
+from tflabench.compare.rows import IDENTITY_COLUMNS
 from tflabench.store.results import load_results
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -18,7 +18,8 @@ from tflabench.backends.tfla import TflaParams
 from tflabench.run import pool
 from tflabench.run.measure import measure_case
 from tflabench.run.suite_run import run_suite
-from tflabench.store import results as R
+from tflabench.store import results as R, schema
+from tflabench.text_safety import case_label
 from tflabench.store.suite import expand_cases, load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -102,7 +103,7 @@ def test_chunk_size_run_is_written_for_fixed_and_auto_chunk_sizes(demo_run):
     auto = rows[("mLSTMsig TFLA auto", "fwd")]
     assert auto["chunk_size"] != auto["chunk_size"]                    # NaN: the identity keeps None
     assert auto["chunk_size_run"] >= 16 and auto["algorithm"]         # the plan's size and algorithm
-    assert R.chunk_size_ran(auto) == auto["chunk_size_run"]
+    assert schema.chunk_size_ran(auto) == auto["chunk_size_run"]
     sdpa = rows[("torch SDPA math", "fwd")]
     assert sdpa["chunk_size_run"] != sdpa["chunk_size_run"]            # no chunks: NaN
     # each row's id is its case's: the run wrote nothing into the identity
@@ -144,7 +145,7 @@ def test_case_ids_of_reference_sets_recompute_from_their_rows_and_their_suites(r
     rows = [json.loads(line) for line in Path(rows_file).read_text().splitlines() if line.strip()]
     assert rows
     for row in rows:   # the identity's chunk_size is the one the typed params fix (None for auto)
-        identity = {col: row.get(col) for col in R.IDENTITY_COLUMNS[1:]}
+        identity = {col: row.get(col) for col in schema.IDENTITY_COLUMNS[1:]}
         identity["chunk_size"] = get_backend(row["backend"]).chunk_size(params_of_row(row))
         assert R.case_id(identity) == row["case_id"], row["kernel"]
     suite = ROOT / "suites" / f"{Path(rows_file).parent.name}.yaml"
@@ -153,7 +154,7 @@ def test_case_ids_of_reference_sets_recompute_from_their_rows_and_their_suites(r
 
 
 def test_sets_without_chunk_size_run_load_and_read_the_size_that_ran_from_chunk_size(tmp_path):
-    old = R.new_row(suite="s", kernel="k", backend="tfla", family="mlstm",
+    old = schema.new_row(suite="s", kernel="k", backend="tfla", family="mlstm",
                     params={"variant": "sig", "chunk_size": "auto"}, mode="fwd", dtype="bfloat16",
                     device="cuda", batch=1, seq_len=256, heads=2, d_qk=64, d_hv=128, chunk_size=None,
                     embedding_dim=256)
@@ -164,4 +165,4 @@ def test_sets_without_chunk_size_run_load_and_read_the_size_that_ran_from_chunk_
     (tmp_path / R.METADATA_FILE).write_text(json.dumps({"suite": "s"}))
     row = R.load_results(tmp_path).rows.to_dict("records")[0]
     assert row["case_id"] == old_id and row["chunk_size_run"] != row["chunk_size_run"]   # unknown: NaN
-    assert R.chunk_size_ran(row) == 128 and "L128" in R.case_label(row)
+    assert schema.chunk_size_ran(row) == 128 and "L128" in case_label(row)

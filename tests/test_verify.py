@@ -166,13 +166,14 @@ def test_one_kernel_without_a_suite(tmp_path, monkeypatch):
 
 def test_verify_locks_its_result_set_and_a_second_writer_is_refused(suite_file, tmp_path, monkeypatch):
     from tflabench.store import results as R
+    from tflabench.store.lock import LOCK_FILE, ResultSetLock
 
     loaded = load_suite(suite_file)
     cases = [c for c in V.verify_cases(loaded, device="cpu") if c.kernel == "mLSTMsig reference"][:1]
     directory = tmp_path / "set"
     directory.mkdir()
     monkeypatch.setattr(R, "new_result_directory", lambda root, name: directory)
-    with R.ResultSetLock(directory):   # another writer holds the set
+    with ResultSetLock(directory):   # another writer holds the set
         with pytest.raises(UserError, match="is being written by another run"):
             V.run_verify(loaded, cases, out_root=tmp_path, progress=False)
     assert not (directory / R.METADATA_FILE).exists() and not (directory / R.ROWS_FILE).exists()
@@ -180,11 +181,11 @@ def test_verify_locks_its_result_set_and_a_second_writer_is_refused(suite_file, 
     seen = []
 
     def fake_run_cases(cases, directory, **kw):   # the lock is held while the rows are written
-        seen.append(R.ResultSetLock(directory).held())
+        seen.append(ResultSetLock(directory).held())
         with pytest.raises(UserError, match="is being written by another run"):
-            R.ResultSetLock(directory).acquire()
+            ResultSetLock(directory).acquire()
         return []
 
     monkeypatch.setattr(V, "run_cases", fake_run_cases)
     V.run_verify(loaded, cases, out_root=tmp_path, progress=False)
-    assert seen == [True] and not (directory / R.LOCK_FILE).exists()   # released afterwards
+    assert seen == [True] and not (directory / LOCK_FILE).exists()   # released afterwards

@@ -33,7 +33,7 @@ from pathlib import Path
 
 from tflabench.errors import UserError
 from tflabench.yaml_load import load_yaml
-from tflabench.store.results import check_plain_name
+from tflabench.store.files import check_plain_name
 
 #: Which ceilings: auto (measured where recorded, else datasheet), datasheet, measured.
 CEILINGS = ("auto", "datasheet", "measured")

@@ -15,13 +15,17 @@ This module is the one home of the rules (docs/harness.md, "What reaches the ter
   set is read; :func:`distinct_labels` refuses labels that collide after it.
 - :func:`shorten`: a long label cut to :data:`LABEL_WIDTH` characters with an ellipsis,
   for tables and figures.
+- :func:`case_label`: the one short label of a case (kernel, mode, dtype, shape), from a
+  result row or a case's identity, for tables, warnings and progress lines.
 """
 
 from __future__ import annotations
 
+import math
+import numbers
 import re
 import unicodedata
-from typing import Iterable
+from typing import Any, Iterable, Mapping
 
 from tflabench.errors import UserError
 
@@ -112,5 +116,34 @@ def distinct_labels(labels: Iterable[str], where: str) -> dict[str, str]:
     return out
 
 
-__all__ = ["ELLIPSIS", "LABEL_WIDTH", "TEXT_WIDTH", "distinct_labels", "markdown_text", "normalise_label",
+def case_label(record: Mapping[str, Any], *, shape_only: bool = False) -> str:
+    """The one short label of a case, from a result row or a :class:`tflabench.store.suite.Case`'s
+    identity: ``kernel mode dtype B8 S8192 NH8 d256/512 L128`` and, for a ``tflabench
+    verify`` row, its case (``f_closed+init``). Parts whose columns are empty are left out
+    (``d?/512`` where one head dimension is unknown). ``shape_only``: the shape part alone
+    (``B8 S8192 NH8 d256/512 L128``), for tables whose other columns name kernel and mode.
+    The column names are the result schema's (:mod:`tflabench.store.schema`)."""
+    def text(column: str) -> str | None:
+        value = record.get(column)
+        return value if isinstance(value, str) and value else None
+
+    def whole(column: str) -> str | None:  # a count of the shape; None where no finite number
+        value = record.get(column)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            return None
+        return str(int(value))
+
+    parts = [] if shape_only else [text("kernel") or text("backend") or "?", text("mode"), text("dtype")]
+    parts += [f"{prefix}{whole(column)}" if whole(column) else None
+              for column, prefix in (("batch", "B"), ("seq_len", "S"), ("heads", "NH"))]
+    if whole("d_qk") or whole("d_hv"):
+        parts.append(f"d{whole('d_qk') or '?'}/{whole('d_hv') or '?'}")
+    ran = whole("chunk_size_run") or whole("chunk_size")   # the size that ran (older sets: chunk_size)
+    parts.append(f"L{ran}" if ran else None)
+    if not shape_only:
+        parts.append(text("numerics_case"))
+    return " ".join(p for p in parts if p)
+
+
+__all__ = ["ELLIPSIS", "LABEL_WIDTH", "TEXT_WIDTH", "case_label", "distinct_labels", "markdown_text", "normalise_label",
            "shorten", "terminal_text"]

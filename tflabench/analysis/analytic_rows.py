@@ -11,7 +11,7 @@ from tflabench.model import (chunkwise_coefficients, counts_for_case, l_ridge, m
                              mlstm_fwdbw_counts, place_on_roofline)
 from tflabench.model.analysis import optimal_chunk
 from tflabench.model.parts import row_part, row_pass
-from tflabench.store.results import number
+from tflabench.store.schema import number
 
 
 def count_row_kernel(formulation: str, row: str) -> str:

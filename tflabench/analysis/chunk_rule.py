@@ -14,7 +14,7 @@ from __future__ import annotations
 import dataclasses
 import math
 
-from tflabench.store.results import chunk_size_ran, row_params
+from tflabench.store.schema import chunk_size_ran, row_params
 
 #: auto's allowed distance from the best fixed chunk size (0.05: within 5 %)
 GAP_LIMIT = 0.05

@@ -31,7 +31,8 @@ from tflabench.errors import UserError
 from tflabench.model import (WALK_ALGORITHMS, counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline,
                              plan_counts_kwargs, runtime)
 from tflabench.model.analysis import golden_min, optimal_chunk
-from tflabench.store.results import case_label, chunk_size_ran, number, row_params
+from tflabench.store.schema import chunk_size_ran, number, row_params
+from tflabench.text_safety import case_label
 
 #: Families whose chunk-size sweeps the mLSTM model describes (backend family ``mlstm``).
 MODEL_FAMILIES = ("mlstm",)
@@ -274,7 +275,7 @@ def roofline_placement(rows, *, alpha, beta) -> list[dict]:
     kernel) or without a time are left out.
 
     Returns dicts: ``kernel``, ``mode``, ``backend``, ``params`` (the row's, for the figure's
-    kernel styles), ``case`` (the shape, :func:`tflabench.store.results.case_label`), ``seq_len``,
+    kernel styles), ``case`` (the shape, :func:`tflabench.text_safety.case_label`), ``seq_len``,
     ``batch``, ``chunk_size``, ``intensity_flop_per_byte``, ``achieved_flops_per_s``,
     ``bound_flops_per_s``, ``fraction``, ``bound`` (``memory``/``compute``),
     ``roofline_ms``, ``ms_median``, ``outlier`` (see :func:`mark_outliers`).

@@ -25,7 +25,7 @@ from tflabench.backends.base import (  # noqa: F401  (re-exported for backend mo
     resolve_layout,
 )
 from tflabench.errors import UserError
-from tflabench.store.results import row_params
+from tflabench.store.schema import row_params
 
 #: Registry name -> module that registers it. The peers' modules are written against the
 #: contract in ``base.py``; ``custom`` takes a user's ``module:function``.

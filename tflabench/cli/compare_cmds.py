@@ -1,8 +1,9 @@
 """Commands: compare (regression report between two result sets), merge (join shards),
 references (the index of the reference sets).
 
-Thin: parse, call :mod:`tflabench.compare.gate` / :mod:`tflabench.store.shard`, render. The decision
-rule and its reasons are in docs/ci.md.
+Thin: parse, call :func:`tflabench.compare.gate.compare_paths` (rendered by
+:mod:`tflabench.compare.render`) / :mod:`tflabench.store.shard`, print. The decision rule and
+its reasons are in docs/ci.md.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from tflabench.cli import app, echo_warnings, user_errors
 
 
 def _override(flag: str, help: str):
-    """An option overriding one threshold of :class:`tflabench.compare.gate.Thresholds`; not
+    """An option overriding one threshold of :class:`tflabench.compare.thresholds.Thresholds`; not
     given (None), the threshold comes from --thresholds, the suite, or its default."""
     return typer.Option(None, flag, help=help)
 
@@ -70,70 +71,24 @@ def compare(
     Exit status: 1 when --fail-on finds something, 0 otherwise, 2 for an unusable input
     or output (checked before anything is written).
     """
-    import json
-    import os
-
-    from tflabench.compare import gate as cmp
-    from tflabench.outputs import check_writable, write_text
-    from tflabench.store.results import load_results
+    from tflabench.compare import render
+    from tflabench.compare.gate import compare_paths
 
     with user_errors():
-        from tflabench.errors import UserError
-
-        cmp.parse_fail_on(fail_on)
-        if output_format not in ("table", "markdown", "json"):
-            raise UserError(f"--format: {output_format!r} is not one of table, markdown, json")
-        summary = os.environ.get("GITHUB_STEP_SUMMARY") if step_summary else None
-        for path, what in ((markdown, "--markdown"), (json_file, "--json"), (summary, "$GITHUB_STEP_SUMMARY")):
-            if path:  # before anything is printed or written: an unwritable output is exit 2
-                check_writable(path, what)
-        if reference is not None or new is None:
-            base, new = _reference_pair(reference, base, new)
-        base_set, new_set = load_results(base), load_results(new)
-        partners = [load_results(path) for path in aa or ()]
-        echo_warnings(base_set, new_set, *partners)
-        file_values = cmp.load_thresholds_file(thresholds_file) if thresholds_file else None
-        thresholds, source = cmp.resolve_thresholds(
-            base_set.metadata, file_values,
-            dict(time_threshold=time_threshold, alpha=alpha, min_samples=min_samples,
-                 mem_threshold=mem_threshold, mem_floor_bytes=mem_floor_bytes),
-        )
-        comparison = cmp.compare_results(base_set, new_set, thresholds, source, history=partners)
-
-    text_md = cmp.to_markdown(comparison, fail_on)
+        render.check_outputs(fail_on, output_format, markdown, json_file, step_summary)
+        comparison = compare_paths(
+            base, new, reference=reference, partners=aa or (), thresholds_file=thresholds_file,
+            overrides=dict(time_threshold=time_threshold, alpha=alpha, min_samples=min_samples,
+                           mem_threshold=mem_threshold, mem_floor_bytes=mem_floor_bytes),
+            on_loaded=echo_warnings)
     if output_format == "table":
-        cmp.render_table(comparison, show_unchanged=show_all, fail_on=fail_on, wide=wide)
-    elif output_format == "markdown":
-        typer.echo(text_md)
+        render.render_table(comparison, show_unchanged=show_all, fail_on=fail_on, wide=wide)
     else:
-        typer.echo(json.dumps(cmp.to_json(comparison, fail_on), indent=2))
+        typer.echo(render.report_text(comparison, output_format, fail_on))
     with user_errors():  # a write that fails now (a full disk) is still exit 2, never 1
-        if markdown:
-            write_text(markdown, text_md + "\n", "--markdown")
-        if json_file:
-            write_text(json_file, json.dumps(cmp.to_json(comparison, fail_on), indent=2) + "\n", "--json")
-        if step_summary and cmp.append_step_summary(text_md) is None:
-            typer.echo("warning: --step-summary given but $GITHUB_STEP_SUMMARY is not set; nothing appended",
-                       err=True)
+        for line in render.write_reports(comparison, fail_on, markdown, json_file, step_summary):
+            typer.echo(f"warning: {line}", err=True)
     raise typer.Exit(comparison.exit_status(fail_on))
-
-
-def _reference_pair(gpu: Optional[str], first: Path, second: Optional[Path]) -> tuple[Path, Path]:
-    """(BASE, NEW) for ``compare --reference GPU NEW`` (tflabench.store.references); raises
-    UserError for two sets with --reference or one set without it."""
-    from tflabench.errors import UserError
-    from tflabench.store.references import reference_for, suite_of
-
-    if gpu is None:
-        raise UserError("compare: give BASE and NEW, or --reference GPU and NEW")
-    if second is not None:
-        raise UserError("compare --reference: give one result set (NEW), not two; "
-                        "without --reference give BASE and NEW")
-    try:
-        return reference_for(gpu, suite_of(first)), first
-    except UserError as exc:
-        raise UserError(f"--reference {gpu}: {exc}; or compare against a directory: "
-                        f"tflabench compare BASE {first}") from None
 
 
 @app.command()

@@ -38,7 +38,7 @@ def history(
     import os
 
     from tflabench.compare import history as H
-    from tflabench.compare.gate import append_step_summary
+    from tflabench.compare.render import append_step_summary
     from tflabench.errors import UserError
     from tflabench.run.kernel_profile import parse_profile
     from tflabench.outputs import check_writable, write_text

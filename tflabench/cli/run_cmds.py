@@ -194,8 +194,8 @@ def _named_cases(cases: list[tuple[str, float]], share: str) -> str:
 def _warn_noisy(rows) -> list[tuple[str, float]]:
     """End a run (or a report) with a warning naming the cases whose timings spread more
     than compare's noise level, and what to do (on stderr); returns those cases
-    (:func:`tflabench.compare.gate.noisy_cases`)."""
-    from tflabench.compare.gate import NOISE_ADVICE, NOISY_RELATIVE_IQR, noisy_cases, slowdown_text
+    (:func:`tflabench.compare.caveats.noisy_cases`)."""
+    from tflabench.compare.caveats import NOISE_ADVICE, NOISY_RELATIVE_IQR, noisy_cases, slowdown_text
 
     noisy = noisy_cases(rows)
     if not noisy:
@@ -249,7 +249,7 @@ def _write_run_plots(directory: Path) -> list[Path]:
         import tempfile
 
         from tflabench.report.plots.benchmark import write_plots
-        from tflabench.store.results import install_file
+        from tflabench.store.files import install_file
 
         with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:  # aside, then renamed in
             return [install_file(p, directory / "plots" / Path(p).relative_to(scratch))
@@ -294,7 +294,8 @@ def report(
         from tflabench.analysis import model_vs_measured as mm
         from tflabench.outputs import check_writable
         from tflabench.report.html import HTML_ROWS, check_html_path, html_report, write_html_report
-        from tflabench.store.results import load_results, timing_text
+        from tflabench.report.tables import timing_text
+        from tflabench.store.results import load_results
         from tflabench.run.kernel_profile import breakdowns
         from tflabench.report.tables import (SHOWN_ROWS, distance_table, kernels_table, profile_table, summary_table,
                                       sweep_table, verify_table, auto_gap_table)
@@ -380,7 +381,7 @@ def report(
             return write_plots(rs.path, directory, model_gpu=model_gpu, F_causal=causal_factor)
 
         if plots:  # drawn aside, then each renamed into place: never written through a link
-            from tflabench.store.results import install_file
+            from tflabench.store.files import install_file
 
             with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:
                 written = [install_file(p, plot_dir / Path(p).relative_to(scratch)) for p in draw(Path(scratch))]
@@ -444,7 +445,7 @@ def _normalise_set_labels(rs, where) -> None:
 def _noisy_lines(noisy: list[tuple[str, float]]) -> list[str]:
     """The spread warning of :func:`_warn_noisy` (its ``(label, spread)`` pairs) as lines for
     the HTML report (none where no case spread more than compare's noise level)."""
-    from tflabench.compare.gate import NOISY_RELATIVE_IQR
+    from tflabench.compare.caveats import NOISY_RELATIVE_IQR
 
     if not noisy:
         return []

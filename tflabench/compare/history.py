@@ -35,11 +35,14 @@ from typing import Any, Callable, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from tflabench.compare import gate as cmp
+from tflabench.compare.caveats import ENVIRONMENT_KEYS, provenance_warnings, timing_warnings
+from tflabench.compare.rows import OK, parse_samples, suite_name
+from tflabench.compare.thresholds import resolve_thresholds
 from tflabench.store import results as R
 from tflabench.environment import commit_date
 from tflabench.errors import UserError
-from tflabench.text_safety import markdown_text
+from tflabench.store.schema import number
+from tflabench.text_safety import case_label, markdown_text
 
 #: Fewest commits a segment needs for the test between per-commit medians; fewer: the
 #: pooled per-iteration samples of both segments (two-sided exact Mann-Whitney U of 2 against
@@ -160,8 +163,8 @@ def check_series(sets: list[Any]) -> list[str]:
     """Refuse a series that cannot be read as one suite's history; return warnings.
 
     Every set must name the same suite, and the measurement conditions that ``compare``
-    warns about (:data:`tflabench.compare.gate.ENVIRONMENT_KEYS`, the timing fields of
-    :func:`tflabench.compare.gate.timing_warnings`) must agree with the first set's: over a
+    warns about (:data:`tflabench.compare.caveats.ENVIRONMENT_KEYS`, the timing fields of
+    :func:`tflabench.compare.caveats.timing_warnings`) must agree with the first set's: over a
     history a difference would show as a step of every case. A peer's version that differs
     is a warning, as in ``compare``.
 
@@ -178,15 +181,15 @@ def check_series(sets: list[Any]) -> list[str]:
             raise UserError(f"history: {str(rs.path)!r} given twice; give each result set once")
         seen[where] = rs
     first = sets[0]
-    first_suite = cmp._suite_name(first.metadata, first.rows)
+    first_suite = suite_name(first.metadata, first.rows)
     warnings: list[str] = []
     for rs in sets[1:]:
-        suite = cmp._suite_name(rs.metadata, rs.rows)
+        suite = suite_name(rs.metadata, rs.rows)
         if suite != first_suite:
             raise UserError(f"history: {str(rs.path)!r} ran suite {suite!r}, {str(first.path)!r} ran "
                             f"{first_suite!r}; give result sets of one suite")
         a, b = first.metadata, rs.metadata
-        for key in cmp.ENVIRONMENT_KEYS:
+        for key in ENVIRONMENT_KEYS:
             if a.get(key) != b.get(key):
                 raise UserError(f"history: {key} differs ({str(first.path)!r}: {a.get(key)!r}, {str(rs.path)!r}: "
                                 f"{b.get(key)!r}); a history holds runs of one machine and stack (split the sets "
@@ -196,10 +199,10 @@ def check_series(sets: list[Any]) -> list[str]:
             if pa.get(name) != pb.get(name):
                 warnings.append(f"{str(rs.path)!r}: peer {name} differs from {str(first.path)!r}'s "
                                 f"({pa.get(name)!r} against {pb.get(name)!r}); its cases may move for that reason")
-        timing = cmp.timing_warnings(a, b)
+        timing = timing_warnings(a, b)
         if timing:
             raise UserError(f"history: {str(rs.path)!r} against {str(first.path)!r}: {timing[0]}")
-        warnings.extend(f"{str(rs.path)!r}: {w}" for w in cmp.provenance_warnings(a, b))
+        warnings.extend(f"{str(rs.path)!r}: {w}" for w in provenance_warnings(a, b))
         if a.get("suite_sha256") and b.get("suite_sha256") and a["suite_sha256"] != b["suite_sha256"]:
             warnings.append(f"{str(rs.path)!r}: the suite file differs from {str(first.path)!r}'s; cases added or "
                             "removed have a shorter series")
@@ -290,7 +293,7 @@ def change_points(medians_ms: list[float], threshold: float) -> list[int]:
 
 def _samples(row: Mapping[str, Any]) -> list[float]:
     try:
-        return [float(x) for x in cmp.parse_samples(row.get("ms_samples"))]
+        return [float(x) for x in parse_samples(row.get("ms_samples"))]
     except UserError:
         return []
 
@@ -356,18 +359,18 @@ def analyse(sets: list[Any], *, threshold: float | None = None,
     notes = check_series(sets)
     sets, commits, order_notes = order_commits(sets, lookup)
     notes = order_notes + notes
-    thresholds, source = cmp.resolve_thresholds(sets[0].metadata, None, {"time_threshold": threshold})
+    thresholds, source = resolve_thresholds(sets[0].metadata, None, {"time_threshold": threshold})
     threshold, threshold_source = thresholds.time_threshold, source["time_threshold"]
 
     per_set: list[dict[str, dict]] = []
     info: dict[str, dict] = {}
     for rs in sets:
         rows = rs.rows
-        ok = rows[rows["status"] == cmp.OK] if "status" in rows.columns else rows.iloc[0:0]
+        ok = rows[rows["status"] == OK] if "status" in rows.columns else rows.iloc[0:0]
         records = {}
         for row in ok.to_dict("records"):
             key = str(row.get("case_id"))
-            median = R.number(row.get("ms_median"))
+            median = number(row.get("ms_median"))
             if median is None or median <= 0:
                 continue
             records[key] = row
@@ -376,7 +379,7 @@ def analyse(sets: list[Any], *, threshold: float | None = None,
 
     cases = []
     for key, row in info.items():
-        medians = [R.number(s[key]["ms_median"]) if key in s else None for s in per_set]
+        medians = [number(s[key]["ms_median"]) if key in s else None for s in per_set]
         present = [i for i, m in enumerate(medians) if m is not None]
         steps: list[Step] = []
         if len(present) >= 2:
@@ -402,10 +405,10 @@ def analyse(sets: list[Any], *, threshold: float | None = None,
                                   basis, kernel, change))
         newest = len(sets) - 1
         regression = bool(steps) and medians[newest] is not None and steps[-1].size > threshold
-        cases.append(CaseHistory(key, R.case_label(row), str(row.get("kernel") or "?"),
+        cases.append(CaseHistory(key, case_label(row), str(row.get("kernel") or "?"),
                                  row.get("backend"), row.get("params"), medians, steps, regression))
     cases.sort(key=lambda c: (not c.regression, -max((abs(s.size) for s in c.steps), default=0.0), c.label))
-    suite = cmp._suite_name(sets[-1].metadata, sets[-1].rows) or "?"
+    suite = suite_name(sets[-1].metadata, sets[-1].rows) or "?"
     return History(suite, commits, cases, float(threshold), threshold_source, notes)
 
 

@@ -20,7 +20,8 @@ from typing import Iterable
 
 from tflabench.errors import UserError
 from tflabench.outputs import check_writable, write_text
-from tflabench.store.results import chunk_size_ran, timing_text
+from tflabench.report.tables import timing_text
+from tflabench.store.schema import chunk_size_ran
 from tflabench.text_safety import TEXT_WIDTH, terminal_text
 
 _STYLE = """

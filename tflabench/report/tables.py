@@ -13,16 +13,18 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from rich.cells import cell_len
 from rich.table import Table
 from rich.text import Text
 
 from tflabench.console import literal as L
-from tflabench.store.results import chunk_size_ran
+from tflabench.store.schema import chunk_size_ran
 from tflabench.text_safety import ELLIPSIS, LABEL_WIDTH, shorten, terminal_text
 from tflabench.analysis.chunk_rule import GAP_LIMIT
 from tflabench.analysis.verify_summary import cell_summary
+from tflabench.store.schema import recorded_timing
 
 #: Rows of a run's table printed by default (the rest are counted; ``report --all`` prints them).
 SHOWN_ROWS = 100
@@ -416,4 +418,24 @@ def kernels_table(case, top: int = 12):
     return _fitted(title, columns, rows)
 
 
-__all__ = ["Column", "Fitted", "fit_tables", "legend_table", "short_labels", "summary_table", "verify_table", "distance_table", "sweep_table", "auto_gap_table", "profile_table", "kernels_table"]
+def timing_text(metadata: Mapping[str, Any]) -> str:
+    """How a result set's cases were timed, in words
+    (:func:`tflabench.store.schema.recorded_timing`), e.g. "median of 30 replays of one
+    captured CUDA graph, after 10 warm-up calls"; "not recorded" where the set has no
+    timing record: the line under the CLI's table of a set and in the HTML report."""
+    t = recorded_timing(metadata)
+    if not t:
+        return "not recorded"
+    how = ("replays of one captured CUDA graph" if t.get("cuda_graph")
+           else "calls, each after a synchronise" if t.get("sync_each") else "calls queued back to back")
+    text = f"median of {t.get('iterations', '?')} {how}, after {t.get('warmup', '?')} warm-up calls"
+    if t.get("warmup_s"):
+        text += f" and {t['warmup_s']:g} s of them"
+    if t.get("flush_l2"):
+        text += ", L2 flushed before each"
+    return text
+
+
+__all__ = ["Column", "Fitted", "fit_tables", "legend_table", "short_labels", "summary_table", "verify_table", "distance_table", "sweep_table", "auto_gap_table", "profile_table", "kernels_table",
+           "timing_text"]
+

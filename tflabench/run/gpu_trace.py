@@ -6,7 +6,7 @@ tell that from a slower kernel by the timings alone; the driver can. :class:`Gpu
 ``nvidia-smi`` in a loop beside the worker (one query every :data:`PERIOD_MS` ms: SM clock,
 the active clock-event reasons, power draw) and :meth:`GpuTrace.columns` summarises the
 samples taken between two moments (the timed calls of a case) as the row's
-:data:`tflabench.store.results.GPU_TRACE_COLUMNS`:
+:data:`tflabench.store.schema.GPU_TRACE_COLUMNS`:
 
 - ``gpu_sm_mhz_min``: the lowest SM clock (MHz) among the samples where the GPU was busy
   (the idle reason not set);

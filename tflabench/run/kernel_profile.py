@@ -250,7 +250,7 @@ def _model(row: dict):
     are those of the chunk size and algorithm the row ran (:func:`plan_breakdown`)."""
     from tflabench.backends import get_backend, params_of_row
     from tflabench.backends.base import Shape
-    from tflabench.store.results import chunk_size_ran
+    from tflabench.store.schema import chunk_size_ran
 
     try:
         backend = get_backend(str(row.get("backend")))

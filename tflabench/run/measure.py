@@ -283,7 +283,7 @@ def host_bound_cases(rows) -> list[tuple[str, float]]:
     :data:`HOST_BOUND_SHARE` of their GPU median (``ms_median``), as (case label, host / GPU),
     largest share first; [] for rows without ``host_ms`` (CPU rows, older sets). ``rows``: a
     DataFrame of result rows (docs/harness.md "Host time")."""
-    from tflabench.store.results import case_label
+    from tflabench.text_safety import case_label
 
     if "host_ms" not in getattr(rows, "columns", ()):
         return []

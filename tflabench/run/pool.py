@@ -53,7 +53,7 @@ import traceback
 from pathlib import Path
 from typing import Callable
 
-from tflabench.store import results as R
+from tflabench.store import files, results as R, schema
 from tflabench.run import triton_cache
 from tflabench.backends import get_backend
 from tflabench.environment import gpu_info, gpus_used, visible_gpus
@@ -645,7 +645,7 @@ class RunInterrupted(KeyboardInterrupt):
 
 
 def _base_row(case: Case) -> dict:
-    return R.new_row(**case.identity())
+    return schema.new_row(**case.identity())
 
 
 def run_cases(
@@ -680,12 +680,12 @@ def run_cases(
 
     KeyboardInterrupt stops the slots, kills the workers and propagates. A row that cannot
     be written (a full disk) stops the run the same way and raises
-    :class:`~tflabench.store.results.ResultWriteError`; the rows written before it stay.
+    :class:`~tflabench.store.files.ResultWriteError`; the rows written before it stay.
     """
     ctx = multiprocessing.get_context("spawn")
     writer = R.RowWriter(directory)
     try:
-        R.real_directory(directory / "logs")  # never a link planted in a resumed set
+        files.real_directory(directory / "logs")  # never a link planted in a resumed set
     except BaseException:
         writer.close()
         raise
@@ -710,7 +710,7 @@ def run_cases(
             return None
         last = streak[-1]
         first_line = str(last.get("reason") or "").strip().splitlines()[:1]
-        return {"status": R.NOT_RUN,
+        return {"status": schema.NOT_RUN,
                 "reason": f"not run: this kernel's last {len(streak)} cases ended in "
                           f"{last['status']} ({first_line[0] if first_line else 'no reason'}); "
                           "a --resume runs it (--max-kernel-failures 0 runs every case)"}
@@ -741,7 +741,7 @@ def run_cases(
             if skipped is not None:
                 row = _base_row(case)
                 row.update(skipped)
-                R.fill_model_columns(row, flops_per_s, bytes_per_s)
+                schema.fill_model_columns(row, flops_per_s, bytes_per_s)
                 with lock:
                     written = writer.append(row)
                     done_rows.append(written)
@@ -768,13 +768,13 @@ def run_cases(
                 workers.pop(slot, None)
             row = _base_row(case)
             for key, value in outcome.items():   # the identity is the case's, never the outcome's
-                if key in R.COLUMNS and key not in R.IDENTITY_COLUMNS:
+                if key in schema.COLUMNS and key not in schema.IDENTITY_COLUMNS:
                     row[key] = value
             if case.device.startswith("cuda") and row.get("status") != "unavailable":
                 where = slot_gpu.get(slot) or {}  # the worker's own columns win; a dead one has none
                 row["gpu_index"] = row.get("gpu_index") or where.get("index")
                 row["gpu_name"] = row.get("gpu_name") or where.get("name")
-            R.fill_model_columns(row, flops_per_s, bytes_per_s)
+            schema.fill_model_columns(row, flops_per_s, bytes_per_s)
             with lock:
                 streak = failures[(case.backend, case.kernel, case.params_json)]
                 if row.get("status") in ("crash", "timeout"):

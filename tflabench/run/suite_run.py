@@ -25,6 +25,7 @@ from rich.text import Text
 from tflabench import environment, hardware
 from tflabench.store import resume as resume_mod
 from tflabench.store import results as R
+from tflabench.store.lock import ResultSetLock
 from tflabench.backends import get_backend
 from tflabench.backends.base import Shape
 from tflabench.errors import UserError
@@ -143,7 +144,7 @@ def run_suite(
         gpu_trace: sample each case's GPU clock, power and slowdown reasons over its timings
             (the GPU trace columns: :mod:`tflabench.run.gpu_trace`).
 
-    The result set is locked while the run writes it (:class:`~tflabench.store.results.ResultSetLock`).
+    The result set is locked while the run writes it (:class:`~tflabench.store.lock.ResultSetLock`).
     A resume checks that the suite describes the same measurement
     (:func:`tflabench.store.resume.plan_resume`), sets a torn last line of ``rows.jsonl`` aside
     (:func:`~tflabench.store.results.repair_rows`) and lists the cases added to or removed from
@@ -151,7 +152,7 @@ def run_suite(
 
     Raises UserError for a CUDA suite without a GPU, a bad shard, a resume directory that
     is not a result set of this suite or was measured under other conditions, a result set
-    another run is writing; :class:`~tflabench.store.results.ResultWriteError` (a UserError) when
+    another run is writing; :class:`~tflabench.store.files.ResultWriteError` (a UserError) when
     the result set cannot be written; every refusal comes before anything on disk changes.
     A KeyboardInterrupt (Ctrl-C, or SIGTERM turned into one) becomes
     :class:`~tflabench.run.pool.RunInterrupted`, saying where the run stood; a result set
@@ -215,7 +216,7 @@ def _run_suite(loaded: LoadedSuite, state: dict, *, out_root, resume, gpus, shar
         directory = R.new_result_directory(out_root, suite.name)
         state["created"] = True
     state["directory"] = directory
-    lock = R.ResultSetLock(directory).acquire()
+    lock = ResultSetLock(directory).acquire()
     try:
         return _run_locked(loaded, directory, lock, console, state, resume=resume is not None,
                            conditions=conditions, env=env, ceil=ceil, all_cases=all_cases, cases=cases, dev=dev,

@@ -31,6 +31,7 @@ from rich.text import Text
 
 from tflabench import environment
 from tflabench.store import results as R
+from tflabench.store.lock import ResultSetLock
 from tflabench.backends import get_backend
 from tflabench.errors import UserError
 from tflabench.numerics import BUDGET_REASONS, DEFAULT_BUDGETS, VerifySettings
@@ -148,7 +149,7 @@ def run_verify(
     as :func:`tflabench.run.pool.run_cases` (a kernel that aborts twice in a row, e.g. while
     compiling, is not started again for each of its remaining cases).
 
-    The result set is locked while verify writes it (:class:`tflabench.store.results.ResultSetLock`,
+    The result set is locked while verify writes it (:class:`tflabench.store.lock.ResultSetLock`,
     as ``run``): a second writer of the same directory is refused.
 
     Raises UserError for a CUDA suite without a GPU, or a result set another run holds.
@@ -158,7 +159,7 @@ def run_verify(
     require_device(suite.name, dev)
     name = verify_suite_name(suite.name)
     directory = R.new_result_directory(out_root, name)
-    lock = R.ResultSetLock(directory).acquire()   # as `run`: one writer per result set
+    lock = ResultSetLock(directory).acquire()   # as `run`: one writer per result set
     try:
         return _run_verify_locked(loaded, cases, directory, name, dev=dev, gpus=gpus, console=console,
                                   progress=progress, max_kernel_failures=max_kernel_failures,

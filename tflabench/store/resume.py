@@ -39,8 +39,10 @@ from typing import Any
 from tflabench.store import results as R
 from tflabench.store.conditions import TIMING_FIELD_NAMES, join_differences, timing_method
 from tflabench.errors import UserError
-from tflabench.store.results import LIMIT_FIELDS, TIMING_DEFAULTS, case_label
+from tflabench.store import schema
+from tflabench.store.schema import LIMIT_FIELDS, TIMING_DEFAULTS, metadata_problem
 from tflabench.store.suite import Case, LoadedSuite
+from tflabench.text_safety import case_label
 
 #: Environment keys of ``metadata.json`` that must match for a resume (as for merging
 #: shards, ``tflabench.store.shard.MERGE_ENVIRONMENT_KEYS``, less the git revision).
@@ -106,8 +108,8 @@ def differences(old: dict, new: dict) -> list[tuple[str, Any, Any]]:
     between two :func:`measurement` records, in the order: device, dtype, seed, timing,
     numerics, kernels. Fields that only one side knows (a field added by a newer
     tflabench) are not compared, but a timing field the result set predates counts with
-    the value it was timed with (:data:`tflabench.store.results.TIMING_DEFAULTS`); neither are
-    :data:`tflabench.store.results.LIMIT_FIELDS` nor swept parameters."""
+    the value it was timed with (:data:`tflabench.store.schema.TIMING_DEFAULTS`); neither are
+    :data:`tflabench.store.schema.LIMIT_FIELDS` nor swept parameters."""
     out: list[tuple[str, Any, Any]] = []
     for key in ("device", "dtype", "seed"):
         if key in old and key in new and old[key] != new[key]:
@@ -225,7 +227,7 @@ def row_differences(rows: list[dict], linenos: list[int], suite_name: str, new: 
         label = row.get("kernel")
         if row.get("backend") is not None and row["backend"] not in entry.get("backend", [row["backend"]]):
             differ(f"kernels[{label!r}].backend", row["backend"], _one(entry.get("backend")), lineno)
-        params = R.row_params(row)
+        params = schema.row_params(row)
         swept = set(entry.get("swept") or ())
         for key, texts in (entry.get("params") or {}).items():
             if key in swept or key not in params:
@@ -278,7 +280,7 @@ def plan_resume(directory: str | Path, loaded: LoadedSuite, old_meta: dict, new_
     fresh = "start a fresh run (the same command without --resume)"
     suite = loaded.suite
     R.check_set_files(directory)  # links, FIFOs, devices: refused before anything is read or appended
-    problem = R.metadata_problem(old_meta)
+    problem = metadata_problem(old_meta)
     if problem:
         raise UserError(f"{where}: {R.METADATA_FILE}: {problem}; the file was edited or damaged, so the "
                         f"conditions of its rows are unknown: {fresh}")

@@ -20,7 +20,7 @@ import re
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping, Sequence
 
-from tflabench.store import results
+from tflabench.store import files, results, schema
 from tflabench.bounds import MAX_SHARDS
 from tflabench.store.conditions import TIMING_FIELD_NAMES, join_differences
 from tflabench.errors import UserError, io_reason
@@ -280,7 +280,7 @@ def merge_results(
     owner: dict[str, str] = {}
     for k, _, rs in shards:
         for row in rs.rows.to_dict("records"):
-            cid = row.get("case_id") or results.case_id(row)
+            cid = row.get("case_id") or schema.case_id(row)
             if cid in owner:
                 raise UserError(
                     f"merge: case {cid} is in shard {owner[cid]} and {format_shard(k, first_n)}; "
@@ -337,7 +337,7 @@ def _write_whole(out: Path, rows: list, metadata: dict) -> Path:
     written: a merge killed midway leaves no ``out`` (only its temporary directory, which
     the next merge into the same place removes when its process is gone), so a half-made
     set is never read as a result set and a second merge works. Raises
-    :class:`~tflabench.store.results.ResultWriteError`."""
+    :class:`~tflabench.store.files.ResultWriteError`."""
     import shutil
     import uuid
 
@@ -345,7 +345,7 @@ def _write_whole(out: Path, rows: list, metadata: dict) -> Path:
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as exc:
-        raise results.ResultWriteError(f"merge: cannot create {str(parent)!r}: {io_reason(exc)}; "
+        raise files.ResultWriteError(f"merge: cannot create {str(parent)!r}: {io_reason(exc)}; "
                                        "choose a writable --out") from None
     for stale in parent.glob(f".{out.name}.merge-*"):  # left by a merge that was killed
         pid = stale.name.rsplit(".merge-", 1)[1].split("-")[0]
@@ -358,12 +358,12 @@ def _write_whole(out: Path, rows: list, metadata: dict) -> Path:
         os.rename(tmp, out)  # onto nothing or an empty directory: atomic
     except OSError as exc:
         shutil.rmtree(tmp, ignore_errors=True)
-        raise results.ResultWriteError(f"merge: cannot write {str(out)!r}: {io_reason(exc)}; "
+        raise files.ResultWriteError(f"merge: cannot write {str(out)!r}: {io_reason(exc)}; "
                                        "choose a new, writable --out") from None
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    results._fsync_dir(parent)
+    files.fsync_dir(parent)
     return out
 
 

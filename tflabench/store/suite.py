@@ -47,8 +47,9 @@ from tflabench import bounds as B
 from tflabench.backends import BackendParams, get_backend
 from tflabench.errors import UserError
 from tflabench.numerics import BudgetOverride, VerifySettings
-from tflabench.store.results import IDENTITY_COLUMNS, case_id, case_label, check_plain_name, params_json
-from tflabench.text_safety import normalise_label, terminal_text
+from tflabench.store.files import check_plain_name
+from tflabench.store.schema import IDENTITY_COLUMNS, case_id, params_json
+from tflabench.text_safety import case_label, normalise_label, terminal_text
 from tflabench.yaml_load import load_yaml
 
 DTYPES = ("bfloat16", "float16", "float32", "float64")
@@ -282,11 +283,11 @@ class Case:
 
     @functools.cached_property
     def case_id(self) -> str:
-        """Stable id of the case (:func:`tflabench.store.results.case_id`)."""
+        """Stable id of the case (:func:`tflabench.store.schema.case_id`)."""
         return case_id(self.identity())
 
     def describe(self) -> str:
-        """The case's label (:func:`tflabench.store.results.case_label`) for progress bars and logs."""
+        """The case's label (:func:`tflabench.text_safety.case_label`) for progress bars and logs."""
         return case_label(self.identity())
 
     def __hash__(self) -> int:  # by its id: a layer's params (a dict inside) do not hash

@@ -19,7 +19,7 @@ import json
 from pathlib import Path
 
 from tflabench.report.plots import save_figure
-from tflabench.store.results import chunk_size_ran, row_params
+from tflabench.store.schema import chunk_size_ran, row_params
 
 GIB = 2**30
 MODE_TITLES = {"fwd": "forward", "fwdbw": "forward + backward"}

@@ -20,7 +20,7 @@ import math
 import re
 from dataclasses import dataclass
 
-from tflabench.store.results import row_params
+from tflabench.store.schema import row_params
 
 #: Okabe-Ito (blue, vermillion, bluish green, reddish purple, orange, sky blue, black),
 #: then Paul Tol's muted (indigo, olive, wine, teal, sand, rose, purple).
