@@ -57,7 +57,7 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, bthd_inputs, peer_unavailable,
+from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, generator, peer_unavailable,
                                      resolve_layout)
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.environment import FLA_640_GUARD_ENV, fla_640_refused
@@ -233,6 +233,27 @@ class FlaParams(HeadLayoutParams):
         if self.layer_idx is not None and not 0 <= self.layer_idx < (self.num_layers or 32):
             raise ValueError(f"layer_idx: must be in [0, num_layers), got {self.layer_idx}")
         return self
+
+
+def bthd_inputs(shape: Shape, dtype, device: str, seed: int):
+    """FLA's layout: ``q``, ``k`` (B, T, H, d_qk) and ``v`` (B, T, H, d_hv) ~ N(0, 1) in
+    ``dtype``, and ``normal(dims, mean=0.0)``, the float32 sampler of the same generator, for
+    the family's further inputs (gates, beta) drawn after them. Deterministic in ``seed``;
+    no ``requires_grad`` (the caller sets it once every input is made)."""
+    import torch
+
+    gen = generator(device, seed)
+    B, T, H = shape.batch, shape.seq_len, shape.heads
+
+    def normal(dims, mean=0.0):
+        return torch.randn(dims, generator=gen, device=device, dtype=torch.float32) + mean
+
+    inputs = {
+        "q": normal((B, T, H, shape.d_qk)).to(dtype),
+        "k": normal((B, T, H, shape.d_qk)).to(dtype),
+        "v": normal((B, T, H, shape.d_hv)).to(dtype),
+    }
+    return inputs, normal
 
 
 def lightning_log_decay(heads: int, layer_idx: int, num_layers: int):
