@@ -35,6 +35,8 @@ Call order in the worker, per case (one mode each):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib.util
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping
@@ -388,6 +390,30 @@ class Backend:
 
 
 # ------------------------------------------------------------------------ helpers
+
+#: The environment the backends' environment-dependent decisions read (a dict as
+#: :func:`tflabench.environment.collect` gives it: ``gpu_name``, ``triton``, ``peers``),
+#: or None: this machine, probed. Set by :func:`environment_given`.
+_GIVEN_ENVIRONMENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("given_environment", default=None)
+
+
+@contextlib.contextmanager
+def environment_given(env: dict):
+    """Within the block, a backend's :meth:`Backend.unsupported_mode` decides for ``env`` (a
+    dict as :func:`tflabench.environment.collect` gives it) instead of probing this machine:
+    doctor's peer table (:mod:`tflabench.backends.status`) asks the backends themselves
+    about the environment it reports, so each rule has one home (tests give made-up ones)."""
+    token = _GIVEN_ENVIRONMENT.set(dict(env))
+    try:
+        yield
+    finally:
+        _GIVEN_ENVIRONMENT.reset(token)
+
+
+def given_environment() -> dict | None:
+    """The environment :func:`environment_given` set, or None (probe this machine)."""
+    return _GIVEN_ENVIRONMENT.get()
+
 
 
 def find_spec(module: str):

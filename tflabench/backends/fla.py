@@ -60,7 +60,8 @@ from tflabench.backends import register
 from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, generator, peer_unavailable,
                                      resolve_layout)
 from tflabench.backends.base import find_spec as _find_spec
-from tflabench.environment import FLA_640_GUARD_ENV, fla_640_refused
+from tflabench.backends.base import given_environment
+from tflabench.environment import FLA_640_GUARD_ENV, _parse_version, fla_640_refused, is_hopper
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
 
 INSTALL_HINT = "pip install fla-core einops (Triton kernels: a CUDA GPU)"
@@ -153,7 +154,13 @@ def fla_backward_refused() -> tuple[bool, str]:
     """(refused, environment text) for fla's gated backward guard: Hopper GPU and
     3.4.0 <= triton < 3.7.1. In a process that has imported fla (the worker, after
     :meth:`FlaBackend.available`), fla's own flags decide; otherwise the triton version
-    and the GPU's compute capability."""
+    and the GPU's compute capability; within
+    :func:`tflabench.backends.base.environment_given`, that environment's GPU name and triton."""
+    given = given_environment()
+    if given is not None:
+        hopper = is_hopper(given.get("gpu_name"))
+        return (fla_640_refused(hopper, _parse_version(given.get("triton"))),
+                f"{given.get('gpu_name') or 'no GPU'}, Hopper={hopper}, triton {given.get('triton') or 'absent'}")
     fla_utils = sys.modules.get("fla.utils")
     if fla_utils is not None and hasattr(fla_utils, "TRITON_ABOVE_3_7_1"):  # fla's own flags
         hopper = bool(fla_utils.IS_NVIDIA_HOPPER)
