@@ -166,7 +166,7 @@ def test_eq_121_on_h200_datasheet_and_measured_section_5():
 O4 = {(gpu, float(fc)): (row["ms"], row["argmin_sum"], row["argmin_max"])
       for gpu, by_fc in yaml.safe_load((Path(__file__).parent / "data" / "model_counts.yaml").read_text())["O4"].items()
       for fc, row in by_fc.items()}
-FIG17 = dict(d_hv=512, p_qk=0.5, N_head=8, N_batch=8, T=8192, bytes_qkv=2, bytes_if=2, bytes_Cmn=4)
+FIG17 = dict(d_hv=512, p_qk=0.5, NH=8, B=8, S=8192, bytes_qkv=2, bytes_if=2, bytes_Cmn=4)
 
 
 @pytest.mark.parametrize("key", list(O4), ids=lambda k: f"{k[0]}-{k[1]}")
@@ -231,8 +231,8 @@ O5 = [tuple(row) for row in yaml.safe_load((Path(__file__).parent / "data" / "mo
 def test_arithmetic_intensity_eq_118_and_ridge_crossing_O5(row):
     dhv, sb, fc, Is, cross = row
     for L, v in zip((16, 64, 256, 1024, 4096), Is.split()):
-        c = mlstm_counts("sig", "chunkwise", T=8192, L=L, d_hv=dhv, p_qk=0.5, F_causal=fc, bytes_Cmn=sb,
-                         counts="paper", N_batch=3, N_head=5)  # I does not depend on N_batch, N_head
+        c = mlstm_counts("sig", "chunkwise", S=8192, L=L, d_hv=dhv, p_qk=0.5, F_causal=fc, bytes_Cmn=sb,
+                         counts="paper", B=3, NH=5)  # I does not depend on B, NH
         assert close_printed(c.intensity_flop_per_byte, v), L
     co = chunkwise_coefficients("sig", d_hv=dhv, p_qk=0.5, F_causal=fc, bytes_Cmn=sb, counts="paper")
     for gpu, v in zip(GPUS, cross.split()):
@@ -286,8 +286,8 @@ def test_eq_121_equals_numeric_argmin_and_best_power_of_two_brackets_it_section_
         T = 2**16
 
         def rt(L):
-            return chunkwise_runtime("sig", L=L, alpha=alpha, beta=beta, T=T, d_hv=dhv, p_qk=p, F_causal=fc,
-                                     bytes_Cmn=sb, counts="paper", N_batch=1, N_head=1)
+            return chunkwise_runtime("sig", L=L, alpha=alpha, beta=beta, S=T, d_hv=dhv, p_qk=p, F_causal=fc,
+                                     bytes_Cmn=sb, counts="paper", B=1, NH=1)
 
         all_p2 = min(powers_of_two(1, T), key=rt)
         assert best_power_of_two(rt, closed, T) == all_p2

@@ -11,13 +11,13 @@ from tflabench.run.measure import counts_for_plan
 from tflabench.model import WALK_ALGORITHMS, counts_for_case, plan_counts_kwargs
 from tflabench.analysis.model_vs_measured import roofline_placement
 
-SHAPE = dict(B=8, NH=16, T=8192, d_qk=128, d_hv=256)
+SHAPE = dict(B=8, NH=16, S=8192, d_qk=128, d_hv=256)
 
 
 def test_walk_forward_bytes_are_qkv_gates_and_h_once_and_flops_unchanged():
     chunked = counts_for_case("mlstm_sig", "fwd", L=64, **SHAPE)
     walked = counts_for_case("mlstm_sig", "fwd", L=64, states_on_chip=True, **SHAPE)
-    B, NH, T, dq, dv = (SHAPE[k] for k in ("B", "NH", "T", "d_qk", "d_hv"))
+    B, NH, T, dq, dv = (SHAPE[k] for k in ("B", "NH", "S", "d_qk", "d_hv"))
     assert walked.flops == chunked.flops
     assert walked.bytes == pytest.approx(B * NH * T * ((2 * dq + dv) * 2 + 2 * 2 + dv * 2))
     assert walked.bytes < chunked.bytes

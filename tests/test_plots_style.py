@@ -118,7 +118,7 @@ def test_intensity_figure_names_each_gpu_in_its_own_colour(tmp_path):
                "intensity": {64: 30.0}}]
     analytic.save_figure = keep
     try:
-        analytic.intensity_figure(curves, gpus, T=8192, path=tmp_path / "i.png")
+        analytic.intensity_figure(curves, gpus, S=8192, path=tmp_path / "i.png")
     finally:
         analytic.save_figure = original
     ax = drawn["fig"].axes[0]

@@ -29,7 +29,7 @@ from typing import Any, Iterable
 
 from tflabench import hardware
 from tflabench.errors import UserError
-from tflabench.model import (WALK_ALGORITHMS, counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline,
+from tflabench.model import (SHAPE_SYMBOLS, WALK_ALGORITHMS, counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline,
                              plan_counts_kwargs, runtime)
 from tflabench.model.analysis import golden_min, optimal_chunk
 from tflabench.store.results import case_label, number
@@ -91,14 +91,14 @@ def model_counts_at(variant: str, mode: str, L: float, *, batch, seq_len, heads,
     """Model FLOPs and HBM bytes of one chunkwise mLSTM call at chunk size ``L``.
 
     Forward: paper Tables 8/9 (``counts`` rows|paper); ``fwdbw``: forward + the derived
-    backward (docs/model.md; ``kernel_split`` ``xl_chunk`` or ``limit_chunk``). ``chunks="pad"`` counts ``ceil(T/L)`` chunks
-    (what a kernel executes; equal to ``T/L`` when L divides T), ``"real"`` uses ``T/L``
+    backward (docs/model.md; ``kernel_split`` ``xl_chunk`` or ``limit_chunk``). ``chunks="pad"`` counts ``ceil(S/L)`` chunks
+    (what a kernel executes; equal to ``S/L`` when L divides S), ``"real"`` uses ``S/L``
     for the continuous curves. Returns :class:`tflabench.model.Counts`.
 
     Raises:
         UserError: bad sizes, variant or mode (from :mod:`tflabench.model`).
     """
-    kw = dict(T=seq_len, d_hv=d_hv, L=min(L, seq_len), d_qk=d_qk, N_batch=batch, N_head=heads,
+    kw = dict(S=seq_len, d_hv=d_hv, L=min(L, seq_len), d_qk=d_qk, B=batch, NH=heads,
               F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_if=bytes_qkv, bytes_Cmn=bytes_Cmn,
               counts=counts, chunks=chunks)
     if mode == "fwd":
@@ -116,7 +116,7 @@ def model_ms(counts, alpha, beta, combine="sum") -> float:
 
 def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, alpha, beta,
                  F_causal=0.66, bytes_qkv=2, bytes_Cmn=4, counts="rows", kernel_split="xl_chunk") -> dict:
-    """The model's optimal chunk sizes at one shape (tokens, real numbers, clamped to [1, T]).
+    """The model's optimal chunk sizes at one shape (tokens, real numbers, clamped to [1, S]).
 
     Forward: ``L_opt_flop`` (eq. 111), ``L_opt_runtime`` (eq. 121, sum form),
     ``L_opt_runtime_max`` (argmin of the max form, §4.7; the ridge crossing) in closed form
@@ -124,12 +124,12 @@ def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, 
     golden-section search on the forward+backward counts (derived; the paper models the
     forward only). Also ``I_acc`` and ``source`` (which equations).
     """
-    T = float(seq_len)
+    S = float(seq_len)
     if mode == "fwd":
         r = optimal_chunk(variant, alpha=alpha, beta=beta, d_hv=d_hv, d_qk=d_qk, F_causal=F_causal,
                           bytes_qkv=bytes_qkv, bytes_if=bytes_qkv, bytes_Cmn=bytes_Cmn, counts=counts,
-                          N_batch=batch, N_head=heads, T=seq_len)
-        out = {k: min(max(r[k], 1.0), T) for k in ("L_opt_flop", "L_opt_runtime", "L_opt_runtime_max")}
+                          B=batch, NH=heads, S=seq_len)
+        out = {k: min(max(r[k], 1.0), S) for k in ("L_opt_flop", "L_opt_runtime", "L_opt_runtime_max")}
         out["source"] = "eq. 111 / eq. 121 / §4.7 (closed forms, forward)"
     else:
         def c(L):
@@ -138,9 +138,9 @@ def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, 
                                    counts=counts, chunks="real", kernel_split=kernel_split)
 
         out = {
-            "L_opt_flop": golden_min(lambda L: c(L).flops, 1.0, T),
-            "L_opt_runtime": golden_min(lambda L: model_ms(c(L), alpha, beta, "sum"), 1.0, T),
-            "L_opt_runtime_max": golden_min(lambda L: model_ms(c(L), alpha, beta, "max"), 1.0, T),
+            "L_opt_flop": golden_min(lambda L: c(L).flops, 1.0, S),
+            "L_opt_runtime": golden_min(lambda L: model_ms(c(L), alpha, beta, "sum"), 1.0, S),
+            "L_opt_runtime_max": golden_min(lambda L: model_ms(c(L), alpha, beta, "max"), 1.0, S),
             "source": "numeric argmin of the forward+backward model (derived, docs/model.md)",
         }
     out["I_acc"] = alpha / beta
@@ -188,7 +188,7 @@ class ChunkSweep:
     kernel_split: str = "xl_chunk"
 
     def model_curve(self, Ls: Iterable[float], combine="sum") -> list[float]:
-        """Model runtime (ms) at real chunk sizes ``Ls`` (N_c = T/L), for drawing."""
+        """Model runtime (ms) at real chunk sizes ``Ls`` (N_c = S/L), for drawing."""
         return [model_ms(model_counts_at(self.variant, self.mode, L, **self.shape, F_causal=self.F_causal,
                                          counts=self.counts, chunks="real", bytes_Cmn=self.bytes_Cmn,
                                          kernel_split=self.kernel_split), self.alpha, self.beta, combine)
@@ -334,8 +334,7 @@ def _counts_at_chunk_run(row: dict) -> tuple[float, float] | None:
     kind = "mlstm_sig" if variant == "sig" else (
         "mlstm_exp_limit" if row_kernel_split(row) == "limit_chunk" else "mlstm_exp")
     try:
-        c = counts_for_case(kind, row["mode"], B=int(shape["batch"]), NH=int(shape["heads"]), T=int(shape["seq_len"]),
-                            d_qk=int(shape["d_qk"]), d_hv=int(shape["d_hv"]), L=int(L),
+        c = counts_for_case(kind, row["mode"], **{SHAPE_SYMBOLS[k]: int(v) for k, v in shape.items()}, L=int(L),
                             bytes_qkv=_DTYPE_BYTES.get(str(row.get("dtype")), 2),
                             **plan_counts_kwargs(kind, row.get("algorithm")))
     except (UserError, ValueError, NotImplementedError):

@@ -45,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from tflabench.bounds import MAX_KERNEL_PARAM, check_number
 from tflabench.errors import UserError
-from tflabench.model import counts_for_case
+from tflabench.model import SHAPE_SYMBOLS, counts_for_case
 from tflabench.numerics import budget
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -456,18 +456,16 @@ def peer_unavailable(packages: Iterable[str], *, find_spec: Callable[[str], Any]
 
 
 def model_breakdown(kind: str, mode: str, shape: Shape, **kwargs: Any):
-    """``tflabench.model.counts_for_case(kind, mode, B=, NH=, T=, d_qk=, d_hv=, **kwargs)``
-    at ``shape`` (kinds: ``mlstm_sig``, ``mlstm_exp``, ``mlstm_exp_limit``,
+    """``tflabench.model.counts_for_case(kind, mode, B=, NH=, S=, d_qk=, d_hv=, **kwargs)``
+    at ``shape`` (its fields named by :data:`tflabench.model.SHAPE_SYMBOLS`) (kinds: ``mlstm_sig``, ``mlstm_exp``, ``mlstm_exp_limit``,
     ``attention_causal``, ``mamba2_ssd``, ``gla``, ``simple_gla``; kwargs e.g. ``L``,
     ``d_state``; ``bytes_qkv`` defaults to ``shape.bytes_qkv``): a
     :class:`tflabench.model.Counts`, or None when the model has no count for these
     arguments (NotImplementedError / ValueError / UserError)."""
     kwargs.setdefault("bytes_qkv", shape.bytes_qkv)
     try:
-        return counts_for_case(
-            kind, mode, B=shape.batch, NH=shape.heads, T=shape.seq_len,
-            d_qk=shape.d_qk, d_hv=shape.d_hv, **kwargs,
-        )
+        sizes = {SHAPE_SYMBOLS[name]: getattr(shape, name) for name in ("batch", "heads", "seq_len", "d_qk", "d_hv")}
+        return counts_for_case(kind, mode, **sizes, **kwargs)
     except (NotImplementedError, ValueError, TypeError, UserError):
         return None
 

@@ -27,9 +27,9 @@ from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
 
 _H_VARIANT = "mLSTM variant: sig (sigmoid input gate) or exp (exponential input gate)."
 _H_FORM = "Formulation: chunkwise (TFLA), parallel or recurrent."
-_H_T = "Sequence length T (tokens)."
-_H_B = "Batch size N_batch."
-_H_NH = "Number of heads N_head."
+_H_T = "Sequence length S (tokens; the paper's T)."
+_H_B = "Batch size B."
+_H_NH = "Number of heads NH."
 _H_DHV = "Value/hidden head dimension d_hv."
 _H_DQK = "Query/key head dimension d_qk (give --dqk or --pqk, not both)."
 _H_PQK = "p_qk = d_qk / d_hv (default 0.5, the paper's)."
@@ -144,7 +144,7 @@ def flops(
     causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
     counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
     mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
-    pad: bool = typer.Option(False, "--pad", help="Allow L not dividing T: count ceil(T/L) padded chunks."),
+    pad: bool = typer.Option(False, "--pad", help="Allow L not dividing S: count ceil(S/L) padded chunks."),
     as_json: bool = typer.Option(False, "--json", help=_H_JSON),
 ) -> None:
     """FLOP and byte counts of mLSTM configurations, by part, with intensity (paper App. F).
@@ -173,7 +173,7 @@ def flops(
             d_qk, p_qk = inputs.dqk_pqk(d_hv, dqk, pqk)
             inputs.causal(fc)
             inputs.counted_shape(formulation, m, L, seq_len, pad)
-            kw = dict(T=seq_len, d_hv=d_hv, d_qk=d_qk, N_batch=batch, N_head=heads, F_causal=fc,
+            kw = dict(S=seq_len, d_hv=d_hv, d_qk=d_qk, B=batch, NH=heads, F_causal=fc,
                       bytes_qkv=qkv_bytes, bytes_if=gate_bytes, bytes_Cmn=sb, chunks="pad" if pad else "divide")
             chunk = L if formulation == "chunkwise" else None
             if m == "fwd":
@@ -181,7 +181,7 @@ def flops(
             else:
                 c = mlstm_fwdbw_counts(variant, L=chunk, counts=counts, **kw)
             config = {"variant": variant, "formulation": formulation, "mode": m, "counts": counts,
-                      "N_batch": batch, "N_head": heads, "T": seq_len, "L": chunk, "d_qk": d_qk, "d_hv": d_hv,
+                      "batch": batch, "heads": heads, "seq_len": seq_len, "L": chunk, "d_qk": d_qk, "d_hv": d_hv,
                       "p_qk": p_qk, "F_causal": fc, "bytes_qkv": qkv_bytes,
                       "bytes_if": gate_bytes, "bytes_Cmn": sb, "pad": pad}
             results.append((config, c))
@@ -196,8 +196,8 @@ def flops(
 def _render_counts(config: dict, c) -> None:
     con = _console()
     form = config["formulation"]
-    title = (f"mLSTM{config['variant']} {form} {config['mode']}: B={config['N_batch']} NH={config['N_head']} "
-             f"T={config['T']}" + (f" L={config['L']}" if config["L"] else "")
+    title = (f"mLSTM{config['variant']} {form} {config['mode']}: B={config['batch']} NH={config['heads']} "
+             f"S={config['seq_len']}" + (f" L={config['L']}" if config["L"] else "")
              + f" d_qk={_e(config['d_qk'])} d_hv={config['d_hv']} F_causal={config['F_causal']} "
              f"states {_state_name(config['bytes_Cmn'])} counts={config['counts']}")
     t = _table(title)
@@ -258,7 +258,7 @@ def roofline(
                                              "its rows on the first --gpu, else on the set's GPU."),
     chunk_size: str = typer.Option(DEFAULT_ROOFLINE_L, "--chunk-size", "-L", show_default=False,
                                    help="Chunk sizes L." + _H_LIST + " Default " + DEFAULT_ROOFLINE_L.replace(",", ", ")
-                                   + " (those up to T)."),
+                                   + " (those up to S)."),
     variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
     mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
     seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
@@ -272,7 +272,7 @@ def roofline(
     causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
     counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
     ceilings: str = ceilings_option(),
-    peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, T)."),
+    peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, S)."),
     results: Optional[Path] = typer.Option(
         None, "--results", help="Result set whose measured rows to place, each at its own shape, on the "
         "roofline of the GPU it was measured on, or of the first --gpu (a second figure, *_measured, and a "
@@ -285,7 +285,7 @@ def roofline(
 ) -> None:
     """Roofline (eq. 119) of TFLA's chunkwise kernel for chunk sizes, optionally with measured points.
 
-    Defaults: the paper's roofline figure (mLSTMsig, d_hv 512, p_qk 0.5, B 8, NH 8, T 8192, F_causal 0.66). --dhv, --state-bytes, --causal-factor and --mode take comma lists: a set of points per combination.
+    Defaults: the paper's roofline figure (mLSTMsig, d_hv 512, p_qk 0.5, B 8, NH 8, S 8192, F_causal 0.66). --dhv, --state-bytes, --causal-factor and --mode take comma lists: a set of points per combination.
 
     Example: tflabench roofline --gpu h100,h200 -L 64,128,256 --results results/reference/h100/h100_7b
     """
@@ -314,12 +314,12 @@ def roofline(
             inputs.causal(cfg["F_causal"])
             d_qk, p_qk = inputs.dqk_pqk(cfg["d_hv"], dqk, pqk)
             tag = _varying_label(cfg, varying)
-            for p in mlstm_points(variant, cfg["mode"], Ls, T=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"],
+            for p in mlstm_points(variant, cfg["mode"], Ls, seq_len=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"],
                                    d_qk=d_qk, F_causal=cfg["F_causal"], bytes_qkv=qkv_bytes, bytes_if=qkv_bytes,
                                    bytes_Cmn=cfg["bytes_Cmn"], counts=counts):
                 pts.append({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()})
             if peers:
-                for p in peer_points(cfg["mode"], T=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"], d_qk=d_qk,
+                for p in peer_points(cfg["mode"], seq_len=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"], d_qk=d_qk,
                                       F_causal=cfg["F_causal"], bytes_qkv=qkv_bytes):
                     peer_pts.append({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()})
         measured = measured_points(result_set.rows) if result_set is not None else []
@@ -358,8 +358,8 @@ def roofline(
                            f"({measured_gpu.ceilings} ceilings), {set_label(result_set.metadata)}"))
         if as_json:
             _echo_json({
-                "config": {"variant": variant, "modes": modes, "counts": counts, "T": seq_len, "N_batch": batch,
-                           "N_head": heads, "d_hv": sorted({c["d_hv"] for c in grid}), "d_qk": dqk, "p_qk": pqk,
+                "config": {"variant": variant, "modes": modes, "counts": counts, "seq_len": seq_len, "batch": batch,
+                           "heads": heads, "d_hv": sorted({c["d_hv"] for c in grid}), "d_qk": dqk, "p_qk": pqk,
                            "F_causal": sorted({c["F_causal"] for c in grid}),
                            "bytes_Cmn": sorted({c["bytes_Cmn"] for c in grid}), "bytes_qkv": qkv_bytes,
                            "ceilings": ceilings},
@@ -405,7 +405,7 @@ def intensity(
     gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default v100,a100,h100,h200,b200."),
     chunk_size: str = typer.Option(DEFAULT_INTENSITY_L, "--chunk-size", "-L", show_default=False,
                                    help="Chunk sizes L for the table." + _H_LIST + " Default "
-                                   + DEFAULT_INTENSITY_L.replace(",", ", ") + " (those up to T)."),
+                                   + DEFAULT_INTENSITY_L.replace(",", ", ") + " (those up to S)."),
     variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
     seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
     dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
@@ -461,14 +461,14 @@ def intensity(
             from tflabench.report.plots.analytic import intensity_figure
 
             path = intensity_figure(
-                curves, gpus, T=seq_len, path=plot_dir / f"intensity_{variant}_dhv{dhvs.replace(',', '_')}.{fmt}",
+                curves, gpus, S=seq_len, path=plot_dir / f"intensity_{variant}_dhv{dhvs.replace(',', '_')}.{fmt}",
                 title=(f"Arithmetic intensity of mLSTM{variant} chunkwise over chunk size (d_hv={dhvs}, "
                        f"p_qk={p_qk:g}), against each GPU's I_acc ({inputs.ceilings_text(gpus)})"),
             )
         if as_json:
             _echo_json({
                 "config": {"variant": variant, "counts": counts, "d_hv": sorted({c["d_hv"] for c in grid}),
-                           "d_qk": dqk, "p_qk": p_qk, "T": seq_len, "ceilings": ceilings},
+                           "d_qk": dqk, "p_qk": p_qk, "seq_len": seq_len, "ceilings": ceilings},
                 "gpus": [g.as_dict() for g in gpus],
                 "curves": [{**c, "intensity": {str(k): v for k, v in c["intensity"].items()}} for c in curves],
                 "plot": _shown(path) if path else None,
@@ -575,7 +575,7 @@ def optimal_chunk(
         d_hvs = list(dict.fromkeys(cfg["d_hv"] for cfg in grid))
         for sb, fc in dict.fromkeys((cfg["bytes_Cmn"], cfg["F_causal"]) for cfg in grid):
             for r in optimal_chunk_rows(variant, gpus, d_hvs, d_qk=dqk, p_qk=pqk, F_causal=fc, bytes_qkv=qkv_bytes,
-                                        bytes_Cmn=sb, counts=counts, batch=batch, heads=heads, T=seq_len):
+                                        bytes_Cmn=sb, counts=counts, batch=batch, heads=heads, seq_len=seq_len):
                 rows.append({**r, "bytes_Cmn": sb, "F_causal": fc})
         rows.sort(key=lambda r: [g.key for g in gpus].index(r["gpu"]))
         paths = []
@@ -596,7 +596,7 @@ def optimal_chunk(
         several = len({(r["bytes_Cmn"], r["F_causal"]) for r in rows}) > 1
         t = _table((f"Optimal chunk size, mLSTM{variant} chunkwise forward (counts={counts}, "
                     f"{inputs.ceilings_text(gpus)}; "
-                    f"runtime for B={batch}, NH={heads}, T={seq_len})"))
+                    f"runtime for B={batch}, NH={heads}, S={seq_len})"))
         cols = ["GPU", "I_acc", "d_hv", "d_qk"] + (["states", "F_c"] if several else []) + [
             "L_flop", "L_runtime", "numeric", "best 2^k", "ms at 2^k", "L_max"]
         for col in cols:
