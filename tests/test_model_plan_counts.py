@@ -55,6 +55,6 @@ def test_a_walk_row_is_placed_under_the_walks_bound():
            "batch": 8, "seq_len": 8192, "heads": 16, "d_qk": 128, "d_hv": 256, "chunk_size": 64,
            "algorithm": "walk", "params": '{"variant": "sig", "chunk_size": 128}', "ms_median": 1.0,
            "flops": 1.0e11, "bytes": 6.7e9}
-    placed = roofline_placement([row], alpha=989e12, beta=3.35e12)
+    placed = roofline_placement([row], peak_flops_per_s=989e12, beta=3.35e12)
     walk = counts_for_case("mlstm_sig", "fwd", L=64, states_on_chip=True, **SHAPE)
     assert placed[0]["intensity_flop_per_byte"] == pytest.approx(walk.flops / walk.bytes)

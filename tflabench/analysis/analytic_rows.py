@@ -67,7 +67,7 @@ def roofline_rows(gpus, points) -> list[dict]:
     rows = []
     for g in gpus:
         for p in points:
-            placed = place_on_roofline(p["flops"], p["bytes"], alpha=g.flops_per_s, beta=g.bytes_per_s)
+            placed = place_on_roofline(p["flops"], p["bytes"], peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s)
             rows.append({
                 "gpu": g.key, "ceilings": g.ceilings, "label": p["label"], "L": p.get("L"),
                 "flops": p["flops"], "bytes": p["bytes"], "intensity_flop_per_byte": p["intensity_flop_per_byte"],
@@ -130,7 +130,7 @@ def optimal_chunk_rows(variant, gpus, d_hvs, *, d_qk, p_qk, F_causal, bytes_qkv,
     rows = []
     for g in gpus:
         for d in d_hvs:
-            r = optimal_chunk(variant, alpha=g.flops_per_s, beta=g.bytes_per_s, d_hv=d,
+            r = optimal_chunk(variant, peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s, d_hv=d,
                               d_qk=d_qk, p_qk=None if d_qk is not None else (p_qk if p_qk is not None else 0.5),
                               F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_if=bytes_qkv,
                               bytes_Cmn=bytes_Cmn, counts=counts, B=batch, NH=heads, S=seq_len)

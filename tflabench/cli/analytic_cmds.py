@@ -330,7 +330,7 @@ def roofline(
         if measured:  # each measured row against its own bound, on the set's (or the first --gpu's) roofline
             from tflabench.analysis.model_vs_measured import distance_to_bound, roofline_placement
 
-            placement = roofline_placement(result_set.rows, alpha=measured_gpu.flops_per_s,
+            placement = roofline_placement(result_set.rows, peak_flops_per_s=measured_gpu.flops_per_s,
                                            beta=measured_gpu.bytes_per_s)
             distance = distance_to_bound(placement)
         path = measured_path = None
@@ -676,7 +676,7 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
     from tflabench.analysis import model_vs_measured as mm
 
     g = mm.ceilings_for(rs.metadata, ceilings, gpu, hardware_file=hardware)
-    sweeps = mm.chunk_sweeps(rs.rows, alpha=g.flops_per_s, beta=g.bytes_per_s, ceilings=g.ceilings,
+    sweeps = mm.chunk_sweeps(rs.rows, peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s, ceilings=g.ceilings,
                              F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn)
     path = None
     if sweeps and plot_dir is not None:

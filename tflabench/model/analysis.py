@@ -11,7 +11,7 @@ derives eqs. 111 and 116-121 for mLSTMsig only; the mLSTMexp versions here are t
 applied to the mLSTMexp rows (derived, docs/model-counts.md §4.1, §4.5, §4.6).
 
 Assumptions behind eqs. 116, 118, 121 (paper App. G): chunkwise forward only; N_c = S/L real;
-one ceiling ``alpha`` for all FLOPs although pointwise ones do not run on tensor cores; no
+one ceiling ``peak_flops_per_s`` for all FLOPs although pointwise ones do not run on tensor cores; no
 recomputation, reloads or kernel-launch gaps; compute and memory do not overlap (sum form,
 eq. 113) — the max form (eq. 114, perfect overlap) is offered too and equals the roofline bound.
 """
@@ -43,15 +43,15 @@ GOLDEN = (math.sqrt(5) - 1) / 2
 # ------------------------------------------------------------------ basic relations
 
 
-def runtime(flops, bytes, alpha, beta, combine: str = "sum") -> float:
+def runtime(flops, bytes, peak_flops_per_s, beta, combine: str = "sum") -> float:
     """Theoretical runtime in seconds, paper eqs. 112-114.
 
-    ``tau_FLOPs = flops/alpha``, ``tau_Bytes = bytes/beta``; ``combine="sum"`` (eq. 113, no overlap,
+    ``tau_FLOPs = flops/peak_flops_per_s``, ``tau_Bytes = bytes/beta``; ``combine="sum"`` (eq. 113, no overlap,
     the paper's choice for its runtime figures) or ``"max"`` (eq. 114, perfect overlap).
-    alpha in FLOP/s, beta in byte/s.
+    peak_flops_per_s in FLOP/s, beta in byte/s.
     """
     check_choice("combine", combine, COMBINES)
-    t_f, t_b = flops / alpha, bytes / beta
+    t_f, t_b = flops / peak_flops_per_s, bytes / beta
     return t_f + t_b if combine == "sum" else max(t_f, t_b)
 
 
@@ -60,13 +60,13 @@ def intensity(flops, bytes) -> float:
     return flops / bytes
 
 
-def roofline(I, alpha, beta) -> float:
-    """Attainable FLOP/s at intensity ``I`` (FLOP/byte): ``min(beta·I, alpha)`` (paper eq. 119)."""
-    return min(beta * I, alpha)
+def roofline(I, peak_flops_per_s, beta) -> float:
+    """Attainable FLOP/s at intensity ``I`` (FLOP/byte): ``min(beta·I, peak_flops_per_s)`` (paper eq. 119)."""
+    return min(beta * I, peak_flops_per_s)
 
 
 def place_on_roofline(flops: float, bytes: float | None = None, ms: float | None = None, *,
-                       alpha: float | None = None, beta: float | None = None) -> dict:
+                       peak_flops_per_s: float | None = None, beta: float | None = None) -> dict:
     """One call (its FLOPs, HBM bytes and, if measured, its runtime) on the roofline: the one
     place where a call's intensity, achieved rate and bound are computed (the result columns,
     ``report``'s distance to the bound and ``roofline --results`` all use it).
@@ -75,13 +75,13 @@ def place_on_roofline(flops: float, bytes: float | None = None, ms: float | None
         flops: FLOPs of the call (the model's count at the call's own shape).
         bytes: HBM bytes of the call (None: unknown).
         ms: measured runtime in milliseconds (None: not measured).
-        alpha, beta: the ceilings in FLOP/s and byte/s (None: no bound).
+        peak_flops_per_s, beta: the ceilings in FLOP/s and byte/s (None: no bound).
 
     Returns a dict with the keys whose inputs are given (positive):
     ``intensity_flop_per_byte`` ``I = flops / bytes`` (eq. 117); ``achieved_flops_per_s``
-    ``flops / ms``; with the ceilings ``bound_flops_per_s`` ``P(I) = min(beta·I, alpha)``
-    (eq. 119), ``roofline_ms`` ``flops / P(I) = max(flops / alpha, bytes / beta)`` (the max
-    form, eq. 114) and ``bound`` (``compute`` where ``I >= alpha / beta``, else ``memory``);
+    ``flops / ms``; with the ceilings ``bound_flops_per_s`` ``P(I) = min(beta·I, peak_flops_per_s)``
+    (eq. 119), ``roofline_ms`` ``flops / P(I) = max(flops / peak_flops_per_s, bytes / beta)`` (the max
+    form, eq. 114) and ``bound`` (``compute`` where ``I >= peak_flops_per_s / beta``, else ``memory``);
     with a runtime too, ``fraction`` ``roofline_ms / ms`` (= achieved / attainable).
     """
     out: dict = {}
@@ -89,8 +89,8 @@ def place_on_roofline(flops: float, bytes: float | None = None, ms: float | None
         out["intensity_flop_per_byte"] = flops / bytes
     if ms:
         out["achieved_flops_per_s"] = flops / (ms * 1e-3)
-    if bytes is not None and alpha and beta:
-        t_flops, t_bytes = flops / alpha, bytes / beta
+    if bytes is not None and peak_flops_per_s and beta:
+        t_flops, t_bytes = flops / peak_flops_per_s, bytes / beta
         out["roofline_ms"] = max(t_flops, t_bytes) * 1e3
         out["bound"] = "compute" if t_flops >= t_bytes else "memory"
         if out["roofline_ms"] > 0:
@@ -155,7 +155,7 @@ def l_opt_runtime(coeffs: dict, I_acc) -> float:
 
     Printed eq. 121: ``sqrt((2·d_hv²·p_qk + 5 + 2·I_acc·d_hv²·p_qk·bytes_Cmn) /
     (2·F_c·(d_hv(1 + p_qk) + 3) + 1))``. Depends on the hardware only through
-    ``I_acc = alpha/beta``, and not on bytes_if or bytes_qkv (they only enter m).
+    ``I_acc = peak_flops_per_s/beta``, and not on bytes_if or bytes_qkv (they only enter m).
     """
     check_positive("I_acc", I_acc)
     return math.sqrt((coeffs["c"] + I_acc * coeffs["n"]) / coeffs["a"])
@@ -239,7 +239,7 @@ def _call_counts(variant, L, *, S, d_hv, d_qk, B, NH, F_causal, bytes_qkv, bytes
                         bytes_Cmn=bytes_Cmn, counts=counts, chunks="real")
 
 
-def chunkwise_runtime(variant: str = "sig", *, L, alpha, beta, S=8192, d_hv=512, d_qk=None, p_qk=None,
+def chunkwise_runtime(variant: str = "sig", *, L, peak_flops_per_s, beta, S=8192, d_hv=512, d_qk=None, p_qk=None,
                       B=8, NH=8, F_causal=0.66, bytes_qkv=2, bytes_if=2, bytes_Cmn=4,
                       counts="rows", combine="sum") -> float:
     """Theoretical runtime (s) of a chunkwise mLSTM forward call at real chunk size L (eq. 115/116).
@@ -251,7 +251,7 @@ def chunkwise_runtime(variant: str = "sig", *, L, alpha, beta, S=8192, d_hv=512,
     c = _call_counts(variant, L, S=S, d_hv=d_hv, d_qk=d_qk, B=B, NH=NH,
                      F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_if=bytes_if,
                      bytes_Cmn=bytes_Cmn, counts=counts)
-    return runtime(c.flops, c.bytes, alpha, beta, combine)
+    return runtime(c.flops, c.bytes, peak_flops_per_s, beta, combine)
 
 
 def l_opt_flop_numeric(variant="sig", *, d_hv, d_qk=None, p_qk=None, F_causal=0.66, counts="rows",
@@ -267,14 +267,14 @@ def l_opt_flop_numeric(variant="sig", *, d_hv, d_qk=None, p_qk=None, F_causal=0.
     return golden_min(f, 1.0, float(S))
 
 
-def l_opt_runtime_numeric(variant="sig", *, alpha, beta, d_hv, d_qk=None, p_qk=None, F_causal=0.66,
+def l_opt_runtime_numeric(variant="sig", *, peak_flops_per_s, beta, d_hv, d_qk=None, p_qk=None, F_causal=0.66,
                           bytes_qkv=2, bytes_if=2, bytes_Cmn=4, counts="rows", combine="sum",
                           S=2**20) -> float:
     """Numeric argmin over real L in [1, S] of the runtime (check of eq. 121 / §4.7)."""
     d_qk = resolve_d_qk(d_hv, d_qk, p_qk)
 
     def f(L):
-        return chunkwise_runtime(variant, L=L, alpha=alpha, beta=beta, S=S, d_hv=d_hv, d_qk=d_qk,
+        return chunkwise_runtime(variant, L=L, peak_flops_per_s=peak_flops_per_s, beta=beta, S=S, d_hv=d_hv, d_qk=d_qk,
                                  B=1, NH=1, F_causal=F_causal, bytes_qkv=bytes_qkv,
                                  bytes_if=bytes_if, bytes_Cmn=bytes_Cmn, counts=counts,
                                  combine=combine)
@@ -290,7 +290,7 @@ def l_opt_runtime_max_numeric(variant="sig", **kw) -> float:
 # ------------------------------------------------------------------ the optimal-chunk report
 
 
-def optimal_chunk(variant: str = "sig", *, alpha, beta, d_hv=512, d_qk=None, p_qk=None,
+def optimal_chunk(variant: str = "sig", *, peak_flops_per_s, beta, d_hv=512, d_qk=None, p_qk=None,
                   F_causal=0.66, bytes_qkv=2, bytes_if=2, bytes_Cmn=4, counts="rows",
                   B=8, NH=8, S=8192) -> dict:
     """FLOP- and runtime-optimal chunk sizes for one accelerator (eqs. 111, 121; §4.7, §4.8).
@@ -303,7 +303,7 @@ def optimal_chunk(variant: str = "sig", *, alpha, beta, d_hv=512, d_qk=None, p_q
     ``runtime_ms_opt`` at the continuous optimum. Continuous optima are clamped to [1, S] for the
     power-of-two choice.
     """
-    check_positive("alpha", alpha)
+    check_positive("peak_flops_per_s", peak_flops_per_s)
     check_positive("beta", beta)
     for name, v in (("S", S), ("B", B), ("NH", NH)):
         check_positive(name, v)
@@ -311,12 +311,12 @@ def optimal_chunk(variant: str = "sig", *, alpha, beta, d_hv=512, d_qk=None, p_q
     co = chunkwise_coefficients(variant, d_hv=d_hv, d_qk=d_qk, F_causal=F_causal,
                                 bytes_qkv=bytes_qkv, bytes_if=bytes_if, bytes_Cmn=bytes_Cmn,
                                 counts=counts)
-    I_acc = alpha / beta
+    I_acc = peak_flops_per_s / beta
     common = dict(S=S, d_hv=d_hv, d_qk=d_qk, B=B, NH=NH, F_causal=F_causal,
                   bytes_qkv=bytes_qkv, bytes_if=bytes_if, bytes_Cmn=bytes_Cmn, counts=counts)
 
     def rt(L, combine="sum"):
-        return chunkwise_runtime(variant, L=L, alpha=alpha, beta=beta, combine=combine, **common)
+        return chunkwise_runtime(variant, L=L, peak_flops_per_s=peak_flops_per_s, beta=beta, combine=combine, **common)
 
     def fl(L):
         return _call_counts(variant, L, **common).flops
@@ -326,7 +326,7 @@ def optimal_chunk(variant: str = "sig", *, alpha, beta, d_hv=512, d_qk=None, p_q
     p_r = best_power_of_two(rt, lr, S)
     p_m = best_power_of_two(lambda L: rt(L, "max"), lmax, S)
     search = dict(d_hv=d_hv, d_qk=d_qk, F_causal=F_causal, counts=counts)
-    rsearch = dict(search, alpha=alpha, beta=beta, bytes_qkv=bytes_qkv, bytes_if=bytes_if,
+    rsearch = dict(search, peak_flops_per_s=peak_flops_per_s, beta=beta, bytes_qkv=bytes_qkv, bytes_if=bytes_if,
                    bytes_Cmn=bytes_Cmn)
     Lc = min(max(lr, 1.0), S)
     return {
@@ -337,7 +337,7 @@ def optimal_chunk(variant: str = "sig", *, alpha, beta, d_hv=512, d_qk=None, p_q
         "p_qk": d_qk / d_hv,
         "F_causal": F_causal,
         "bytes_Cmn": bytes_Cmn,
-        "alpha_flop_per_s": alpha,
+        "peak_flops_per_s": peak_flops_per_s,
         "beta_bytes_per_s": beta,
         "I_acc": I_acc,
         "L_opt_flop": lf,

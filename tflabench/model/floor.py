@@ -1,7 +1,7 @@
 """The physical floor of a call: the fewest HBM bytes and FLOPs any implementation of the
 computation needs, at the GPU's ceilings (docs/model.md, "Parts and the physical floor").
 
-``T_floor = max(W_min / alpha, Q_min / beta)`` where
+``T_floor = max(W_min / peak_flops_per_s, Q_min / beta)`` where
 
 - ``Q_min`` (compulsory traffic) counts every input read once per pass that needs it and
   every output written once, nothing else (no states, no reloads, no intermediate
@@ -88,7 +88,7 @@ def _by_pass(c: Counts) -> dict:
 def physical_floor(kind: str, mode: str, *, B, NH, S, d_qk, d_hv, bytes_qkv=2, bytes_gate=4) -> Counts | None:
     """The floor's counts of one call: :class:`~tflabench.model.Counts` with ``flops`` =
     ``W_min`` (rows by pass) and ``bytes`` = ``Q_min`` (rows ``fwd_read`` ...); its time at
-    ceilings alpha, beta is ``max(flops / alpha, bytes / beta)``
+    ceilings peak_flops_per_s, beta is ``max(flops / peak_flops_per_s, bytes / beta)``
     (:func:`tflabench.model.analysis.runtime` with ``combine="max"``). None for a kind
     without a floor (Mamba 2 SSD, GLA).
 
