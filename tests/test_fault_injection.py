@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import write_custom_suite
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -52,19 +53,9 @@ KERNELS = textwrap.dedent('''
 
 
 def _suite(tmp_path: Path, name="faults", fn="good", seq_len=(16, 32), label="sdpa", **over) -> Path:
-    """A suite file of one custom kernel; ``over`` replaces top-level fields."""
-    kfile = tmp_path / "fault_kernels.py"
-    kfile.write_text(KERNELS)
-    data = {"name": name, "device": "cpu", "dtype": "float32", "modes": ["fwd"], "seed": 0,
-            "timing": {"warmup": 1, "iterations": 2, "timeout_s": 60},
-            "numerics": {"max_seq_len": 32}, "model": {"embedding_dim": 32},
-            "sweep": {"batch": 1, "seq_len": list(seq_len)},
-            "kernels": [{"backend": "custom", "label": label,
-                         "params": {"function": f"{kfile}:{fn}", "layout": "attention", "heads": 2}}]}
-    data.update(over)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    """A suite file of one custom kernel of :data:`KERNELS`; ``over`` replaces top-level fields."""
+    return write_custom_suite(tmp_path, KERNELS, "fault_kernels", name=name, fn=fn, seq_len=seq_len, label=label,
+                              **over)
 
 
 def _files(root: Path) -> set[Path]:
@@ -213,22 +204,12 @@ def test_sigkill_mid_write_leaves_a_torn_line_that_resume_sets_aside(tmp_path):
 # --------------------------------------------------------------------------- torn lines, tables
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    """A finished run of a two-case suite: (suite path, result-set directory)."""
-    tmp_path = tmp_path_factory.mktemp("measured")
-    suite = _suite(tmp_path)
-    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False,
-                       console=Console(file=StringIO()))
-    return suite, result.directory
-
-
 def _copy(measured, tmp_path) -> tuple[Path, Path]:
     suite, directory = measured
     copy = tmp_path / "set"
     shutil.copytree(directory, copy)
     shutil.copy(suite, tmp_path / suite.name)
-    shutil.copy(suite.parent / "fault_kernels.py", tmp_path / "fault_kernels.py")
+    shutil.copy(suite.parent / "measured_kernels.py", tmp_path / "measured_kernels.py")
     return tmp_path / suite.name, copy
 
 

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import write_custom_suite
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -61,17 +62,8 @@ KERNELS = textwrap.dedent('''
 
 
 def _suite(tmp_path: Path, fn="good", seq_len=(16, 32), timeout_s=60.0, name="io") -> Path:
-    kfile = tmp_path / "io_kernels.py"
-    kfile.write_text(KERNELS)
-    data = {"name": name, "device": "cpu", "dtype": "float32", "modes": ["fwd"], "seed": 0,
-            "timing": {"warmup": 1, "iterations": 2, "timeout_s": timeout_s},
-            "numerics": {"max_seq_len": 32}, "model": {"embedding_dim": 32},
-            "sweep": {"batch": 1, "seq_len": list(seq_len)},
-            "kernels": [{"backend": "custom", "label": "k",
-                         "params": {"function": f"{kfile}:{fn}", "layout": "attention", "heads": 2}}]}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    """A suite file of one custom kernel of :data:`KERNELS`."""
+    return write_custom_suite(tmp_path, KERNELS, "io_kernels", name=name, fn=fn, seq_len=seq_len, timeout_s=timeout_s)
 
 
 def _env(**extra: str) -> dict:
@@ -100,16 +92,6 @@ def _row(seq_len=64, **over) -> dict:
 @pytest.fixture
 def small_set(tmp_path) -> Path:
     return R.write_results(tmp_path / "set", [_row(64), _row(128)], {"suite": "io", "date": "2026-01-01"})
-
-
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    """A finished run of a two-case suite: (suite path, result-set directory)."""
-    tmp_path = tmp_path_factory.mktemp("measured")
-    suite = _suite(tmp_path)
-    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False,
-                       console=Console(file=StringIO()))
-    return suite, result.directory
 
 
 def _gone(pid: int, within_s: float = 15.0) -> bool:

@@ -48,6 +48,34 @@ _H_MODE = ("fwd (forward, the paper's model), fwdbw (forward + derived backward,
            "comma-separated.")
 _H_LIST = " One value or several, comma-separated."
 
+#: The analytic commands' shared options, one home each: name -> (default, flags, help).
+#: :func:`_opt` makes the typer option; a command may give its own default or add words.
+_OPTIONS: dict[str, tuple] = {
+    "variant": ("sig", ("--variant",), _H_VARIANT),
+    "seq_len": (8192, ("--seq-len", "-T"), _H_T),
+    "batch": (8, ("--batch",), _H_B),
+    "heads": (8, ("--heads",), _H_NH),
+    "dhv": ("512", ("--dhv",), _H_DHV + _H_LIST),
+    "dqk": (None, ("--dqk",), _H_DQK),
+    "pqk": (None, ("--pqk",), _H_PQK),
+    "state_bytes": ("4", ("--state-bytes",), _H_STATE + _H_LIST),
+    "qkv_bytes": (2, ("--qkv-bytes",), _H_QKV),
+    "causal_factor": ("0.66", ("--causal-factor",), _H_CAUSAL + _H_LIST),
+    "counts": ("rows", ("--counts",), _H_COUNTS),
+    "out": (None, ("--out",), _H_OUT),
+    "figure_format": ("png", ("--figure-format",), _H_FIGFORMAT),
+    "hardware": (None, ("--hardware",), _H_HW),
+    "as_json": (False, ("--json",), _H_JSON),
+}
+_SAME = object()
+
+
+def _opt(name: str, default=_SAME, extra: str = ""):
+    """The typer option ``name`` of :data:`_OPTIONS` (its default unless ``default`` is
+    given; ``extra`` appended to its help). Raises KeyError for an unknown name."""
+    value, flags, text = _OPTIONS[name]
+    return typer.Option(value if default is _SAME else default, *flags, help=text + extra)
+
 DEFAULT_ROOFLINE_L = "64,128,256,512,1024,2048,4096"
 DEFAULT_INTENSITY_L = "16,32,64,128,256,512,1024,2048,4096"
 
@@ -129,23 +157,17 @@ def _e(x) -> str:
 
 @app.command()
 def flops(
-    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
+    variant: str = _opt("variant"),
     formulation: str = typer.Option("chunkwise", "--formulation", help=_H_FORM),
     chunk_size: str = typer.Option("128", "--chunk-size", "-L", help="Chunk size L (chunkwise only)." + _H_LIST),
-    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
-    batch: int = typer.Option(8, "--batch", help=_H_B),
-    heads: int = typer.Option(8, "--heads", help=_H_NH),
-    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
-    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
-    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: str = typer.Option("4", "--state-bytes", help=_H_STATE + _H_LIST),
-    qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
+    seq_len: int = _opt("seq_len"), batch: int = _opt("batch"), heads: int = _opt("heads"),
+    dhv: str = _opt("dhv"), dqk: Optional[int] = _opt("dqk"), pqk: Optional[float] = _opt("pqk"),
+    state_bytes: str = _opt("state_bytes"), qkv_bytes: float = _opt("qkv_bytes"),
     gate_bytes: float = typer.Option(2, "--gate-bytes", help=_H_IF),
-    causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
-    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    causal_factor: str = _opt("causal_factor"), counts: str = _opt("counts"),
     mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
     pad: bool = typer.Option(False, "--pad", help="Allow L not dividing S: count ceil(S/L) padded chunks."),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    as_json: bool = _opt("as_json"),
 ) -> None:
     """FLOP and byte counts of mLSTM configurations, by part, with intensity (paper App. F).
 
@@ -259,18 +281,12 @@ def roofline(
     chunk_size: str = typer.Option(DEFAULT_ROOFLINE_L, "--chunk-size", "-L", show_default=False,
                                    help="Chunk sizes L." + _H_LIST + " Default " + DEFAULT_ROOFLINE_L.replace(",", ", ")
                                    + " (those up to S)."),
-    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
+    variant: str = _opt("variant"),
     mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
-    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
-    batch: int = typer.Option(8, "--batch", help=_H_B),
-    heads: int = typer.Option(8, "--heads", help=_H_NH),
-    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
-    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
-    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: str = typer.Option("4", "--state-bytes", help=_H_STATE + _H_LIST),
-    qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
-    causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
-    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    seq_len: int = _opt("seq_len"), batch: int = _opt("batch"), heads: int = _opt("heads"),
+    dhv: str = _opt("dhv"), dqk: Optional[int] = _opt("dqk"), pqk: Optional[float] = _opt("pqk"),
+    state_bytes: str = _opt("state_bytes"), qkv_bytes: float = _opt("qkv_bytes"),
+    causal_factor: str = _opt("causal_factor"), counts: str = _opt("counts"),
     ceilings: str = ceilings_option(),
     peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, S)."),
     results: Optional[Path] = typer.Option(
@@ -278,10 +294,8 @@ def roofline(
         "roofline of the GPU it was measured on, or of the first --gpu (a second figure, *_measured, and a "
         "distance-to-the-bound table); a CPU set needs --gpu."),
     plots: bool = plots_option(),
-    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
-    figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    out: Optional[Path] = _opt("out"), figure_format: str = _opt("figure_format"),
+    hardware: Optional[Path] = _opt("hardware"), as_json: bool = _opt("as_json"),
 ) -> None:
     """Roofline (eq. 119) of TFLA's chunkwise kernel for chunk sizes, optionally with measured points.
 
@@ -406,20 +420,14 @@ def intensity(
     chunk_size: str = typer.Option(DEFAULT_INTENSITY_L, "--chunk-size", "-L", show_default=False,
                                    help="Chunk sizes L for the table." + _H_LIST + " Default "
                                    + DEFAULT_INTENSITY_L.replace(",", ", ") + " (those up to S)."),
-    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
-    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
-    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
-    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
-    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: str = typer.Option("4,2", "--state-bytes", help=_H_STATE + _H_LIST),
-    causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
-    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    variant: str = _opt("variant"), seq_len: int = _opt("seq_len"),
+    dhv: str = _opt("dhv"), dqk: Optional[int] = _opt("dqk"), pqk: Optional[float] = _opt("pqk"),
+    state_bytes: str = _opt("state_bytes", "4,2"),
+    causal_factor: str = _opt("causal_factor"), counts: str = _opt("counts"),
     ceilings: str = ceilings_option(),
     plots: bool = plots_option(),
-    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
-    figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    out: Optional[Path] = _opt("out"), figure_format: str = _opt("figure_format"),
+    hardware: Optional[Path] = _opt("hardware"), as_json: bool = _opt("as_json"),
 ) -> None:
     """Arithmetic intensity over chunk size (eq. 118) for float32 and bfloat16 states, with GPUs' I_acc.
 
@@ -475,21 +483,12 @@ def intensity(
             })
             return
         con = _console()
-        t = _table(f"I_algo (FLOP/byte) over chunk size L, mLSTM{variant} chunkwise, d_hv={dhvs}, "
-                   f"p_qk={p_qk:g} (eq. 118)")
-        t.add_column("states, F_c")
-        for L in Ls:
-            t.add_column(f"{L}", justify="right")
-        for c in curves:
-            t.add_row(c["label"], *(f"{c['intensity'][L]:.1f}" for L in Ls))
-        con.print(t)
-        x = _table("chunk size L where I_algo = I_acc (compute-bound above)")
-        x.add_column("states, F_c")
-        for g in gpus:
-            x.add_column(f"{g.key} ({g.intensity_flop_per_byte:.1f})", justify="right")
-        for c in curves:
-            x.add_row(c["label"], *(f"{c['L_at_I_acc'][g.key]:.1f}" for g in gpus))
-        con.print(x)
+        con.print(_curve_table(
+            f"I_algo (FLOP/byte) over chunk size L, mLSTM{variant} chunkwise, d_hv={dhvs}, p_qk={p_qk:g} (eq. 118)",
+            curves, [(f"{L}", lambda c, L=L: c["intensity"][L]) for L in Ls]))
+        con.print(_curve_table(
+            "chunk size L where I_algo = I_acc (compute-bound above)", curves,
+            [(f"{g.key} ({g.intensity_flop_per_byte:.1f})", lambda c, g=g: c["L_at_I_acc"][g.key]) for g in gpus]))
         if path:
             con.print(f"plot: {_shown(path)}", markup=False)
 
@@ -497,30 +496,36 @@ def intensity(
 # ------------------------------------------------------------------ optimal-chunk
 
 
+def _curve_table(title: str, curves: list[dict], columns: list):
+    """A table of ``curves`` (one row each, named by its ``label``: states, F_c) with one
+    right-aligned column per ``(header, value of a curve)`` of ``columns``, to 1 decimal."""
+    t = _table(title)
+    t.add_column("states, F_c")
+    for header, _ in columns:
+        t.add_column(header, justify="right")
+    for c in curves:
+        t.add_row(c["label"], *(f"{value(c):.1f}" for _, value in columns))
+    return t
+
+
 @app.command("optimal-chunk")
 def optimal_chunk(
-    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST + " (one with --measure)"),
+    dhv: str = _opt("dhv", extra=" (one with --measure)"),
     gpu: Optional[List[str]] = typer.Option(
         None, "--gpu", help=_H_GPU + " Default h100,h200; with --measure the GPU measured on (one)."),
-    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
-    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
-    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: str = typer.Option("4", "--state-bytes", help=_H_STATE + _H_LIST + " (one with --measure)"),
-    qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
-    causal_factor: str = typer.Option("0.66", "--causal-factor",
-                                      help=_H_CAUSAL + _H_LIST + " (one with --measure)"),
-    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    variant: str = _opt("variant"), dqk: Optional[int] = _opt("dqk"), pqk: Optional[float] = _opt("pqk"),
+    state_bytes: str = _opt("state_bytes", extra=" (one with --measure)"), qkv_bytes: float = _opt("qkv_bytes"),
+    causal_factor: str = _opt("causal_factor", extra=" (one with --measure)"), counts: str = _opt("counts"),
     ceilings: str = ceilings_option(),
-    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T + " (for the predicted runtime; caps L)"),
-    batch: int = typer.Option(8, "--batch", help=_H_B + " (for the predicted runtime)"),
-    heads: int = typer.Option(8, "--heads", help=_H_NH + " (for the predicted runtime)"),
+    seq_len: int = _opt("seq_len", extra=" (for the predicted runtime; caps L)"),
+    batch: int = _opt("batch", extra=" (for the predicted runtime)"),
+    heads: int = _opt("heads", extra=" (for the predicted runtime)"),
     plots: bool = plots_option("Draw the optimum over d_hv and over accelerator intensity (with --measure: the "
                                "measured sweep beside the model)."),
-    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT + " With --measure: the results root, "
-                                       "OUT/<sweep name>/<timestamp>/ (default results), figures in its plots/."),
-    figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    out: Optional[Path] = _opt("out", extra=" With --measure: the results root, OUT/<sweep name>/<timestamp>/ "
+                               "(default results), figures in its plots/."),
+    figure_format: str = _opt("figure_format"), hardware: Optional[Path] = _opt("hardware"),
+    as_json: bool = _opt("as_json"),
     measure: bool = typer.Option(
         False, "--measure", help="On a GPU: sweep the chunk size of a kernel through `run`'s machinery "
         "(isolated workers, warm-up, numerics gate) and compare the measured optimum with the model's."),
@@ -715,9 +720,7 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
 
 @app.command()
 def gpus(
-    ceilings: str = ceilings_option(),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    ceilings: str = ceilings_option(), hardware: Optional[Path] = _opt("hardware"), as_json: bool = _opt("as_json"),
 ) -> None:
     """The GPU catalogue: dense bf16 FLOP/s, HBM bandwidth, intensity, measured ceilings, sources.
 
