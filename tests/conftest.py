@@ -188,3 +188,13 @@ kernels:
     label: mLSTMsig TFLA (reference)
     params: {variant: sig, algorithm: xl_chunk, chunk_size: 16, heads: 2, d_qk: 16, d_hv: 32, impl: reference}
 """
+
+
+def one_error_line(result) -> str:
+    """The one ``error: ...`` line of a CLI result that exited 2 without a traceback (the
+    house rule for user errors); asserts each of those."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]

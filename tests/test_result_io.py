@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import write_custom_suite
+from conftest import one_error_line, write_custom_suite
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -72,14 +72,6 @@ def _env(**extra: str) -> dict:
     return env
 
 
-def _one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr
-    return errors[0]
-
-
 def _row(seq_len=64, **over) -> dict:
     row = R.new_row(suite="io", kernel="k", backend="custom", family="custom", params={"x": 1}, mode="fwd",
                     dtype="float32", device="cpu", batch=1, seq_len=seq_len, heads=2, d_qk=16, d_hv=16,
@@ -116,7 +108,7 @@ def test_report_refuses_a_set_with_a_planted_link_and_writes_nothing_through_it(
     victim.write_text("precious")
     (small_set / "plots").mkdir()
     (small_set / "plots" / "runtime.png").symlink_to(victim)
-    line = _one_error_line(cli.invoke(app, ["report", str(small_set)]))
+    line = one_error_line(cli.invoke(app, ["report", str(small_set)]))
     assert str(small_set / "plots" / "runtime.png") in line and "symbolic link" in line
     assert victim.read_text() == "precious"
 
@@ -125,11 +117,11 @@ def test_report_refuses_a_set_with_a_planted_link_and_writes_nothing_through_it(
 def test_a_set_file_linked_to_dev_zero_or_a_fifo_is_refused_at_once(small_set, name):
     (small_set / name).unlink()
     (small_set / name).symlink_to("/dev/zero")
-    line = _one_error_line(cli.invoke(app, ["report", str(small_set), "--no-plots"]))
+    line = one_error_line(cli.invoke(app, ["report", str(small_set), "--no-plots"]))
     assert str(small_set / name) in line and "symbolic link" in line
     (small_set / name).unlink()
     os.mkfifo(small_set / name)  # nobody writes it: reading it would wait forever
-    line = _one_error_line(cli.invoke(app, ["compare", str(small_set), str(small_set)]))
+    line = one_error_line(cli.invoke(app, ["compare", str(small_set), str(small_set)]))
     assert str(small_set / name) in line and "FIFO" in line
 
 
@@ -178,7 +170,7 @@ def test_resume_refuses_a_linked_worker_log(measured, tmp_path):
     log = copy / "logs" / "worker-0.log"
     log.unlink()
     log.symlink_to(victim)
-    line = _one_error_line(cli.invoke(app, ["run", str(suite), "--resume", str(copy), "--no-progress",
+    line = one_error_line(cli.invoke(app, ["run", str(suite), "--resume", str(copy), "--no-progress",
                                             "--no-plots"]))
     assert str(log) in line and "symbolic link" in line
     assert victim.read_text() == "precious"
@@ -203,13 +195,13 @@ def test_a_mistyped_or_infinite_value_in_a_set_is_one_line_naming_the_field(tmp_
     (directory / R.METADATA_FILE).write_text(json.dumps(meta))
     args = ["report", str(directory), "--no-plots"] if command == "report" else ["compare", str(directory),
                                                                                    str(directory)]
-    assert field in _one_error_line(cli.invoke(app, args))
+    assert field in one_error_line(cli.invoke(app, args))
 
 
 def test_suite_with_a_control_character_is_one_line_exit_2(tmp_path):
     path = _suite(tmp_path)
     path.write_text(path.read_text().replace("name: io", "name: i\x07o"))
-    line = _one_error_line(cli.invoke(app, ["run", str(path), "--no-progress"]))
+    line = one_error_line(cli.invoke(app, ["run", str(path), "--no-progress"]))
     assert str(path) in line and "#x0007" in line
 
 
@@ -222,7 +214,7 @@ def test_a_line_nested_200000_deep_is_an_unreadable_line_not_a_crash(measured, t
     rows = (copy / R.ROWS_FILE).read_text()
     deep = "[" * 200_000 + "]" * 200_000
     (copy / R.ROWS_FILE).write_text(deep + "\n" + rows)
-    assert "line 1 is not JSON" in _one_error_line(cli.invoke(app, ["report", str(copy), "--no-plots"]))
+    assert "line 1 is not JSON" in one_error_line(cli.invoke(app, ["report", str(copy), "--no-plots"]))
     # a resume sets it aside as any unreadable line (docs/harness.md, "Crash safety"), then goes on
     result = cli.invoke(app, ["run", str(suite), "--resume", str(copy), "--no-progress", "--no-plots"])
     assert result.exit_code == 0 and "line 1 is not a JSON row: set aside" in result.stderr, result.output

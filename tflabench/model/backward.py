@@ -33,16 +33,8 @@ kernel names; reloads inside a kernel not counted, as in App. F).
 from __future__ import annotations
 
 from tflabench.errors import UserError
-from tflabench.model._common import (
-    VARIANTS,
-    Counts,
-    FOps,
-    check_causal,
-    check_choice,
-    check_positive,
-    n_chunks,
-    resolve_d_qk,
-)
+from tflabench.model._common import (VARIANTS, Counts, FOps, check_causal, check_choice, check_positive, n_chunks,
+                                     resolve_d_qk)
 from tflabench.model.mlstm import chunkwise_flop_rows, chunkwise_byte_rows, mlstm_counts
 
 CONVENTIONS = ("unique", "executed")
@@ -126,26 +118,10 @@ def chunkwise_backward_byte_rows(variant, L, d_qk, d_hv, bytes_qkv=2, bytes_if=2
     return rows
 
 
-def mlstm_backward_counts(
-    variant: str,
-    *,
-    S,
-    d_hv,
-    L,
-    d_qk=None,
-    p_qk=None,
-    B=1,
-    NH=1,
-    F_causal=0.5,
-    F_ops: FOps | None = None,
-    bytes_qkv=2,
-    bytes_if=2,
-    bytes_Cmn=4,
-    recompute_states: bool = True,
-    convention: str = "unique",
-    kernel_split: str = "xl_chunk",
-    chunks: str = "divide",
-) -> Counts:
+def mlstm_backward_counts(variant: str, *, S, d_hv, L, d_qk=None, p_qk=None, B=1, NH=1,
+                          F_causal=0.5, F_ops: FOps | None = None, bytes_qkv=2, bytes_if=2, bytes_Cmn=4,
+                          recompute_states: bool = True, convention: str = "unique",
+                          kernel_split: str = "xl_chunk", chunks: str = "divide") -> Counts:
     """Backward-only FLOPs and bytes of one chunkwise TFLA mLSTM call (derived; module docstring).
 
     Args as :func:`tflabench.model.mlstm.mlstm_counts` (chunkwise), plus

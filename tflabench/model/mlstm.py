@@ -22,18 +22,8 @@ separately; the Table 14 mLSTMsig cum_fgates misprint (I1) is therefore not repr
 from __future__ import annotations
 
 from tflabench.errors import UserError
-from tflabench.model._common import (
-    COUNT_MODES,
-    FORMULATIONS,
-    VARIANTS,
-    Counts,
-    FOps,
-    check_causal,
-    check_choice,
-    check_positive,
-    n_chunks,
-    resolve_d_qk,
-)
+from tflabench.model._common import (COUNT_MODES, FORMULATIONS, VARIANTS, Counts, FOps, check_causal, check_choice,
+                                     check_positive, n_chunks, resolve_d_qk)
 
 CHUNKWISE_RECURRENT_ROWS = ("gates", "numerator", "denominator")
 CHUNKWISE_PARALLEL_ROWS = (
@@ -197,26 +187,9 @@ def chunkwise_matmul_flops(L, d_qk, d_hv, F_causal) -> float:
 # ------------------------------------------------------------------ whole call
 
 
-def mlstm_counts(
-    variant: str,
-    formulation: str = "chunkwise",
-    *,
-    S,
-    d_hv,
-    L=None,
-    d_qk=None,
-    p_qk=None,
-    B=1,
-    NH=1,
-    F_causal=0.5,
-    F_ops: FOps | None = None,
-    bytes_qkv=2,
-    bytes_if=2,
-    bytes_Cmn=4,
-    counts: str = "rows",
-    chunks: str = "divide",
-    states_on_chip: bool = False,
-) -> Counts:
+def mlstm_counts(variant: str, formulation: str = "chunkwise", *, S, d_hv, L=None, d_qk=None, p_qk=None,
+                 B=1, NH=1, F_causal=0.5, F_ops: FOps | None = None, bytes_qkv=2, bytes_if=2, bytes_Cmn=4,
+                 counts: str = "rows", chunks: str = "divide", states_on_chip: bool = False) -> Counts:
     """Forward FLOPs and HBM bytes of one mLSTM call (paper App. F, Tables 8-17).
 
     Args:
