@@ -324,3 +324,26 @@ def test_number_only_commands_import_no_torch_matplotlib_or_pandas(args):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_the_default_figure_imports_matplotlib_lean_and_draws_the_same_bytes(tmp_path):
+    """``roofline`` with its figure (issue 44, about a second): matplotlib without the 3D
+    toolkit and without the Artist ``set()`` docstrings (:func:`tflabench.report.plots.lean_matplotlib`),
+    no torch, pandas or scipy; the PNG is byte for byte the one a plain matplotlib import draws."""
+    code = (
+        "import sys\n"
+        "if sys.argv[1] == 'plain':\n    import matplotlib\n"
+        "from tflabench.cli import app\n"
+        "try:\n    app(['roofline', '--out', sys.argv[2]])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "loaded = [m for m in ('mpl_toolkits.mplot3d', 'torch', 'pandas', 'scipy') if m in sys.modules]\n"
+        "print('LOADED=' + ','.join(loaded))\n"
+    )
+    outs = {}
+    for how in ("plain", "lean"):
+        out = subprocess.run([sys.executable, "-c", code, how, str(tmp_path / how)], capture_output=True, text=True,
+                             check=True)
+        outs[how] = out.stdout.strip().splitlines()[-1]
+    assert outs == {"plain": "LOADED=mpl_toolkits.mplot3d", "lean": "LOADED="}
+    (plain,) = (tmp_path / "plain").glob("*.png")
+    (lean,) = (tmp_path / "lean").glob("*.png")
+    assert plain.name == lean.name and plain.read_bytes() == lean.read_bytes()
