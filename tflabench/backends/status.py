@@ -59,6 +59,7 @@ from typing import Callable
 from tflabench.backends import get_backend
 from tflabench.backends.base import environment_given
 from tflabench.backends.fla import fla_backward_refused
+from tflabench.backends.mamba import MAMBA3_SINCE, SELECTIVE_SCAN_MODULE
 from tflabench.backends.flash_attn import FA3_DISTRIBUTIONS, FA3_FORWARD_ONLY, fa3_build, fa3_build_text
 from tflabench.environment import FLA_640_GUARD_ENV as GUARD_ENV
 from tflabench.environment import _parse_version, is_hopper
@@ -227,23 +228,24 @@ def _mamba_rows(env: dict, find_spec) -> list[PeerMode]:
                 PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", False, "mamba_ssm is not installed", _hint("mamba3"), "mamba3")]
     out = [PeerMode("Mamba 2 (SSD)", "fwd, fwdbw", True, "Triton kernels; mamba_ssm/__init__ not executed",
                     backend="mamba2")]
-    if find_spec("selective_scan_cuda") is None:
+    if find_spec(SELECTIVE_SCAN_MODULE) is None:
         out.append(PeerMode(
             "Mamba (v1)", "fwd, fwdbw", False,
-            f"mamba_ssm {version} has no compiled selective_scan_cuda (built with "
+            f"mamba_ssm {version} has no compiled {SELECTIVE_SCAN_MODULE} (built with "
             "MAMBA_SKIP_CUDA_BUILD=TRUE), and selective_scan_fn has no other implementation",
             "install the mamba_ssm wheel that benchmarks/build_peer_wheel.sh mamba builds for sm_90 "
             "(docs/offline-peers.md); or, with a CUDA build of torch and nvcc of its CUDA version: "
             "TORCH_CUDA_ARCH_LIST=9.0 MAMBA_FORCE_BUILD=TRUE pip install mamba_ssm --no-build-isolation", "mamba"))
     else:
-        out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, "selective_scan_cuda compiled", backend="mamba"))
-    if (_parse_version(version) or (0,)) >= (2, 3, 2):
+        out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, f"{SELECTIVE_SCAN_MODULE} compiled", backend="mamba"))
+    if (_parse_version(version) or (0,)) >= MAMBA3_SINCE:
         out.append(PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", True,
                             f"mamba_ssm {version}: Triton kernels (mamba3_siso_combined, TMA: sm_90 or newer); "
                             "beyond the paper, no model count", backend="mamba3"))
     else:
         out.append(PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", False,
-                            f"mamba_ssm {version} has no Mamba-3 (ops/triton/mamba3 arrived in 2.3.2)",
+                            f"mamba_ssm {version} has no Mamba-3 (ops/triton/mamba3 arrived in "
+                            f"{'.'.join(map(str, MAMBA3_SINCE))})",
                             _hint("mamba3"), "mamba3"))
     return out
 
