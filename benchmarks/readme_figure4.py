@@ -45,7 +45,7 @@ def main(argv=None):
     gpu = mm.ceilings_for(rs.metadata)
     title = f"h100_7b on {GPU_NAMES[args.gpu]} ({commit}, benchmarks/readme_figure4.py)"
     plot_runtime(frame, os.path.join(args.out, f"h100_7b_runtime_{args.gpu}.png"), title=title)
-    placement = mm.roofline_placement(frame, alpha=gpu.flops_per_s, beta=gpu.bytes_per_s)
+    placement = mm.roofline_placement(frame, peak_flops_per_s=gpu.flops_per_s, beta=gpu.bytes_per_s)
     roofline_measured_figure(placement, gpu, path=os.path.join(args.out, f"h100_7b_roofline_measured_{args.gpu}.png"),
                              title=f"{title}: every case against the roofline at its own shape "
                                    f"({gpu.ceilings} ceilings)")

@@ -39,7 +39,8 @@ def main() -> None:
     import triton.testing
 
     from tflabench.backends import get_backend
-    from tflabench.backends.base import Shape, mlstm_inputs
+    from tflabench.backends.base import Shape
+    from tflabench.backends.mlstm_family import mlstm_inputs
     from tflabench.run.measure import time_callable
 
     ap = argparse.ArgumentParser()

@@ -16,6 +16,7 @@ then ``-m "slow or compile or browser"``.
 from __future__ import annotations
 
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -95,3 +96,105 @@ def _no_inherited_columns(monkeypatch):
     without this the same test would print 80 or 250 columns wide depending on ``-n``. A test
     that wants a width sets COLUMNS itself."""
     monkeypatch.delenv("COLUMNS", raising=False)
+
+
+def write_custom_suite(tmp_path: Path, kernels: str, module: str, *, name: str, fn: str = "good",
+                       seq_len=(16, 32), label: str = "k", timeout_s: float = 60.0, **over) -> Path:
+    """A CPU suite file ``<tmp_path>/<name>.yaml`` of one ``custom`` kernel, ``fn`` of the
+    source ``kernels`` written to ``<tmp_path>/<module>.py`` (attention layout, 2 heads,
+    float32, fwd, batch 1 over ``seq_len``); ``over`` replaces top-level fields. Shared by
+    the tests that run whole suites (test_fault_injection, test_result_io)."""
+    import yaml
+
+    kfile = tmp_path / f"{module}.py"
+    kfile.write_text(kernels)
+    data = {"name": name, "device": "cpu", "dtype": "float32", "modes": ["fwd"], "seed": 0,
+            "timing": {"warmup": 1, "iterations": 2, "timeout_s": timeout_s},
+            "numerics": {"max_seq_len": 32}, "model": {"embedding_dim": 32},
+            "sweep": {"batch": 1, "seq_len": list(seq_len)},
+            "kernels": [{"backend": "custom", "label": label,
+                         "params": {"function": f"{kfile}:{fn}", "layout": "attention", "heads": 2}}]}
+    data.update(over)
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+#: The kernel of :func:`measured`: causal attention through torch.
+GOOD_KERNEL = """import torch
+
+def good(q, k, v):
+    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+"""
+
+
+@pytest.fixture(scope="module")
+def measured(tmp_path_factory):
+    """A finished run of a two-case CPU suite (:func:`write_custom_suite`, kernel label
+    ``sdpa``, S 16 and 32):
+    (suite path, result-set directory); one run per test module."""
+    from io import StringIO
+
+    from rich.console import Console
+
+    from tflabench.run.suite_run import run_suite
+    from tflabench.store.suite import load_suite
+
+    tmp_path = tmp_path_factory.mktemp("measured")
+    suite = write_custom_suite(tmp_path, GOOD_KERNEL, "measured_kernels", name="measured", label="sdpa")
+    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False,
+                       console=Console(file=StringIO()))
+    return suite, result.directory
+
+
+@pytest.fixture
+def runtime_figure(tmp_path, monkeypatch):
+    """Draw ``plot_runtime`` for ``kernels`` ((label, backend, params) each, three sequence
+    lengths 512-2048, fwd, ok rows) into tmp_path/r.png; returns the matplotlib figure drawn
+    (kept from ``save_figure``, which still writes the file). Shared by the legend tests."""
+    import json
+
+    import pandas as pd
+
+    from tflabench.report.plots import benchmark
+
+    drawn = {}
+    original = benchmark.save_figure
+
+    def keep(fig, path):
+        drawn["fig"] = fig
+        return original(fig, path)
+
+    monkeypatch.setattr(benchmark, "save_figure", keep)
+
+    def draw(kernels):
+        rows = [dict(kernel=label, backend=backend, params=json.dumps(params), mode="fwd", status="ok",
+                     ms_median=1.0 + s / 4096, seq_len=s, batch=8, d_hv=512, chunk_size=64)
+                for label, backend, params in kernels for s in (512, 1024, 2048)]
+        assert benchmark.plot_runtime(pd.DataFrame(rows), tmp_path / "r.png").exists()
+        return drawn["fig"]
+
+    return draw
+
+
+#: The ``kernels:`` block of the tiny CPU suites whole runs use (torch SDPA math and TFLA's
+#: PyTorch reference, 2 heads, d_hv 32): a suite's YAML text ends with it.
+TINY_CPU_KERNELS = """\
+kernels:
+  - backend: sdpa
+    label: torch SDPA math
+    params: {impl: math, heads: 2, d_hv: 32}
+  - backend: tfla
+    label: mLSTMsig TFLA (reference)
+    params: {variant: sig, algorithm: xl_chunk, chunk_size: 16, heads: 2, d_qk: 16, d_hv: 32, impl: reference}
+"""
+
+
+def one_error_line(result) -> str:
+    """The one ``error: ...`` line of a CLI result that exited 2 without a traceback (the
+    house rule for user errors); asserts each of those."""
+    assert result.exit_code == 2, (result.exit_code, result.output)
+    assert "Traceback" not in result.output
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1, result.stderr
+    return errors[0]

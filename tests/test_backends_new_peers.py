@@ -204,11 +204,16 @@ def test_gated_delta_rule_with_full_forgetting_is_one_write_per_step():
     assert torch.allclose(got, want, atol=1e-12)
 
 
-def test_mamba3_reference_without_trapezoid_rotation_or_bias_is_mamba2s_ssd():
-    gen = torch.Generator().manual_seed(4)
-    B, S, H, N, P = 1, 10, 2, 4, 3
+def _mamba3_qkv(seed: int, B: int, S: int, H: int, N: int, P: int):
+    """q, k (B, S, H, N) and v (B, S, H, P) ~ N(0, 1) of a seeded generator, and the generator."""
+    gen = torch.Generator().manual_seed(seed)
     q, k = torch.randn(B, S, H, N, generator=gen), torch.randn(B, S, H, N, generator=gen)
-    v = torch.randn(B, S, H, P, generator=gen)
+    return q, k, torch.randn(B, S, H, P, generator=gen), gen
+
+
+def test_mamba3_reference_without_trapezoid_rotation_or_bias_is_mamba2s_ssd():
+    B, S, H, N, P = 1, 10, 2, 4, 3
+    q, k, v, gen = _mamba3_qkv(4, B, S, H, N, P)
     dt = torch.rand(B, H, S, generator=gen) * 0.5 + 0.01
     A = -(torch.rand(H, generator=gen) + 0.5)
     adt = A[None, :, None] * dt
@@ -226,10 +231,8 @@ def test_mamba3_reference_without_trapezoid_rotation_or_bias_is_mamba2s_ssd():
 
 
 def test_mamba3_reference_trapezoid_and_rotation():
-    gen = torch.Generator().manual_seed(5)
     B, S, H, N, P = 1, 6, 1, 4, 2
-    q, k = torch.randn(B, S, H, N, generator=gen), torch.randn(B, S, H, N, generator=gen)
-    v = torch.randn(B, S, H, P, generator=gen)
+    q, k, v, gen = _mamba3_qkv(5, B, S, H, N, P)
     dt = torch.full((B, H, S), 0.3)
     adt = torch.zeros(B, H, S)             # no decay
     trap = torch.full((B, H, S), -60.0)    # sigmoid -> 0: only the previous step's term

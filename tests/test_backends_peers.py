@@ -627,7 +627,7 @@ def test_model_counts_use_the_familys_model_kind():
     from tflabench.model import counts_for_case
 
     shape = Shape(batch=8, seq_len=8192, heads=16, d_qk=128, d_hv=256)
-    kw = dict(B=8, NH=16, T=8192, d_qk=128, d_hv=256, bytes_qkv=2)
+    kw = dict(B=8, NH=16, S=8192, d_qk=128, d_hv=256, bytes_qkv=2)
     cases = [
         ("mlstm_kernels", {}, "mlstm_sig", {"L": 128}),
         ("mlstm_kernels", {"variant": "exp", "algorithm": "limit_chunk"}, "mlstm_exp_limit", {"L": 64}),
@@ -724,7 +724,7 @@ def test_fla_fused_gla_stub_is_reported_unavailable():
 def test_fused_model_counts_drop_the_chunk_states_only():
     from tflabench.model import counts_for_case
 
-    kw = dict(B=2, NH=8, T=4096, d_qk=256, d_hv=512, L=64)
+    kw = dict(B=2, NH=8, S=4096, d_qk=256, d_hv=512, L=64)
     for mode in ("fwd", "fwdbw"):
         fused, chunk = counts_for_case("simple_gla_fused", mode, **kw), counts_for_case("simple_gla", mode, **kw)
         assert fused.flops == chunk.flops and fused.bytes < chunk.bytes

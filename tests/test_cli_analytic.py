@@ -70,7 +70,7 @@ def test_flops_json_reports_table_17_total_intensity_and_rows_O4():
 def test_flops_other_formulations_match_the_library(form):
     d = run_json("flops", "--variant", "exp", "--formulation", form, "-T", "1024", "--dhv", "128", "--dqk", "64",
                  "--batch", "2", "--heads", "3", "--causal-factor", "0.5")
-    c = mlstm_counts("exp", form, T=1024, d_hv=128, d_qk=64, N_batch=2, N_head=3, F_causal=0.5)
+    c = mlstm_counts("exp", form, S=1024, d_hv=128, d_qk=64, B=2, NH=3, F_causal=0.5)
     assert d["flops"] == c.flops and d["bytes"] == c.bytes
 
 
@@ -91,7 +91,7 @@ def _result_set(tmp_path):
 
     rows = []
     for L, ms in ((64, 7.411136), (128, 6.376), (256, 6.301056)):  # §7 measured H100 forward runtimes
-        c = mlstm_counts("sig", "chunkwise", T=8192, L=L, d_hv=512, d_qk=256, N_batch=8, N_head=8, F_causal=0.66)
+        c = mlstm_counts("sig", "chunkwise", S=8192, L=L, d_hv=512, d_qk=256, B=8, NH=8, F_causal=0.66)
         rows.append(dict(suite="s", kernel="tfla_sig", backend="tfla", family="mlstm", params={"chunk_size": L},
                          mode="fwd", dtype="bfloat16", device="cuda", batch=8, seq_len=8192, heads=8, d_qk=256,
                          d_hv=512, chunk_size=L, status="ok", ms_median=ms, flops=c.flops, bytes=c.bytes,
@@ -249,7 +249,7 @@ flops -T 0                                 =>  --seq-len
 flops --dhv -64                            =>  --dhv
 flops -L 0                                 =>  --chunk-size
 flops -L 64 -T 1000                        =>  does not divide
-flops -L 2048 -T 1024                      =>  1 <= L <= T
+flops -L 2048 -T 1024                      =>  1 <= L <= S
 flops --pqk 0                              =>  --pqk
 flops --pqk -0.5                           =>  --pqk
 flops --pqk 0.5 --dqk 64                   =>  --dqk
@@ -324,3 +324,26 @@ def test_number_only_commands_import_no_torch_matplotlib_or_pandas(args):
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip().splitlines()[-1] == "HEAVY="
+
+
+def test_the_default_figure_imports_matplotlib_lean_and_draws_the_same_bytes(tmp_path):
+    """``roofline`` with its figure (issue 44, about a second): matplotlib without the 3D
+    toolkit and without the Artist ``set()`` docstrings (:func:`tflabench.report.plots.lean_matplotlib`),
+    no torch, pandas or scipy; the PNG is byte for byte the one a plain matplotlib import draws."""
+    code = (
+        "import sys\n"
+        "if sys.argv[1] == 'plain':\n    import matplotlib\n"
+        "from tflabench.cli import app\n"
+        "try:\n    app(['roofline', '--out', sys.argv[2]])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
+        "loaded = [m for m in ('mpl_toolkits.mplot3d', 'torch', 'pandas', 'scipy') if m in sys.modules]\n"
+        "print('LOADED=' + ','.join(loaded))\n"
+    )
+    outs = {}
+    for how in ("plain", "lean"):
+        out = subprocess.run([sys.executable, "-c", code, how, str(tmp_path / how)], capture_output=True, text=True,
+                             check=True)
+        outs[how] = out.stdout.strip().splitlines()[-1]
+    assert outs == {"plain": "LOADED=mpl_toolkits.mplot3d", "lean": "LOADED="}
+    (plain,) = (tmp_path / "plain").glob("*.png")
+    (lean,) = (tmp_path / "lean").glob("*.png")
+    assert plain.name == lean.name and plain.read_bytes() == lean.read_bytes()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import one_error_line, write_custom_suite
 from rich.console import Console
 from typer.testing import CliRunner
 
@@ -55,19 +56,9 @@ KERNELS = textwrap.dedent('''
 
 
 def _suite(tmp_path: Path, name="faults", fn="good", seq_len=(16, 32), label="sdpa", **over) -> Path:
-    """A suite file of one custom kernel; ``over`` replaces top-level fields."""
-    kfile = tmp_path / "fault_kernels.py"
-    kfile.write_text(KERNELS)
-    data = {"name": name, "device": "cpu", "dtype": "float32", "modes": ["fwd"], "seed": 0,
-            "timing": {"warmup": 1, "iterations": 2, "timeout_s": 60},
-            "numerics": {"max_seq_len": 32}, "model": {"embedding_dim": 32},
-            "sweep": {"batch": 1, "seq_len": list(seq_len)},
-            "kernels": [{"backend": "custom", "label": label,
-                         "params": {"function": f"{kfile}:{fn}", "layout": "attention", "heads": 2}}]}
-    data.update(over)
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    """A suite file of one custom kernel of :data:`KERNELS`; ``over`` replaces top-level fields."""
+    return write_custom_suite(tmp_path, KERNELS, "fault_kernels", name=name, fn=fn, seq_len=seq_len, label=label,
+                              **over)
 
 
 def _files(root: Path) -> set[Path]:
@@ -84,14 +75,6 @@ def _whole_lines(path: Path) -> list[dict]:
     data = path.read_bytes()
     assert data == b"" or data.endswith(b"\n"), "rows.jsonl must end in a whole line"
     return [json.loads(line) for line in data.decode().splitlines()]
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr
-    return errors[0]
 
 
 def _cli_env(**extra: str) -> dict:
@@ -129,7 +112,7 @@ def test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock(tm
         directory = _wait_for_rows(tmp_path / "out" / "faults" / "*", 3, proc)  # now held at S=32
         # a second run on the same result set, while the first writes it: refused
         second = cli.invoke(app, ["run", str(suite), "--resume", str(directory), "--no-progress", "--no-plots"])
-        line = _one_error_line(second)
+        line = one_error_line(second)
         assert f"pid {proc.pid} on host {socket.gethostname()}" in line and "being written by another run" in line
         os.kill(proc.pid, signal.SIGKILL)  # power loss / OOM killer: no handler runs
         proc.communicate(timeout=60)
@@ -216,22 +199,12 @@ def test_sigkill_mid_write_leaves_a_torn_line_that_resume_sets_aside(tmp_path):
 # --------------------------------------------------------------------------- torn lines, tables
 
 
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    """A finished run of a two-case suite: (suite path, result-set directory)."""
-    tmp_path = tmp_path_factory.mktemp("measured")
-    suite = _suite(tmp_path)
-    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False,
-                       console=Console(file=StringIO()))
-    return suite, result.directory
-
-
 def _copy(measured, tmp_path) -> tuple[Path, Path]:
     suite, directory = measured
     copy = tmp_path / "set"
     shutil.copytree(directory, copy)
     shutil.copy(suite, tmp_path / suite.name)
-    shutil.copy(suite.parent / "fault_kernels.py", tmp_path / "fault_kernels.py")
+    shutil.copy(suite.parent / "measured_kernels.py", tmp_path / "measured_kernels.py")
     return tmp_path / suite.name, copy
 
 
@@ -290,7 +263,7 @@ def test_unreadable_middle_line_is_refused_in_one_line_with_the_way_out(measured
     _, directory = _copy(measured, tmp_path)
     one, two = (directory / R.ROWS_FILE).read_text().splitlines()
     (directory / R.ROWS_FILE).write_text(one + "\nedited by hand\n" + two + "\n")
-    line = _one_error_line(cli.invoke(app, ["report", str(directory), "--no-plots"]))
+    line = one_error_line(cli.invoke(app, ["report", str(directory), "--no-plots"]))
     assert "line 2 is not JSON" in line and "--resume" in line and R.SET_ASIDE_FILE in line
 
 
@@ -310,7 +283,7 @@ def test_truncated_parquet_is_never_read_while_the_rows_are_there_and_is_rewritt
     # a table alone, truncated: one line, exit 2
     (directory / R.ROWS_FILE).unlink()
     table.write_bytes(table.read_bytes()[:100])
-    assert "cannot read result rows" in _one_error_line(cli.invoke(app, ["report", str(directory)]))
+    assert "cannot read result rows" in one_error_line(cli.invoke(app, ["report", str(directory)]))
 
 
 def test_sets_without_their_table_are_read_by_report_compare_and_merge(tmp_path):
@@ -363,7 +336,7 @@ def test_full_disk_stops_the_run_keeps_whole_rows_and_says_how_to_finish(tmp_pat
     monkeypatch.setattr(store_files, "write_all", disk_fills)
     before = _files(tmp_path)
     result = cli.invoke(app, ["run", str(suite), "--out", str(tmp_path / "out"), "--no-progress", "--no-plots"])
-    line = _one_error_line(result)
+    line = one_error_line(result)
     (directory,) = (tmp_path / "out" / "faults").iterdir()
     assert f"cannot write {directory / R.ROWS_FILE}: No space left on device (ENOSPC)" in line
     assert f"--resume {directory}" in line
@@ -397,7 +370,7 @@ def test_unwritable_output_directory_is_one_line_exit_2(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("not a directory")
     before = _files(tmp_path)
-    line = _one_error_line(cli.invoke(app, ["run", str(suite), "--out", str(blocker / "results")]))
+    line = one_error_line(cli.invoke(app, ["run", str(suite), "--out", str(blocker / "results")]))
     assert f"cannot create a result set under {str(blocker / 'results')!r}: Not a directory" in line
     assert "--out" in line and _new_files(before, tmp_path, None) == set()
 
@@ -417,7 +390,7 @@ def test_read_only_output_directory_is_one_line_exit_2(tmp_path, monkeypatch):
             return real_mkdir(self, *args, **kwargs)
         monkeypatch.setattr(Path, "mkdir", denied)
     try:
-        line = _one_error_line(cli.invoke(app, ["run", str(suite), "--out", str(out)]))
+        line = one_error_line(cli.invoke(app, ["run", str(suite), "--out", str(out)]))
         assert "Permission denied" in line and "--out" in line
     finally:
         out.chmod(0o755)
@@ -430,7 +403,7 @@ def test_lock_of_another_host_is_refused_with_how_to_clear_it(measured, tmp_path
     suite, directory = _copy(measured, tmp_path)
     (directory / LOCK_FILE).write_text(json.dumps({"pid": 1, "host": "gpu-node-7", "started": "earlier"}))
     rows = (directory / R.ROWS_FILE).read_bytes()
-    line = _one_error_line(cli.invoke(app, ["run", str(suite), "--resume", str(directory)]))
+    line = one_error_line(cli.invoke(app, ["run", str(suite), "--resume", str(directory)]))
     assert "pid 1 on host gpu-node-7" in line and f"delete {directory / LOCK_FILE}" in line
     assert (directory / R.ROWS_FILE).read_bytes() == rows
 
@@ -456,7 +429,7 @@ def test_suite_name_that_is_a_path_is_refused_and_nothing_is_written(tmp_path, n
     suite = _suite(tmp_path, name="named")
     suite.write_text(suite.read_text().replace("name: named", f"name: '{name}'"))
     before = _files(tmp_path)
-    line = _one_error_line(cli.invoke(app, ["run", str(suite), "--out", str(out)]))
+    line = one_error_line(cli.invoke(app, ["run", str(suite), "--out", str(out)]))
     assert f"{suite}: name: a suite name" in line and why in line
     assert _new_files(before, tmp_path, None) == set() and not out.exists()
 
@@ -493,7 +466,7 @@ def test_resume_refuses_a_suite_measuring_differently_naming_the_field(measured,
     edit(data)
     suite.write_text(yaml.safe_dump(data, sort_keys=False))
     files = {p: p.read_bytes() for p in _files(directory)}
-    line = _one_error_line(cli.invoke(app, ["run", str(suite), "--resume", str(directory)]))
+    line = one_error_line(cli.invoke(app, ["run", str(suite), "--resume", str(directory)]))
     assert field in line and "start a fresh run" in line
     assert {p: p.read_bytes() for p in _files(directory)} == files  # refused before touching anything
 

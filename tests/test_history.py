@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from conftest import TINY_CPU_KERNELS
 from tflabench.compare import history as H
 from tflabench.cli import app
 from tflabench.errors import UserError
@@ -37,14 +38,7 @@ numerics: {check: false}
 compare: {time_threshold: 0.05}
 model: {embedding_dim: 64}
 sweep: {batch: 1, seq_len: [32, 64]}
-kernels:
-  - backend: sdpa
-    label: torch SDPA math
-    params: {impl: math, heads: 2, d_hv: 32}
-  - backend: tfla
-    label: mLSTMsig TFLA (reference)
-    params: {variant: sig, algorithm: xl_chunk, chunk_size: 16, heads: 2, d_qk: 16, d_hv: 32, impl: reference}
-"""
+""" + TINY_CPU_KERNELS
 
 TIME_COLUMNS = ("ms_median", "ms_mean", "ms_min", "ms_max", "ms_q25", "ms_q75")
 

@@ -17,6 +17,7 @@ import yaml
 from rich.console import Console
 from typer.testing import CliRunner
 
+from conftest import one_error_line
 from tflabench.store import results as R
 from tflabench.store.schema import new_row
 from tflabench.cli import app
@@ -60,14 +61,6 @@ def _copy(measured, tmp_path: Path) -> Path:
 
 def _snapshot(directory: Path) -> dict:
     return {p: (p.read_bytes() if p.is_file() else None) for p in sorted(directory.rglob("*"))}
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 2, (result.exit_code, result.output)
-    assert "Traceback" not in result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr
-    return errors[0]
 
 
 # --------------------------------------------------------------------------- damaged sets
@@ -125,7 +118,7 @@ def test_damaged_set_is_one_line_exit_2_for_report_compare_and_resume(measured, 
                  ["compare", str(measured[1]), str(directory)],
                  ["compare", str(directory), str(measured[1])],
                  ["run", str(measured[0]), "--resume", str(directory), "--no-progress", "--no-plots"]):
-        line = _one_error_line(cli.invoke(app, args))
+        line = one_error_line(cli.invoke(app, args))
         assert expected in line, (args, line)
         assert _snapshot(directory) == before, args  # refused before anything changed
 
@@ -133,7 +126,7 @@ def test_damaged_set_is_one_line_exit_2_for_report_compare_and_resume(measured, 
 def test_damaged_shard_is_one_line_exit_2_for_merge(measured, tmp_path):
     directory = _copy(measured, tmp_path)
     _list_metadata(directory)
-    line = _one_error_line(cli.invoke(app, ["merge", str(directory), "--out", str(tmp_path / "m")]))
+    line = one_error_line(cli.invoke(app, ["merge", str(directory), "--out", str(tmp_path / "m")]))
     assert "an array, not an object" in line and not (tmp_path / "m").exists()
 
 
@@ -146,14 +139,14 @@ def test_resume_without_metadata_is_checked_from_its_rows_then_refused(measured,
     before = _snapshot(directory)
     # more iterations and one more length: the rows say 3 iterations
     more = _write_suite(tmp_path / "more.yaml", timing={"iterations": 50}, sweep={"batch": 1, "seq_len": [16, 32, 48]})
-    line = _one_error_line(cli.invoke(app, ["run", str(more), "--resume", str(directory)]))
+    line = one_error_line(cli.invoke(app, ["run", str(more), "--resume", str(directory)]))
     assert "timing.iterations (rows.jsonl line 1) is 50 in this run but 3 in the result set" in line
     # another suite's name
     other = _write_suite(tmp_path / "other.yaml", name="other")
-    line = _one_error_line(cli.invoke(app, ["run", str(other), "--resume", str(directory)]))
+    line = one_error_line(cli.invoke(app, ["run", str(other), "--resume", str(directory)]))
     assert 'suite (rows.jsonl line 1) is "other" in this run but "hostile"' in line
     # the same suite: the rows agree, but what they cannot tell (GPU, software, seed) is unknown
-    line = _one_error_line(cli.invoke(app, ["run", str(measured[0]), "--resume", str(directory)]))
+    line = one_error_line(cli.invoke(app, ["run", str(measured[0]), "--resume", str(directory)]))
     assert "metadata.json is missing or records no measurement conditions" in line and "seed" in line
     assert _snapshot(directory) == before
 
@@ -165,7 +158,7 @@ def test_resume_checks_the_rows_even_when_the_metadata_was_edited_to_agree(measu
     (directory / R.METADATA_FILE).write_text(json.dumps(meta))
     before = _snapshot(directory)
     more = _write_suite(tmp_path / "more.yaml", timing={"iterations": 50})
-    line = _one_error_line(cli.invoke(app, ["run", str(more), "--resume", str(directory)]))
+    line = one_error_line(cli.invoke(app, ["run", str(more), "--resume", str(directory)]))
     assert "timing.iterations (rows.jsonl line 1) is 50 in this run but 3" in line
     assert _snapshot(directory) == before
 
@@ -182,7 +175,7 @@ def test_resume_refuses_a_measurement_record_of_the_wrong_shape_naming_the_field
     edit(meta)
     (directory / R.METADATA_FILE).write_text(json.dumps(meta))
     before = _snapshot(directory)
-    line = _one_error_line(cli.invoke(app, ["run", str(measured[0]), "--resume", str(directory)]))
+    line = one_error_line(cli.invoke(app, ["run", str(measured[0]), "--resume", str(directory)]))
     assert field in line, line
     assert _snapshot(directory) == before
 
@@ -209,7 +202,7 @@ def _shard(tmp_path: Path, k: int, n: int, seq_lens: list[int], expected: list[i
 def test_merge_refuses_a_shard_holding_fewer_cases_than_it_was_to_measure(tmp_path):
     one = _shard(tmp_path, 1, 2, [16, 32], [16, 32])
     two = _shard(tmp_path, 2, 2, [48], [48, 64, 80])  # cut to 1 of its 3 rows
-    line = _one_error_line(cli.invoke(app, ["merge", str(one), str(two), "--out", str(tmp_path / "m")]))
+    line = one_error_line(cli.invoke(app, ["merge", str(one), str(two), "--out", str(tmp_path / "m")]))
     assert "shard 2/2" in line and "holds 1 of its 3 cases" in line and "--allow-missing" in line
     assert f"--shard 2/2 --resume {two}" in line
     assert not (tmp_path / "m").exists()
@@ -236,7 +229,7 @@ def test_merge_of_shards_without_their_own_case_list_checks_the_suites(tmp_path)
         meta["measurement"] = {"case_ids": ids}
         (path / R.METADATA_FILE).write_text(json.dumps(meta))
         paths.append(str(path))
-    line = _one_error_line(cli.invoke(app, ["merge", *paths, "--out", str(tmp_path / "m")]))
+    line = one_error_line(cli.invoke(app, ["merge", *paths, "--out", str(tmp_path / "m")]))
     assert "the shards hold 2 of the suite's 3 cases (1 in no shard)" in line
 
 
@@ -246,7 +239,7 @@ def test_merge_of_shards_without_their_own_case_list_checks_the_suites(tmp_path)
     ("0/3", "needs 1 <= K <= N"),
 ])
 def test_shard_option_is_bounded(measured, text, expected):
-    line = _one_error_line(cli.invoke(app, ["run", str(measured[0]), "--shard", text]))
+    line = one_error_line(cli.invoke(app, ["run", str(measured[0]), "--shard", text]))
     assert expected in line
 
 
@@ -267,7 +260,7 @@ def test_compare_refuses_an_unwritable_output_before_writing_anything(measured, 
     else:
         args += [option, str(target)] + (["--markdown", str(other)] if option == "--json" else ["--json", str(other)])
     result = cli.invoke(app, args)
-    line = _one_error_line(result)
+    line = one_error_line(result)
     assert ("$GITHUB_STEP_SUMMARY" if option == "GITHUB_STEP_SUMMARY" else option) in line
     assert result.stdout == "" and not other.exists()  # nothing printed, nothing written
     assert (tmp_path / "afile").read_text() == "x"
@@ -284,7 +277,7 @@ def test_compare_refuses_an_unwritable_output_before_writing_anything(measured, 
 def test_compare_thresholds_file_is_bounded(measured, tmp_path, text, expected):
     path = tmp_path / "thresholds.yaml"
     path.write_text(text)
-    line = _one_error_line(cli.invoke(app, ["compare", str(measured[1]), str(measured[1]), "--thresholds", str(path)]))
+    line = one_error_line(cli.invoke(app, ["compare", str(measured[1]), str(measured[1]), "--thresholds", str(path)]))
     assert expected in line, line
 
 
@@ -294,7 +287,7 @@ def test_min_samples_zero_is_refused_not_a_crash_on_rows_without_samples(tmp_pat
                     chunk_size=None, embedding_dim=32)
     row.update(status="ok", ms_median=1.0)  # no ms_samples, no quartiles
     directory = R.write_results(tmp_path / "set", [row], {"suite": "s"})
-    line = _one_error_line(cli.invoke(app, ["compare", str(directory), str(directory), "--min-samples", "0"]))
+    line = one_error_line(cli.invoke(app, ["compare", str(directory), str(directory), "--min-samples", "0"]))
     assert "--min-samples: min_samples must be an integer in [2, 1000000] (got 0)" in line
 
 

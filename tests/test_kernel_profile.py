@@ -16,7 +16,7 @@ from tflabench.model import counts_for_case
 from tflabench.model.floor import compulsory_bytes, physical_floor
 from tflabench.model.parts import row_part, split_parts
 
-FIG4 = dict(B=8, NH=16, T=8192, d_qk=128, d_hv=256)  # Figure 4's heads at B*S = 65,536
+FIG4 = dict(B=8, NH=16, S=8192, d_qk=128, d_hv=256)  # Figure 4's heads at B*S = 65,536
 
 
 CAPTURE = """
@@ -94,7 +94,7 @@ def test_physical_floor_is_the_compulsory_traffic_and_lies_below_the_model():
     # Figure 4, bf16 activations, float32 gates: 1,544 bytes per token and head forward,
     # 4,120 forward+backward (q, k, v, gates read in both passes, h written, dh read,
     # dq, dk, dv, di, df written)
-    tokens_heads = FIG4["B"] * FIG4["T"] * FIG4["NH"]
+    tokens_heads = FIG4["B"] * FIG4["S"] * FIG4["NH"]
     fwd = compulsory_bytes("mlstm_sig", "fwd", **FIG4, bytes_qkv=2, bytes_gate=4)
     both = compulsory_bytes("mlstm_sig", "fwdbw", **FIG4, bytes_qkv=2, bytes_gate=4)
     assert sum(fwd.values()) == 1544 * tokens_heads and sum(both.values()) == 4120 * tokens_heads

@@ -3,12 +3,8 @@ shows (issue 48.4): a set without the authors' kernels never reads "mlstm_kernel
 
 from __future__ import annotations
 
-import json
-
-import pandas as pd
 import pytest
 
-from tflabench.report.plots import benchmark
 from tflabench.report.plots.style import ours_key
 
 OURS = ("mLSTMsig TFLA xl_chunk (ours)", "tfla", {"variant": "sig", "algorithm": "xl_chunk"})
@@ -16,24 +12,9 @@ AUTHORS = ("mLSTMsig TFLA xl_chunk (mlstm_kernels)", "mlstm_kernels", {"variant"
 FLA = ("GLA (FLA chunk)", "fla", {"kernel": "chunk_gla"})
 
 
-def _legend_texts(kernels, tmp_path) -> tuple[str, list[str]]:
+def _legend_texts(kernels, runtime_figure) -> tuple[str, list[str]]:
     """The benchmark figure of a set of ``kernels`` drawn; its legend's title and entries."""
-    rows = [dict(kernel=label, backend=backend, params=json.dumps(params), mode="fwd", status="ok",
-                 ms_median=1.0 + s / 4096, seq_len=s, batch=8, d_hv=512, chunk_size=64)
-            for label, backend, params in kernels for s in (512, 1024, 2048)]
-    drawn = {}
-    original = benchmark.save_figure
-
-    def keep(fig, path):
-        drawn["fig"] = fig
-        return original(fig, path)
-
-    benchmark.save_figure = keep
-    try:
-        assert benchmark.plot_runtime(pd.DataFrame(rows), tmp_path / "r.png").exists()
-    finally:
-        benchmark.save_figure = original
-    (legend,) = drawn["fig"].legends
+    (legend,) = runtime_figure(kernels).legends
     return legend.get_title().get_text(), [t.get_text() for t in legend.get_texts()]
 
 
@@ -45,16 +26,16 @@ def _legend_texts(kernels, tmp_path) -> tuple[str, list[str]]:
     ([OURS, AUTHORS, FLA],
      "solid, filled: ours; dashed, hollow: the authors' kernels (mlstm_kernels) and other peers", ()),
 ])
-def test_the_benchmark_figure_legend_names_only_kernels_in_the_set(tmp_path, kernels, named, absent):
-    title, entries = _legend_texts(kernels, tmp_path)
+def test_the_benchmark_figure_legend_names_only_kernels_in_the_set(runtime_figure, kernels, named, absent):
+    title, entries = _legend_texts(kernels, runtime_figure)
     assert title == named
     assert entries == [label for label, _, _ in kernels]  # each kernel of the set once, none other
     for word in absent:
         assert word not in title
 
 
-def test_without_a_kernel_of_ours_the_legend_has_no_note(tmp_path):
-    title, entries = _legend_texts([AUTHORS, FLA], tmp_path)
+def test_without_a_kernel_of_ours_the_legend_has_no_note(runtime_figure):
+    title, entries = _legend_texts([AUTHORS, FLA], runtime_figure)
     assert title == "" and set(entries) == {AUTHORS[0], FLA[0]}
     assert ours_key([(FLA[0], "fla")]) is None
     # labels without a backend: the "(ours)" and "(mlstm_kernels)" notes decide

@@ -9,8 +9,8 @@ import pytest
 import torch
 
 from tflabench.backends import register
-from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, attention_inputs,
-                                     attention_reference)
+from tflabench.backends.attention_family import attention_inputs, attention_reference
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape
 from tflabench.run.measure import (max_normalised_error, measure_case, numerics_gate, summarize,
                                time_callable)
 from tflabench.store.suite import Case

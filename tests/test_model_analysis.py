@@ -153,11 +153,11 @@ def test_eq_121_does_not_depend_on_bytes_if_or_bytes_qkv_section_4_6():
 def test_eq_121_on_h200_datasheet_and_measured_section_5():
     # §5 [R]: datasheet 529.34 / 460.80 / 374.42; measured 774e12 / 4.23e12: 498.87 / 434.28 / 352.87
     h200 = get_gpu("h200")
-    for (alpha, beta), vals in (((h200.flops_per_s, h200.bytes_per_s), ("529.34", "460.80", "374.42")),
+    for (peak_flops_per_s, beta), vals in (((h200.flops_per_s, h200.bytes_per_s), ("529.34", "460.80", "374.42")),
                                 ((774e12, 4.23e12), ("498.87", "434.28", "352.87"))):
         for fc, v in zip((0.5, 0.66, 1.0), vals):
             co = chunkwise_coefficients("sig", d_hv=512, p_qk=0.5, F_causal=fc, bytes_Cmn=4, counts="paper")
-            assert close_printed(l_opt_runtime(co, alpha / beta), v)
+            assert close_printed(l_opt_runtime(co, peak_flops_per_s / beta), v)
 
 
 # ------------------------------------------------------------------ O4 (§6.4): runtimes
@@ -166,38 +166,38 @@ def test_eq_121_on_h200_datasheet_and_measured_section_5():
 O4 = {(gpu, float(fc)): (row["ms"], row["argmin_sum"], row["argmin_max"])
       for gpu, by_fc in yaml.safe_load((Path(__file__).parent / "data" / "model_counts.yaml").read_text())["O4"].items()
       for fc, row in by_fc.items()}
-FIG17 = dict(d_hv=512, p_qk=0.5, N_head=8, N_batch=8, T=8192, bytes_qkv=2, bytes_if=2, bytes_Cmn=4)
+FIG17 = dict(d_hv=512, p_qk=0.5, NH=8, B=8, S=8192, bytes_qkv=2, bytes_if=2, bytes_Cmn=4)
 
 
 @pytest.mark.parametrize("key", list(O4), ids=lambda k: f"{k[0]}-{k[1]}")
 def test_theoretical_runtime_eq_116_and_its_argmins_O4(key):
     gpu, fc = key
     ms, amin_sum, amin_max = O4[key]
-    alpha, beta = ceilings(gpu)
+    peak_flops_per_s, beta = ceilings(gpu)
     Ls = [32 * 2**i for i in range(9)]
     for L, v in zip(Ls, ms.split()):
-        t = chunkwise_runtime("sig", L=L, alpha=alpha, beta=beta, F_causal=fc, counts="paper", **FIG17)
+        t = chunkwise_runtime("sig", L=L, peak_flops_per_s=peak_flops_per_s, beta=beta, F_causal=fc, counts="paper", **FIG17)
         assert close_printed(t * 1e3, v), L
-    search = dict(alpha=alpha, beta=beta, d_hv=512, p_qk=0.5, F_causal=fc, bytes_Cmn=4, counts="paper")
+    search = dict(peak_flops_per_s=peak_flops_per_s, beta=beta, d_hv=512, p_qk=0.5, F_causal=fc, bytes_Cmn=4, counts="paper")
     assert close_printed(l_opt_runtime_numeric("sig", **search), amin_sum)
     assert close_printed(l_opt_runtime_numeric("sig", combine="max", **search), amin_max)
     co = chunkwise_coefficients("sig", d_hv=512, p_qk=0.5, F_causal=fc, bytes_Cmn=4, counts="paper")
-    assert close_printed(l_opt_runtime_max(co, alpha / beta), amin_max)  # §4.7 closed form
-    assert close_printed(l_ridge(co, alpha / beta), amin_max)
+    assert close_printed(l_opt_runtime_max(co, peak_flops_per_s / beta), amin_max)  # §4.7 closed form
+    assert close_printed(l_ridge(co, peak_flops_per_s / beta), amin_max)
 
 
 def test_max_form_runtime_at_L_256_O4():
     # O4: eq. 114 at L = 256, F_c = 0.66: V100 5.075 ms, A100 2.361, H100 1.363, B200 0.593
     for gpu, v in zip(GPUS, ("5.075", "2.361", "1.363", "0.593")):
-        alpha, beta = ceilings(gpu)
-        t = chunkwise_runtime("sig", L=256, alpha=alpha, beta=beta, F_causal=0.66, counts="paper",
+        peak_flops_per_s, beta = ceilings(gpu)
+        t = chunkwise_runtime("sig", L=256, peak_flops_per_s=peak_flops_per_s, beta=beta, F_causal=0.66, counts="paper",
                               combine="max", **FIG17)
         assert close_printed(t * 1e3, v)
         # the roofline bound and the max form are the same statement (§4.4)
         c = mlstm_counts("sig", "chunkwise", L=256, F_causal=0.66, counts="paper",
                          **{k: v for k, v in FIG17.items()})
-        assert math.isclose(c.flops / roofline(c.intensity_flop_per_byte, alpha, beta), t, rel_tol=1e-12)
-        assert math.isclose(runtime(c.flops, c.bytes, alpha, beta, "max"), t, rel_tol=1e-12)
+        assert math.isclose(c.flops / roofline(c.intensity_flop_per_byte, peak_flops_per_s, beta), t, rel_tol=1e-12)
+        assert math.isclose(runtime(c.flops, c.bytes, peak_flops_per_s, beta, "max"), t, rel_tol=1e-12)
 
 
 O4_TOTALS = {  # §6.4 per-call totals, F_c = 0.66: sig paper, sig rows, exp paper, exp rows, sig bytes, exp bytes
@@ -231,8 +231,8 @@ O5 = [tuple(row) for row in yaml.safe_load((Path(__file__).parent / "data" / "mo
 def test_arithmetic_intensity_eq_118_and_ridge_crossing_O5(row):
     dhv, sb, fc, Is, cross = row
     for L, v in zip((16, 64, 256, 1024, 4096), Is.split()):
-        c = mlstm_counts("sig", "chunkwise", T=8192, L=L, d_hv=dhv, p_qk=0.5, F_causal=fc, bytes_Cmn=sb,
-                         counts="paper", N_batch=3, N_head=5)  # I does not depend on N_batch, N_head
+        c = mlstm_counts("sig", "chunkwise", S=8192, L=L, d_hv=dhv, p_qk=0.5, F_causal=fc, bytes_Cmn=sb,
+                         counts="paper", B=3, NH=5)  # I does not depend on B, NH
         assert close_printed(c.intensity_flop_per_byte, v), L
     co = chunkwise_coefficients("sig", d_hv=dhv, p_qk=0.5, F_causal=fc, bytes_Cmn=sb, counts="paper")
     for gpu, v in zip(GPUS, cross.split()):
@@ -258,14 +258,14 @@ O6 = [  # L, fwd ms, FLOPs F_c .5/.66/1, FLOP/s (.66), I .5/.66/1, H100 roofline
 @pytest.mark.parametrize("row", O6, ids=lambda r: f"L{r[0]}")
 def test_measured_h100_points_flops_intensity_and_roofline_O6(row):
     L, ms, flops, fps, Is, roof = row
-    alpha, beta = ceilings("h100")
+    peak_flops_per_s, beta = ceilings("h100")
     for fc, f, i in zip((0.5, 0.66, 1.0), flops.split(), Is.split()):
         c = mlstm_counts("sig", "chunkwise", L=L, F_causal=fc, counts="paper", **FIG17)
         assert close_printed(c.flops, f)
         assert close_printed(c.intensity_flop_per_byte, i)
         if fc == 0.66:
             assert close_printed(c.flops / (ms * 1e-3), fps)
-            assert close_printed(roofline(c.intensity_flop_per_byte, alpha, beta), roof)
+            assert close_printed(roofline(c.intensity_flop_per_byte, peak_flops_per_s, beta), roof)
 
 
 # ------------------------------------------------------------------ §6.8: closed form vs numeric
@@ -273,21 +273,21 @@ def test_measured_h100_points_flops_intensity_and_roofline_O6(row):
 
 @pytest.mark.parametrize("gpu", GPUS)
 def test_eq_121_equals_numeric_argmin_and_best_power_of_two_brackets_it_section_6_8(gpu):
-    alpha, beta = ceilings(gpu)
+    peak_flops_per_s, beta = ceilings(gpu)
     worst = 0.0
     for sb, dhv, p, fc in itertools.product((2, 4), (64, 128, 256, 512, 1024), (0.5, 1.0), (0.5, 0.66, 1.0)):
         for counts in ("paper", "rows"):
             co = chunkwise_coefficients("sig", d_hv=dhv, p_qk=p, F_causal=fc, bytes_Cmn=sb, counts=counts)
-            closed = l_opt_runtime(co, alpha / beta)
-            numeric = l_opt_runtime_numeric("sig", alpha=alpha, beta=beta, d_hv=dhv, p_qk=p, F_causal=fc,
+            closed = l_opt_runtime(co, peak_flops_per_s / beta)
+            numeric = l_opt_runtime_numeric("sig", peak_flops_per_s=peak_flops_per_s, beta=beta, d_hv=dhv, p_qk=p, F_causal=fc,
                                             bytes_Cmn=sb, counts=counts)
             worst = max(worst, abs(numeric / closed - 1))
         # powers of two: the bracketing choice is the global best power of two (§4.8)
         T = 2**16
 
         def rt(L):
-            return chunkwise_runtime("sig", L=L, alpha=alpha, beta=beta, T=T, d_hv=dhv, p_qk=p, F_causal=fc,
-                                     bytes_Cmn=sb, counts="paper", N_batch=1, N_head=1)
+            return chunkwise_runtime("sig", L=L, peak_flops_per_s=peak_flops_per_s, beta=beta, S=T, d_hv=dhv, p_qk=p, F_causal=fc,
+                                     bytes_Cmn=sb, counts="paper", B=1, NH=1)
 
         all_p2 = min(powers_of_two(1, T), key=rt)
         assert best_power_of_two(rt, closed, T) == all_p2
@@ -305,8 +305,8 @@ def test_eq_111_equals_numeric_argmin_of_the_flops_section_6_8():
 
 
 def test_optimal_chunk_report_h100_fig_17_setting():
-    alpha, beta = ceilings("h100")
-    r = optimal_chunk("sig", alpha=alpha, beta=beta, d_hv=512, p_qk=0.5, F_causal=0.66, bytes_Cmn=4,
+    peak_flops_per_s, beta = ceilings("h100")
+    r = optimal_chunk("sig", peak_flops_per_s=peak_flops_per_s, beta=beta, d_hv=512, p_qk=0.5, F_causal=0.66, bytes_Cmn=4,
                       counts="paper")
     assert close_printed(r["L_opt_flop"], "16.042")  # O2
     assert close_printed(r["L_opt_runtime"], "551.48")  # O3

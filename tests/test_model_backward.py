@@ -150,7 +150,7 @@ def test_hand_written_backward_matches_autograd_and_its_matmul_flops_match_the_m
                                                            convention=convention)
     assert counter.get_total_flops() == model
     # the public Counts carry the same matmul number (F_causal = 1: full L x L tiles, as this reference)
-    c = mlstm_backward_counts("sig", T=T, d_hv=dhv, d_qk=dqk, L=L, N_batch=B, N_head=NH, F_causal=1.0,
+    c = mlstm_backward_counts("sig", S=T, d_hv=dhv, d_qk=dqk, L=L, B=B, NH=NH, F_causal=1.0,
                               convention=convention)
     assert c.matmul_flops == model
 
@@ -169,7 +169,7 @@ def test_forward_matmul_flops_and_autograd_backward_match_the_model(B, NH, T, L,
     Nc = T // L
     fwd_model = B * NH * Nc * chunkwise_matmul_flops(L, dqk, dhv, 1.0)
     assert fwd_counter.get_total_flops() == fwd_model
-    assert mlstm_counts("sig", T=T, L=L, d_qk=dqk, d_hv=dhv, N_batch=B, N_head=NH, F_causal=1.0).matmul_flops == fwd_model
+    assert mlstm_counts("sig", S=T, L=L, d_qk=dqk, d_hv=dhv, B=B, NH=NH, F_causal=1.0).matmul_flops == fwd_model
     # autograd keeps S from the forward: the model's unique count without state recompute, minus
     # the S recompute 2·L²·d_qk, which is exactly 2x the forward (docs/model-counts.md §9, evidence)
     autograd_model = B * NH * Nc * (chunkwise_backward_matmul_flops(L, dqk, dhv, 1.0, recompute_states=False)
@@ -202,14 +202,14 @@ def test_backward_to_forward_ratios_section_9(L, unique, recompute, executed):
 
 
 def test_fwdbw_is_forward_plus_backward_and_counts_for_case_uses_it():
-    kw = dict(T=8192, d_hv=512, d_qk=256, L=256, N_batch=8, N_head=8, F_causal=0.5)
+    kw = dict(S=8192, d_hv=512, d_qk=256, L=256, B=8, NH=8, F_causal=0.5)
     fwd = mlstm_counts("sig", "chunkwise", **kw)
     bwd = mlstm_backward_counts("sig", **kw)
     both = mlstm_fwdbw_counts("sig", **kw)
     assert math.isclose(both.flops, fwd.flops + bwd.flops, rel_tol=1e-14)
     assert math.isclose(both.bytes, fwd.bytes + bwd.bytes, rel_tol=1e-14)
     assert math.isclose(sum(both.flop_rows.values()), both.flops, rel_tol=1e-12)
-    case = counts_for_case("mlstm_sig", "fwdbw", B=8, NH=8, T=8192, d_qk=256, d_hv=512, L=256, F_causal=0.5)
+    case = counts_for_case("mlstm_sig", "fwdbw", B=8, NH=8, S=8192, d_qk=256, d_hv=512, L=256, F_causal=0.5)
     assert math.isclose(case.flops, both.flops, rel_tol=1e-14)
     assert math.isclose(case.bytes, both.bytes, rel_tol=1e-14)
 
@@ -220,7 +220,7 @@ def test_backward_pointwise_terms_are_a_few_percent_section_9():
     for dhv in (128, 256, 512):
         for L in (64, 128, 256, 1024):
             for variant in ("sig", "exp"):
-                c = mlstm_backward_counts(variant, T=4096, d_hv=dhv, p_qk=0.5, L=L, F_causal=0.66)
+                c = mlstm_backward_counts(variant, S=4096, d_hv=dhv, p_qk=0.5, L=L, F_causal=0.66)
                 share = 1 - c.matmul_flops / c.flops
                 assert 0 < share < 0.05, (variant, dhv, L, share)
 
@@ -237,7 +237,7 @@ def test_backward_bytes_equal_the_section_9_estimate():
 
 
 def test_mlstm_exp_backward_has_the_sig_matmul_structure_and_more_pointwise_work():
-    kw = dict(T=2048, d_hv=256, p_qk=0.5, L=128, F_causal=0.66)
+    kw = dict(S=2048, d_hv=256, p_qk=0.5, L=128, F_causal=0.66)
     e, s = mlstm_backward_counts("exp", **kw), mlstm_backward_counts("sig", **kw)
     assert e.matmul_flops == s.matmul_flops
     assert e.flops > s.flops and e.bytes > s.bytes

@@ -52,9 +52,9 @@ COLUMNS = [("exp", FOps()), ("sig", FOps()), ("exp", PRIMES), ("sig", PRIMES)]
 
 O9_FIXTURES = {  # formulation: (settings, rows, sums)
     # T = L = 64: one chunk, so the per-call rows are the per-chunk rows of Table 8
-    "chunkwise": (dict(T=64, L=64), CHUNK_ROWS, CHUNK_SUMS),
-    "parallel": (dict(T=256), PAR_ROWS, PAR_SUMS),
-    "recurrent": (dict(T=1), REC_ROWS, REC_SUMS),
+    "chunkwise": (dict(S=64, L=64), CHUNK_ROWS, CHUNK_SUMS),
+    "parallel": (dict(S=256), PAR_ROWS, PAR_SUMS),
+    "recurrent": (dict(S=1), REC_ROWS, REC_SUMS),
 }
 
 
@@ -71,26 +71,26 @@ def test_rows_match_exact_fixtures_O9(formulation, col):
 
 def test_bytes_match_tables_9_11_13_O9():
     # §6.9: Table 9 (per chunk), Table 11 (T = 256), Table 13 (load + store; not the paper's swap, I5)
-    e = mlstm_counts("exp", "chunkwise", T=64, L=64, **FIX).byte_rows
-    s = mlstm_counts("sig", "chunkwise", T=64, L=64, **FIX).byte_rows
+    e = mlstm_counts("exp", "chunkwise", S=64, L=64, **FIX).byte_rows
+    s = mlstm_counts("sig", "chunkwise", S=64, L=64, **FIX).byte_rows
     assert [e[k] for k in ("recurrent_load", "recurrent_store", "parallel_load", "parallel_store")] == [
         24832, 33028, 66052, 16896]
     assert [s[k] for k in ("recurrent_load", "recurrent_store", "parallel_load", "parallel_store")] == [
         24832, 32768, 65792, 16384]
     assert sum(e.values()) == 140808 and sum(s.values()) == 139776
-    pe = mlstm_counts("exp", "parallel", T=256, **FIX)
-    ps = mlstm_counts("sig", "parallel", T=256, **FIX)
+    pe = mlstm_counts("exp", "parallel", S=256, **FIX)
+    ps = mlstm_counts("sig", "parallel", S=256, **FIX)
     assert (pe.byte_rows["load"], pe.byte_rows["store"], pe.bytes) == (132096, 67584, 199680)
     assert (ps.byte_rows["load"], ps.byte_rows["store"], ps.bytes) == (132096, 65536, 197632)
-    re_ = mlstm_counts("exp", "recurrent", T=1, **FIX)
-    rs = mlstm_counts("sig", "recurrent", T=1, **FIX)
+    re_ = mlstm_counts("exp", "recurrent", S=1, **FIX)
+    rs = mlstm_counts("sig", "recurrent", S=1, **FIX)
     assert (re_.byte_rows["load"], re_.byte_rows["store"], re_.bytes) == (33544, 33284, 66828)
     assert (rs.byte_rows["load"], rs.byte_rows["store"], rs.bytes) == (33284, 33024, 66308)
 
 
 def test_totals_per_sequence_rows_and_paper_O9():
     # §6.9: T = 256, L = 64, F_c = 1/2, per head and sequence
-    kw = dict(T=256, L=64, **FIX)
+    kw = dict(S=256, L=64, **FIX)
     assert mlstm_counts("exp", "chunkwise", **kw).flops == 11849748
     assert mlstm_counts("exp", "chunkwise", counts="paper", **kw).flops == 11915284
     assert mlstm_counts("sig", "chunkwise", **kw).flops == 11734020
@@ -105,7 +105,7 @@ def test_totals_per_sequence_rows_and_paper_O9():
 
 
 def test_paper_mode_breakdown_sums_to_printed_total_with_adjustment_row():
-    c = mlstm_counts("exp", "chunkwise", T=256, L=64, counts="paper", **FIX)
+    c = mlstm_counts("exp", "chunkwise", S=256, L=64, counts="paper", **FIX)
     assert c.flop_rows["paper_table17_adjustment"] == 11915284 - 11849748  # = 2T·d_hv (I2)
     assert c.flop_rows["paper_table17_adjustment"] == 2 * 256 * 128
     assert sum(c.flop_rows.values()) == c.flops
@@ -122,7 +122,7 @@ def test_paper_sig_total_is_built_with_the_exp_gates_row_I3():
 def test_rows_mode_totals_equal_the_closed_forms_of_section_2_7():
     # §2.7 row-consistent totals: printed − 2T·d_hv (exp) and printed − T(4/L − 1) (sig)
     for T, L, dqk, dhv, fc in ((8192, 64, 256, 512, 0.66), (4096, 16, 64, 64, 0.5), (1024, 128, 32, 96, 1.0)):
-        kw = dict(T=T, L=L, d_qk=dqk, d_hv=dhv, F_causal=fc)
+        kw = dict(S=T, L=L, d_qk=dqk, d_hv=dhv, F_causal=fc)
         e_rows, e_pap = (mlstm_counts("exp", "chunkwise", counts=m, **kw).flops for m in ("rows", "paper"))
         s_rows, s_pap = (mlstm_counts("sig", "chunkwise", counts=m, **kw).flops for m in ("rows", "paper"))
         assert math.isclose(e_pap - e_rows, 2 * T * dhv, rel_tol=1e-9)
@@ -147,11 +147,11 @@ def test_table_14_is_table_8_at_unit_factors_and_fixes_I1():
 
 
 def test_whole_call_scales_with_batch_heads_and_chunks_section_2_1():
-    one = mlstm_counts("sig", "chunkwise", T=64, L=64, **FIX)
-    many = mlstm_counts("sig", "chunkwise", T=256, L=64, N_batch=3, N_head=5, **FIX)
+    one = mlstm_counts("sig", "chunkwise", S=64, L=64, **FIX)
+    many = mlstm_counts("sig", "chunkwise", S=256, L=64, B=3, NH=5, **FIX)
     assert many.flops == one.flops * 3 * 5 * 4
     assert many.bytes == one.bytes * 3 * 5 * 4
-    rec = mlstm_counts("exp", "recurrent", T=100, N_batch=2, N_head=3, **FIX)
+    rec = mlstm_counts("exp", "recurrent", S=100, B=2, NH=3, **FIX)
     assert rec.flops == REC_SUMS[0] * 2 * 3 * 100
 
 
@@ -171,7 +171,7 @@ O1 = {  # (d, F_c): recurrent, parallel, cwp paper L=16,64,128,256,1024, cwp row
 def test_exp_vs_sig_flop_excess_O1(key):
     d, fc = key
     rec, par, cwp_paper, cwp_rows = O1[key]
-    kw = dict(T=8192, d_qk=d, d_hv=d, F_causal=fc)
+    kw = dict(S=8192, d_qk=d, d_hv=d, F_causal=fc)
 
     def excess(form, counts="rows", L=None):
         e = mlstm_counts("exp", form, L=L, counts=counts, **kw).flops
@@ -208,7 +208,7 @@ def _limit_formulas(mode, variant, T, dqk, dhv, fc):
 @pytest.mark.parametrize("T,dqk,dhv,fc", [(8192, 256, 512, 0.66), (512, 64, 128, 0.5), (96, 24, 40, 1.0)])
 def test_chunkwise_limits_differ_from_recurrent_and_parallel_exactly_as_section_6_7(mode, variant, T, dqk, dhv, fc):
     # I9: "L = 1 matches the recurrent, L = T the parallel count" holds only up to these differences
-    kw = dict(T=T, d_qk=dqk, d_hv=dhv, F_causal=fc, counts=mode)
+    kw = dict(S=T, d_qk=dqk, d_hv=dhv, F_causal=fc, counts=mode)
     cwp1 = mlstm_counts(variant, "chunkwise", L=1, **kw).flops
     cwpT = mlstm_counts(variant, "chunkwise", L=T, **kw).flops
     rec = mlstm_counts(variant, "recurrent", **kw).flops
@@ -245,7 +245,7 @@ def test_limit_ratios_and_optimum_versus_recurrent_section_6_7(row):
     from tflabench.model.analysis import golden_min
 
     variant, dqk, dhv, fc, r1, rT, rmin, Lmin = row
-    kw = dict(T=8192, d_qk=dqk, d_hv=dhv, F_causal=fc, counts="paper")
+    kw = dict(S=8192, d_qk=dqk, d_hv=dhv, F_causal=fc, counts="paper")
     rec = mlstm_counts(variant, "recurrent", **kw).flops
     par = mlstm_counts(variant, "parallel", **kw).flops
 
@@ -263,12 +263,12 @@ def test_limit_ratios_and_optimum_versus_recurrent_section_6_7(row):
 
 
 def test_chunk_count_conventions_divide_pad_real():
-    kw = dict(T=1000, d_qk=64, d_hv=128)
+    kw = dict(S=1000, d_qk=64, d_hv=128)
     with pytest.raises(UserError, match="does not divide"):
         mlstm_counts("sig", "chunkwise", L=64, **kw)
     pad = mlstm_counts("sig", "chunkwise", L=64, chunks="pad", **kw)
     real = mlstm_counts("sig", "chunkwise", L=64, chunks="real", **kw)
-    per_chunk = mlstm_counts("sig", "chunkwise", T=64, L=64, d_qk=64, d_hv=128).flops
+    per_chunk = mlstm_counts("sig", "chunkwise", S=64, L=64, d_qk=64, d_hv=128).flops
     assert pad.flops == per_chunk * 16  # ceil(1000/64) = 16 padded chunks
     assert math.isclose(real.flops, per_chunk * 1000 / 64)
 
@@ -281,24 +281,24 @@ def test_chunk_count_conventions_divide_pad_real():
     [
         (dict(variant="foo"), "variant"),
         (dict(formulation="blocked"), "formulation"),
-        (dict(T=0), "T="),
-        (dict(T=-8), "T="),
+        (dict(S=0), "S="),
+        (dict(S=-8), "S="),
         (dict(d_hv=0), "d_hv"),
         (dict(p_qk=0.0, d_qk=None), "p_qk"),
         (dict(p_qk=-1.0, d_qk=None), "p_qk"),
         (dict(p_qk=0.5), "not both"),
         (dict(L=0), "L="),
-        (dict(L=512), "1 <= L <= T"),
+        (dict(L=512), "1 <= L <= S"),
         (dict(L=48), "does not divide"),
         (dict(F_causal=0.3), "F_causal"),
         (dict(counts="printed"), "counts"),
         (dict(counts="paper", F_ops=FOps(exp=2)), "F_exp"),
-        (dict(N_batch=0), "N_batch"),
+        (dict(B=0), "B"),
         (dict(bytes_Cmn=0), "bytes_Cmn"),
     ],
 )
 def test_bad_input_raises_one_line_user_error_naming_the_parameter(kwargs, match):
-    base = dict(variant="sig", formulation="chunkwise", T=256, L=64, d_hv=128, d_qk=64)
+    base = dict(variant="sig", formulation="chunkwise", S=256, L=64, d_hv=128, d_qk=64)
     base.update(kwargs)
     variant = base.pop("variant")
     formulation = base.pop("formulation")
@@ -312,28 +312,28 @@ def test_counts_for_case_answers_every_kind_and_mode_with_positive_counts():
 
     for kind in KINDS:
         for mode in ("fwd", "fwdbw"):
-            c = counts_for_case(kind, mode, B=2, NH=4, T=1000, d_qk=64, d_hv=128, d_state=32)
+            c = counts_for_case(kind, mode, B=2, NH=4, S=1000, d_qk=64, d_hv=128, d_state=32)
             assert c.flops > 0 and c.bytes > 0 and c.intensity_flop_per_byte > 0, (kind, mode)
             if mode == "fwdbw":
-                fwd = counts_for_case(kind, "fwd", B=2, NH=4, T=1000, d_qk=64, d_hv=128, d_state=32)
+                fwd = counts_for_case(kind, "fwd", B=2, NH=4, S=1000, d_qk=64, d_hv=128, d_state=32)
                 assert c.flops > 2 * fwd.flops and c.bytes > fwd.bytes, kind
 
 
 def test_counts_for_case_mlstm_equals_padded_chunkwise_forward_counts():
-    c = counts_for_case("mlstm_sig", "fwd", B=2, NH=3, T=8192, d_qk=256, d_hv=512, L=256,
+    c = counts_for_case("mlstm_sig", "fwd", B=2, NH=3, S=8192, d_qk=256, d_hv=512, L=256,
                         bytes_qkv=2, bytes_Cmn=4, F_causal=0.66, counts="paper")
     # O4 per-call totals (§6.4) at B = NH = 8 scale linearly: 4.126877e11 · (2·3)/(8·8)
     assert close_printed(c.flops * 64 / 6, "4.126877e11")
     assert close_printed(c.bytes * 64 / 6, "4.567597e9")
     # L > T is one chunk of length T (the kernel's behaviour for short sequences)
-    short = counts_for_case("mlstm_exp", "fwd", B=1, NH=1, T=100, d_qk=16, d_hv=16, L=128)
-    assert short.flops == mlstm_counts("exp", "chunkwise", T=100, L=100, d_qk=16, d_hv=16).flops
+    short = counts_for_case("mlstm_exp", "fwd", B=1, NH=1, S=100, d_qk=16, d_hv=16, L=128)
+    assert short.flops == mlstm_counts("exp", "chunkwise", S=100, L=100, d_qk=16, d_hv=16).flops
 
 
 def test_counts_for_case_rejects_unknown_kind_mode_and_sizes():
     with pytest.raises(UserError, match="kind"):
-        counts_for_case("retnet", "fwd", B=1, NH=1, T=64, d_qk=8, d_hv=8)
+        counts_for_case("retnet", "fwd", B=1, NH=1, S=64, d_qk=8, d_hv=8)
     with pytest.raises(UserError, match="mode"):
-        counts_for_case("mlstm_sig", "bwd", B=1, NH=1, T=64, d_qk=8, d_hv=8)
-    with pytest.raises(UserError, match="T="):
-        counts_for_case("mlstm_sig", "fwd", B=1, NH=1, T=0, d_qk=8, d_hv=8)
+        counts_for_case("mlstm_sig", "bwd", B=1, NH=1, S=64, d_qk=8, d_hv=8)
+    with pytest.raises(UserError, match="S="):
+        counts_for_case("mlstm_sig", "fwd", B=1, NH=1, S=0, d_qk=8, d_hv=8)

@@ -11,13 +11,13 @@ from tflabench.run.measure import counts_for_plan
 from tflabench.model import WALK_ALGORITHMS, counts_for_case, plan_counts_kwargs
 from tflabench.analysis.model_vs_measured import roofline_placement
 
-SHAPE = dict(B=8, NH=16, T=8192, d_qk=128, d_hv=256)
+SHAPE = dict(B=8, NH=16, S=8192, d_qk=128, d_hv=256)
 
 
 def test_walk_forward_bytes_are_qkv_gates_and_h_once_and_flops_unchanged():
     chunked = counts_for_case("mlstm_sig", "fwd", L=64, **SHAPE)
     walked = counts_for_case("mlstm_sig", "fwd", L=64, states_on_chip=True, **SHAPE)
-    B, NH, T, dq, dv = (SHAPE[k] for k in ("B", "NH", "T", "d_qk", "d_hv"))
+    B, NH, T, dq, dv = (SHAPE[k] for k in ("B", "NH", "S", "d_qk", "d_hv"))
     assert walked.flops == chunked.flops
     assert walked.bytes == pytest.approx(B * NH * T * ((2 * dq + dv) * 2 + 2 * 2 + dv * 2))
     assert walked.bytes < chunked.bytes
@@ -55,6 +55,6 @@ def test_a_walk_row_is_placed_under_the_walks_bound():
            "batch": 8, "seq_len": 8192, "heads": 16, "d_qk": 128, "d_hv": 256, "chunk_size": 64,
            "algorithm": "walk", "params": '{"variant": "sig", "chunk_size": 128}', "ms_median": 1.0,
            "flops": 1.0e11, "bytes": 6.7e9}
-    placed = roofline_placement([row], alpha=989e12, beta=3.35e12)
+    placed = roofline_placement([row], peak_flops_per_s=989e12, beta=3.35e12)
     walk = counts_for_case("mlstm_sig", "fwd", L=64, states_on_chip=True, **SHAPE)
     assert placed[0]["intensity_flop_per_byte"] == pytest.approx(walk.flops / walk.bytes)

@@ -3,7 +3,7 @@ roofline placement, the distance-to-the-bound table, the figures and the HTML re
 
 Expected values come from docs/model-counts.md's oracles (O2, O3, O4, §7 measured H100
 runtimes; named per test) or are computed by hand in the test from the roofline formula
-P(I) = min(beta·I, alpha) (eq. 119).
+P(I) = min(beta·I, peak_flops_per_s) (eq. 119).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ runner = CliRunner()
 
 pytestmark = pytest.mark.usefixtures("isolated_cwd")   # tests/conftest.py
 
-H100 = dict(alpha=989e12, beta=3.35e12)            # paper Table 18
+H100 = dict(peak_flops_per_s=989e12, beta=3.35e12)            # paper Table 18
 FIG17 = dict(batch=8, seq_len=8192, heads=8, d_qk=256, d_hv=512)   # paper Figs. 5, 17 (§6.4)
 #: §7: the authors' measured H100 forward runtimes (ms) of TFLA mLSTMsig at the Fig. 17 shape.
 H100_FWD_MS = {64: 7.411136, 128: 6.376000, 256: 6.301056, 512: 7.300192, 1024: 9.552736}
@@ -129,13 +129,13 @@ def test_each_row_is_placed_against_the_bound_at_its_own_intensity():
         _row(kernel="k", L=256, ms=2.0, status="crash", flops=1e12, nbytes=1e9),   # not measured
         _row(kernel="custom", L=32, ms=2.0),                                # no model counts
     ]
-    pl = mm.roofline_placement(rows, alpha=g.flops_per_s, beta=g.bytes_per_s)
+    pl = mm.roofline_placement(rows, peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s)
     assert [p["case"] for p in pl] == ["B8 S8192 NH8 d256/512 L64", "B8 S8192 NH8 d256/512 L128"]
     mem, comp = pl
     assert mem["bound"] == "memory" and comp["bound"] == "compute"
     assert mem["bound_flops_per_s"] == pytest.approx(4.8e12 * 100)         # beta·I
     assert mem["fraction"] == pytest.approx((1e12 / 5e-3) / 4.8e14)       # 0.41667
-    assert comp["bound_flops_per_s"] == pytest.approx(989e12)             # alpha
+    assert comp["bound_flops_per_s"] == pytest.approx(989e12)             # peak_flops_per_s
     assert comp["fraction"] == pytest.approx((1e12 / 2e-3) / 989e12)
     # the same number as the result column roofline_fraction under the same ceilings
     filled = fill_model_columns(dict(rows[0]), g.flops_per_s, g.bytes_per_s)
@@ -174,7 +174,7 @@ def test_figures_are_written_and_refuse_empty_input(tmp_path):
     g = get_gpu("h200")
     rows = [_row(kernel=f"kernel {k}", L=64, ms=1.0 + k, flops=1e12, nbytes=1e10 * (k + 1),
                  shape=dict(FIG17, seq_len=512 * 2 ** k)) for k in range(8)]
-    pl = mm.roofline_placement(rows, alpha=g.flops_per_s, beta=g.bytes_per_s)
+    pl = mm.roofline_placement(rows, peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s)
     p = roofline_measured_figure(pl, g, path=tmp_path / "roof.png")
     assert p.read_bytes()[:4] == b"\x89PNG" and p.stat().st_size > 20_000
     sweeps = mm.chunk_sweeps([_row(L=L, ms=ms, peak=2**30) for L, ms in H100_FWD_MS.items()], **H100)
@@ -315,7 +315,7 @@ def test_measured_sweep_runs_through_the_run_machinery_on_the_cpu(tmp_path):
     assert (tmp_path / "suites" / f"{spec.name}.yaml").exists()
     assert rs.metadata["suite"] == spec.name
     g = mm.ceilings_for(rs.metadata, gpu="h200")
-    (s,) = mm.chunk_sweeps(rs.rows, alpha=g.flops_per_s, beta=g.bytes_per_s)
+    (s,) = mm.chunk_sweeps(rs.rows, peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s)
     assert [p["L"] for p in s.points] == [16, 32]
     assert s.measured_L_opt in (16, 32) and all(math.isfinite(p["ratio_sum"]) for p in s.points)
 

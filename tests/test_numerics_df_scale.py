@@ -25,7 +25,7 @@ from typer.testing import CliRunner
 
 from tflabench import numerics as N
 from tflabench.run import verify_run as V
-from tflabench.backends.base import mlstm_reference
+from tflabench.backends.mlstm_family import mlstm_reference
 from tflabench.cli import app
 from tflabench.store.results import load_results
 from tflabench.store.suite import load_suite

@@ -164,7 +164,7 @@ def test_auto_chunk_rows_sit_at_the_intensity_of_the_chunk_that_ran(tmp_path):
     auto = _row("auto", "tfla", 64, 8192, 5.0, chunk="auto")
     at128 = mm.model_counts_at("sig", "fwd", 128, batch=8, seq_len=8192, heads=8, d_qk=256, d_hv=512, F_causal=0.5)
     auto.update(flops=at128.flops, bytes=at128.bytes)   # counted at an assumed L 128, ran at 64
-    placed = {p["kernel"]: p for p in mm.roofline_placement([fixed, auto], alpha=g.flops_per_s, beta=g.bytes_per_s)}
+    placed = {p["kernel"]: p for p in mm.roofline_placement([fixed, auto], peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s)}
     at64 = mm.model_counts_at("sig", "fwd", 64, batch=8, seq_len=8192, heads=8, d_qk=256, d_hv=512, F_causal=0.5)
     assert placed["auto"]["intensity_flop_per_byte"] == pytest.approx(at64.flops / at64.bytes)
     assert placed["fixed"]["intensity_flop_per_byte"] == pytest.approx(at128.flops / at128.bytes)

@@ -118,7 +118,7 @@ def test_intensity_figure_names_each_gpu_in_its_own_colour(tmp_path):
                "intensity": {64: 30.0}}]
     analytic.save_figure = keep
     try:
-        analytic.intensity_figure(curves, gpus, T=8192, path=tmp_path / "i.png")
+        analytic.intensity_figure(curves, gpus, S=8192, path=tmp_path / "i.png")
     finally:
         analytic.save_figure = original
     ax = drawn["fig"].axes[0]
@@ -148,27 +148,8 @@ def test_heatmap_colours_follow_the_budget_and_the_key_explains_grey(tmp_path):
     assert heatmap_title({"suite": "demo-verify", "device": "cpu"}).startswith("Numerics of suite demo · measured on the CPU")
 
 
-def test_runtime_plot_puts_its_legend_outside_the_axes(tmp_path):
-    from tflabench.report.plots import benchmark
-
-    rows = []
-    for label, backend, params in FIG4[:4]:
-        for s in (512, 1024, 2048):
-            rows.append(dict(kernel=label, backend=backend, params=json.dumps(params), mode="fwd", status="ok",
-                             ms_median=1.0 + s / 4096, seq_len=s, batch=8, d_hv=512, chunk_size=64))
-    drawn = {}
-    original = benchmark.save_figure
-
-    def keep(fig, path):
-        drawn["fig"] = fig
-        return original(fig, path)
-
-    benchmark.save_figure = keep
-    try:
-        benchmark.plot_runtime(pd.DataFrame(rows), tmp_path / "r.png")
-    finally:
-        benchmark.save_figure = original
-    fig = drawn["fig"]
+def test_runtime_plot_puts_its_legend_outside_the_axes(runtime_figure):
+    fig = runtime_figure(FIG4[:4])
     assert fig.legends and not any(ax.get_legend() for ax in fig.axes)
     fig.canvas.draw()
     legend_box = fig.legends[0].get_window_extent()

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from conftest import one_error_line, write_custom_suite
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from rich.console import Console
@@ -65,31 +66,14 @@ KERNELS = textwrap.dedent('''
 
 
 def _suite(tmp_path: Path, fn="good", seq_len=(16, 32), timeout_s=60.0, name="io") -> Path:
-    kfile = tmp_path / "io_kernels.py"
-    kfile.write_text(KERNELS)
-    data = {"name": name, "device": "cpu", "dtype": "float32", "modes": ["fwd"], "seed": 0,
-            "timing": {"warmup": 1, "iterations": 2, "timeout_s": timeout_s},
-            "numerics": {"max_seq_len": 32}, "model": {"embedding_dim": 32},
-            "sweep": {"batch": 1, "seq_len": list(seq_len)},
-            "kernels": [{"backend": "custom", "label": "k",
-                         "params": {"function": f"{kfile}:{fn}", "layout": "attention", "heads": 2}}]}
-    path = tmp_path / f"{name}.yaml"
-    path.write_text(yaml.safe_dump(data, sort_keys=False))
-    return path
+    """A suite file of one custom kernel of :data:`KERNELS`."""
+    return write_custom_suite(tmp_path, KERNELS, "io_kernels", name=name, fn=fn, seq_len=seq_len, timeout_s=timeout_s)
 
 
 def _env(**extra: str) -> dict:
     env = dict(os.environ, COLUMNS="200", **extra)
     env["PYTHONPATH"] = os.pathsep.join([str(ROOT), str(ROOT / "kernels"), env.get("PYTHONPATH", "")])
     return env
-
-
-def _one_error_line(result) -> str:
-    assert result.exit_code == 2, result.output
-    assert "Traceback" not in result.output
-    errors = [line for line in result.stderr.splitlines() if line.startswith("error: ")]
-    assert len(errors) == 1, result.stderr
-    return errors[0]
 
 
 def _row(seq_len=64, **over) -> dict:
@@ -104,16 +88,6 @@ def _row(seq_len=64, **over) -> dict:
 @pytest.fixture
 def small_set(tmp_path) -> Path:
     return R.write_results(tmp_path / "set", [_row(64), _row(128)], {"suite": "io", "date": "2026-01-01"})
-
-
-@pytest.fixture(scope="module")
-def measured(tmp_path_factory):
-    """A finished run of a two-case suite: (suite path, result-set directory)."""
-    tmp_path = tmp_path_factory.mktemp("measured")
-    suite = _suite(tmp_path)
-    result = run_suite(load_suite(suite), out_root=tmp_path / "out", progress=False,
-                       console=Console(file=StringIO()))
-    return suite, result.directory
 
 
 def _gone(pid: int, within_s: float = 15.0) -> bool:
@@ -138,7 +112,7 @@ def test_report_refuses_a_set_with_a_planted_link_and_writes_nothing_through_it(
     victim.write_text("precious")
     (small_set / "plots").mkdir()
     (small_set / "plots" / "runtime.png").symlink_to(victim)
-    line = _one_error_line(cli.invoke(app, ["report", str(small_set)]))
+    line = one_error_line(cli.invoke(app, ["report", str(small_set)]))
     assert str(small_set / "plots" / "runtime.png") in line and "symbolic link" in line
     assert victim.read_text() == "precious"
 
@@ -147,11 +121,11 @@ def test_report_refuses_a_set_with_a_planted_link_and_writes_nothing_through_it(
 def test_a_set_file_linked_to_dev_zero_or_a_fifo_is_refused_at_once(small_set, name):
     (small_set / name).unlink()
     (small_set / name).symlink_to("/dev/zero")
-    line = _one_error_line(cli.invoke(app, ["report", str(small_set), "--no-plots"]))
+    line = one_error_line(cli.invoke(app, ["report", str(small_set), "--no-plots"]))
     assert str(small_set / name) in line and "symbolic link" in line
     (small_set / name).unlink()
     os.mkfifo(small_set / name)  # nobody writes it: reading it would wait forever
-    line = _one_error_line(cli.invoke(app, ["compare", str(small_set), str(small_set)]))
+    line = one_error_line(cli.invoke(app, ["compare", str(small_set), str(small_set)]))
     assert str(small_set / name) in line and "FIFO" in line
 
 
@@ -200,7 +174,7 @@ def test_resume_refuses_a_linked_worker_log(measured, tmp_path):
     log = copy / "logs" / "worker-0.log"
     log.unlink()
     log.symlink_to(victim)
-    line = _one_error_line(cli.invoke(app, ["run", str(suite), "--resume", str(copy), "--no-progress",
+    line = one_error_line(cli.invoke(app, ["run", str(suite), "--resume", str(copy), "--no-progress",
                                             "--no-plots"]))
     assert str(log) in line and "symbolic link" in line
     assert victim.read_text() == "precious"
@@ -225,13 +199,13 @@ def test_a_mistyped_or_infinite_value_in_a_set_is_one_line_naming_the_field(tmp_
     (directory / R.METADATA_FILE).write_text(json.dumps(meta))
     args = ["report", str(directory), "--no-plots"] if command == "report" else ["compare", str(directory),
                                                                                    str(directory)]
-    assert field in _one_error_line(cli.invoke(app, args))
+    assert field in one_error_line(cli.invoke(app, args))
 
 
 def test_suite_with_a_control_character_is_one_line_exit_2(tmp_path):
     path = _suite(tmp_path)
     path.write_text(path.read_text().replace("name: io", "name: i\x07o"))
-    line = _one_error_line(cli.invoke(app, ["run", str(path), "--no-progress"]))
+    line = one_error_line(cli.invoke(app, ["run", str(path), "--no-progress"]))
     assert str(path) in line and "#x0007" in line
 
 
@@ -244,7 +218,7 @@ def test_a_line_nested_200000_deep_is_an_unreadable_line_not_a_crash(measured, t
     rows = (copy / R.ROWS_FILE).read_text()
     deep = "[" * 200_000 + "]" * 200_000
     (copy / R.ROWS_FILE).write_text(deep + "\n" + rows)
-    assert "line 1 is not JSON" in _one_error_line(cli.invoke(app, ["report", str(copy), "--no-plots"]))
+    assert "line 1 is not JSON" in one_error_line(cli.invoke(app, ["report", str(copy), "--no-plots"]))
     # a resume sets it aside as any unreadable line (docs/harness.md, "Crash safety"), then goes on
     result = cli.invoke(app, ["run", str(suite), "--resume", str(copy), "--no-progress", "--no-plots"])
     assert result.exit_code == 0 and "line 1 is not a JSON row: set aside" in result.stderr, result.output

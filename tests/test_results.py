@@ -209,7 +209,7 @@ def test_model_columns_are_the_roofline_placement_of_the_row():
     from tflabench.model import place_on_roofline
 
     row = schema.fill_model_columns({"flops": 3e12, "bytes": 2e9, "ms_median": 4.0}, 1e15, 3e12)
-    placed = place_on_roofline(3e12, 2e9, 4.0, alpha=1e15, beta=3e12)
+    placed = place_on_roofline(3e12, 2e9, 4.0, peak_flops_per_s=1e15, beta=3e12)
     assert row["roofline_ms"] == placed["roofline_ms"] == pytest.approx(3.0)          # compute: 3e12 / 1e15
     assert row["roofline_fraction"] == placed["fraction"] == pytest.approx(0.75)
     assert row["tflops_per_s"] == pytest.approx(placed["achieved_flops_per_s"] / 1e12) == pytest.approx(750)

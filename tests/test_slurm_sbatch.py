@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import TINY_CPU_KERNELS
 from tflabench.compare.rows import IDENTITY_COLUMNS
 from tflabench.store.results import load_results
 
@@ -48,14 +49,7 @@ timing: {warmup: 1, iterations: 5, timeout_s: 120}
 numerics: {check: false}
 model: {embedding_dim: 64}
 sweep: {batch: 1, seq_len: [32, 64, 128]}
-kernels:
-  - backend: sdpa
-    label: torch SDPA math
-    params: {impl: math, heads: 2, d_hv: 32}
-  - backend: tfla
-    label: mLSTMsig TFLA (reference)
-    params: {variant: sig, algorithm: xl_chunk, chunk_size: 16, heads: 2, d_qk: 16, d_hv: 32, impl: reference}
-"""
+""" + TINY_CPU_KERNELS
 
 #: The options that fit this one-node cluster, overriding the script's ``#SBATCH`` lines
 #: (it asks for a GPU and 8 CPUs per task).

@@ -60,7 +60,7 @@ class GPU:
 
     Attributes:
         key: catalogue key (``h100``). name: marketing name. year: release year or None.
-        datasheet_flops_per_s: dense bf16 FLOP/s (alpha, no sparsity). datasheet_bytes_per_s: HBM
+        datasheet_flops_per_s: dense bf16 FLOP/s (the peak, the paper's α; no sparsity). datasheet_bytes_per_s: HBM
             bandwidth in byte/s (beta). source: where the datasheet figures come from.
         measured_flops_per_s, measured_bytes_per_s, measured_note: measured ceilings (or None).
         ceilings: which pair :attr:`flops_per_s` / :attr:`bytes_per_s` return.
@@ -81,7 +81,7 @@ class GPU:
 
     @property
     def flops_per_s(self) -> float:
-        """alpha (FLOP/s) of the selected ceilings."""
+        """Peak FLOP/s (the paper's α) of the selected ceilings."""
         return self.measured_flops_per_s if self.ceilings == "measured" else self.datasheet_flops_per_s
 
     @property

@@ -81,19 +81,19 @@ def causal(value) -> float:
     return value
 
 
-def chunk_at_most(L, T) -> None:
-    """UserError unless the chunk size ``L`` satisfies ``1 <= L <= T``."""
-    if L > T:
-        raise UserError(f"--chunk-size={L} is not valid; it must satisfy 1 <= L <= T (T={T})")
+def chunk_at_most(L, S) -> None:
+    """UserError unless the chunk size ``L`` satisfies ``1 <= L <= S``."""
+    if L > S:
+        raise UserError(f"--chunk-size={L} is not valid; it must satisfy 1 <= L <= S (S={S})")
 
 
-def counted_shape(formulation: str, mode: str, L: int, T: int, pad: bool) -> None:
-    """``flops``: UserError unless chunk size ``L`` fits the sequence ``T`` (chunkwise: L <= T,
-    and L divides T unless ``pad``) and ``mode`` fwdbw comes with the chunkwise formulation."""
+def counted_shape(formulation: str, mode: str, L: int, S: int, pad: bool) -> None:
+    """``flops``: UserError unless chunk size ``L`` fits the sequence ``S`` (chunkwise: L <= S,
+    and L divides S unless ``pad``) and ``mode`` fwdbw comes with the chunkwise formulation."""
     if formulation == "chunkwise":
-        chunk_at_most(L, T)
-        if T % L and not pad:
-            raise UserError(f"--chunk-size={L} does not divide --seq-len={T}; choose L dividing T or pass --pad")
+        chunk_at_most(L, S)
+        if S % L and not pad:
+            raise UserError(f"--chunk-size={L} does not divide --seq-len={S}; choose L dividing S or pass --pad")
     if mode == "fwdbw" and formulation != "chunkwise":
         raise UserError(f"--mode=fwdbw is modelled for --formulation chunkwise only (got {formulation})")
 

@@ -26,15 +26,15 @@ def count_row_kernel(formulation: str, row: str) -> str:
     return f"backward {kernel}" if row_pass(row) == "bwd" else kernel
 
 
-def mlstm_points(variant, mode, Ls, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv, bytes_if,
+def mlstm_points(variant, mode, Ls, *, seq_len, batch, heads, dhv, d_qk, F_causal, bytes_qkv, bytes_if,
                  bytes_Cmn, counts) -> list[dict]:
     """Model FLOPs and bytes of the chunkwise mLSTM at each chunk size in ``Ls`` (padded
     chunks, App. F; ``fwdbw`` with the derived backward): dicts ``label`` (``L=64``), ``L``,
-    ``flops``, ``bytes``, ``intensity_flop_per_byte``. Raises UserError for L > T."""
+    ``flops``, ``bytes``, ``intensity_flop_per_byte``. Raises UserError for L > seq_len."""
     pts = []
     for L in Ls:
-        chunk_at_most(L, T)
-        kw = dict(T=T, d_hv=dhv, d_qk=d_qk, L=L, N_batch=batch, N_head=heads, F_causal=F_causal,
+        chunk_at_most(L, seq_len)
+        kw = dict(S=seq_len, d_hv=dhv, d_qk=d_qk, L=L, B=batch, NH=heads, F_causal=F_causal,
                   bytes_qkv=bytes_qkv, bytes_if=bytes_if, bytes_Cmn=bytes_Cmn, counts=counts, chunks="pad")
         c = (mlstm_counts(variant, "chunkwise", **kw) if mode == "fwd" else mlstm_fwdbw_counts(variant, **kw))
         pts.append({"label": f"L={L}", "L": L, "flops": c.flops, "bytes": c.bytes,
@@ -42,7 +42,7 @@ def mlstm_points(variant, mode, Ls, *, T, batch, heads, dhv, d_qk, F_causal, byt
     return pts
 
 
-def peer_points(mode, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv) -> list[dict]:
+def peer_points(mode, *, seq_len, batch, heads, dhv, d_qk, F_causal, bytes_qkv) -> list[dict]:
     """The peers at a comparable shape (causal FlashAttention with d_qk heads, simple GLA
     L=64, Mamba2 SSD Q=256 with as many 64-wide heads as the mLSTM's state holds): dicts
     ``label``, ``kind``, ``flops``, ``bytes``, ``intensity_flop_per_byte``."""
@@ -53,7 +53,7 @@ def peer_points(mode, *, T, batch, heads, dhv, d_qk, F_causal, bytes_qkv) -> lis
         ("mamba2_ssd", "Mamba2 SSD Q=256",
          dict(NH=max(1, heads * dhv // 64), d_qk=128, d_hv=64, d_state=128)),
     ):
-        c = counts_for_case(kind, mode, B=batch, T=T, F_causal=F_causal, bytes_qkv=bytes_qkv, **kw)
+        c = counts_for_case(kind, mode, B=batch, S=seq_len, F_causal=F_causal, bytes_qkv=bytes_qkv, **kw)
         pts.append({"label": label, "kind": kind, "flops": c.flops, "bytes": c.bytes,
                     "intensity_flop_per_byte": c.intensity_flop_per_byte})
     return pts
@@ -67,7 +67,7 @@ def roofline_rows(gpus, points) -> list[dict]:
     rows = []
     for g in gpus:
         for p in points:
-            placed = place_on_roofline(p["flops"], p["bytes"], alpha=g.flops_per_s, beta=g.bytes_per_s)
+            placed = place_on_roofline(p["flops"], p["bytes"], peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s)
             rows.append({
                 "gpu": g.key, "ceilings": g.ceilings, "label": p["label"], "L": p.get("L"),
                 "flops": p["flops"], "bytes": p["bytes"], "intensity_flop_per_byte": p["intensity_flop_per_byte"],
@@ -123,17 +123,17 @@ def intensity_curves(variant, Ls, *, state_bytes, causal_factors, d_hv, d_qk, co
 
 
 def optimal_chunk_rows(variant, gpus, d_hvs, *, d_qk, p_qk, F_causal, bytes_qkv, bytes_Cmn, counts,
-                       batch, heads, T) -> list[dict]:
+                       batch, heads, seq_len) -> list[dict]:
     """The model's optimal chunk sizes (eqs. 111, 121, 114; :func:`tflabench.model.analysis.optimal_chunk`)
     for each GPU and d_hv: its dict plus ``gpu``, ``gpu_name``, ``ceilings``. ``d_qk`` or
     ``p_qk`` (None: 0.5, the paper's)."""
     rows = []
     for g in gpus:
         for d in d_hvs:
-            r = optimal_chunk(variant, alpha=g.flops_per_s, beta=g.bytes_per_s, d_hv=d,
+            r = optimal_chunk(variant, peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s, d_hv=d,
                               d_qk=d_qk, p_qk=None if d_qk is not None else (p_qk if p_qk is not None else 0.5),
                               F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_if=bytes_qkv,
-                              bytes_Cmn=bytes_Cmn, counts=counts, N_batch=batch, N_head=heads, T=T)
+                              bytes_Cmn=bytes_Cmn, counts=counts, B=batch, NH=heads, S=seq_len)
             rows.append({"gpu": g.key, "gpu_name": g.name, "ceilings": g.ceilings, **r})
     return rows
 

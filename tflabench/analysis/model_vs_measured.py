@@ -2,7 +2,7 @@
 placement and the distance of every result row to its own bound.
 
 Three computations, each on result rows (:attr:`tflabench.store.results.ResultSet.rows`, or a list
-of row dicts) and one GPU's ceilings ``alpha`` (FLOP/s) and ``beta`` (byte/s):
+of row dicts) and one GPU's ceilings ``peak_flops_per_s`` (FLOP/s) and ``beta`` (byte/s):
 
 - :func:`chunk_sweeps` / :func:`analyse_chunk_sweep`: a chunked mLSTM kernel measured at
   several chunk sizes L at one shape and mode, beside the model's runtime curve (paper
@@ -28,7 +28,7 @@ from typing import Any, Iterable
 
 from tflabench import hardware
 from tflabench.errors import UserError
-from tflabench.model import (WALK_ALGORITHMS, counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline,
+from tflabench.model import (SHAPE_SYMBOLS, WALK_ALGORITHMS, counts_for_case, mlstm_counts, mlstm_fwdbw_counts, place_on_roofline,
                              plan_counts_kwargs, runtime)
 from tflabench.model.analysis import golden_min, optimal_chunk
 from tflabench.store.schema import chunk_size_ran, number, row_params
@@ -81,14 +81,14 @@ def model_counts_at(variant: str, mode: str, L: float, *, batch, seq_len, heads,
     """Model FLOPs and HBM bytes of one chunkwise mLSTM call at chunk size ``L``.
 
     Forward: paper Tables 8/9 (``counts`` rows|paper); ``fwdbw``: forward + the derived
-    backward (docs/model.md; ``kernel_split`` ``xl_chunk`` or ``limit_chunk``). ``chunks="pad"`` counts ``ceil(T/L)`` chunks
-    (what a kernel executes; equal to ``T/L`` when L divides T), ``"real"`` uses ``T/L``
+    backward (docs/model.md; ``kernel_split`` ``xl_chunk`` or ``limit_chunk``). ``chunks="pad"`` counts ``ceil(S/L)`` chunks
+    (what a kernel executes; equal to ``S/L`` when L divides S), ``"real"`` uses ``S/L``
     for the continuous curves. Returns :class:`tflabench.model.Counts`.
 
     Raises:
         UserError: bad sizes, variant or mode (from :mod:`tflabench.model`).
     """
-    kw = dict(T=seq_len, d_hv=d_hv, L=min(L, seq_len), d_qk=d_qk, N_batch=batch, N_head=heads,
+    kw = dict(S=seq_len, d_hv=d_hv, L=min(L, seq_len), d_qk=d_qk, B=batch, NH=heads,
               F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_if=bytes_qkv, bytes_Cmn=bytes_Cmn,
               counts=counts, chunks=chunks)
     if mode == "fwd":
@@ -98,15 +98,15 @@ def model_counts_at(variant: str, mode: str, L: float, *, batch, seq_len, heads,
     raise UserError(f"mode={mode!r} is not valid; allowed: fwd|fwdbw")
 
 
-def model_ms(counts, alpha, beta, combine="sum") -> float:
+def model_ms(counts, peak_flops_per_s, beta, combine="sum") -> float:
     """Theoretical runtime in ms of ``counts`` (paper eqs. 112-114: ``sum`` no overlap,
-    ``max`` perfect overlap = the roofline bound). alpha FLOP/s, beta byte/s."""
-    return runtime(counts.flops, counts.bytes, alpha, beta, combine) * 1e3
+    ``max`` perfect overlap = the roofline bound). peak_flops_per_s FLOP/s, beta byte/s."""
+    return runtime(counts.flops, counts.bytes, peak_flops_per_s, beta, combine) * 1e3
 
 
-def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, alpha, beta,
+def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, peak_flops_per_s, beta,
                  F_causal=0.66, bytes_qkv=2, bytes_Cmn=4, counts="rows", kernel_split="xl_chunk") -> dict:
-    """The model's optimal chunk sizes at one shape (tokens, real numbers, clamped to [1, T]).
+    """The model's optimal chunk sizes at one shape (tokens, real numbers, clamped to [1, S]).
 
     Forward: ``L_opt_flop`` (eq. 111), ``L_opt_runtime`` (eq. 121, sum form),
     ``L_opt_runtime_max`` (argmin of the max form, §4.7; the ridge crossing) in closed form
@@ -114,12 +114,12 @@ def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, 
     golden-section search on the forward+backward counts (derived; the paper models the
     forward only). Also ``I_acc`` and ``source`` (which equations).
     """
-    T = float(seq_len)
+    S = float(seq_len)
     if mode == "fwd":
-        r = optimal_chunk(variant, alpha=alpha, beta=beta, d_hv=d_hv, d_qk=d_qk, F_causal=F_causal,
+        r = optimal_chunk(variant, peak_flops_per_s=peak_flops_per_s, beta=beta, d_hv=d_hv, d_qk=d_qk, F_causal=F_causal,
                           bytes_qkv=bytes_qkv, bytes_if=bytes_qkv, bytes_Cmn=bytes_Cmn, counts=counts,
-                          N_batch=batch, N_head=heads, T=seq_len)
-        out = {k: min(max(r[k], 1.0), T) for k in ("L_opt_flop", "L_opt_runtime", "L_opt_runtime_max")}
+                          B=batch, NH=heads, S=seq_len)
+        out = {k: min(max(r[k], 1.0), S) for k in ("L_opt_flop", "L_opt_runtime", "L_opt_runtime_max")}
         out["source"] = "eq. 111 / eq. 121 / §4.7 (closed forms, forward)"
     else:
         def c(L):
@@ -128,12 +128,12 @@ def model_optima(variant: str, mode: str, *, batch, seq_len, heads, d_qk, d_hv, 
                                    counts=counts, chunks="real", kernel_split=kernel_split)
 
         out = {
-            "L_opt_flop": golden_min(lambda L: c(L).flops, 1.0, T),
-            "L_opt_runtime": golden_min(lambda L: model_ms(c(L), alpha, beta, "sum"), 1.0, T),
-            "L_opt_runtime_max": golden_min(lambda L: model_ms(c(L), alpha, beta, "max"), 1.0, T),
+            "L_opt_flop": golden_min(lambda L: c(L).flops, 1.0, S),
+            "L_opt_runtime": golden_min(lambda L: model_ms(c(L), peak_flops_per_s, beta, "sum"), 1.0, S),
+            "L_opt_runtime_max": golden_min(lambda L: model_ms(c(L), peak_flops_per_s, beta, "max"), 1.0, S),
             "source": "numeric argmin of the forward+backward model (derived, docs/model.md)",
         }
-    out["I_acc"] = alpha / beta
+    out["I_acc"] = peak_flops_per_s / beta
     return out
 
 
@@ -154,7 +154,7 @@ class ChunkSweep:
         measured_L_opt, measured_ms_opt: the L of the lowest median time and that time.
         optima: :func:`model_optima` (``L_opt_flop``, ``L_opt_runtime``, ``L_opt_runtime_max``).
         model_L_pow2: the measured L (of those swept) the model's sum form ranks fastest.
-        alpha, beta, ceilings: the ceilings the model used (FLOP/s, byte/s, their name).
+        peak_flops_per_s, beta, ceilings: the ceilings the model used (FLOP/s, byte/s, their name).
         F_causal, counts: model options.
     """
 
@@ -169,7 +169,7 @@ class ChunkSweep:
     measured_ms_opt: float
     optima: dict
     model_L_pow2: int
-    alpha: float
+    peak_flops_per_s: float
     beta: float
     ceilings: str
     F_causal: float
@@ -178,10 +178,10 @@ class ChunkSweep:
     kernel_split: str = "xl_chunk"
 
     def model_curve(self, Ls: Iterable[float], combine="sum") -> list[float]:
-        """Model runtime (ms) at real chunk sizes ``Ls`` (N_c = T/L), for drawing."""
+        """Model runtime (ms) at real chunk sizes ``Ls`` (N_c = S/L), for drawing."""
         return [model_ms(model_counts_at(self.variant, self.mode, L, **self.shape, F_causal=self.F_causal,
                                          counts=self.counts, chunks="real", bytes_Cmn=self.bytes_Cmn,
-                                         kernel_split=self.kernel_split), self.alpha, self.beta, combine)
+                                         kernel_split=self.kernel_split), self.peak_flops_per_s, self.beta, combine)
                 for L in Ls]
 
     def title(self) -> str:
@@ -193,7 +193,7 @@ class ChunkSweep:
         return dataclasses.asdict(self)
 
 
-def chunk_sweeps(rows, *, alpha, beta, ceilings="datasheet", F_causal=0.66, counts="rows",
+def chunk_sweeps(rows, *, peak_flops_per_s, beta, ceilings="datasheet", F_causal=0.66, counts="rows",
                  bytes_Cmn=4) -> list[ChunkSweep]:
     """Every chunk-size sweep of an mLSTM kernel in ``rows``, analysed against the model.
 
@@ -203,7 +203,7 @@ def chunk_sweeps(rows, *, alpha, beta, ceilings="datasheet", F_causal=0.66, coun
 
     Args:
         rows: result rows (DataFrame, list of dicts or ResultSet).
-        alpha, beta: ceilings in FLOP/s and byte/s (e.g. the GPU's measured ones).
+        peak_flops_per_s, beta: ceilings in FLOP/s and byte/s (e.g. the GPU's measured ones).
         F_causal: fraction of each L×L tile the model counts (0.66: the paper's figures).
         counts: ``rows`` or ``paper`` (Table 17 / eq. 116 exactly).
         bytes_Cmn: bytes per state element (4: float32 states, as the TFLA kernels).
@@ -225,13 +225,13 @@ def chunk_sweeps(rows, *, alpha, beta, ceilings="datasheet", F_causal=0.66, coun
         first = group[0]
         shape = {k: int(first[k]) for k in ("batch", "seq_len", "heads", "d_qk", "d_hv")}
         out.append(analyse_chunk_sweep(
-            [by_L[L] for L in sorted(by_L)], variant=row_variant(first), alpha=alpha, beta=beta,
+            [by_L[L] for L in sorted(by_L)], variant=row_variant(first), peak_flops_per_s=peak_flops_per_s, beta=beta,
             ceilings=ceilings, F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn, shape=shape))
     out.sort(key=lambda s: (s.shape["d_hv"], s.shape["seq_len"], s.mode, s.kernel))
     return out
 
 
-def analyse_chunk_sweep(rows: list[dict], *, variant: str, alpha, beta, shape: dict, ceilings="datasheet",
+def analyse_chunk_sweep(rows: list[dict], *, variant: str, peak_flops_per_s, beta, shape: dict, ceilings="datasheet",
                         F_causal=0.66, counts="rows", bytes_Cmn=4) -> ChunkSweep:
     """One sweep: ``rows`` of one kernel, mode and shape, one per chunk size (see
     :func:`chunk_sweeps`). Raises UserError when fewer than two chunk sizes are given."""
@@ -246,30 +246,30 @@ def analyse_chunk_sweep(rows: list[dict], *, variant: str, alpha, beta, shape: d
         c = model_counts_at(variant, mode, L, **shape, F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn,
                             kernel_split=split)
         ms = float(r["ms_median"])
-        m_sum, m_max = model_ms(c, alpha, beta, "sum"), model_ms(c, alpha, beta, "max")
+        m_sum, m_max = model_ms(c, peak_flops_per_s, beta, "sum"), model_ms(c, peak_flops_per_s, beta, "max")
         points.append({"L": L, "ms_median": ms, "peak_mem_bytes": number(r.get("peak_mem_bytes")),
                        "model_ms_sum": m_sum, "model_ms_max": m_max,
                        "ratio_sum": ms / m_sum, "ratio_max": ms / m_max})
     best = min(points, key=lambda p: p["ms_median"])
-    optima = model_optima(variant, mode, **shape, alpha=alpha, beta=beta, F_causal=F_causal,
+    optima = model_optima(variant, mode, **shape, peak_flops_per_s=peak_flops_per_s, beta=beta, F_causal=F_causal,
                           bytes_Cmn=bytes_Cmn, counts=counts, kernel_split=split)
     return ChunkSweep(
         kernel=str(first.get("kernel")), backend=str(first.get("backend")), mode=mode,
         dtype=str(first.get("dtype")), variant=variant, shape=dict(shape), points=points,
         measured_L_opt=best["L"], measured_ms_opt=best["ms_median"], optima=optima,
-        model_L_pow2=min(points, key=lambda p: p["model_ms_sum"])["L"], alpha=alpha, beta=beta,
+        model_L_pow2=min(points, key=lambda p: p["model_ms_sum"])["L"], peak_flops_per_s=peak_flops_per_s, beta=beta,
         ceilings=ceilings, F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn, kernel_split=split)
 
 
 # ------------------------------------------------------------------ roofline at each row's shape
 
 
-def roofline_placement(rows, *, alpha, beta) -> list[dict]:
+def roofline_placement(rows, *, peak_flops_per_s, beta) -> list[dict]:
     """Each ``ok`` row with model FLOPs and bytes placed on the roofline at its own shape.
 
     For a row with model ``flops`` and ``bytes`` (computed at the row's own batch, length,
     heads and chunk size) and median time ``t``: intensity ``I = flops / bytes`` (eq. 117),
-    achieved ``flops / t``, attainable ``P(I) = min(beta·I, alpha)`` (eq. 119) and
+    achieved ``flops / t``, attainable ``P(I) = min(beta·I, peak_flops_per_s)`` (eq. 119) and
     ``fraction = achieved / P(I)`` (= ``roofline_ms / ms_median``, the row's
     ``roofline_fraction`` under the same ceilings). Rows without counts (e.g. a custom
     kernel) or without a time are left out.
@@ -288,7 +288,7 @@ def roofline_placement(rows, *, alpha, beta) -> list[dict]:
         ran = _counts_at_chunk_run(r)
         if ran is not None:
             flops, nbytes = ran
-        placed = place_on_roofline(flops, nbytes, ms, alpha=alpha, beta=beta)
+        placed = place_on_roofline(flops, nbytes, ms, peak_flops_per_s=peak_flops_per_s, beta=beta)
         out.append({
             "kernel": str(r.get("kernel") or r.get("backend") or "?"), "mode": str(r.get("mode") or ""),
             "backend": r.get("backend"), "params": r.get("params"),
@@ -325,8 +325,7 @@ def _counts_at_chunk_run(row: dict) -> tuple[float, float] | None:
     kind = "mlstm_sig" if variant == "sig" else (
         "mlstm_exp_limit" if row_kernel_split(row) == "limit_chunk" else "mlstm_exp")
     try:
-        c = counts_for_case(kind, row["mode"], B=int(shape["batch"]), NH=int(shape["heads"]), T=int(shape["seq_len"]),
-                            d_qk=int(shape["d_qk"]), d_hv=int(shape["d_hv"]), L=int(L),
+        c = counts_for_case(kind, row["mode"], **{SHAPE_SYMBOLS[k]: int(v) for k, v in shape.items()}, L=int(L),
                             bytes_qkv=_DTYPE_BYTES.get(str(row.get("dtype")), 2),
                             **plan_counts_kwargs(kind, row.get("algorithm")))
     except (UserError, ValueError, NotImplementedError):

@@ -35,6 +35,8 @@ Call order in the worker, per case (one mode each):
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import dataclasses
 import importlib.util
 from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping
@@ -43,7 +45,7 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from tflabench.bounds import MAX_KERNEL_PARAM, check_number
 from tflabench.errors import UserError
-from tflabench.model import counts_for_case
+from tflabench.model import SHAPE_SYMBOLS, counts_for_case
 from tflabench.numerics import budget
 
 if TYPE_CHECKING:  # pragma: no cover
@@ -82,8 +84,8 @@ class Shape:
 
     @property
     def bytes_gate(self) -> int:
-        """Bytes per gate pre-activation element as :func:`mlstm_inputs` makes them
-        (:func:`gate_dtype`: float32 for 16-bit activations, else the activations' size)."""
+        """Bytes per gate pre-activation element as :func:`tflabench.backends.mlstm_family.mlstm_inputs` makes them
+        (:func:`~tflabench.backends.mlstm_family.gate_dtype`: float32 for 16-bit activations, else the activations' size)."""
         return 4 if self.dtype in ("bfloat16", "float16") else self.bytes_qkv
 
     @property
@@ -293,7 +295,7 @@ class Backend:
         :meth:`make_inputs`), differentiable by torch autograd in the kernel's gradient
         convention; same shape and layout as :meth:`forward`'s output. Raise
         NotImplementedError when the backend has none (the gate then records no error).
-        Shared helpers: :func:`attention_reference`, :func:`mlstm_reference`."""
+        Families' homes: :mod:`tflabench.backends.attention_family`, :mod:`tflabench.backends.mlstm_family`."""
         raise NotImplementedError
 
     def tolerance(self, params: BackendParams, dtype: "torch.dtype") -> float:
@@ -389,6 +391,30 @@ class Backend:
 
 # ------------------------------------------------------------------------ helpers
 
+#: The environment the backends' environment-dependent decisions read (a dict as
+#: :func:`tflabench.environment.collect` gives it: ``gpu_name``, ``triton``, ``peers``),
+#: or None: this machine, probed. Set by :func:`environment_given`.
+_GIVEN_ENVIRONMENT: contextvars.ContextVar[dict | None] = contextvars.ContextVar("given_environment", default=None)
+
+
+@contextlib.contextmanager
+def environment_given(env: dict):
+    """Within the block, a backend's :meth:`Backend.unsupported_mode` decides for ``env`` (a
+    dict as :func:`tflabench.environment.collect` gives it) instead of probing this machine:
+    doctor's peer table (:mod:`tflabench.backends.status`) asks the backends themselves
+    about the environment it reports, so each rule has one home (tests give made-up ones)."""
+    token = _GIVEN_ENVIRONMENT.set(dict(env))
+    try:
+        yield
+    finally:
+        _GIVEN_ENVIRONMENT.reset(token)
+
+
+def given_environment() -> dict | None:
+    """The environment :func:`environment_given` set, or None (probe this machine)."""
+    return _GIVEN_ENVIRONMENT.get()
+
+
 
 def find_spec(module: str):
     """``importlib.util.find_spec`` without importing the module: its spec, or None when it
@@ -430,234 +456,22 @@ def peer_unavailable(packages: Iterable[str], *, find_spec: Callable[[str], Any]
 
 
 def model_breakdown(kind: str, mode: str, shape: Shape, **kwargs: Any):
-    """``tflabench.model.counts_for_case(kind, mode, B=, NH=, T=, d_qk=, d_hv=, **kwargs)``
-    at ``shape`` (kinds: ``mlstm_sig``, ``mlstm_exp``, ``mlstm_exp_limit``,
+    """``tflabench.model.counts_for_case(kind, mode, B=, NH=, S=, d_qk=, d_hv=, **kwargs)``
+    at ``shape`` (its fields named by :data:`tflabench.model.SHAPE_SYMBOLS`) (kinds: ``mlstm_sig``, ``mlstm_exp``, ``mlstm_exp_limit``,
     ``attention_causal``, ``mamba2_ssd``, ``gla``, ``simple_gla``; kwargs e.g. ``L``,
     ``d_state``; ``bytes_qkv`` defaults to ``shape.bytes_qkv``): a
     :class:`tflabench.model.Counts`, or None when the model has no count for these
     arguments (NotImplementedError / ValueError / UserError)."""
     kwargs.setdefault("bytes_qkv", shape.bytes_qkv)
     try:
-        return counts_for_case(
-            kind, mode, B=shape.batch, NH=shape.heads, T=shape.seq_len,
-            d_qk=shape.d_qk, d_hv=shape.d_hv, **kwargs,
-        )
+        sizes = {SHAPE_SYMBOLS[name]: getattr(shape, name) for name in ("batch", "heads", "seq_len", "d_qk", "d_hv")}
+        return counts_for_case(kind, mode, **sizes, **kwargs)
     except (NotImplementedError, ValueError, TypeError, UserError):
         return None
 
 
-def model_counts(kind: str, mode: str, shape: Shape, **kwargs: Any) -> tuple[float, float] | None:
-    """(flops, bytes) of :func:`model_breakdown` (None where it is None)."""
-    counts = model_breakdown(kind, mode, shape, **kwargs)
-    return None if counts is None else (float(counts.flops), float(counts.bytes))
-
-
-def bytes_per_element(dtype: "torch.dtype") -> int:
-    """Bytes per element of a torch dtype (for the model's ``bytes_qkv``)."""
-    import torch
-
-    return torch.empty((), dtype=dtype).element_size()
-
-
-def attention_reference(q, k, v, *, causal: bool = True, scale: float | None = None):
-    """Softmax attention in float64: ``softmax(q kᵀ * scale + causal mask) v``.
-
-    Args:
-        q: (B, NH, S, d_qk); k: (B, NH, S, d_qk); v: (B, NH, S, d_hv), any float dtype
-            (computed in float64).
-        causal: mask j > t (query t attends to keys 0..t).
-        scale: default ``d_qk ** -0.5``.
-
-    Returns:
-        (B, NH, S, d_hv) float64, differentiable.
-    """
-    import torch
-
-    q, k, v = (x.to(torch.float64) for x in (q, k, v))
-    scale = q.shape[-1] ** -0.5 if scale is None else scale
-    s = torch.matmul(q, k.transpose(-1, -2)) * scale
-    if causal:
-        S_q, S_k = s.shape[-2], s.shape[-1]
-        mask = torch.ones(S_q, S_k, dtype=torch.bool, device=s.device).tril(S_k - S_q)
-        s = s.masked_fill(~mask, float("-inf"))
-    return torch.matmul(torch.softmax(s, dim=-1), v)
-
-
-def mlstm_reference(q, k, v, i, f, *, variant: str, normalize: bool | None = None, eps: float = 1e-6):
-    """mLSTM float64 ground truth (``tfla.reference.mlstm_parallel`` with
-    ``detach_normalizer=True``: the kernels' gradient convention, docs/tfla-kernels.md 1.5).
-
-    Args:
-        q, k: (B, NH, S, d_qk); v: (B, NH, S, d_hv); i, f: (B, NH, S) gate pre-activations.
-        variant: ``"sig"`` (mLSTMsig) or ``"exp"`` (mLSTMexp).
-        normalize: mLSTMsig normaliser on/off (None: the reference's default).
-
-    Returns:
-        h (B, NH, S, d_hv) float64. Raises NotImplementedError when ``tfla.reference`` is
-        not importable (then the gate records no reference).
-    """
-    import torch
-
-    try:
-        from tfla.reference import mlstm_parallel
-    except ImportError as exc:
-        raise NotImplementedError(f"tfla.reference is not importable ({exc})") from None
-    q, k, v, i, f = (x.to(torch.float64) for x in (q, k, v, i, f))
-    return mlstm_parallel(q, k, v, i, f, variant=variant, normalize=normalize, eps=eps,
-                          detach_normalizer=True)
-
-
-def mlstm_initial_state(inputs: dict, variant: str, seed: int, requires_grad: bool = False) -> dict:
-    """An mLSTM initial state for ``inputs`` (q (B, NH, S, d_qk), v (B, NH, S, d_hv)):
-    ``C0`` (B, NH, d_qk, d_hv) and ``n0`` (B, NH, d_qk) ~ N(0, 1), float32 (float64 for
-    float64 inputs); for ``variant="exp"`` also ``m0`` (B, NH, 1) zeros (the stabiliser:
-    C0, n0 are then the plain states). Only C0 gets ``requires_grad`` (the kernels'
-    convention, docs/tfla-kernels.md 1.5: dn0 and dm0 are not propagated)."""
-    import torch
-
-    q, v = inputs["q"], inputs["v"]
-    B, NH, _, d_qk = q.shape
-    d_hv = v.shape[-1]
-    dt = torch.float64 if q.dtype == torch.float64 else torch.float32
-    gen = _generator(str(q.device), seed)
-    C0 = torch.randn(B, NH, d_qk, d_hv, generator=gen, device=q.device, dtype=torch.float32).to(dt)
-    n0 = torch.randn(B, NH, d_qk, generator=gen, device=q.device, dtype=torch.float32).to(dt)
-    state = {"C0": C0.requires_grad_(requires_grad), "n0": n0}
-    if variant == "exp":
-        state["m0"] = torch.zeros(B, NH, 1, device=q.device, dtype=dt)
-    return state
-
-
-def mlstm_state_tuple(state: dict | None, variant: str):
-    """``(C0, n0[, m0])`` of an :func:`mlstm_initial_state` dict (None stays None): the
-    ``initial_state`` argument of ``tfla`` and ``tfla.reference``."""
-    if state is None:
-        return None
-    return tuple(state[n] for n in (("C0", "n0", "m0") if variant == "exp" else ("C0", "n0")))
-
-
-def mlstm_last_state(last: tuple, variant: str) -> dict:
-    """The last state as compared by ``verify``: ``last_C`` (B, NH, d_qk, d_hv) and
-    ``last_n`` (B, NH, d_qk) in float64. For mLSTMexp the stabilised (C, n, m) are
-    returned unstabilised, C exp(m) and n exp(m) (in float64, no overflow for m < 700),
-    so that kernels with different max-state conventions compare alike."""
-    import torch
-
-    C, n = last[0].to(torch.float64), last[1].to(torch.float64)
-    if variant == "exp":
-        m = last[2].to(torch.float64).reshape(C.shape[0], C.shape[1])
-        scale = torch.exp(m)
-        C = C * scale[..., None, None]
-        n = n * scale[..., None]
-    return {"last_C": C, "last_n": n}
-
-
-def mlstm_reference_state(q, k, v, i, f, state: dict | None, *, variant: str,
-                          normalize: bool | None = None, eps: float = 1e-6):
-    """float64 mLSTM from an initial state: (h (B, NH, S, d_hv), :func:`mlstm_last_state`)
-    by ``tfla.reference.mlstm_parallel(..., initial_state, return_last_state=True,
-    detach_normalizer=True)``; for mLSTMsig without normaliser without ``last_n`` (the
-    model never reads n; ``verify`` compares the states the reference returns). Raises
-    NotImplementedError when tfla.reference is absent."""
-    import torch
-
-    try:
-        from tfla.reference import mlstm_parallel
-    except ImportError as exc:
-        raise NotImplementedError(f"tfla.reference is not importable ({exc})") from None
-    q, k, v, i, f = (x.to(torch.float64) for x in (q, k, v, i, f))
-    init = mlstm_state_tuple(state, variant)
-    if init is not None:
-        init = tuple(t.to(torch.float64) for t in init)
-    h, last = mlstm_parallel(q, k, v, i, f, variant=variant, normalize=normalize, eps=eps,
-                             initial_state=init, return_last_state=True, detach_normalizer=True)
-    states = mlstm_last_state(last, variant)
-    if variant == "sig" and not normalize:
-        # mLSTMsig without normaliser never reads n: not compared (mlstm_kernels leaves its
-        # n_last unmaintained there: 1e35 measured under the interpreter)
-        del states["last_n"]
-    return h, states
-
-
-# ------------------------------------------------------------------------ shared inputs
-
-
-def _generator(device: str, seed: int):
+def generator(device: str, seed: int):
+    """A ``torch.Generator`` on ``device`` seeded with ``seed`` (the families' input samplers)."""
     import torch
 
     return torch.Generator(device=device).manual_seed(int(seed))
-
-
-def gate_dtype(dtype: "torch.dtype") -> "torch.dtype":
-    """Dtype of the mLSTM gate pre-activations for activations of ``dtype``: float32 for
-    bf16/fp16 (docs/tfla-verification.md pitfall 17), else ``dtype``."""
-    import torch
-
-    return torch.float32 if dtype in (torch.bfloat16, torch.float16) else dtype
-
-
-def mlstm_inputs(shape: Shape, dtype, device: str, seed: int, requires_grad: bool = False,
-                 gates_dtype=None) -> dict:
-    """The mLSTM family's inputs (the peers' benchmark setting):
-    ``q``, ``k`` (B, NH, S, d_qk), ``v`` (B, NH, S, d_hv) ~ N(0, 1) in ``dtype``; input gate
-    ``i`` ~ N(0, 1) and forget gate ``f`` ~ N(3, 1) pre-activations (B, NH, S) in
-    ``gates_dtype`` (default :func:`gate_dtype`). Deterministic in ``seed``; with
-    ``requires_grad`` all five are leaf tensors requiring grad."""
-    import torch
-
-    gen = _generator(device, seed)
-    B, NH, S = shape.batch, shape.heads, shape.seq_len
-    gd = gates_dtype or gate_dtype(dtype)
-
-    def randn(*size, dt, mean=0.0):
-        x = torch.randn(*size, generator=gen, device=device, dtype=torch.float32)
-        return (x + mean).to(dt).requires_grad_(requires_grad)
-
-    return {
-        "q": randn(B, NH, S, shape.d_qk, dt=dtype),
-        "k": randn(B, NH, S, shape.d_qk, dt=dtype),
-        "v": randn(B, NH, S, shape.d_hv, dt=dtype),
-        "i": randn(B, NH, S, dt=gd),
-        "f": randn(B, NH, S, dt=gd, mean=3.0),
-    }
-
-
-def bthd_inputs(shape: Shape, dtype, device: str, seed: int):
-    """FLA's layout: ``q``, ``k`` (B, T, H, d_qk) and ``v`` (B, T, H, d_hv) ~ N(0, 1) in
-    ``dtype``, and ``normal(dims, mean=0.0)``, the float32 sampler of the same generator, for
-    the family's further inputs (gates, beta) drawn after them. Deterministic in ``seed``;
-    no ``requires_grad`` (the caller sets it once every input is made)."""
-    import torch
-
-    gen = _generator(device, seed)
-    B, T, H = shape.batch, shape.seq_len, shape.heads
-
-    def normal(dims, mean=0.0):
-        return torch.randn(dims, generator=gen, device=device, dtype=torch.float32) + mean
-
-    inputs = {
-        "q": normal((B, T, H, shape.d_qk)).to(dtype),
-        "k": normal((B, T, H, shape.d_qk)).to(dtype),
-        "v": normal((B, T, H, shape.d_hv)).to(dtype),
-    }
-    return inputs, normal
-
-
-def attention_inputs(shape: Shape, dtype, device: str, seed: int, requires_grad: bool = False,
-                     layout: str = "BHSD") -> dict:
-    """Attention inputs ``q``, ``k`` (d_qk) and ``v`` (d_hv) ~ N(0, 1) in ``dtype``, in
-    ``layout`` ``"BHSD"`` (B, NH, S, D) or ``"BSHD"`` (B, S, NH, D; FlashAttention's).
-    Deterministic in ``seed``; leaf tensors requiring grad when ``requires_grad``."""
-    import torch
-
-    if layout not in ("BHSD", "BSHD"):
-        raise ValueError(f"layout: got {layout!r}; allowed: 'BHSD', 'BSHD'")
-    gen = _generator(device, seed)
-    B, NH, S = shape.batch, shape.heads, shape.seq_len
-
-    def randn(d):
-        size = (B, NH, S, d) if layout == "BHSD" else (B, S, NH, d)
-        x = torch.randn(*size, generator=gen, device=device, dtype=torch.float32)
-        return x.to(dtype).requires_grad_(requires_grad)
-
-    return {"q": randn(shape.d_qk), "k": randn(shape.d_qk), "v": randn(shape.d_hv)}

@@ -36,8 +36,9 @@ from typing import Any, Literal
 from pydantic import Field
 
 from tflabench.backends import register
-from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, attention_inputs,
-                                     attention_reference, mlstm_inputs, mlstm_reference)
+from tflabench.backends.attention_family import attention_inputs, attention_reference
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape
+from tflabench.backends.mlstm_family import mlstm_inputs, mlstm_reference
 
 
 class CustomParams(HeadLayoutParams):

@@ -33,9 +33,9 @@ import importlib
 from typing import Any, Literal
 
 from tflabench.backends import register
-from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, bthd_inputs, peer_unavailable,
-                                     resolve_layout)
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
+from tflabench.backends.fla import bthd_inputs
 
 INSTALL_HINT = "pip install fla-core==0.6.0 einops (Triton kernels: a CUDA GPU)"
 

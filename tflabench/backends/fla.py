@@ -57,10 +57,11 @@ from typing import Any, Literal
 from pydantic import model_validator
 
 from tflabench.backends import register
-from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, bthd_inputs, peer_unavailable,
+from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, generator, peer_unavailable,
                                      resolve_layout)
 from tflabench.backends.base import find_spec as _find_spec
-from tflabench.environment import FLA_640_GUARD_ENV, fla_640_refused
+from tflabench.backends.base import given_environment
+from tflabench.environment import FLA_640_GUARD_ENV, _parse_version, fla_640_refused, is_hopper
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
 
 INSTALL_HINT = "pip install fla-core einops (Triton kernels: a CUDA GPU)"
@@ -153,7 +154,13 @@ def fla_backward_refused() -> tuple[bool, str]:
     """(refused, environment text) for fla's gated backward guard: Hopper GPU and
     3.4.0 <= triton < 3.7.1. In a process that has imported fla (the worker, after
     :meth:`FlaBackend.available`), fla's own flags decide; otherwise the triton version
-    and the GPU's compute capability."""
+    and the GPU's compute capability; within
+    :func:`tflabench.backends.base.environment_given`, that environment's GPU name and triton."""
+    given = given_environment()
+    if given is not None:
+        hopper = is_hopper(given.get("gpu_name"))
+        return (fla_640_refused(hopper, _parse_version(given.get("triton"))),
+                f"{given.get('gpu_name') or 'no GPU'}, Hopper={hopper}, triton {given.get('triton') or 'absent'}")
     fla_utils = sys.modules.get("fla.utils")
     if fla_utils is not None and hasattr(fla_utils, "TRITON_ABOVE_3_7_1"):  # fla's own flags
         hopper = bool(fla_utils.IS_NVIDIA_HOPPER)
@@ -233,6 +240,27 @@ class FlaParams(HeadLayoutParams):
         if self.layer_idx is not None and not 0 <= self.layer_idx < (self.num_layers or 32):
             raise ValueError(f"layer_idx: must be in [0, num_layers), got {self.layer_idx}")
         return self
+
+
+def bthd_inputs(shape: Shape, dtype, device: str, seed: int):
+    """FLA's layout: ``q``, ``k`` (B, T, H, d_qk) and ``v`` (B, T, H, d_hv) ~ N(0, 1) in
+    ``dtype``, and ``normal(dims, mean=0.0)``, the float32 sampler of the same generator, for
+    the family's further inputs (gates, beta) drawn after them. Deterministic in ``seed``;
+    no ``requires_grad`` (the caller sets it once every input is made)."""
+    import torch
+
+    gen = generator(device, seed)
+    B, T, H = shape.batch, shape.seq_len, shape.heads
+
+    def normal(dims, mean=0.0):
+        return torch.randn(dims, generator=gen, device=device, dtype=torch.float32) + mean
+
+    inputs = {
+        "q": normal((B, T, H, shape.d_qk)).to(dtype),
+        "k": normal((B, T, H, shape.d_qk)).to(dtype),
+        "v": normal((B, T, H, shape.d_hv)).to(dtype),
+    }
+    return inputs, normal
 
 
 def lightning_log_decay(heads: int, layer_idx: int, num_layers: int):

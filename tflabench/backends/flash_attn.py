@@ -22,7 +22,8 @@ import sys
 from typing import Any, Literal
 
 from tflabench.backends import register
-from tflabench.backends.base import Backend, HeadLayoutParams, Shape, attention_inputs, attention_reference
+from tflabench.backends.attention_family import attention_inputs, attention_reference
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.backends.sdpa import ATTENTION_DEFAULT_HEADS, ATTENTION_KERNEL_PARTS, attention_model_kind
 

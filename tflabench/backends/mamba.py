@@ -45,6 +45,11 @@ MAMBA2_INSTALL_HINT = ("pip install mamba_ssm einops (the Mamba 2 SSD Triton ker
 MAMBA_INSTALL_HINT = ("install mamba_ssm with its compiled CUDA extension, built against this torch: the wheel "
                       "of benchmarks/build_peer_wheel.sh mamba from the wheelhouse (docs/offline-peers.md), or "
                       "pip install mamba-ssm --no-build-isolation (needs nvcc)")
+#: Mamba (v1)'s compiled extension, which ``selective_scan_fn`` needs (a mamba_ssm wheel built
+#: with ``MAMBA_SKIP_CUDA_BUILD=TRUE`` has none): :meth:`MambaBackend.available` and doctor's row.
+SELECTIVE_SCAN_MODULE = "selective_scan_cuda"
+#: The first mamba_ssm with Mamba-3's SISO Triton kernels (``ops/triton/mamba3``).
+MAMBA3_SINCE = (2, 3, 2)
 MAMBA3_INSTALL_HINT = ("pip install mamba_ssm>=2.3.2 einops (Mamba-3's SISO Triton kernels need no compiled "
                        "extension; a CUDA GPU with TMA, sm_90 or newer)")
 
@@ -463,9 +468,9 @@ class MambaBackend(Backend):
         import and a CUDA GPU is present; else the reason with the install hint."""
         no_extension = ("mamba_ssm has no compiled extension selective_scan_cuda (a build with "
                         "MAMBA_SKIP_CUDA_BUILD=TRUE has none)")
-        return peer_unavailable(("mamba_ssm", "einops", "selective_scan_cuda"), find_spec=_find_spec,
+        return peer_unavailable(("mamba_ssm", "einops", SELECTIVE_SCAN_MODULE), find_spec=_find_spec,
                                 install_hint=self.install_hint, load=_selective_scan_fn,
-                                missing={"selective_scan_cuda": no_extension},
+                                missing={SELECTIVE_SCAN_MODULE: no_extension},
                                 gpu_subject="selective_scan_cuda needs",
                                 import_subject="mamba_ssm's selective scan")
 
@@ -570,7 +575,8 @@ class Mamba3Backend(Backend):
                                   gpu_subject="Mamba-3's Triton kernels need",
                                   import_subject="mamba_ssm.ops.triton.mamba3.mamba3_siso_combined")
         if reason and "No module named 'mamba_ssm.ops.triton.mamba3" in reason:
-            return f"this mamba_ssm has no Mamba-3 (ops/triton/mamba3 arrived in 2.3.2); {self.install_hint}"
+            since = ".".join(map(str, MAMBA3_SINCE))
+            return f"this mamba_ssm has no Mamba-3 (ops/triton/mamba3 arrived in {since}); {self.install_hint}"
         return reason
 
     def note(self, params, device):

@@ -35,17 +35,9 @@ from pydantic import model_validator
 
 from tflabench.backends import register
 from tflabench.backends.base import find_spec as _find_spec
-from tflabench.backends.base import (
-    peer_unavailable,
-    Backend,
-    HeadLayoutParams,
-    Shape,
-    mlstm_initial_state,
-    mlstm_inputs,
-    mlstm_last_state,
-    mlstm_reference,
-    mlstm_reference_state,
-)
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable
+from tflabench.backends.mlstm_family import (mlstm_initial_state, mlstm_inputs, mlstm_last_state, mlstm_reference,
+                                             mlstm_reference_state)
 
 #: (variant, algorithm) -> (peer module, function, peer registry name).
 PEER_KERNELS: dict[tuple[str, str], tuple[str, str, str]] = {
@@ -192,7 +184,7 @@ class MlstmKernelsBackend(Backend):
         return dataclasses.replace(reduced, seq_len=S)
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
-        """The mLSTM family's inputs (:func:`tflabench.backends.base.mlstm_inputs`, the
+        """The mLSTM family's inputs (:func:`tflabench.backends.mlstm_family.mlstm_inputs`, the
         same as the ``tfla`` backend's for the same seed): q, k (B, NH, S, d_qk),
         v (B, NH, S, d_hv) ~ N(0, 1) in ``dtype``; input-gate pre-activations i ~ N(0, 1)
         and forget-gate pre-activations f ~ N(3, 1), (B, NH, S), in float32 for bf16/fp16
@@ -221,7 +213,7 @@ class MlstmKernelsBackend(Backend):
 
     def initial_state(self, params: MlstmKernelsParams, inputs, seed, requires_grad=False):
         """C0, n0 (and m0 = 0 for mLSTMexp), as the ``tfla`` backend's
-        (:func:`~tflabench.backends.base.mlstm_initial_state`)."""
+        (:func:`~tflabench.backends.mlstm_family.mlstm_initial_state`)."""
         return mlstm_initial_state(inputs, params.variant, seed, requires_grad)
 
     def forward_state(self, params: MlstmKernelsParams, inputs, state):
@@ -246,7 +238,7 @@ class MlstmKernelsBackend(Backend):
 
     def reference(self, params: MlstmKernelsParams, inputs: dict[str, Any]):
         """float64 mLSTM of the same variant and normaliser
-        (:func:`tflabench.backends.base.mlstm_reference`: ``tfla.reference``, normaliser and
+        (:func:`tflabench.backends.mlstm_family.mlstm_reference`: ``tfla.reference``, normaliser and
         max state detached as the kernels' gradients, docs/tfla-kernels.md 1.5); h (B, NH, S, d_hv)."""
         normalize = bool(params.normalize) if params.variant == "sig" else True
         return mlstm_reference(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"],

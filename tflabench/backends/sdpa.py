@@ -14,13 +14,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from tflabench.backends import register
-from tflabench.backends.base import (
-    Backend,
-    HeadLayoutParams,
-    Shape,
-    attention_inputs,
-    attention_reference,
-)
+from tflabench.backends.attention_family import attention_inputs, attention_reference
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape
 
 #: impl name -> ``torch.nn.attention.SDPBackend`` member name.
 SDPA_IMPLS: dict[str, str] = {
@@ -109,7 +104,7 @@ class SdpaBackend(Backend):
                 inputs["q"], inputs["k"], inputs["v"], is_causal=params.causal)
 
     def reference(self, params: SdpaParams, inputs: dict[str, Any]):
-        """float64 softmax attention (:func:`tflabench.backends.base.attention_reference`),
+        """float64 softmax attention (:func:`tflabench.backends.attention_family.attention_reference`),
         (B, NH, S, d_hv)."""
         return attention_reference(inputs["q"], inputs["k"], inputs["v"], causal=params.causal)
 

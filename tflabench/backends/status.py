@@ -4,7 +4,8 @@
 cases that could not run (``unavailable``, from each backend's ``available`` /
 ``unsupported_mode``). The rows derive from the backends (issue 44): each names its backend,
 its fix is that backend's ``install_hint`` where installing helps, and the decisions are the
-backends' own functions (fla's #640 rule: :func:`tflabench.environment.fla_640_refused`;
+backends' own (fla's #640 rule: the fla backend's ``unsupported_mode`` under
+:func:`tflabench.backends.base.environment_given`;
 FlashAttention 3's build: :func:`tflabench.backends.flash_attn.fa3_build`), applied to the
 environment given (so that tests can give one). Sources of the facts below (checked 2026-11-23):
 
@@ -56,9 +57,12 @@ import importlib.util
 from typing import Callable
 
 from tflabench.backends import get_backend
+from tflabench.backends.base import environment_given
+from tflabench.backends.fla import fla_backward_refused
+from tflabench.backends.mamba import MAMBA3_SINCE, SELECTIVE_SCAN_MODULE
 from tflabench.backends.flash_attn import FA3_DISTRIBUTIONS, FA3_FORWARD_ONLY, fa3_build, fa3_build_text
 from tflabench.environment import FLA_640_GUARD_ENV as GUARD_ENV
-from tflabench.environment import _parse_version, fla_640_refused, is_hopper
+from tflabench.environment import _parse_version, is_hopper
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
 
 #: FlashQLA's row: no backend, since no package of it installs (module docstring).
@@ -99,8 +103,6 @@ def _fla_rows(env: dict, find_spec) -> list[PeerMode]:
     peers = env.get("peers") or {}
     fla = peers.get("fla-core") or peers.get("flash-linear-attention")
     triton = _parse_version(env.get("triton"))
-    tv = env.get("triton") or "absent"
-    gpu = env.get("gpu_name") or "no GPU"
     hopper = is_hopper(env.get("gpu_name"))
     if not fla:
         rows = [PeerMode(f"FLA {op}", "fwd, fwdbw", False, "fla-core is not installed", _hint("fla"), "fla")
@@ -109,21 +111,25 @@ def _fla_rows(env: dict, find_spec) -> list[PeerMode]:
                           _hint("fla_delta"), "fla_delta") for op, name in DELTA_PEERS]
         return rows
     out = [PeerMode("FLA chunk_simple_gla", "fwd", True, "", backend="fla")]
-    guarded = fla_640_refused(hopper, triton)
-    if guarded and guard_narrowed():
+    # the verdict is the fla backend's own (its unsupported_mode, for the environment given)
+    backend = get_backend("fla")
+    with environment_given(env):
+        refusal = backend.unsupported_mode(backend.parse_params({"op": "chunk_simple_gla"}), "fwdbw")
+        guarded = fla_backward_refused()[0]
+    if refusal is None and guarded:
         out.append(PeerMode(
             "FLA chunk_simple_gla", "fwdbw", True,
             f"fla's #640 guard narrowed ({GUARD_ENV}=narrow): its gated backward runs where the key block "
             "width is not 64 (d_qk 128 and 256 run 128) and is refused at 64; the numerics gate checks "
             "dq, dk, dv, dg against float64", backend="fla"))
-    elif guarded:
+    elif refusal is not None:
         tilelang = ("tilelang is installed but its kernel refuses chunk_simple_gla (float32 states)"
                     if find_spec("tilelang") is not None else
                     "fla's TileLang fallback would not help: it refuses chunk_simple_gla (float32 states)")
         out.append(PeerMode(
             "FLA chunk_simple_gla", "fwdbw", False,
-            f"fla {fla} refuses its gated backward (chunk_bwd_dqkwg) on Hopper ({gpu}) with triton {tv}: "
-            f"Triton 3.4-3.7.0 miscompiles that kernel there (fla issue #640); {tilelang}",
+            f"fla {fla}: {refusal.split('; upgrade')[0]}, its chunk_bwd_dqkwg, which Triton 3.4-3.7.0 "
+            f"miscompiles there; {tilelang}",
             "triton >= 3.7.1 (torch >= 2.12.1 ships it); or TFLABENCH_FLA_640_GUARD=narrow: run it where "
             "fla's key block width is not 64 (d_qk 128 runs BK 128; #640 found BK 64 wrong), every "
             "gradient checked by the numerics gate", "fla"))
@@ -222,23 +228,24 @@ def _mamba_rows(env: dict, find_spec) -> list[PeerMode]:
                 PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", False, "mamba_ssm is not installed", _hint("mamba3"), "mamba3")]
     out = [PeerMode("Mamba 2 (SSD)", "fwd, fwdbw", True, "Triton kernels; mamba_ssm/__init__ not executed",
                     backend="mamba2")]
-    if find_spec("selective_scan_cuda") is None:
+    if find_spec(SELECTIVE_SCAN_MODULE) is None:
         out.append(PeerMode(
             "Mamba (v1)", "fwd, fwdbw", False,
-            f"mamba_ssm {version} has no compiled selective_scan_cuda (built with "
+            f"mamba_ssm {version} has no compiled {SELECTIVE_SCAN_MODULE} (built with "
             "MAMBA_SKIP_CUDA_BUILD=TRUE), and selective_scan_fn has no other implementation",
             "install the mamba_ssm wheel that benchmarks/build_peer_wheel.sh mamba builds for sm_90 "
             "(docs/offline-peers.md); or, with a CUDA build of torch and nvcc of its CUDA version: "
             "TORCH_CUDA_ARCH_LIST=9.0 MAMBA_FORCE_BUILD=TRUE pip install mamba_ssm --no-build-isolation", "mamba"))
     else:
-        out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, "selective_scan_cuda compiled", backend="mamba"))
-    if (_parse_version(version) or (0,)) >= (2, 3, 2):
+        out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, f"{SELECTIVE_SCAN_MODULE} compiled", backend="mamba"))
+    if (_parse_version(version) or (0,)) >= MAMBA3_SINCE:
         out.append(PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", True,
                             f"mamba_ssm {version}: Triton kernels (mamba3_siso_combined, TMA: sm_90 or newer); "
                             "beyond the paper, no model count", backend="mamba3"))
     else:
         out.append(PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", False,
-                            f"mamba_ssm {version} has no Mamba-3 (ops/triton/mamba3 arrived in 2.3.2)",
+                            f"mamba_ssm {version} has no Mamba-3 (ops/triton/mamba3 arrived in "
+                            f"{'.'.join(map(str, MAMBA3_SINCE))})",
                             _hint("mamba3"), "mamba3"))
     return out
 

@@ -8,7 +8,7 @@ it), or ``auto`` (the Triton kernels on a GPU when they are installed, else the
 reference). What ran is written in the ``reason`` column of every ``ok`` row
 (``impl=...``), so reference rows are never mistaken for kernel timings.
 
-Inputs: :func:`tflabench.backends.base.mlstm_inputs` (q, k, v in the case dtype; gates in
+Inputs: :func:`tflabench.backends.mlstm_family.mlstm_inputs` (q, k, v in the case dtype; gates in
 float32 for bf16/fp16). Numerics reference: ``tfla.reference.mlstm_parallel`` in float64.
 """
 
@@ -20,9 +20,9 @@ from typing import Literal
 from pydantic import Field
 
 from tflabench.backends import register
-from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, mlstm_initial_state,
-                                     mlstm_inputs, mlstm_last_state, mlstm_reference,
-                                     mlstm_reference_state, mlstm_state_tuple)
+from tflabench.backends.base import Backend, HeadLayoutParams, Shape
+from tflabench.backends.mlstm_family import (mlstm_initial_state, mlstm_inputs, mlstm_last_state, mlstm_reference,
+                                             mlstm_reference_state, mlstm_state_tuple)
 
 
 class TflaParams(HeadLayoutParams):
@@ -153,7 +153,7 @@ class TflaBackend(Backend):
         return False
 
     def initial_state(self, params: TflaParams, inputs, seed, requires_grad=False):
-        """C0, n0 (and m0 = 0 for mLSTMexp): :func:`~tflabench.backends.base.mlstm_initial_state`."""
+        """C0, n0 (and m0 = 0 for mLSTMexp): :func:`~tflabench.backends.mlstm_family.mlstm_initial_state`."""
         return mlstm_initial_state(inputs, params.variant, seed, requires_grad)
 
     def forward_state(self, params: TflaParams, inputs, state):

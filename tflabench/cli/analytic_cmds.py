@@ -27,9 +27,9 @@ from tflabench.model import mlstm_counts, mlstm_fwdbw_counts
 
 _H_VARIANT = "mLSTM variant: sig (sigmoid input gate) or exp (exponential input gate)."
 _H_FORM = "Formulation: chunkwise (TFLA), parallel or recurrent."
-_H_T = "Sequence length T (tokens)."
-_H_B = "Batch size N_batch."
-_H_NH = "Number of heads N_head."
+_H_T = "Sequence length S (tokens; the paper's T)."
+_H_B = "Batch size B."
+_H_NH = "Number of heads NH."
 _H_DHV = "Value/hidden head dimension d_hv."
 _H_DQK = "Query/key head dimension d_qk (give --dqk or --pqk, not both)."
 _H_PQK = "p_qk = d_qk / d_hv (default 0.5, the paper's)."
@@ -47,6 +47,34 @@ _H_FIGFORMAT = "File format of the figures: png, svg or pdf."
 _H_MODE = ("fwd (forward, the paper's model), fwdbw (forward + derived backward, docs/model.md), or both "
            "comma-separated.")
 _H_LIST = " One value or several, comma-separated."
+
+#: The analytic commands' shared options, one home each: name -> (default, flags, help).
+#: :func:`_opt` makes the typer option; a command may give its own default or add words.
+_OPTIONS: dict[str, tuple] = {
+    "variant": ("sig", ("--variant",), _H_VARIANT),
+    "seq_len": (8192, ("--seq-len", "-T"), _H_T),
+    "batch": (8, ("--batch",), _H_B),
+    "heads": (8, ("--heads",), _H_NH),
+    "dhv": ("512", ("--dhv",), _H_DHV + _H_LIST),
+    "dqk": (None, ("--dqk",), _H_DQK),
+    "pqk": (None, ("--pqk",), _H_PQK),
+    "state_bytes": ("4", ("--state-bytes",), _H_STATE + _H_LIST),
+    "qkv_bytes": (2, ("--qkv-bytes",), _H_QKV),
+    "causal_factor": ("0.66", ("--causal-factor",), _H_CAUSAL + _H_LIST),
+    "counts": ("rows", ("--counts",), _H_COUNTS),
+    "out": (None, ("--out",), _H_OUT),
+    "figure_format": ("png", ("--figure-format",), _H_FIGFORMAT),
+    "hardware": (None, ("--hardware",), _H_HW),
+    "as_json": (False, ("--json",), _H_JSON),
+}
+_SAME = object()
+
+
+def _opt(name: str, default=_SAME, extra: str = ""):
+    """The typer option ``name`` of :data:`_OPTIONS` (its default unless ``default`` is
+    given; ``extra`` appended to its help). Raises KeyError for an unknown name."""
+    value, flags, text = _OPTIONS[name]
+    return typer.Option(value if default is _SAME else default, *flags, help=text + extra)
 
 DEFAULT_ROOFLINE_L = "64,128,256,512,1024,2048,4096"
 DEFAULT_INTENSITY_L = "16,32,64,128,256,512,1024,2048,4096"
@@ -129,23 +157,17 @@ def _e(x) -> str:
 
 @app.command()
 def flops(
-    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
+    variant: str = _opt("variant"),
     formulation: str = typer.Option("chunkwise", "--formulation", help=_H_FORM),
     chunk_size: str = typer.Option("128", "--chunk-size", "-L", help="Chunk size L (chunkwise only)." + _H_LIST),
-    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
-    batch: int = typer.Option(8, "--batch", help=_H_B),
-    heads: int = typer.Option(8, "--heads", help=_H_NH),
-    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
-    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
-    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: str = typer.Option("4", "--state-bytes", help=_H_STATE + _H_LIST),
-    qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
+    seq_len: int = _opt("seq_len"), batch: int = _opt("batch"), heads: int = _opt("heads"),
+    dhv: str = _opt("dhv"), dqk: Optional[int] = _opt("dqk"), pqk: Optional[float] = _opt("pqk"),
+    state_bytes: str = _opt("state_bytes"), qkv_bytes: float = _opt("qkv_bytes"),
     gate_bytes: float = typer.Option(2, "--gate-bytes", help=_H_IF),
-    causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
-    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    causal_factor: str = _opt("causal_factor"), counts: str = _opt("counts"),
     mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
-    pad: bool = typer.Option(False, "--pad", help="Allow L not dividing T: count ceil(T/L) padded chunks."),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    pad: bool = typer.Option(False, "--pad", help="Allow L not dividing S: count ceil(S/L) padded chunks."),
+    as_json: bool = _opt("as_json"),
 ) -> None:
     """FLOP and byte counts of mLSTM configurations, by part, with intensity (paper App. F).
 
@@ -173,7 +195,7 @@ def flops(
             d_qk, p_qk = inputs.dqk_pqk(d_hv, dqk, pqk)
             inputs.causal(fc)
             inputs.counted_shape(formulation, m, L, seq_len, pad)
-            kw = dict(T=seq_len, d_hv=d_hv, d_qk=d_qk, N_batch=batch, N_head=heads, F_causal=fc,
+            kw = dict(S=seq_len, d_hv=d_hv, d_qk=d_qk, B=batch, NH=heads, F_causal=fc,
                       bytes_qkv=qkv_bytes, bytes_if=gate_bytes, bytes_Cmn=sb, chunks="pad" if pad else "divide")
             chunk = L if formulation == "chunkwise" else None
             if m == "fwd":
@@ -181,7 +203,7 @@ def flops(
             else:
                 c = mlstm_fwdbw_counts(variant, L=chunk, counts=counts, **kw)
             config = {"variant": variant, "formulation": formulation, "mode": m, "counts": counts,
-                      "N_batch": batch, "N_head": heads, "T": seq_len, "L": chunk, "d_qk": d_qk, "d_hv": d_hv,
+                      "batch": batch, "heads": heads, "seq_len": seq_len, "L": chunk, "d_qk": d_qk, "d_hv": d_hv,
                       "p_qk": p_qk, "F_causal": fc, "bytes_qkv": qkv_bytes,
                       "bytes_if": gate_bytes, "bytes_Cmn": sb, "pad": pad}
             results.append((config, c))
@@ -196,8 +218,8 @@ def flops(
 def _render_counts(config: dict, c) -> None:
     con = _console()
     form = config["formulation"]
-    title = (f"mLSTM{config['variant']} {form} {config['mode']}: B={config['N_batch']} NH={config['N_head']} "
-             f"T={config['T']}" + (f" L={config['L']}" if config["L"] else "")
+    title = (f"mLSTM{config['variant']} {form} {config['mode']}: B={config['batch']} NH={config['heads']} "
+             f"S={config['seq_len']}" + (f" L={config['L']}" if config["L"] else "")
              + f" d_qk={_e(config['d_qk'])} d_hv={config['d_hv']} F_causal={config['F_causal']} "
              f"states {_state_name(config['bytes_Cmn'])} counts={config['counts']}")
     t = _table(title)
@@ -258,34 +280,26 @@ def roofline(
                                              "its rows on the first --gpu, else on the set's GPU."),
     chunk_size: str = typer.Option(DEFAULT_ROOFLINE_L, "--chunk-size", "-L", show_default=False,
                                    help="Chunk sizes L." + _H_LIST + " Default " + DEFAULT_ROOFLINE_L.replace(",", ", ")
-                                   + " (those up to T)."),
-    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
+                                   + " (those up to S)."),
+    variant: str = _opt("variant"),
     mode: str = typer.Option("fwd", "--mode", help=_H_MODE),
-    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
-    batch: int = typer.Option(8, "--batch", help=_H_B),
-    heads: int = typer.Option(8, "--heads", help=_H_NH),
-    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
-    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
-    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: str = typer.Option("4", "--state-bytes", help=_H_STATE + _H_LIST),
-    qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
-    causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
-    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    seq_len: int = _opt("seq_len"), batch: int = _opt("batch"), heads: int = _opt("heads"),
+    dhv: str = _opt("dhv"), dqk: Optional[int] = _opt("dqk"), pqk: Optional[float] = _opt("pqk"),
+    state_bytes: str = _opt("state_bytes"), qkv_bytes: float = _opt("qkv_bytes"),
+    causal_factor: str = _opt("causal_factor"), counts: str = _opt("counts"),
     ceilings: str = ceilings_option(),
-    peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, T)."),
+    peers: bool = typer.Option(False, "--peers", help="Also place FlashAttention, simple GLA and Mamba 2 SSD (same B, S)."),
     results: Optional[Path] = typer.Option(
         None, "--results", help="Result set whose measured rows to place, each at its own shape, on the "
         "roofline of the GPU it was measured on, or of the first --gpu (a second figure, *_measured, and a "
         "distance-to-the-bound table); a CPU set needs --gpu."),
     plots: bool = plots_option(),
-    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
-    figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    out: Optional[Path] = _opt("out"), figure_format: str = _opt("figure_format"),
+    hardware: Optional[Path] = _opt("hardware"), as_json: bool = _opt("as_json"),
 ) -> None:
     """Roofline (eq. 119) of TFLA's chunkwise kernel for chunk sizes, optionally with measured points.
 
-    Defaults: the paper's roofline figure (mLSTMsig, d_hv 512, p_qk 0.5, B 8, NH 8, T 8192, F_causal 0.66). --dhv, --state-bytes, --causal-factor and --mode take comma lists: a set of points per combination.
+    Defaults: the paper's roofline figure (mLSTMsig, d_hv 512, p_qk 0.5, B 8, NH 8, S 8192, F_causal 0.66). --dhv, --state-bytes, --causal-factor and --mode take comma lists: a set of points per combination.
 
     Example: tflabench roofline --gpu h100,h200 -L 64,128,256 --results results/reference/h100/h100_7b
     """
@@ -314,12 +328,12 @@ def roofline(
             inputs.causal(cfg["F_causal"])
             d_qk, p_qk = inputs.dqk_pqk(cfg["d_hv"], dqk, pqk)
             tag = _varying_label(cfg, varying)
-            for p in mlstm_points(variant, cfg["mode"], Ls, T=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"],
+            for p in mlstm_points(variant, cfg["mode"], Ls, seq_len=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"],
                                    d_qk=d_qk, F_causal=cfg["F_causal"], bytes_qkv=qkv_bytes, bytes_if=qkv_bytes,
                                    bytes_Cmn=cfg["bytes_Cmn"], counts=counts):
                 pts.append({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()})
             if peers:
-                for p in peer_points(cfg["mode"], T=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"], d_qk=d_qk,
+                for p in peer_points(cfg["mode"], seq_len=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"], d_qk=d_qk,
                                       F_causal=cfg["F_causal"], bytes_qkv=qkv_bytes):
                     peer_pts.append({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()})
         measured = measured_points(result_set.rows) if result_set is not None else []
@@ -330,7 +344,7 @@ def roofline(
         if measured:  # each measured row against its own bound, on the set's (or the first --gpu's) roofline
             from tflabench.analysis.model_vs_measured import distance_to_bound, roofline_placement
 
-            placement = roofline_placement(result_set.rows, alpha=measured_gpu.flops_per_s,
+            placement = roofline_placement(result_set.rows, peak_flops_per_s=measured_gpu.flops_per_s,
                                            beta=measured_gpu.bytes_per_s)
             distance = distance_to_bound(placement)
         path = measured_path = None
@@ -358,8 +372,8 @@ def roofline(
                            f"({measured_gpu.ceilings} ceilings), {set_label(result_set.metadata)}"))
         if as_json:
             _echo_json({
-                "config": {"variant": variant, "modes": modes, "counts": counts, "T": seq_len, "N_batch": batch,
-                           "N_head": heads, "d_hv": sorted({c["d_hv"] for c in grid}), "d_qk": dqk, "p_qk": pqk,
+                "config": {"variant": variant, "modes": modes, "counts": counts, "seq_len": seq_len, "batch": batch,
+                           "heads": heads, "d_hv": sorted({c["d_hv"] for c in grid}), "d_qk": dqk, "p_qk": pqk,
                            "F_causal": sorted({c["F_causal"] for c in grid}),
                            "bytes_Cmn": sorted({c["bytes_Cmn"] for c in grid}), "bytes_qkv": qkv_bytes,
                            "ceilings": ceilings},
@@ -405,21 +419,15 @@ def intensity(
     gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default v100,a100,h100,h200,b200."),
     chunk_size: str = typer.Option(DEFAULT_INTENSITY_L, "--chunk-size", "-L", show_default=False,
                                    help="Chunk sizes L for the table." + _H_LIST + " Default "
-                                   + DEFAULT_INTENSITY_L.replace(",", ", ") + " (those up to T)."),
-    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
-    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T),
-    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST),
-    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
-    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: str = typer.Option("4,2", "--state-bytes", help=_H_STATE + _H_LIST),
-    causal_factor: str = typer.Option("0.66", "--causal-factor", help=_H_CAUSAL + _H_LIST),
-    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+                                   + DEFAULT_INTENSITY_L.replace(",", ", ") + " (those up to S)."),
+    variant: str = _opt("variant"), seq_len: int = _opt("seq_len"),
+    dhv: str = _opt("dhv"), dqk: Optional[int] = _opt("dqk"), pqk: Optional[float] = _opt("pqk"),
+    state_bytes: str = _opt("state_bytes", "4,2"),
+    causal_factor: str = _opt("causal_factor"), counts: str = _opt("counts"),
     ceilings: str = ceilings_option(),
     plots: bool = plots_option(),
-    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT),
-    figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    out: Optional[Path] = _opt("out"), figure_format: str = _opt("figure_format"),
+    hardware: Optional[Path] = _opt("hardware"), as_json: bool = _opt("as_json"),
 ) -> None:
     """Arithmetic intensity over chunk size (eq. 118) for float32 and bfloat16 states, with GPUs' I_acc.
 
@@ -461,35 +469,26 @@ def intensity(
             from tflabench.report.plots.analytic import intensity_figure
 
             path = intensity_figure(
-                curves, gpus, T=seq_len, path=plot_dir / f"intensity_{variant}_dhv{dhvs.replace(',', '_')}.{fmt}",
+                curves, gpus, S=seq_len, path=plot_dir / f"intensity_{variant}_dhv{dhvs.replace(',', '_')}.{fmt}",
                 title=(f"Arithmetic intensity of mLSTM{variant} chunkwise over chunk size (d_hv={dhvs}, "
                        f"p_qk={p_qk:g}), against each GPU's I_acc ({inputs.ceilings_text(gpus)})"),
             )
         if as_json:
             _echo_json({
                 "config": {"variant": variant, "counts": counts, "d_hv": sorted({c["d_hv"] for c in grid}),
-                           "d_qk": dqk, "p_qk": p_qk, "T": seq_len, "ceilings": ceilings},
+                           "d_qk": dqk, "p_qk": p_qk, "seq_len": seq_len, "ceilings": ceilings},
                 "gpus": [g.as_dict() for g in gpus],
                 "curves": [{**c, "intensity": {str(k): v for k, v in c["intensity"].items()}} for c in curves],
                 "plot": _shown(path) if path else None,
             })
             return
         con = _console()
-        t = _table(f"I_algo (FLOP/byte) over chunk size L, mLSTM{variant} chunkwise, d_hv={dhvs}, "
-                   f"p_qk={p_qk:g} (eq. 118)")
-        t.add_column("states, F_c")
-        for L in Ls:
-            t.add_column(f"{L}", justify="right")
-        for c in curves:
-            t.add_row(c["label"], *(f"{c['intensity'][L]:.1f}" for L in Ls))
-        con.print(t)
-        x = _table("chunk size L where I_algo = I_acc (compute-bound above)")
-        x.add_column("states, F_c")
-        for g in gpus:
-            x.add_column(f"{g.key} ({g.intensity_flop_per_byte:.1f})", justify="right")
-        for c in curves:
-            x.add_row(c["label"], *(f"{c['L_at_I_acc'][g.key]:.1f}" for g in gpus))
-        con.print(x)
+        con.print(_curve_table(
+            f"I_algo (FLOP/byte) over chunk size L, mLSTM{variant} chunkwise, d_hv={dhvs}, p_qk={p_qk:g} (eq. 118)",
+            curves, [(f"{L}", lambda c, L=L: c["intensity"][L]) for L in Ls]))
+        con.print(_curve_table(
+            "chunk size L where I_algo = I_acc (compute-bound above)", curves,
+            [(f"{g.key} ({g.intensity_flop_per_byte:.1f})", lambda c, g=g: c["L_at_I_acc"][g.key]) for g in gpus]))
         if path:
             con.print(f"plot: {_shown(path)}", markup=False)
 
@@ -497,30 +496,36 @@ def intensity(
 # ------------------------------------------------------------------ optimal-chunk
 
 
+def _curve_table(title: str, curves: list[dict], columns: list):
+    """A table of ``curves`` (one row each, named by its ``label``: states, F_c) with one
+    right-aligned column per ``(header, value of a curve)`` of ``columns``, to 1 decimal."""
+    t = _table(title)
+    t.add_column("states, F_c")
+    for header, _ in columns:
+        t.add_column(header, justify="right")
+    for c in curves:
+        t.add_row(c["label"], *(f"{value(c):.1f}" for _, value in columns))
+    return t
+
+
 @app.command("optimal-chunk")
 def optimal_chunk(
-    dhv: str = typer.Option("512", "--dhv", help=_H_DHV + _H_LIST + " (one with --measure)"),
+    dhv: str = _opt("dhv", extra=" (one with --measure)"),
     gpu: Optional[List[str]] = typer.Option(
         None, "--gpu", help=_H_GPU + " Default h100,h200; with --measure the GPU measured on (one)."),
-    variant: str = typer.Option("sig", "--variant", help=_H_VARIANT),
-    dqk: Optional[int] = typer.Option(None, "--dqk", help=_H_DQK),
-    pqk: Optional[float] = typer.Option(None, "--pqk", help=_H_PQK),
-    state_bytes: str = typer.Option("4", "--state-bytes", help=_H_STATE + _H_LIST + " (one with --measure)"),
-    qkv_bytes: float = typer.Option(2, "--qkv-bytes", help=_H_QKV),
-    causal_factor: str = typer.Option("0.66", "--causal-factor",
-                                      help=_H_CAUSAL + _H_LIST + " (one with --measure)"),
-    counts: str = typer.Option("rows", "--counts", help=_H_COUNTS),
+    variant: str = _opt("variant"), dqk: Optional[int] = _opt("dqk"), pqk: Optional[float] = _opt("pqk"),
+    state_bytes: str = _opt("state_bytes", extra=" (one with --measure)"), qkv_bytes: float = _opt("qkv_bytes"),
+    causal_factor: str = _opt("causal_factor", extra=" (one with --measure)"), counts: str = _opt("counts"),
     ceilings: str = ceilings_option(),
-    seq_len: int = typer.Option(8192, "--seq-len", "-T", help=_H_T + " (for the predicted runtime; caps L)"),
-    batch: int = typer.Option(8, "--batch", help=_H_B + " (for the predicted runtime)"),
-    heads: int = typer.Option(8, "--heads", help=_H_NH + " (for the predicted runtime)"),
+    seq_len: int = _opt("seq_len", extra=" (for the predicted runtime; caps L)"),
+    batch: int = _opt("batch", extra=" (for the predicted runtime)"),
+    heads: int = _opt("heads", extra=" (for the predicted runtime)"),
     plots: bool = plots_option("Draw the optimum over d_hv and over accelerator intensity (with --measure: the "
                                "measured sweep beside the model)."),
-    out: Optional[Path] = typer.Option(None, "--out", help=_H_OUT + " With --measure: the results root, "
-                                       "OUT/<sweep name>/<timestamp>/ (default results), figures in its plots/."),
-    figure_format: str = typer.Option("png", "--figure-format", help=_H_FIGFORMAT),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    out: Optional[Path] = _opt("out", extra=" With --measure: the results root, OUT/<sweep name>/<timestamp>/ "
+                               "(default results), figures in its plots/."),
+    figure_format: str = _opt("figure_format"), hardware: Optional[Path] = _opt("hardware"),
+    as_json: bool = _opt("as_json"),
     measure: bool = typer.Option(
         False, "--measure", help="On a GPU: sweep the chunk size of a kernel through `run`'s machinery "
         "(isolated workers, warm-up, numerics gate) and compare the measured optimum with the model's."),
@@ -575,7 +580,7 @@ def optimal_chunk(
         d_hvs = list(dict.fromkeys(cfg["d_hv"] for cfg in grid))
         for sb, fc in dict.fromkeys((cfg["bytes_Cmn"], cfg["F_causal"]) for cfg in grid):
             for r in optimal_chunk_rows(variant, gpus, d_hvs, d_qk=dqk, p_qk=pqk, F_causal=fc, bytes_qkv=qkv_bytes,
-                                        bytes_Cmn=sb, counts=counts, batch=batch, heads=heads, T=seq_len):
+                                        bytes_Cmn=sb, counts=counts, batch=batch, heads=heads, seq_len=seq_len):
                 rows.append({**r, "bytes_Cmn": sb, "F_causal": fc})
         rows.sort(key=lambda r: [g.key for g in gpus].index(r["gpu"]))
         paths = []
@@ -596,7 +601,7 @@ def optimal_chunk(
         several = len({(r["bytes_Cmn"], r["F_causal"]) for r in rows}) > 1
         t = _table((f"Optimal chunk size, mLSTM{variant} chunkwise forward (counts={counts}, "
                     f"{inputs.ceilings_text(gpus)}; "
-                    f"runtime for B={batch}, NH={heads}, T={seq_len})"))
+                    f"runtime for B={batch}, NH={heads}, S={seq_len})"))
         cols = ["GPU", "I_acc", "d_hv", "d_qk"] + (["states", "F_c"] if several else []) + [
             "L_flop", "L_runtime", "numeric", "best 2^k", "ms at 2^k", "L_max"]
         for col in cols:
@@ -676,7 +681,7 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
     from tflabench.analysis import model_vs_measured as mm
 
     g = mm.ceilings_for(rs.metadata, ceilings, gpu, hardware_file=hardware)
-    sweeps = mm.chunk_sweeps(rs.rows, alpha=g.flops_per_s, beta=g.bytes_per_s, ceilings=g.ceilings,
+    sweeps = mm.chunk_sweeps(rs.rows, peak_flops_per_s=g.flops_per_s, beta=g.bytes_per_s, ceilings=g.ceilings,
                              F_causal=F_causal, counts=counts, bytes_Cmn=bytes_Cmn)
     path = None
     if sweeps and plot_dir is not None:
@@ -715,9 +720,7 @@ def _show_measured_sweep(rs, run_plots, *, gpu, ceilings, hardware, F_causal, co
 
 @app.command()
 def gpus(
-    ceilings: str = ceilings_option(),
-    hardware: Optional[Path] = typer.Option(None, "--hardware", help=_H_HW),
-    as_json: bool = typer.Option(False, "--json", help=_H_JSON),
+    ceilings: str = ceilings_option(), hardware: Optional[Path] = _opt("hardware"), as_json: bool = _opt("as_json"),
 ) -> None:
     """The GPU catalogue: dense bf16 FLOP/s, HBM bandwidth, intensity, measured ceilings, sources.
 

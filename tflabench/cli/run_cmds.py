@@ -345,9 +345,9 @@ def report(
                 con.print(notes[-1], style="dim", markup=False)
             if model_gpu is not None:
                 con.print(terminal_text(f"model: {mm.model_ceilings_text(model_gpu)}", 2000), markup=False)
-                placement = mm.roofline_placement(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
+                placement = mm.roofline_placement(rs.rows, peak_flops_per_s=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
                 distance = mm.distance_to_bound(placement)
-                sweeps = mm.chunk_sweeps(rs.rows, alpha=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
+                sweeps = mm.chunk_sweeps(rs.rows, peak_flops_per_s=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
                                          ceilings=model_gpu.ceilings, F_causal=causal_factor)
                 if distance:
                     con.print(distance_table(distance))
@@ -356,10 +356,10 @@ def report(
             gaps = auto_gaps(rs.rows.to_dict("records"))
             if gaps:
                 con.print(auto_gap_table(gaps))
-            alpha, beta = (model_gpu.flops_per_s, model_gpu.bytes_per_s) if model_gpu is not None else (None, None)
+            peak_flops_per_s, beta = (model_gpu.flops_per_s, model_gpu.bytes_per_s) if model_gpu is not None else (None, None)
             profiled = "kernel_profile" in rs.rows.columns and bool(rs.rows["kernel_profile"].notna().any())
             capped = rs.rows if all_rows or len(rs.rows) <= SHOWN_ROWS else rs.rows.iloc[:SHOWN_ROWS]
-            cases = breakdowns(capped, alpha, beta) if profiled or model_gpu is not None else []
+            cases = breakdowns(capped, peak_flops_per_s, beta) if profiled or model_gpu is not None else []
             if any(c.source is not None for c in cases) or (cases and model_gpu is not None):
                 con.print(profile_table(cases))
                 if len(capped) < len(rs.rows):

@@ -43,6 +43,14 @@ from tflabench.model.analysis import (
     runtime,
 )
 
+#: One vocabulary for shapes (docs/model.md, "Symbols"): the harness's spelled-out names
+#: (suite fields, result columns, CLI options: batch, heads, seq_len, d_qk, d_hv,
+#: chunk_size) -> the paper's symbols, which the model (:func:`counts_for_case`) and the
+#: kernels use: B, NH, S (the paper's T: tokens per sequence), d_qk, d_hv, L. Where a name
+#: crosses from the harness into the model it is translated by this table.
+SHAPE_SYMBOLS: dict[str, str] = {"batch": "B", "heads": "NH", "seq_len": "S", "d_qk": "d_qk", "d_hv": "d_hv",
+                                 "chunk_size": "L"}
+
 KINDS = ("mlstm_sig", "mlstm_exp", "mlstm_exp_limit", "attention_causal", "mamba2_ssd", "gla",
          "simple_gla", "gla_fused", "simple_gla_fused")
 
@@ -64,7 +72,7 @@ def plan_counts_kwargs(kind: str, algorithm: str | None) -> dict:
     return {"states_on_chip": True} if kind == "mlstm_sig" and algorithm in WALK_ALGORITHMS else {}
 
 
-def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_state=None,
+def counts_for_case(kind: str, mode: str, *, B, NH, S, d_qk, d_hv, L=None, d_state=None,
                     bytes_qkv=2, bytes_Cmn=4, F_causal=0.5, counts="rows",
                     states_on_chip: bool = False) -> Counts:
     """FLOPs and HBM bytes of one benchmark case (one kernel call), for a result row.
@@ -75,10 +83,10 @@ def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_sta
             and the non-materialising ``gla_fused``, ``simple_gla_fused`` (fla's fused chunk
             forms, Lightning Attention 2: no chunk state in HBM).
         mode: ``fwd`` or ``fwdbw`` (forward + backward).
-        B, NH, T: batch, heads, sequence length. d_qk, d_hv: head dims (for attention d_qk and
+        B, NH, S: batch, heads, sequence length (the paper's T; :data:`SHAPE_SYMBOLS`). d_qk, d_hv: head dims (for attention d_qk and
             d_v; for Mamba 2, d_hv is the head dim P). L: chunk size (default per kind:
-            DEFAULT_CHUNK); L > T is clamped to T (a single chunk), T not a multiple of L is
-            counted with padded chunks N_c = ceil(T/L). d_state: Mamba 2 state dim N (default d_qk).
+            DEFAULT_CHUNK); L > S is clamped to S (a single chunk), S not a multiple of L is
+            counted with padded chunks N_c = ceil(S/L). d_state: Mamba 2 state dim N (default d_qk).
         bytes_qkv: bytes per element of inputs/outputs (also used for the gates). bytes_Cmn: bytes
             per state element (mLSTM; fla GLA keeps states in the input dtype: bytes_qkv).
         F_causal: fraction of each causal score matrix counted, the same for every kind so that
@@ -96,16 +104,16 @@ def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_sta
     check_choice("kind", kind, KINDS)
     check_choice("mode", mode, MODES)
     check_choice("counts", counts, COUNT_MODES)
-    for name, v in (("B", B), ("NH", NH), ("T", T), ("d_qk", d_qk), ("d_hv", d_hv)):
+    for name, v in (("B", B), ("NH", NH), ("S", S), ("d_qk", d_qk), ("d_hv", d_hv)):
         check_positive(name, v)
     if L is None:
         L = DEFAULT_CHUNK.get(kind)
     if L is not None:
         check_positive("L", L)
-        L = min(L, T)
+        L = min(L, S)
     if kind.startswith("mlstm"):
         variant = "sig" if kind == "mlstm_sig" else "exp"
-        kw = dict(T=T, d_hv=d_hv, L=L, d_qk=d_qk, N_batch=B, N_head=NH, F_causal=F_causal,
+        kw = dict(S=S, d_hv=d_hv, L=L, d_qk=d_qk, B=B, NH=NH, F_causal=F_causal,
                   bytes_qkv=bytes_qkv, bytes_if=bytes_qkv, bytes_Cmn=bytes_Cmn, chunks="pad",
                   states_on_chip=states_on_chip)
         if mode == "fwd":
@@ -113,19 +121,19 @@ def counts_for_case(kind: str, mode: str, *, B, NH, T, d_qk, d_hv, L=None, d_sta
         split = "limit_chunk" if kind == "mlstm_exp_limit" else "xl_chunk"
         return mlstm_fwdbw_counts(variant, counts=counts, kernel_split=split, **kw)
     if kind == "attention_causal":
-        return attention_counts(mode, B=B, H=NH, T=T, d_qk=d_qk, d_v=d_hv, F_causal=F_causal,
+        return attention_counts(mode, B=B, NH=NH, S=S, d_qk=d_qk, d_hv=d_hv, F_causal=F_causal,
                                 bytes_qkv=bytes_qkv)
     if kind == "mamba2_ssd":
         N = d_qk if d_state is None else d_state
-        return ssd_counts(mode, B=B, T=T, H=NH, P=d_hv, N=N, G=1, Q=L, F_causal=F_causal,
+        return ssd_counts(mode, B=B, S=S, NH=NH, P=d_hv, N=N, G=1, L=L, F_causal=F_causal,
                           bytes_x=bytes_qkv)
     fused = kind.endswith("_fused")
-    return gla_counts(kind.removesuffix("_fused"), mode, B=B, H=NH, T=T, d_k=d_qk, d_v=d_hv, L=L,
+    return gla_counts(kind.removesuffix("_fused"), mode, B=B, NH=NH, S=S, d_qk=d_qk, d_hv=d_hv, L=L,
                       F_causal=F_causal, bytes_qkv=bytes_qkv, states_in_hbm=not fused)
 
 
 __all__ = [
-    "COUNT_MODES", "FORMULATIONS", "KINDS", "WALK_ALGORITHMS", "plan_counts_kwargs", "MODES", "VARIANTS", "Counts", "FOps", "UserError",
+    "SHAPE_SYMBOLS", "COUNT_MODES", "FORMULATIONS", "KINDS", "WALK_ALGORITHMS", "plan_counts_kwargs", "MODES", "VARIANTS", "Counts", "FOps", "UserError",
     "attention_counts", "best_power_of_two", "check_positive", "chunkwise_coefficients",
     "counts_for_case", "gla_counts", "intensity", "l_opt_flop", "l_opt_flop_numeric",
     "l_opt_runtime", "l_opt_runtime_max_numeric", "l_opt_runtime_numeric", "l_ridge",

@@ -167,29 +167,29 @@ def resolve_d_qk(d_hv, d_qk=None, p_qk=None) -> float:
     return p_qk * d_hv
 
 
-def n_chunks(T, L, chunks: str) -> float:
-    """Number of chunks N_c for sequence length T and chunk size L.
+def n_chunks(S, L, chunks: str) -> float:
+    """Number of chunks N_c for sequence length S and chunk size L.
 
-    ``chunks``: ``"divide"`` (T % L == 0 required, N_c = T/L), ``"pad"`` (N_c = ceil(T/L), the
-    padded chunks a kernel executes) or ``"real"`` (N_c = T/L as a real number, App. F/G).
+    ``chunks``: ``"divide"`` (S % L == 0 required, N_c = S/L), ``"pad"`` (N_c = ceil(S/L), the
+    padded chunks a kernel executes) or ``"real"`` (N_c = S/L as a real number, App. F/G).
     Source: docs/model-counts.md §2.1 (decision on N_c); paper Sec. 2.2 vs App. F (I8).
 
     Raises:
-        UserError: L outside [1, T], or L not dividing T with ``chunks="divide"``.
+        UserError: L outside [1, S], or L not dividing S with ``chunks="divide"``.
     """
-    check_positive("T", T)
+    check_positive("S", S)
     check_positive("L", L)
-    if L < 1 or L > T:
-        raise UserError(f"L={L!r} is not valid; the chunk size must satisfy 1 <= L <= T (T={T!r})")
+    if L < 1 or L > S:
+        raise UserError(f"L={L!r} is not valid; the chunk size must satisfy 1 <= L <= S (S={S!r})")
     if chunks == "real":
-        return T / L
+        return S / L
     if chunks == "pad":
-        return float(math.ceil(T / L - 1e-12))
+        return float(math.ceil(S / L - 1e-12))
     if chunks == "divide":
-        q = T / L
+        q = S / L
         if abs(q - round(q)) > 1e-9:
             raise UserError(
-                f"L={L!r} does not divide T={T!r}; choose L that divides T (or pad the sequence)"
+                f"L={L!r} does not divide S={S!r}; choose L that divides S (or pad the sequence)"
             )
         return float(round(q))
     raise UserError(f"chunks={chunks!r} is not valid; allowed: divide, pad, real")

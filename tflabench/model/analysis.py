@@ -3,15 +3,15 @@
 For the chunkwise mLSTM forward, FLOPs per head and chunk are ``a·L² + b·L + c`` and bytes per
 head and chunk ``m·L + n`` (docs/model-counts.md §4.1), so per call
 
-    FLOPs(L) = N_batch·N_head·(T/L)·(a·L² + b·L + c),   Bytes(L) = N_batch·N_head·(T/L)·(m·L + n).
+    FLOPs(L) = B·NH·(S/L)·(a·L² + b·L + c),   Bytes(L) = B·NH·(S/L)·(m·L + n).
 
 The coefficients are read off the table rows of :mod:`tflabench.model.mlstm` (``rows`` mode) or
 the printed Table 17 (``paper`` mode), so they follow every table decision made there. The paper
 derives eqs. 111 and 116-121 for mLSTMsig only; the mLSTMexp versions here are the same algebra
 applied to the mLSTMexp rows (derived, docs/model-counts.md §4.1, §4.5, §4.6).
 
-Assumptions behind eqs. 116, 118, 121 (paper App. G): chunkwise forward only; N_c = T/L real;
-one ceiling ``alpha`` for all FLOPs although pointwise ones do not run on tensor cores; no
+Assumptions behind eqs. 116, 118, 121 (paper App. G): chunkwise forward only; N_c = S/L real;
+one ceiling ``peak_flops_per_s`` for all FLOPs although pointwise ones do not run on tensor cores; no
 recomputation, reloads or kernel-launch gaps; compute and memory do not overlap (sum form,
 eq. 113) — the max form (eq. 114, perfect overlap) is offered too and equals the roofline bound.
 """
@@ -43,15 +43,15 @@ GOLDEN = (math.sqrt(5) - 1) / 2
 # ------------------------------------------------------------------ basic relations
 
 
-def runtime(flops, bytes, alpha, beta, combine: str = "sum") -> float:
+def runtime(flops, bytes, peak_flops_per_s, beta, combine: str = "sum") -> float:
     """Theoretical runtime in seconds, paper eqs. 112-114.
 
-    ``tau_FLOPs = flops/alpha``, ``tau_Bytes = bytes/beta``; ``combine="sum"`` (eq. 113, no overlap,
+    ``tau_FLOPs = flops/peak_flops_per_s``, ``tau_Bytes = bytes/beta``; ``combine="sum"`` (eq. 113, no overlap,
     the paper's choice for its runtime figures) or ``"max"`` (eq. 114, perfect overlap).
-    alpha in FLOP/s, beta in byte/s.
+    peak_flops_per_s in FLOP/s, beta in byte/s.
     """
     check_choice("combine", combine, COMBINES)
-    t_f, t_b = flops / alpha, bytes / beta
+    t_f, t_b = flops / peak_flops_per_s, bytes / beta
     return t_f + t_b if combine == "sum" else max(t_f, t_b)
 
 
@@ -60,13 +60,13 @@ def intensity(flops, bytes) -> float:
     return flops / bytes
 
 
-def roofline(I, alpha, beta) -> float:
-    """Attainable FLOP/s at intensity ``I`` (FLOP/byte): ``min(beta·I, alpha)`` (paper eq. 119)."""
-    return min(beta * I, alpha)
+def roofline(I, peak_flops_per_s, beta) -> float:
+    """Attainable FLOP/s at intensity ``I`` (FLOP/byte): ``min(beta·I, peak_flops_per_s)`` (paper eq. 119)."""
+    return min(beta * I, peak_flops_per_s)
 
 
 def place_on_roofline(flops: float, bytes: float | None = None, ms: float | None = None, *,
-                       alpha: float | None = None, beta: float | None = None) -> dict:
+                       peak_flops_per_s: float | None = None, beta: float | None = None) -> dict:
     """One call (its FLOPs, HBM bytes and, if measured, its runtime) on the roofline: the one
     place where a call's intensity, achieved rate and bound are computed (the result columns,
     ``report``'s distance to the bound and ``roofline --results`` all use it).
@@ -75,13 +75,13 @@ def place_on_roofline(flops: float, bytes: float | None = None, ms: float | None
         flops: FLOPs of the call (the model's count at the call's own shape).
         bytes: HBM bytes of the call (None: unknown).
         ms: measured runtime in milliseconds (None: not measured).
-        alpha, beta: the ceilings in FLOP/s and byte/s (None: no bound).
+        peak_flops_per_s, beta: the ceilings in FLOP/s and byte/s (None: no bound).
 
     Returns a dict with the keys whose inputs are given (positive):
     ``intensity_flop_per_byte`` ``I = flops / bytes`` (eq. 117); ``achieved_flops_per_s``
-    ``flops / ms``; with the ceilings ``bound_flops_per_s`` ``P(I) = min(beta·I, alpha)``
-    (eq. 119), ``roofline_ms`` ``flops / P(I) = max(flops / alpha, bytes / beta)`` (the max
-    form, eq. 114) and ``bound`` (``compute`` where ``I >= alpha / beta``, else ``memory``);
+    ``flops / ms``; with the ceilings ``bound_flops_per_s`` ``P(I) = min(beta·I, peak_flops_per_s)``
+    (eq. 119), ``roofline_ms`` ``flops / P(I) = max(flops / peak_flops_per_s, bytes / beta)`` (the max
+    form, eq. 114) and ``bound`` (``compute`` where ``I >= peak_flops_per_s / beta``, else ``memory``);
     with a runtime too, ``fraction`` ``roofline_ms / ms`` (= achieved / attainable).
     """
     out: dict = {}
@@ -89,8 +89,8 @@ def place_on_roofline(flops: float, bytes: float | None = None, ms: float | None
         out["intensity_flop_per_byte"] = flops / bytes
     if ms:
         out["achieved_flops_per_s"] = flops / (ms * 1e-3)
-    if bytes is not None and alpha and beta:
-        t_flops, t_bytes = flops / alpha, bytes / beta
+    if bytes is not None and peak_flops_per_s and beta:
+        t_flops, t_bytes = flops / peak_flops_per_s, bytes / beta
         out["roofline_ms"] = max(t_flops, t_bytes) * 1e3
         out["bound"] = "compute" if t_flops >= t_bytes else "memory"
         if out["roofline_ms"] > 0:
@@ -145,7 +145,7 @@ def l_opt_flop(coeffs: dict) -> float:
     """FLOP-optimal real chunk size ``sqrt(c/a)`` (paper eq. 111 in paper mode, sig).
 
     Printed eq. 111: ``sqrt((2·d_hv²·p_qk + 5) / (2·F_c·(d_hv(1 + p_qk) + 3) + 1))``; rows mode has
-    1 instead of 5 (docs/model-counts.md §4.5). Independent of T (for L <= T).
+    1 instead of 5 (docs/model-counts.md §4.5). Independent of S (for L <= S).
     """
     return math.sqrt(coeffs["c"] / coeffs["a"])
 
@@ -155,7 +155,7 @@ def l_opt_runtime(coeffs: dict, I_acc) -> float:
 
     Printed eq. 121: ``sqrt((2·d_hv²·p_qk + 5 + 2·I_acc·d_hv²·p_qk·bytes_Cmn) /
     (2·F_c·(d_hv(1 + p_qk) + 3) + 1))``. Depends on the hardware only through
-    ``I_acc = alpha/beta``, and not on bytes_if or bytes_qkv (they only enter m).
+    ``I_acc = peak_flops_per_s/beta``, and not on bytes_if or bytes_qkv (they only enter m).
     """
     check_positive("I_acc", I_acc)
     return math.sqrt((coeffs["c"] + I_acc * coeffs["n"]) / coeffs["a"])
@@ -217,69 +217,69 @@ def powers_of_two(lo, hi) -> list[int]:
     return out
 
 
-def best_power_of_two(fn, L_cont, T) -> int:
+def best_power_of_two(fn, L_cont, S) -> int:
     """Best power of two for a convex-in-L objective: the better of the two bracketing ``L_cont``.
 
-    Clamped to [1, T] (docs/model-counts.md §4.8: for the sum form this was the global best power
+    Clamped to [1, S] (docs/model-counts.md §4.8: for the sum form this was the global best power
     of two in 240/240 configurations).
     """
-    cands = [p for p in powers_of_two(1, T)]
+    cands = [p for p in powers_of_two(1, S)]
     if not cands:
-        raise UserError(f"T={T!r} is not valid; it must be >= 1")
+        raise UserError(f"S={S!r} is not valid; it must be >= 1")
     below = [p for p in cands if p <= L_cont]
     above = [p for p in cands if p >= L_cont]
     pick = ([below[-1]] if below else []) + ([above[0]] if above else [])
     return min(pick, key=fn)
 
 
-def _call_counts(variant, L, *, T, d_hv, d_qk, N_batch, N_head, F_causal, bytes_qkv, bytes_if,
+def _call_counts(variant, L, *, S, d_hv, d_qk, B, NH, F_causal, bytes_qkv, bytes_if,
                  bytes_Cmn, counts):
-    return mlstm_counts(variant, "chunkwise", T=T, d_hv=d_hv, L=L, d_qk=d_qk, N_batch=N_batch,
-                        N_head=N_head, F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_if=bytes_if,
+    return mlstm_counts(variant, "chunkwise", S=S, d_hv=d_hv, L=L, d_qk=d_qk, B=B,
+                        NH=NH, F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_if=bytes_if,
                         bytes_Cmn=bytes_Cmn, counts=counts, chunks="real")
 
 
-def chunkwise_runtime(variant: str = "sig", *, L, alpha, beta, T=8192, d_hv=512, d_qk=None, p_qk=None,
-                      N_batch=8, N_head=8, F_causal=0.66, bytes_qkv=2, bytes_if=2, bytes_Cmn=4,
+def chunkwise_runtime(variant: str = "sig", *, L, peak_flops_per_s, beta, S=8192, d_hv=512, d_qk=None, p_qk=None,
+                      B=8, NH=8, F_causal=0.66, bytes_qkv=2, bytes_if=2, bytes_Cmn=4,
                       counts="rows", combine="sum") -> float:
     """Theoretical runtime (s) of a chunkwise mLSTM forward call at real chunk size L (eq. 115/116).
 
-    Built from the full counts (:func:`tflabench.model.mlstm.mlstm_counts`, N_c = T/L real), so it
+    Built from the full counts (:func:`tflabench.model.mlstm.mlstm_counts`, N_c = S/L real), so it
     is an independent check of the closed forms. Defaults: the paper's Fig. 17 setting.
     """
     d_qk = resolve_d_qk(d_hv, d_qk, p_qk)
-    c = _call_counts(variant, L, T=T, d_hv=d_hv, d_qk=d_qk, N_batch=N_batch, N_head=N_head,
+    c = _call_counts(variant, L, S=S, d_hv=d_hv, d_qk=d_qk, B=B, NH=NH,
                      F_causal=F_causal, bytes_qkv=bytes_qkv, bytes_if=bytes_if,
                      bytes_Cmn=bytes_Cmn, counts=counts)
-    return runtime(c.flops, c.bytes, alpha, beta, combine)
+    return runtime(c.flops, c.bytes, peak_flops_per_s, beta, combine)
 
 
 def l_opt_flop_numeric(variant="sig", *, d_hv, d_qk=None, p_qk=None, F_causal=0.66, counts="rows",
-                       T=2**20) -> float:
-    """Numeric argmin over real L in [1, T] of the chunkwise FLOPs (check of eq. 111)."""
+                       S=2**20) -> float:
+    """Numeric argmin over real L in [1, S] of the chunkwise FLOPs (check of eq. 111)."""
     d_qk = resolve_d_qk(d_hv, d_qk, p_qk)
 
     def f(L):
-        return _call_counts(variant, L, T=T, d_hv=d_hv, d_qk=d_qk, N_batch=1, N_head=1,
+        return _call_counts(variant, L, S=S, d_hv=d_hv, d_qk=d_qk, B=1, NH=1,
                             F_causal=F_causal, bytes_qkv=2, bytes_if=2, bytes_Cmn=4,
                             counts=counts).flops
 
-    return golden_min(f, 1.0, float(T))
+    return golden_min(f, 1.0, float(S))
 
 
-def l_opt_runtime_numeric(variant="sig", *, alpha, beta, d_hv, d_qk=None, p_qk=None, F_causal=0.66,
+def l_opt_runtime_numeric(variant="sig", *, peak_flops_per_s, beta, d_hv, d_qk=None, p_qk=None, F_causal=0.66,
                           bytes_qkv=2, bytes_if=2, bytes_Cmn=4, counts="rows", combine="sum",
-                          T=2**20) -> float:
-    """Numeric argmin over real L in [1, T] of the runtime (check of eq. 121 / §4.7)."""
+                          S=2**20) -> float:
+    """Numeric argmin over real L in [1, S] of the runtime (check of eq. 121 / §4.7)."""
     d_qk = resolve_d_qk(d_hv, d_qk, p_qk)
 
     def f(L):
-        return chunkwise_runtime(variant, L=L, alpha=alpha, beta=beta, T=T, d_hv=d_hv, d_qk=d_qk,
-                                 N_batch=1, N_head=1, F_causal=F_causal, bytes_qkv=bytes_qkv,
+        return chunkwise_runtime(variant, L=L, peak_flops_per_s=peak_flops_per_s, beta=beta, S=S, d_hv=d_hv, d_qk=d_qk,
+                                 B=1, NH=1, F_causal=F_causal, bytes_qkv=bytes_qkv,
                                  bytes_if=bytes_if, bytes_Cmn=bytes_Cmn, counts=counts,
                                  combine=combine)
 
-    return golden_min(f, 1.0, float(T))
+    return golden_min(f, 1.0, float(S))
 
 
 def l_opt_runtime_max_numeric(variant="sig", **kw) -> float:
@@ -290,45 +290,45 @@ def l_opt_runtime_max_numeric(variant="sig", **kw) -> float:
 # ------------------------------------------------------------------ the optimal-chunk report
 
 
-def optimal_chunk(variant: str = "sig", *, alpha, beta, d_hv=512, d_qk=None, p_qk=None,
+def optimal_chunk(variant: str = "sig", *, peak_flops_per_s, beta, d_hv=512, d_qk=None, p_qk=None,
                   F_causal=0.66, bytes_qkv=2, bytes_if=2, bytes_Cmn=4, counts="rows",
-                  N_batch=8, N_head=8, T=8192) -> dict:
+                  B=8, NH=8, S=8192) -> dict:
     """FLOP- and runtime-optimal chunk sizes for one accelerator (eqs. 111, 121; §4.7, §4.8).
 
     Returns a dict: ``I_acc`` (FLOP/byte), ``L_opt_flop`` (eq. 111, closed form) and
     ``L_opt_flop_numeric``, ``L_opt_runtime`` (eq. 121, sum form) and ``L_opt_runtime_numeric``,
     ``L_opt_runtime_max`` (argmin of the max form, §4.7) and its numeric search, the best powers of
     two ``L_pow2_flop``, ``L_pow2_runtime`` (sum form) with their predicted runtimes
-    ``runtime_ms_pow2`` (sum and max form, for N_batch·N_head heads of length T) and
-    ``runtime_ms_opt`` at the continuous optimum. Continuous optima are clamped to [1, T] for the
+    ``runtime_ms_pow2`` (sum and max form, for B·NH heads of length S) and
+    ``runtime_ms_opt`` at the continuous optimum. Continuous optima are clamped to [1, S] for the
     power-of-two choice.
     """
-    check_positive("alpha", alpha)
+    check_positive("peak_flops_per_s", peak_flops_per_s)
     check_positive("beta", beta)
-    for name, v in (("T", T), ("N_batch", N_batch), ("N_head", N_head)):
+    for name, v in (("S", S), ("B", B), ("NH", NH)):
         check_positive(name, v)
     d_qk = resolve_d_qk(d_hv, d_qk, p_qk)
     co = chunkwise_coefficients(variant, d_hv=d_hv, d_qk=d_qk, F_causal=F_causal,
                                 bytes_qkv=bytes_qkv, bytes_if=bytes_if, bytes_Cmn=bytes_Cmn,
                                 counts=counts)
-    I_acc = alpha / beta
-    common = dict(T=T, d_hv=d_hv, d_qk=d_qk, N_batch=N_batch, N_head=N_head, F_causal=F_causal,
+    I_acc = peak_flops_per_s / beta
+    common = dict(S=S, d_hv=d_hv, d_qk=d_qk, B=B, NH=NH, F_causal=F_causal,
                   bytes_qkv=bytes_qkv, bytes_if=bytes_if, bytes_Cmn=bytes_Cmn, counts=counts)
 
     def rt(L, combine="sum"):
-        return chunkwise_runtime(variant, L=L, alpha=alpha, beta=beta, combine=combine, **common)
+        return chunkwise_runtime(variant, L=L, peak_flops_per_s=peak_flops_per_s, beta=beta, combine=combine, **common)
 
     def fl(L):
         return _call_counts(variant, L, **common).flops
 
     lf, lr, lmax = l_opt_flop(co), l_opt_runtime(co, I_acc), l_opt_runtime_max(co, I_acc)
-    p_f = best_power_of_two(fl, lf, T)
-    p_r = best_power_of_two(rt, lr, T)
-    p_m = best_power_of_two(lambda L: rt(L, "max"), lmax, T)
+    p_f = best_power_of_two(fl, lf, S)
+    p_r = best_power_of_two(rt, lr, S)
+    p_m = best_power_of_two(lambda L: rt(L, "max"), lmax, S)
     search = dict(d_hv=d_hv, d_qk=d_qk, F_causal=F_causal, counts=counts)
-    rsearch = dict(search, alpha=alpha, beta=beta, bytes_qkv=bytes_qkv, bytes_if=bytes_if,
+    rsearch = dict(search, peak_flops_per_s=peak_flops_per_s, beta=beta, bytes_qkv=bytes_qkv, bytes_if=bytes_if,
                    bytes_Cmn=bytes_Cmn)
-    Lc = min(max(lr, 1.0), T)
+    Lc = min(max(lr, 1.0), S)
     return {
         "variant": variant,
         "counts": counts,
@@ -337,7 +337,7 @@ def optimal_chunk(variant: str = "sig", *, alpha, beta, d_hv=512, d_qk=None, p_q
         "p_qk": d_qk / d_hv,
         "F_causal": F_causal,
         "bytes_Cmn": bytes_Cmn,
-        "alpha_flop_per_s": alpha,
+        "peak_flops_per_s": peak_flops_per_s,
         "beta_bytes_per_s": beta,
         "I_acc": I_acc,
         "L_opt_flop": lf,
@@ -353,6 +353,6 @@ def optimal_chunk(variant: str = "sig", *, alpha, beta, d_hv=512, d_qk=None, p_q
         "runtime_ms_opt": rt(Lc) * 1e3,
         "runtime_ms_pow2": rt(p_r) * 1e3,
         "runtime_ms_pow2_max_form": rt(p_m, "max") * 1e3,
-        "setting": {"N_batch": N_batch, "N_head": N_head, "T": T},
+        "setting": {"B": B, "NH": NH, "S": S},
         "coefficients": co,
     }

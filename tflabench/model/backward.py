@@ -19,7 +19,7 @@ docs/tfla-tiling.md 4; paper App. B.3 eqs. 57-92 and C.3 eqs. 101-103). The chun
   2L(F_sig + 1); mLSTMexp: forget gate only, L(F_sig + 1)).
 
 Intra-chunk matmuls (``F_c = F_causal``): ``convention="unique"`` counts every distinct product
-once, FlashAttention's convention: recompute ``S = QKᵀ`` (2F_c·L²·d_qk), ``S̄ᵀδH̃`` (2F_c·L²·d_hv),
+once, FlashAttention's convention: recompute the scores ``QKᵀ`` (2F_c·L²·d_qk), ``S̄ᵀδH̃`` (2F_c·L²·d_hv),
 ``δS̄ = δH̃Vᵀ`` (2F_c·L²·d_hv), ``δSᵀQ`` and ``δS·K`` (2F_c·L²·d_qk each), i.e.
 ``2F_c·L²(3·d_qk + 2·d_hv)``; ``convention="executed"`` counts what the three-kernel split runs
 (S recomputed in δV, δS̄ in both δK and δQ, D rebuilt in each): ``6F_c·L²(d_qk + d_hv)``.
@@ -33,16 +33,8 @@ kernel names; reloads inside a kernel not counted, as in App. F).
 from __future__ import annotations
 
 from tflabench.errors import UserError
-from tflabench.model._common import (
-    VARIANTS,
-    Counts,
-    FOps,
-    check_causal,
-    check_choice,
-    check_positive,
-    n_chunks,
-    resolve_d_qk,
-)
+from tflabench.model._common import (VARIANTS, Counts, FOps, check_causal, check_choice, check_positive, n_chunks,
+                                     resolve_d_qk)
 from tflabench.model.mlstm import chunkwise_flop_rows, chunkwise_byte_rows, mlstm_counts
 
 CONVENTIONS = ("unique", "executed")
@@ -126,26 +118,10 @@ def chunkwise_backward_byte_rows(variant, L, d_qk, d_hv, bytes_qkv=2, bytes_if=2
     return rows
 
 
-def mlstm_backward_counts(
-    variant: str,
-    *,
-    T,
-    d_hv,
-    L,
-    d_qk=None,
-    p_qk=None,
-    N_batch=1,
-    N_head=1,
-    F_causal=0.5,
-    F_ops: FOps | None = None,
-    bytes_qkv=2,
-    bytes_if=2,
-    bytes_Cmn=4,
-    recompute_states: bool = True,
-    convention: str = "unique",
-    kernel_split: str = "xl_chunk",
-    chunks: str = "divide",
-) -> Counts:
+def mlstm_backward_counts(variant: str, *, S, d_hv, L, d_qk=None, p_qk=None, B=1, NH=1,
+                          F_causal=0.5, F_ops: FOps | None = None, bytes_qkv=2, bytes_if=2, bytes_Cmn=4,
+                          recompute_states: bool = True, convention: str = "unique",
+                          kernel_split: str = "xl_chunk", chunks: str = "divide") -> Counts:
     """Backward-only FLOPs and bytes of one chunkwise TFLA mLSTM call (derived; module docstring).
 
     Args as :func:`tflabench.model.mlstm.mlstm_counts` (chunkwise), plus
@@ -164,13 +140,13 @@ def mlstm_backward_counts(
     check_choice("kernel_split", kernel_split, KERNEL_SPLITS)
     F = F_ops if F_ops is not None else FOps()
     d_qk = resolve_d_qk(d_hv, d_qk, p_qk)
-    for name, v in (("N_batch", N_batch), ("N_head", N_head), ("bytes_qkv", bytes_qkv),
+    for name, v in (("B", B), ("NH", NH), ("bytes_qkv", bytes_qkv),
                     ("bytes_if", bytes_if), ("bytes_Cmn", bytes_Cmn)):
         check_positive(name, v)
     F_causal = check_causal(F_causal)
     if L is None:
         raise UserError("L (chunk size) is required for the chunkwise backward")
-    Nc = n_chunks(T, L, chunks)
+    Nc = n_chunks(S, L, chunks)
     if kernel_split == "limit_chunk":
         convention = "unique"
     rows = chunkwise_backward_flop_rows(variant, L, d_qk, d_hv, F_causal, F,
@@ -183,7 +159,7 @@ def mlstm_backward_counts(
     note = (f"{variant} chunkwise backward (derived, docs/model.md): convention={convention}, "
             f"recompute_states={recompute_states}, kernel_split={kernel_split}")
     return Counts(flops=sum(rows.values()), bytes=sum(brows.values()), flop_rows=rows,
-                  byte_rows=brows, matmul_flops=mm, notes=(note,)).scaled(N_batch * N_head * Nc)
+                  byte_rows=brows, matmul_flops=mm, notes=(note,)).scaled(B * NH * Nc)
 
 
 def mlstm_fwdbw_counts(variant: str, *, counts: str = "rows", **kw) -> Counts:

@@ -22,18 +22,8 @@ separately; the Table 14 mLSTMsig cum_fgates misprint (I1) is therefore not repr
 from __future__ import annotations
 
 from tflabench.errors import UserError
-from tflabench.model._common import (
-    COUNT_MODES,
-    FORMULATIONS,
-    VARIANTS,
-    Counts,
-    FOps,
-    check_causal,
-    check_choice,
-    check_positive,
-    n_chunks,
-    resolve_d_qk,
-)
+from tflabench.model._common import (COUNT_MODES, FORMULATIONS, VARIANTS, Counts, FOps, check_causal, check_choice,
+                                     check_positive, n_chunks, resolve_d_qk)
 
 CHUNKWISE_RECURRENT_ROWS = ("gates", "numerator", "denominator")
 CHUNKWISE_PARALLEL_ROWS = (
@@ -82,12 +72,12 @@ def chunkwise_flop_rows(variant: str, L, d_qk, d_hv, F_causal, F: FOps = FOps())
 
 
 def chunkwise_paper_total(variant: str, L, d_qk, d_hv, F_causal) -> float:
-    """Printed Table 17 chunkwise total divided by N_chunk = T/L: FLOPs per head and chunk.
+    """Printed Table 17 chunkwise total divided by N_chunk = S/L: FLOPs per head and chunk.
 
     Table 17 (per head, full sequence, batch 1; its caption's "per chunk" is wrong, I6):
-    sig ``T·L·F_c·(2(d_qk+d_hv)+6) + T·L + T(4·d_qk·d_hv + 2·d_qk + d_hv + 11) + (T/L)(2·d_qk·d_hv + 5)``,
-    exp ``T·L·F_c·(2(d_qk+d_hv)+8) + T·L + 2T·F_c + T(4·d_qk·d_hv + 6·d_qk + 4·d_hv + 13)
-    + (T/L)(2·d_qk·d_hv + 2·d_qk + 5)``. F_OP = 1.
+    sig ``S·L·F_c·(2(d_qk+d_hv)+6) + S·L + S(4·d_qk·d_hv + 2·d_qk + d_hv + 11) + (S/L)(2·d_qk·d_hv + 5)``,
+    exp ``S·L·F_c·(2(d_qk+d_hv)+8) + S·L + 2S·F_c + S(4·d_qk·d_hv + 6·d_qk + 4·d_hv + 13)
+    + (S/L)(2·d_qk·d_hv + 2·d_qk + 5)``. F_OP = 1.
     """
     if variant == "exp":
         return (
@@ -132,28 +122,28 @@ def walk_byte_rows(variant: str, L, d_qk, d_hv, bytes_qkv=2, bytes_if=2, bytes_C
     }
 
 
-def parallel_flop_rows(variant: str, T, d_qk, d_hv, F_causal, F: FOps = FOps()) -> dict:
+def parallel_flop_rows(variant: str, S, d_qk, d_hv, F_causal, F: FOps = FOps()) -> dict:
     """FLOPs per head and full sequence, paper Table 10 (Table 15 at F_OP = 1).
 
     Kept as printed (paper and authors' code agree): the gate matrix is not scaled by F_causal
     and the mLSTMsig gate matrix repeats the mLSTMexp row (docs/model-counts.md §2.5).
     """
     return {
-        "cum_fgates": T * (T + 1) / 2 + (1 if variant == "exp" else 2) * T * (F.log + F.sig),
-        "gate_matrix": T**2 * (3 + F.exp + F.max + F.mask),
-        "attention_logits": F_causal * (2 * T**2 * d_qk + 2 * T**2),
+        "cum_fgates": S * (S + 1) / 2 + (1 if variant == "exp" else 2) * S * (F.log + F.sig),
+        "gate_matrix": S**2 * (3 + F.exp + F.max + F.mask),
+        "attention_logits": F_causal * (2 * S**2 * d_qk + 2 * S**2),
         "normalization": (
-            F_causal * (T**2 * (3 + F.abs) + T * (F.exp + F.max)) if variant == "exp" else 0.0
+            F_causal * (S**2 * (3 + F.abs) + S * (F.exp + F.max)) if variant == "exp" else 0.0
         ),
-        "outputs": F_causal * 2 * T**2 * d_hv,
+        "outputs": F_causal * 2 * S**2 * d_hv,
     }
 
 
-def parallel_byte_rows(variant: str, T, d_qk, d_hv, bytes_qkv=2, bytes_if=2, bytes_Cmn=4) -> dict:
-    """HBM bytes per head and full sequence, paper Table 11 (T×T matrices never reach HBM)."""
+def parallel_byte_rows(variant: str, S, d_qk, d_hv, bytes_qkv=2, bytes_if=2, bytes_Cmn=4) -> dict:
+    """HBM bytes per head and full sequence, paper Table 11 (S×S matrices never reach HBM)."""
     return {
-        "load": T * (2 * d_qk + d_hv) * bytes_qkv + 2 * T * bytes_if,
-        "store": T * d_hv * bytes_qkv + (2 * T * bytes_Cmn if variant == "exp" else 0.0),
+        "load": S * (2 * d_qk + d_hv) * bytes_qkv + 2 * S * bytes_if,
+        "store": S * d_hv * bytes_qkv + (2 * S * bytes_Cmn if variant == "exp" else 0.0),
     }
 
 
@@ -197,39 +187,22 @@ def chunkwise_matmul_flops(L, d_qk, d_hv, F_causal) -> float:
 # ------------------------------------------------------------------ whole call
 
 
-def mlstm_counts(
-    variant: str,
-    formulation: str = "chunkwise",
-    *,
-    T,
-    d_hv,
-    L=None,
-    d_qk=None,
-    p_qk=None,
-    N_batch=1,
-    N_head=1,
-    F_causal=0.5,
-    F_ops: FOps | None = None,
-    bytes_qkv=2,
-    bytes_if=2,
-    bytes_Cmn=4,
-    counts: str = "rows",
-    chunks: str = "divide",
-    states_on_chip: bool = False,
-) -> Counts:
+def mlstm_counts(variant: str, formulation: str = "chunkwise", *, S, d_hv, L=None, d_qk=None, p_qk=None,
+                 B=1, NH=1, F_causal=0.5, F_ops: FOps | None = None, bytes_qkv=2, bytes_if=2, bytes_Cmn=4,
+                 counts: str = "rows", chunks: str = "divide", states_on_chip: bool = False) -> Counts:
     """Forward FLOPs and HBM bytes of one mLSTM call (paper App. F, Tables 8-17).
 
     Args:
         variant: ``"sig"`` (mLSTMsig) or ``"exp"`` (mLSTMexp).
         formulation: ``"chunkwise"`` (Tables 8, 9), ``"parallel"`` (10, 11), ``"recurrent"`` (12, 13).
-        T: sequence length (tokens). d_hv: value/hidden head dim. d_qk or p_qk (= d_qk/d_hv,
-            default 0.5): query/key head dim. L: chunk size (chunkwise only, 1 <= L <= T).
-        N_batch, N_head: batch size and number of heads (the tables are per head, batch 1).
-        F_causal: fraction of each L×L (T×T) matrix computed, in [0.5, 1].
+        S: sequence length (tokens). d_hv: value/hidden head dim. d_qk or p_qk (= d_qk/d_hv,
+            default 0.5): query/key head dim. L: chunk size (chunkwise only, 1 <= L <= S).
+        B, NH: batch size and number of heads (the tables are per head, batch 1).
+        F_causal: fraction of each L×L (S×S) matrix computed, in [0.5, 1].
         F_ops: F_OP factors (default all 1).
         bytes_qkv, bytes_if, bytes_Cmn: bytes per element of q/k/v/h, gate pre-activations, states.
         counts: ``"rows"`` or ``"paper"`` (module docstring).
-        chunks: N_c convention: ``"divide"`` (T % L == 0 required), ``"pad"`` (ceil) or ``"real"``.
+        chunks: N_c convention: ``"divide"`` (S % L == 0 required), ``"pad"`` (ceil) or ``"real"``.
         states_on_chip: (chunkwise) one kernel walks the chunks and keeps C_k (n_k, m_k) on chip,
             as mLSTMsig's forward walk does (docs/kernels.md): the byte rows are Q, K, V and
             the gates read once and H written (:func:`walk_byte_rows`), no state traffic; the
@@ -241,8 +214,8 @@ def mlstm_counts(
         direction, ``matmul_flops`` the tensor-core part (None for recurrent).
 
     Raises:
-        UserError: unknown variant/formulation/counts, sizes <= 0, L outside [1, T] or not dividing
-            T (``chunks="divide"``), F_causal outside [0.5, 1], F_OP != 1 with ``counts="paper"``.
+        UserError: unknown variant/formulation/counts, sizes <= 0, L outside [1, S] or not dividing
+            S (``chunks="divide"``), F_causal outside [0.5, 1], F_OP != 1 with ``counts="paper"``.
     """
     check_choice("variant", variant, VARIANTS)
     check_choice("formulation", formulation, FORMULATIONS)
@@ -253,18 +226,18 @@ def mlstm_counts(
             f"{F.first_not_one()} is not allowed with counts='paper'; Table 17 is defined only for F_OP = 1"
         )
     d_qk = resolve_d_qk(d_hv, d_qk, p_qk)
-    for name, v in (("T", T), ("N_batch", N_batch), ("N_head", N_head)):
+    for name, v in (("S", S), ("B", B), ("NH", NH)):
         check_positive(name, v)
     for name, v in (("bytes_qkv", bytes_qkv), ("bytes_if", bytes_if), ("bytes_Cmn", bytes_Cmn)):
         check_positive(name, v)
     F_causal = check_causal(F_causal)
-    NB = N_batch * N_head
+    NB = B * NH
     notes = [f"{variant} {formulation} forward, counts={counts}"]
 
     if formulation == "chunkwise":
         if L is None:
             raise UserError("L (chunk size) is required for the chunkwise formulation")
-        Nc = n_chunks(T, L, chunks)
+        Nc = n_chunks(S, L, chunks)
         rows = chunkwise_flop_rows(variant, L, d_qk, d_hv, F_causal, F)
         if counts == "paper":
             rows[PAPER_ADJUSTMENT_ROW] = chunkwise_paper_total(
@@ -278,15 +251,15 @@ def mlstm_counts(
         mm = chunkwise_matmul_flops(L, d_qk, d_hv, F_causal)
         factor = NB * Nc
     elif formulation == "parallel":
-        rows = parallel_flop_rows(variant, T, d_qk, d_hv, F_causal, F)
-        brows = parallel_byte_rows(variant, T, d_qk, d_hv, bytes_qkv, bytes_if, bytes_Cmn)
-        mm = 2 * F_causal * T**2 * (d_qk + d_hv)
+        rows = parallel_flop_rows(variant, S, d_qk, d_hv, F_causal, F)
+        brows = parallel_byte_rows(variant, S, d_qk, d_hv, bytes_qkv, bytes_if, bytes_Cmn)
+        mm = 2 * F_causal * S**2 * (d_qk + d_hv)
         factor = NB
     else:
         rows = recurrent_flop_rows(variant, d_qk, d_hv, F)
         brows = recurrent_byte_rows(variant, d_qk, d_hv, bytes_qkv, bytes_if, bytes_Cmn)
         mm = None
-        factor = NB * T
+        factor = NB * S
     return Counts(
         flops=sum(rows.values()),
         bytes=sum(brows.values()),
@@ -297,10 +270,10 @@ def mlstm_counts(
     ).scaled(factor)
 
 
-def total_flops_per_sequence(variant, formulation, *, T, d_hv, L=None, d_qk=None, p_qk=None,
+def total_flops_per_sequence(variant, formulation, *, S, d_hv, L=None, d_qk=None, p_qk=None,
                              F_causal=0.5, counts="rows") -> float:
-    """Table 17 style total: FLOPs per head, full sequence, batch 1, with N_c = T/L real."""
+    """Table 17 style total: FLOPs per head, full sequence, batch 1, with N_c = S/L real."""
     return mlstm_counts(
-        variant, formulation, T=T, d_hv=d_hv, L=L, d_qk=d_qk, p_qk=p_qk,
+        variant, formulation, S=S, d_hv=d_hv, L=L, d_qk=d_qk, p_qk=p_qk,
         F_causal=F_causal, counts=counts, chunks="real",
     ).flops

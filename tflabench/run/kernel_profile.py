@@ -316,7 +316,7 @@ def breakdown(row: dict, alpha: float | None = None, beta: float | None = None) 
     bound = _bound_ms(counts.flops, counts.bytes, alpha, beta) if counts is not None else None
     floor_ms = floor_note = None
     if kind is not None and shape is not None:
-        floor = physical_floor(kind, str(row.get("mode")), B=shape.batch, NH=shape.heads, T=shape.seq_len,
+        floor = physical_floor(kind, str(row.get("mode")), B=shape.batch, NH=shape.heads, S=shape.seq_len,
                                d_qk=shape.d_qk, d_hv=shape.d_hv, bytes_qkv=shape.bytes_qkv,
                                bytes_gate=shape.bytes_gate)
         if floor is not None:

@@ -291,7 +291,7 @@ def fill_model_columns(
     flops, nbytes, ms = number(row.get("flops")), number(row.get("bytes")), number(row.get("ms_median"))
     if flops is None:
         return row
-    placed = place_on_roofline(flops, nbytes, ms, alpha=flops_per_s, beta=bytes_per_s)
+    placed = place_on_roofline(flops, nbytes, ms, peak_flops_per_s=flops_per_s, beta=bytes_per_s)
     for column, key, scale in (("intensity_flop_per_byte", "intensity_flop_per_byte", 1.0),
                                ("tflops_per_s", "achieved_flops_per_s", 1e-12),
                                ("roofline_ms", "roofline_ms", 1.0), ("roofline_fraction", "fraction", 1.0)):

@@ -122,7 +122,7 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
     return save_figure(fig, path)
 
 
-def intensity_figure(curves, gpus, *, T, path, title=None) -> Path:
+def intensity_figure(curves, gpus, *, S, path, title=None) -> Path:
     """Arithmetic intensity over chunk size (eq. 118), one curve per (state bytes, F_causal),
     accelerators' I_acc = alpha/beta as horizontal lines; log-log (paper Fig. 18).
 
@@ -133,10 +133,10 @@ def intensity_figure(curves, gpus, *, T, path, title=None) -> Path:
     Args:
         curves: dicts with ``label``, ``coefficients`` (a, b, c, m, n of analysis.chunkwise_coefficients)
             and ``intensity`` ({L: I} points to mark).
-        gpus: GPUs whose I_acc lines are drawn. T: largest chunk size on the x axis.
+        gpus: GPUs whose I_acc lines are drawn. S: the sequence length, the largest chunk size on the x axis.
     """
     fig, ax = new_figure((8.5, 5.6))
-    Lg = _logspace(1, T)
+    Lg = _logspace(1, S)
     fcs = sorted({c.get("F_causal") for c in curves}, key=lambda v: (v is None, v))
     sbs = sorted({c.get("bytes_Cmn") for c in curves}, key=lambda v: (v is None, -(v or 0)))
     styles = ["-", "--", ":", "-."]

@@ -215,7 +215,7 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
         s0 = first.shape
         ax_title(ax, f"{mode_names.get(first.mode, first.mode)}: B={s0['batch']} S={s0['seq_len']} "
                  f"NH={s0['heads']} d_qk={s0['d_qk']} d_hv={s0['d_hv']} ({first.ceilings} ceilings: "
-                 f"{first.alpha / 1e12:.0f} TFLOP/s, {first.beta / 1e12:.3g} TB/s)", fontsize=8.5)
+                 f"{first.peak_flops_per_s / 1e12:.0f} TFLOP/s, {first.beta / 1e12:.3g} TB/s)", fontsize=8.5)
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
         log_axis(ax, "y")
@@ -254,12 +254,12 @@ def model_figures(rs, out_dir: str | Path, *, gpu=None, F_causal: float = 0.66, 
 
     where = set_label(rs.metadata)
     written = []
-    placement = mm.roofline_placement(rs.rows, alpha=gpu.flops_per_s, beta=gpu.bytes_per_s)
+    placement = mm.roofline_placement(rs.rows, peak_flops_per_s=gpu.flops_per_s, beta=gpu.bytes_per_s)
     if placement:
         written.append(roofline_measured_figure(
             placement, gpu, path=out / "roofline_measured.png",
             title=f"Every measured case against the roofline at its own shape ({gpu.ceilings} ceilings), {where}"))
-    sweeps = mm.chunk_sweeps(rs.rows, alpha=gpu.flops_per_s, beta=gpu.bytes_per_s, ceilings=gpu.ceilings,
+    sweeps = mm.chunk_sweeps(rs.rows, peak_flops_per_s=gpu.flops_per_s, beta=gpu.bytes_per_s, ceilings=gpu.ceilings,
                              F_causal=F_causal, counts=counts)
     if sweeps:
         written.append(chunk_sweep_figure(
