@@ -322,3 +322,22 @@ def test_verify_applies_forget_gate_regimes_to_gated_deltanet_only():
     redrawn = FAMILY_PROFILES[gated].apply(inputs, spec, torch.Generator().manual_seed(1))
     assert not torch.equal(redrawn["g"], inputs["g"]) and (redrawn["g"] <= 0).all()
     assert redrawn["g"].requires_grad and redrawn["q"] is inputs["q"]
+
+
+def test_gated_deltanet_backward_follows_flas_640_rule_and_deltanet_does_not(monkeypatch):
+    """fla guards the gated DeltaNet backward as GLA's (seen on an H200 with triton 3.6.0: a
+    RuntimeError naming #640): fwdbw is unavailable with the reason, DeltaNet's is not."""
+    from tflabench.backends import fla as fla_mod
+
+    backend = get_backend("fla_delta")
+    gated, plain = backend.parse_params({"op": "chunk_gated_delta_rule"}), backend.parse_params({"op": "chunk_delta_rule"})
+    monkeypatch.setattr(fla_mod, "fla_backward_refused", lambda: (True, "Hopper GPU=True, triton 3.6.0"))
+    reason = backend.unsupported_mode(gated, "fwdbw")
+    assert "#640" in reason and "chunk_gated_delta_rule" in reason and "3.7.1" in reason
+    assert backend.unsupported_mode(gated, "fwd") is None and backend.unsupported_mode(plain, "fwdbw") is None
+    monkeypatch.setattr(fla_mod, "fla_backward_refused", lambda: (False, "Hopper GPU=True, triton 3.7.1"))
+    assert backend.unsupported_mode(gated, "fwdbw") is None
+    error = RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "
+                         "chunk_bwd_dqkwg (see #640). Please upgrade Triton to >= 3.7.1")
+    assert "#640" in backend.classify_error(gated, "fwdbw", error)
+    assert backend.classify_error(gated, "fwdbw", ValueError("other")) is None

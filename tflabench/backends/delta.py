@@ -35,7 +35,7 @@ from typing import Any, Literal
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
-from tflabench.backends.fla import bthd_inputs
+from tflabench.backends.fla import backward_640_error, backward_640_refusal, bthd_inputs
 
 INSTALL_HINT = "pip install fla-core==0.6.0 einops (Triton kernels: a CUDA GPU)"
 
@@ -150,6 +150,18 @@ class DeltaRuleBackend(Backend):
                                 install_hint=self.install_hint, load=lambda: _delta_op(params.op),
                                 gpu_subject="fla's Triton kernels need",
                                 import_subject=f"fla.ops ({params.op})")
+
+    def unsupported_mode(self, params: DeltaRuleParams, mode: str) -> str | None:
+        """``fwdbw`` of gated DeltaNet is unsupported where fla refuses its gated backward
+        (fla issue #640: Hopper GPU with 3.4.0 <= triton < 3.7.1; the fla backend's rule)."""
+        base = super().unsupported_mode(params, mode)
+        if base is not None or mode != "fwdbw" or params.op not in GATED_OPS:
+            return base
+        return backward_640_refusal(params.op)
+
+    def classify_error(self, params: DeltaRuleParams, mode: str, exc: BaseException) -> str | None:
+        """fla's #640 refusal raised by the backward: the reason of an ``unavailable`` row."""
+        return backward_640_error(params.op, exc)
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
         """fla's native layout, contiguous: q, k (B, T, H, d_qk) and v (B, T, H, d_hv)

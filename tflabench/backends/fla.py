@@ -172,6 +172,26 @@ def fla_backward_refused() -> tuple[bool, str]:
     return fla_640_refused(hopper, tv), f"Hopper GPU={hopper}, triton {version}"
 
 
+def backward_640_refusal(op: str) -> str | None:
+    """Why fla's gated backward of ``op`` cannot run here (Hopper GPU with 3.4.0 <= triton <
+    3.7.1, fla issue #640: fla raises before the backward), or None where it can; the one
+    wording of the rule for every FLA backend whose backward fla guards."""
+    refused, env = fla_backward_refused()
+    if not refused:
+        return None
+    return (f"fla refuses the gated backward of {op} on Hopper with 3.4.0 <= triton < 3.7.1 "
+            f"(fla issue #640; {env}); upgrade triton to >= 3.7.1 to measure fwdbw")
+
+
+def backward_640_error(op: str, exc: BaseException) -> str | None:
+    """The reason of an ``unavailable`` row when ``exc`` is fla's #640 refusal (a RuntimeError
+    naming #640 raised by the backward), else None."""
+    text = str(exc)
+    if isinstance(exc, RuntimeError) and "#640" in text:
+        return f"fla refused the backward of {op}: {text.strip().splitlines()[0]}"
+    return None
+
+
 def hopper_key_block(d_qk: int) -> int:
     """The key block width BK of fla-core 0.6.0's ``chunk_bwd_dqkwg`` on Hopper:
     ``min(max(next_power_of_2(K), 16), 128)`` (``CONST_TILING`` 128 there)."""
@@ -423,27 +443,22 @@ class FlaBackend(Backend):
         base = super().unsupported_mode(params, mode)
         if base is not None or mode != "fwdbw" or params.op not in GUARDED_BACKWARD_OPS:
             return base
-        refused, env = fla_backward_refused()
-        if refused and guard_narrowed():
+        reason = backward_640_refusal(params.op)
+        if reason and guard_narrowed():
             return None  # decided per call in the worker (key block width), checked by the gate
-        if refused:
-            return (f"fla refuses the gated backward of {params.op} on Hopper with "
-                    f"3.4.0 <= triton < 3.7.1 (fla issue #640; {env}); "
-                    f"upgrade triton to >= 3.7.1 to measure fwdbw (or {GUARD_ENV}=narrow where the "
-                    "key block width is not 64, the miscompiled case)")
+        if reason:
+            return (f"{reason} (or {GUARD_ENV}=narrow where the key block width is not 64, "
+                    "the miscompiled case)")
         return None
 
     def classify_error(self, params: FlaParams, mode: str, exc: BaseException) -> str | None:
         """The unsupported-mode reason when ``exc`` is fla's #640 refusal (a RuntimeError
         naming #640 raised by the backward), else None; for a runner that maps such errors
         to ``unavailable`` rows instead of ``error``."""
-        text = str(exc)
-        if isinstance(exc, RuntimeError) and "#640" in text:
-            why = ""
-            if guard_narrowed():
-                why = f" ({GUARD_ENV}=narrow keeps the guard at key block width 64, the miscompiled case)"
-            return f"fla refused the backward of {params.op}: {text.strip().splitlines()[0]}{why}"
-        return None
+        reason = backward_640_error(params.op, exc)
+        if reason and guard_narrowed():
+            reason += f" ({GUARD_ENV}=narrow keeps the guard at key block width 64, the miscompiled case)"
+        return reason
 
     _backward_path: str | None = None
 
