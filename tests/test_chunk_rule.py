@@ -59,7 +59,7 @@ def test_the_limit_is_five_percent():
 
 def test_the_sweep_analysis_leaves_auto_out():
     rows = [_row(64, 3.0), _row(128, 2.0), _row("auto", 0.5, ran=128)]
-    (sweep,) = mm.chunk_sweeps(rows, alpha=989e12, beta=3.35e12)
+    (sweep,) = mm.chunk_sweeps(rows, peak_flops_per_s=989e12, beta=3.35e12)
     assert [p["L"] for p in sweep.points] == [64, 128] and sweep.measured_ms_opt == 2.0
 
 
