@@ -144,3 +144,241 @@ def test_host_work_per_call_does_not_creep_back(variant, mode, dtype):
     most_launches, most_ops = HOST_WORK[(variant, mode, dtype)]
     assert launches == most_launches, f"{launches} launches (the plan's kernels: {most_launches})"
     assert 0 < ops <= most_ops, f"{ops} torch operations per call (at most {most_ops})"
+
+
+# ---------------------------------------------------------------- the kept launch
+
+#: a child's set-up: Triton compiles the kernels for sm_90 (no GPU) and launches them
+#: through its own Python launch path down to a launcher of Triton 3.6's CUDA form whose C
+#: function records its arguments instead of launching (``CALLS``); TMA descriptors
+#: "encode" as the tuple of what they were given; CPU tensors take the Triton path
+_CHILD_SETUP = r"""
+import functools, json, os, sys
+os.environ["TRITON_INTERPRET"] = "0"
+import triton
+import triton.experimental.gluon  # noqa: F401
+from triton.backends.compiler import GPUTarget
+from triton.backends.nvidia.driver import wrap_handle_tensordesc
+from triton.runtime import driver
+triton.knobs.runtime.interpret = False
+os.environ["TRITON_INTERPRET"] = "1"
+
+CALLS = []
+
+def record(*args):
+    CALLS.append(args)
+
+RAW = functools.partial(record)        # a launcher without Python code, as Triton's C one
+
+
+class Launcher:
+    def __init__(self, src, metadata):
+        self.launch = wrap_handle_tensordesc(RAW, dict(src.signature.items()),
+                                             getattr(metadata, "tensordesc_meta", None))
+        self.global_scratch_size = metadata.global_scratch_size
+        self.profile_scratch_size = metadata.profile_scratch_size
+        self.launch_cooperative_grid = metadata.launch_cooperative_grid
+        self.launch_pdl = metadata.launch_pdl
+
+    def __call__(self, gx, gy, gz, stream, function, *args):
+        self.launch(gx, gy, gz, stream, function, self.launch_cooperative_grid, self.launch_pdl,
+                    None, None, *args)
+
+
+class Utils:
+    def load_binary(self, name, kernel, shared, device):
+        return "module:" + name, "function:" + name, 64, 0, 1024
+
+    def get_device_properties(self, device):
+        return {"max_shared_mem": 232448, "multiprocessor_count": 132}
+
+    def fill_tma_descriptor(self, ptr, swizzle, elem, dtype, block, shape, strides, padding):
+        return ("tma", ptr, swizzle, elem, dtype, tuple(block), tuple(shape), tuple(strides),
+                padding)
+
+
+class Driver:
+    utils = Utils()
+    launcher_cls = Launcher
+
+    def get_current_target(self):
+        return GPUTarget("cuda", 90, 128)
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 7
+
+driver.set_active(Driver())
+import torch
+import tfla
+from tfla.triton import fastlaunch
+"""
+
+_CHILD_SAME = _CHILD_SETUP + r"""
+from triton.knobs import HookChain
+
+checked, launches, diffs = [], [], []
+kept_call = fastlaunch._Launch.__call__
+
+def compare(self, args, device):
+    # the kept launch, then Triton's own launch of the same arguments: the C launcher must
+    # get the same values (the same tensor objects, descriptors encoding the same address,
+    # shape, strides and block), but for the launch metadata and the (empty) hook chains,
+    # which the kept launch passes as None
+    CALLS.clear()
+    out = kept_call(self, args, device)
+    fast = CALLS[:]
+    CALLS.clear()
+    targs = [a.make() if type(a) is fastlaunch.TmaArg else a for a in args]
+    self.kernel[self.grid](*targs, **self.kwargs)
+    slow = CALLS[:]
+    name = self.kernel.fn.__name__
+    ok = len(fast) == len(slow) == 1
+    if ok:
+        f, s = fast[0], slow[0]
+        ok = (len(f) == len(s) and f[:10] == s[:10] and f[10:13] == (None, None, None)
+              and all(type(h) is HookChain and not h.calls for h in s[11:13])
+              and all(a is b or (not isinstance(a, torch.Tensor) and a == b)
+                      for a, b in zip(f[13:], s[13:])))
+    checked.append(name)
+    if not ok:
+        diffs.append(name)
+    CALLS.clear()
+    return out
+
+fastlaunch._Launch.__call__ = compare
+
+def inputs(dtype, S, d_qk, d_hv, offset=0):
+    g = torch.Generator().manual_seed(0)
+    def t(*shape):
+        x = torch.randn(int(torch.tensor(shape).prod()) + offset, generator=g)
+        return x[offset:].view(*shape)
+    xs = [t(1, 2, S, d_qk).to(dtype), t(1, 2, S, d_qk).to(dtype), t(1, 2, S, d_hv).to(dtype),
+          t(1, 2, S), t(1, 2, S) + 2]
+    if offset:     # q, k, v at an odd element offset: no TMA, unaligned pointers
+        xs[:3] = [torch.empty(x.numel() + 1, dtype=dtype)[1:].view(x.shape).copy_(x)
+                  for x in xs[:3]]
+    return [x.requires_grad_() for x in xs], torch.ones(1, 2, S, d_hv, dtype=dtype)
+
+out = {}
+for name, fn, dtype, S, d_qk, d_hv, offset, kw in (
+        ("sig bf16 fig4 heads", tfla.mlstm_sig, torch.bfloat16, 200, 128, 256, 0, {}),
+        ("sig bf16 unaligned", tfla.mlstm_sig, torch.bfloat16, 200, 128, 256, 1, {}),
+        ("exp fp32 states", tfla.mlstm_exp, torch.float32, 100, 32, 64, 0,
+         dict(return_last_state=True))):
+    xs, dh = inputs(dtype, S, d_qk, d_hv, offset)
+    checked.clear(); diffs.clear()
+    for rep in range(3):
+        for x in xs:
+            x.grad = None
+        h = fn(*xs, **kw)
+        (h[0] if kw else h).backward(dh)
+        with torch.no_grad():
+            fn(*xs, **kw)
+    out[name] = dict(checked=checked[:], diffs=diffs[:], kept=fastlaunch.kept())
+print(json.dumps(out))
+"""
+
+
+def _child(script: str, timeout: int = 900) -> dict:
+    import json
+    import subprocess
+    import sys
+
+    root = KERNELS.parents[1]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(root), str(KERNELS.parent),
+                                                       os.environ.get("PYTHONPATH", "")]))
+    env.pop("TRITON_INTERPRET", None)
+    proc = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                          text=True, timeout=timeout, cwd=root)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_kept_launch_passes_the_launcher_what_triton_passes():
+    """The kept launch (``tfla.triton.fastlaunch``) hands Triton's C launcher the very
+    arguments Triton's own launch (``kernel[grid]``, ``JITFunction.run``) hands it for the
+    same call: the compiled function, grid, stream and metadata, the same tensor objects
+    and TMA descriptors that encode the same address, shape, strides and block; so the
+    kernels run as before, bit for bit. Checked on every kept launch of fwd+bwd and forward
+    calls (repeated: new tensors, the same or other addresses) at Figure 4's heads in
+    bfloat16 (forward walk, Gluon dK/dV, TMA), with unaligned q, k, v (pointers, another
+    key), and mLSTMexp in float32 with the last state (the two-level kernels): kernels
+    compiled for sm_90, a recording launcher instead of a GPU."""
+    got = _child(_CHILD_SAME)
+    for name, res in got.items():
+        assert not res["diffs"], (name, res["diffs"])
+        # every kernel of the call took the kept launch after its first call
+        assert len(res["checked"]) >= 10, (name, res["checked"])
+    assert {"_sig_walk_fw_kernel", "_dkv_gluon_kernel", "_recurrent_bw_kernel",
+            "_gates_kernel"} <= set(got["sig bf16 fig4 heads"]["checked"])
+    assert {"_recurrent_fw_kernel", "_parallel_fw_kernel"} <= set(
+        got["exp fp32 states"]["checked"])
+    # the unaligned inputs are launches of their own (more kept than the aligned ones)
+    assert got["sig bf16 unaligned"]["kept"] > got["sig bf16 fig4 heads"]["kept"]
+
+
+_CHILD_KEY = _CHILD_SETUP + r"""
+from triton.runtime.jit import JITFunction
+
+from tfla.triton.chunkwise import kernels
+from tfla.triton.common import TmaArg, gluon_descriptor
+
+k = kernels().recurrent._gates_kernel      # a JITFunction: keys only, nothing compiles
+x = torch.empty(4, 64, 128, dtype=torch.bfloat16)
+y = torch.empty(4, 64, 128, dtype=torch.bfloat16)
+
+def key(x=x, d=TmaArg(y, (1, 64, 128)), n=128, s=0.5, grid=(4,), stages=3, L=64, FLAG=True):
+    return fastlaunch.key_of(k, grid, (x, d, n, s), stages, dict(L=L, FLAG=FLAG))
+
+base = key()
+variants = dict(
+    same=key(x=torch.empty(4, 64, 128, dtype=torch.bfloat16)),
+    dtype=key(x=x.half()), unaligned=key(x=x.view(-1)[1:]), n=key(n=129), n_one=key(n=1),
+    s=key(s=0.25), grid=key(grid=(8,)), stages=key(stages=2), L=key(L=128),
+    flag_type=key(FLAG=1), desc_dtype=key(d=TmaArg(y.half(), (1, 64, 128))),
+    desc_block=key(d=TmaArg(y, (1, 32, 128))), desc_layout=key(d=gluon_descriptor(y, (1, 64, 128))),
+    desc_shape=key(d=TmaArg(y[:2], (1, 64, 128))))
+out = {name: v == base for name, v in variants.items()}
+fastlaunch_run = JITFunction.run
+JITFunction.run = lambda self, *a, **kw: fastlaunch_run(self, *a, **kw)
+out["run_replaced"] = key() is None
+JITFunction.run = fastlaunch_run
+triton.knobs.runtime.launch_enter_hook.add(print)
+out["hooked"] = key() is None
+triton.knobs.runtime.launch_enter_hook.remove(print)
+out["unhooked"] = key() == base
+print(json.dumps(out))
+"""
+
+
+def test_kept_launch_key_changes_with_what_triton_specialises_on():
+    """The key of a kept launch differs wherever Triton's launch could differ: a tensor's
+    dtype or 16-byte alignment, an int or float argument's value (1 included, a constexpr
+    in Triton), the grid, the pipelining depth, a constexpr's value or type, a descriptor's
+    dtype, block or layout; it is the same for another tensor of the same kind, and for a
+    descriptor of another shape (a descriptor's shape and strides key its encoding, not the
+    launch: ``_Launch.encoded``). None (Triton's launch) where ``JITFunction.run`` is
+    replaced or a launch hook is set."""
+    got = _child(_CHILD_KEY, timeout=300)
+    assert got.pop("same") and got.pop("desc_shape")
+    assert got.pop("run_replaced") and got.pop("hooked") and got.pop("unhooked")
+    assert not any(got.values()), {k for k, v in got.items() if v}
+
+
+def test_kept_launch_is_bypassed_in_the_interpreter():
+    """Under TRITON_INTERPRET the kernels are the interpreter's (not ``JITFunction``): no
+    key, every launch goes through ``kernel[grid]`` (the launches that
+    ``test_host_work_per_call_does_not_creep_back`` counts), and nothing is kept."""
+    import torch
+
+    from tfla.triton import fastlaunch
+    from tfla.triton.chunkwise import kernels
+
+    rec = kernels().recurrent
+    assert fastlaunch.key_of(rec._gates_kernel, (1,), (torch.zeros(2),), None, {}) is None
+    before = fastlaunch.kept()
+    host_work("sig", "fwdbw", torch.float32)
+    assert fastlaunch.kept() == before == 0

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from tfla.triton.common import num_sms, pow2
+from tfla.triton.common import num_sms, placeholder, pow2
 from tfla.triton.tuning import DEFAULT, Tuning, active_tuning
 
 _MODULES = (
@@ -172,8 +172,7 @@ def walk_forward_kernels(q, k, v, i, f, C0, n0, cfg: Config, with_last: bool):
         gates_2l=gates if cfg.L == 2 * wcfg["L"] else None)
     m_st = torch.zeros((BNH, C_st.shape[1]), device=q.device, dtype=torch.float32)
     n_st = n_last[:, None] if with_last else None
-    n_out = torch.empty((1,), device=q.device, dtype=torch.float32)
-    return h, n_out, (C_st, n_st, m_st, C_last), gates
+    return h, placeholder(q.device), (C_st, n_st, m_st, C_last), gates
 
 
 def train_walk_config(S: int, L: int, walk_chunk: int, d_qk: int, d_hv: int, BNH: int, dtype,
@@ -265,7 +264,7 @@ def backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, plan, cfg: C
     if cfg.normalize:
         n_out, *saved = saved
     else:
-        n_out = torch.empty((1,), device=q.device, dtype=torch.float32)
+        n_out = placeholder(q.device)
     if cfg.recompute_states:
         C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
         m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None

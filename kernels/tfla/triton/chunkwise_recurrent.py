@@ -396,8 +396,8 @@ def chunk_gates(i, f, *, L: int, is_exp: bool):
     mi_vec = vec() if is_exp else b_vec
     g_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32)
     amax_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32) if is_exp else g_ch
-    _gates_kernel[(NC * BNH,)](i, f, b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch, S, NC,
-                               L=L, IS_EXP=is_exp, num_warps=gates_num_warps(L))
+    launch(_gates_kernel, (NC * BNH,), i, f, b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch, S, NC,
+           L=L, IS_EXP=is_exp, num_warps=gates_num_warps(L))
     return b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch
 
 
@@ -449,9 +449,9 @@ def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
     if T is None:
         T = torch.zeros((BNH,), device=f.device, dtype=torch.float32)
     block = min(4096, max(16, pow2(S)))
-    _gate_grads_kernel[(BNH * cdiv(S, block),)](
-        qdq, kdk, i, f, T, di, df, S, qdq.shape[1], BLOCK=block, IS_EXP=is_exp,
-        num_warps=4 if block <= 1024 else 8)
+    launch(
+        _gate_grads_kernel, (BNH * cdiv(S, block),), qdq, kdk, i, f, T, di, df, S, qdq.shape[1],
+        BLOCK=block, IS_EXP=is_exp, num_warps=4 if block <= 1024 else 8)
     return di.to(i.dtype), df.to(f.dtype)
 
 
