@@ -185,15 +185,23 @@ def can_use_tma(*tensors, blocks) -> bool:
     """TMA needs 16-byte aligned bases and row strides and block sides <= 256."""
     if max(blocks) > 256:
         return False
-    for t in tensors:      # plain loops: every launch asks (docs/kernels.md, "Host time")
-        strides = t.stride()
-        if t.data_ptr() % 16 or strides[-1] != 1:
+    rows_ok = _TMA_ROWS
+    for t in tensors:      # every launch asks (docs/kernels.md, "Host time")
+        if t.data_ptr() & 15:
             return False
-        size = t.element_size()
-        for s in strides[:-1]:
-            if (s * size) % 16:
-                return False
+        key = (t.stride(), t.dtype)
+        ok = rows_ok.get(key)
+        if ok is None:
+            size = t.element_size()
+            ok = rows_ok[key] = key[0][-1] == 1 and all((s * size) % 16 == 0
+                                                        for s in key[0][:-1])
+        if not ok:
+            return False
     return True
+
+
+#: whether TMA can address the rows of a tensor, by (strides, dtype) (:func:`can_use_tma`)
+_TMA_ROWS: dict = {}
 
 
 def descriptor(t, block_shape, use_tma: bool):
@@ -284,8 +292,8 @@ def gluon_sm90(t: torch.Tensor) -> bool:
     if triton.knobs.runtime.interpret:
         return False
     if t.is_cuda:
-        return _capability(t.device.index if t.device.index is not None
-                           else torch.cuda.current_device()) == (9, 0)
+        index = t.device.index
+        return _capability(index if index is not None else torch.cuda.current_device()) == (9, 0)
     try:
         target = triton.runtime.driver.active.get_current_target()
     except RuntimeError:
@@ -319,6 +327,9 @@ def gluon_takes(*tensors: torch.Tensor, blocks) -> bool:
     one 16-bit dtype for all, Triton compiling for sm_90 (:func:`gluon_sm90`) and rows TMA
     can address in tiles of ``blocks`` (:func:`can_use_tma`)."""
     dtype = tensors[0].dtype
-    if dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != dtype for t in tensors):
+    if dtype is not torch.bfloat16 and dtype is not torch.float16:
         return False
+    for t in tensors:
+        if t.dtype is not dtype:
+            return False
     return gluon_sm90(tensors[0]) and can_use_tma(*tensors, blocks=blocks)
