@@ -382,3 +382,90 @@ def test_kept_launch_is_bypassed_in_the_interpreter():
     before = fastlaunch.kept()
     host_work("sig", "fwdbw", torch.float32)
     assert fastlaunch.kept() == before == 0
+
+
+# ---------------------------------------------------------------- the direct eager route
+
+def _call(variant, dtype, states, route, monkeypatch):
+    """h, the last state and every gradient of one fwd+bwd, and h of one forward without
+    gradients, of ``tfla.mlstm_<variant>`` (tiny shapes, partial last chunk), taking
+    ``route``: "direct" (asserted) or "operators" (``tfla.ops.eager`` says no)."""
+    import torch
+
+    import tfla
+    import tfla.ops as ops
+
+    taken = []
+    eager = ops.eager
+    monkeypatch.setattr(ops, "eager", lambda *t: taken.append(route == "direct" and eager(*t))
+                        or taken[-1])
+    g = torch.Generator().manual_seed(1)
+    B, NH, S, d_qk, d_hv = 1, 2, 40, 16, 32
+    xs = [torch.randn(B, NH, S, d_qk, generator=g).to(dtype),
+          torch.randn(B, NH, S, d_qk, generator=g).to(dtype),
+          torch.randn(B, NH, S, d_hv, generator=g).to(dtype),
+          torch.randn(B, NH, S, generator=g) * 3, torch.randn(B, NH, S, generator=g) + 2]
+    C0 = torch.randn(B, NH, d_qk, d_hv, generator=g)
+    fn = tfla.mlstm_sig if variant == "sig" else tfla.mlstm_exp
+    leaves = [x.clone().requires_grad_(True) for x in (*xs, C0)]
+    kw = dict(initial_state=leaves[5], return_last_state=True) if states else {}
+    out = fn(*leaves[:5], **kw)
+    h, last = (out[0], out[1]) if states else (out, ())
+    loss = h.float().square().sum() + sum(x.float().square().sum() for x in last[:1])
+    loss.backward()
+    with torch.no_grad():
+        h_fwd = fn(*xs, **(dict(initial_state=C0, return_last_state=True) if states else {}))
+    assert taken and all(t == (route == "direct") for t in taken), taken
+    grads = [x.grad for x in (leaves if states else leaves[:5])]
+    return [h, *last, *grads, *((h_fwd[0], *h_fwd[1]) if states else (h_fwd,))]
+
+
+@pytest.mark.parametrize("variant,dtype,states", [("sig", "float32", False),
+                                                  ("sig", "bfloat16", False),
+                                                  ("sig", "float32", True),
+                                                  ("exp", "float32", True)])
+def test_direct_eager_route_gives_the_operators_results_bit_for_bit(variant, dtype, states,
+                                                                    monkeypatch):
+    """A plain eager call runs the registered operators' bodies directly (``tfla.ops.apply``:
+    a ``torch.autograd.Function`` with gradients, the forward body without; docs/kernels.md,
+    "Host time"): h, the last state, every gradient (dC0 included) and the forward without
+    gradients equal the operators' route's bit for bit."""
+    import torch
+
+    dt = getattr(torch, dtype)
+    direct = _call(variant, dt, states, "direct", monkeypatch)
+    monkeypatch.undo()
+    operators = _call(variant, dt, states, "operators", monkeypatch)
+    assert len(direct) == len(operators)
+    for j, (a, b) in enumerate(zip(direct, operators)):
+        assert a is not None and b is not None and a.dtype == b.dtype, j
+        assert torch.equal(a, b), (j, (a.float() - b.float()).abs().max())
+
+
+def test_direct_route_only_where_no_trace_or_mode_needs_the_operators():
+    """``tfla.ops.eager``: plain tensors and parameters outside any mode take the direct
+    route; a FakeTensorMode, a FlopCounterMode (dispatch modes), a torch-function mode,
+    functorch's vmap, ``torch.jit.trace`` and tensor subclasses take the operators."""
+    import torch
+    from torch.overrides import TorchFunctionMode
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from tfla.ops import eager
+
+    x = torch.zeros(2, 3)
+    assert eager(x, None, torch.nn.Parameter(x.clone()))
+    with FlopCounterMode(display=False):
+        assert not eager(x)
+    with TorchFunctionMode():
+        assert not eager(x)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as mode:
+        fake = mode.from_tensor(x)
+        assert not eager(fake)
+    assert not eager(fake)                    # a subclass outside its mode too
+    seen = []
+    torch.func.vmap(lambda t: seen.append(eager(t)) or t)(torch.zeros(2, 3))
+    assert seen == [False]
+    torch.jit.trace(lambda t: seen.append(eager(t)) or t * 2, (x,), check_trace=False)
+    assert seen == [False, False]
