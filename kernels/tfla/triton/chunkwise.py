@@ -66,8 +66,12 @@ def kernels() -> KernelModules:
     """
     want = bool(triton.knobs.runtime.interpret)
     mods = _KERNEL_MODULES.get("mods")
-    if mods is not None and all(m.INTERPRET == want for m in mods):
-        return mods
+    if mods is not None:
+        for m in mods:          # a loop, not all(generator): every call of a fwd+bwd asks
+            if m.INTERPRET != want:
+                break
+        else:
+            return mods
     if want:
         from tfla.triton.common import _fix_interpreter_index
         _fix_interpreter_index()
@@ -338,9 +342,9 @@ def _side_stream(x: torch.Tensor):
         yield types.SimpleNamespace(main=contextlib.nullcontext, join=lambda *outputs: None)
         return
     main = torch.cuda.current_stream(x.device)
-    if x.device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
-    side = _SIDE_STREAMS[x.device]
+    side = _SIDE_STREAMS.get(x.device)
+    if side is None:
+        side = _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
     side.wait_stream(main)
 
     def join(*outputs):
@@ -348,8 +352,29 @@ def _side_stream(x: torch.Tensor):
         for t in outputs:
             t.record_stream(main)
 
-    with torch.cuda.stream(side):
-        yield types.SimpleNamespace(main=lambda: torch.cuda.stream(main), join=join)
+    if x.device.index != torch.cuda.current_device():
+        with torch.cuda.stream(side):
+            yield types.SimpleNamespace(main=lambda: torch.cuda.stream(main), join=join)
+        return
+    # x on the current device (the usual case): switch streams with torch.cuda.set_stream,
+    # which torch.cuda.stream's context manager calls too, without building one per switch
+    # (docs/kernels.md, "Host time")
+    torch.cuda.set_stream(side)
+    try:
+        yield types.SimpleNamespace(main=lambda: _on_stream(main, side), join=join)
+    finally:
+        torch.cuda.set_stream(main)
+
+
+@contextlib.contextmanager
+def _on_stream(stream, back):
+    """``with _on_stream(stream, back):`` launches on ``stream`` (of the current device),
+    then sets ``back`` again."""
+    torch.cuda.set_stream(stream)
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(back)
 
 
 def _dot_operands(q, k, v):
