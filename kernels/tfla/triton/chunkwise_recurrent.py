@@ -34,8 +34,8 @@ import triton
 import triton.language as tl
 
 from tfla.triton.common import (can_use_tma, cdiv, descriptor, dot_precision, head_block,
-                                launch, load_tile, num_sms, placeholder, pow2, split_pid,
-                                store_tile)
+                                launch, load_tile, num_sms, placeholder, pow2,
+                                read_only_zeros, split_pid, store_tile)
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
@@ -447,8 +447,8 @@ def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
     out = lambda dt: torch.float32 if INTERPRET and dt == torch.bfloat16 else dt  # noqa: E731
     di = torch.empty((BNH, S), device=f.device, dtype=out(i.dtype))
     df = torch.empty((BNH, S), device=f.device, dtype=out(f.dtype))
-    if T is None:
-        T = torch.zeros((BNH,), device=f.device, dtype=torch.float32)
+    if T is None:          # read only: the kept zeros, no fill launched per call
+        T = read_only_zeros(f.device, BNH)
     block = min(4096, max(16, pow2(S)))
     launch(
         _gate_grads_kernel, (BNH * cdiv(S, block),), qdq, kdk, i, f, T, di, df, S, qdq.shape[1],

@@ -17,7 +17,7 @@ from tfla.triton.fastlaunch import TmaArg
 __all__ = ["interpret_mode", "num_sms", "dot_precision", "pow2", "cdiv", "head_block", "split_pid",
            "chunk_tile_pid", "tile_rows", "gate_exponent", "load_tile", "store_tile",
            "can_use_tma", "TmaArg", "descriptor", "gluon_descriptor", "launch", "gluon_sm90",
-           "gluon_takes", "placeholder"]
+           "gluon_takes", "placeholder", "read_only_zeros"]
 
 
 def interpret_mode() -> bool:
@@ -320,6 +320,20 @@ def placeholder(device: torch.device) -> torch.Tensor:
 
 #: :func:`placeholder`'s tensors by device
 _PLACEHOLDERS: dict = {}
+
+
+def read_only_zeros(device: torch.device, n: int) -> torch.Tensor:
+    """n float32 zeros on ``device`` for an input that a kernel only reads (never an output,
+    never written): one per device and n, kept, so that a call neither allocates them nor
+    launches a fill."""
+    key = (device, n)
+    found = _PLACEHOLDERS.get(key)
+    if found is None:
+        found = torch.zeros((n,), device=device, dtype=torch.float32)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return found     # a CUDA graph being captured runs its fill only on replay
+        _PLACEHOLDERS[key] = found
+    return found
 
 
 def gluon_takes(*tensors: torch.Tensor, blocks) -> bool:
