@@ -366,6 +366,9 @@ triton.knobs.runtime.launch_enter_hook.add(print)
 out["hooked"] = key() is None
 triton.knobs.runtime.launch_enter_hook.remove(print)
 out["unhooked"] = key() == base
+triton.knobs.runtime.debug = True
+out["debug"] = key() == base
+triton.knobs.runtime.debug = False
 print(json.dumps(out))
 """
 
@@ -374,10 +377,10 @@ def test_kept_launch_key_changes_with_what_triton_specialises_on():
     """The key of a kept launch differs wherever Triton's launch could differ: a tensor's
     dtype or 16-byte alignment, an int or float argument's value (1 included, a constexpr
     in Triton), the grid, the pipelining depth, a constexpr's value or type, a descriptor's
-    dtype, block or layout; it is the same for another tensor of the same kind, and for a
-    descriptor of another shape (a descriptor's shape and strides key its encoding, not the
-    launch: ``_Launch.encoded``). None (Triton's launch) where ``JITFunction.run`` is
-    replaced or a launch hook is set."""
+    dtype, block or layout, Triton's debug knob; it is the same for another tensor of the
+    same kind, and for a descriptor of another shape (a descriptor's shape and strides key
+    its encoding, not the launch: ``_Launch.encoded``). None (Triton's launch) where
+    ``JITFunction.run`` is replaced or a launch hook is set."""
     got = _child(_CHILD_KEY, timeout=300)
     assert got.pop("same") and got.pop("desc_shape")
     assert got.pop("run_replaced") and got.pop("hooked") and got.pop("unhooked")

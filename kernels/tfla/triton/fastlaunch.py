@@ -2,22 +2,23 @@
 
 ``kernel[grid](*args)`` goes through Triton's ``JITFunction.run`` on every launch: it binds
 and specialises the arguments, looks the compiled kernel up, checks the kernel's globals,
-builds the launch metadata for the launch hooks, and the launcher then builds every host TMA descriptor
-(``TensorDescriptor``, its checks, then ``cuTensorMapEncodeTiled``) again. After the first
-launch of a specialisation none of that changes while the arguments keep their kind, so
-:func:`keep` stores the compiled kernel with what the launch passed (its grid, the
-keyword-argument values it bound, its launcher), and :func:`run` launches it again through
-the same C launcher, with the same arguments in the same order, on the stream Triton takes
-(the current stream of the current device): the kernel and its inputs are Triton's, so the
-results are bit for bit those of ``kernel[grid]``.
+builds the launch metadata for the launch hooks, and the launcher then builds every host
+TMA descriptor (``TensorDescriptor``, its checks, then ``cuTensorMapEncodeTiled``) again.
+After the first launch of a specialisation none of that changes while the arguments keep
+their kind, so :func:`keep` stores the compiled kernel with what the launch passed (its
+grid, the keyword-argument values it bound, its launcher), and :func:`run` launches it
+again through the same C launcher, with the same arguments in the same order, on the
+stream Triton takes (the current stream of the current device): the kernel and its inputs
+are Triton's, so the results are bit for bit those of ``kernel[grid]``.
 
 The key (:func:`key_of`) is at least as fine as Triton's specialisation: the kernel, the
-current device, the grid, the pipelining depth asked for, every keyword argument by name,
-type and value, each tensor argument's dtype and 16-byte alignment, each TMA descriptor's
-dtype, block and shared layout (:class:`tfla.triton.common.TmaArg`), every other argument
-by type and value (an int by value is finer than Triton's divisibility classes). Encoded
-TMA descriptors are kept per address, shape and strides (the caching allocator hands the
-same addresses to the next call), never the tensors themselves.
+current device, the grid, the pipelining depth asked for, Triton's debug and
+instrumentation knobs, every keyword argument by name, type and value, each tensor
+argument's dtype and 16-byte alignment, each TMA descriptor's dtype, block and shared
+layout (:class:`TmaArg`), every other argument by type and value (an int by value is finer
+than Triton's divisibility classes). Encoded TMA descriptors are kept per address, shape
+and strides (the caching allocator hands the same addresses to the next call), never the
+tensors themselves.
 
 Not taken (``kernel[grid]`` as before): Triton's interpreter (TRITON_INTERPRET), a kernel
 that is not a ``JITFunction``, a ``JITFunction.run`` replaced (the compile-only tests and
@@ -99,8 +100,10 @@ def key_of(kernel, grid, args, num_stages, kwargs):
             keys.append((a.dtype, a.data_ptr() & 15))
         else:
             keys.append((t, a))
+    # Triton's run adds the debug and instrumentation knobs to the compile options
     return (id(kernel), driver.active.get_current_device(), grid, num_stages,
-            tuple(kwargs.items()), tuple(map(type, kwargs.values())), tuple(keys))
+            tuple(kwargs.items()), tuple(map(type, kwargs.values())), tuple(keys), rt.debug,
+            triton.knobs.compilation.instrumentation_mode)
 
 
 def run(key, args):
