@@ -1,8 +1,11 @@
-"""The kernels' host side: the integer helpers every launcher calls, that no launcher
-calls Triton's constexpr functions from Python, which cost microseconds per call (a call of
-``tfla.mlstm_sig`` fwd+bwd launches about ten kernels; docs/kernels.md, "Host time"), and
-the launches and torch operations of one call, bounded so that host work cannot creep
-back."""
+"""The kernels' host side (docs/kernels.md, "Host time"): the integer helpers every
+launcher calls, that no launcher calls Triton's constexpr functions from Python, which cost
+microseconds per call (a call of ``tfla.mlstm_sig`` fwd+bwd launches about ten kernels);
+the launches, torch operations and Python function calls of one call, bounded so that host
+work cannot creep back; the kept launch (``tfla.triton.fastlaunch``: it hands Triton's
+launcher what Triton's own launch hands it, its key, its bypass in the interpreter); the
+direct eager route of ``tfla.ops.apply`` (the operators' results bit for bit, taken only
+outside traces and modes)."""
 
 from __future__ import annotations
 
