@@ -20,11 +20,15 @@ heads, d_qk 128, d_hv 256, S 8192).
 
     PYTHONPATH=$PWD:$PWD/kernels python3 benchmarks/host_overhead.py [--shapes fig4,small,b7]
         [--kernels ours,cudnn,authors] [--root DIR] [--tag NAME] [--rounds 4] [--iters 30]
-        [--graph]
+        [--graph] [--cprofile N]
 
 ``--graph``: our modes are also captured once as a CUDA graph (``tflabench.run.measure.graph_replay``,
 as ``timing.cuda_graph`` does) and replayed (rows ``ours graph``); a line before the
 table says whether the replayed h and gradients equal the eager call's.
+
+``--cprofile N``: after the table, per shape, our fwd+bwd and forward under ``cProfile`` (20
+calls each, the GPU idle before each call, as the host time is taken): the Python function
+calls per call and the top N functions by own time and by cumulative time.
 
 Prints one table: tag, shape, kernel, mode, GPU median (ms), host ms per call, host / GPU.
 Exit status 2 without a CUDA GPU.
@@ -51,6 +55,8 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=4)
     ap.add_argument("--iters", type=int, default=30)
     ap.add_argument("--graph", action="store_true", help="also replay our modes as a CUDA graph")
+    ap.add_argument("--cprofile", type=int, default=0, metavar="N",
+                    help="after the table, the top N host functions of our fwd+bwd and forward")
     args = ap.parse_args(argv)
     root = os.path.abspath(args.root)
     sys.path[:0] = [os.path.join(root, "kernels"), os.path.dirname(os.path.abspath(__file__))]
@@ -68,7 +74,7 @@ def main(argv=None) -> int:
         print(f"host_overhead.py: imported tfla from {tfla.__file__}, not under {root}",
               file=sys.stderr)
         return 2
-    rows = []
+    rows, profiled = [], []
     for shape in args.shapes.split(","):
         shp = SHAPES[shape]
         for kernel in args.kernels.split(","):
@@ -99,10 +105,37 @@ def main(argv=None) -> int:
                         host.append(statistics.median(per_call))
                     rows.append((args.tag, shape, name, mode, statistics.median(gpu),
                                  statistics.median(host), ""))
+                if args.cprofile and kernel == "ours":
+                    profiled.append((shape, mode, host_profile(fn, args.cprofile, torch)))
             del made
             torch.cuda.empty_cache()
     print_table(rows)
+    for shape, mode, text in profiled:
+        print(f"\n==== {args.tag} {shape} ours {mode}: cProfile of 20 calls\n{text}", flush=True)
     return 0
+
+
+def host_profile(fn, top: int, torch, calls: int = 20) -> str:
+    """``fn`` under cProfile for ``calls`` calls, the GPU idle before each (synchronised
+    outside the profile): the Python function calls per call, then the ``top`` functions by
+    own time and by cumulative time."""
+    import cProfile
+    import io
+    import pstats
+
+    prof = cProfile.Profile()
+    for _ in range(calls):
+        torch.cuda.synchronize()
+        prof.enable()
+        fn()
+        prof.disable()
+    torch.cuda.synchronize()
+    out = io.StringIO()
+    stats = pstats.Stats(prof, stream=out)
+    out.write(f"{stats.total_calls / calls:.0f} Python function calls per call\n")
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumtime").print_stats(top)
+    return out.getvalue()
 
 
 def print_table(rows) -> None:

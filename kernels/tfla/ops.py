@@ -1,6 +1,10 @@
 """The registered operators ``tfla::mlstm_fwd`` and ``tfla::mlstm_bwd``: every Triton call of
 ``mlstm_sig`` / ``mlstm_exp`` (xl_chunk and limit_chunk, forward and backward, with and
-without states) goes through them (docs/kernels.md, "Registered operators").
+without states) runs their bodies (docs/kernels.md, "Registered operators"); under
+``torch.compile``, a trace, a dispatch or torch-function mode, functorch or a tensor subclass
+through the operators themselves, otherwise (plain eager calls) by the direct route of
+:func:`apply`, which runs the same bodies without the custom-op layers (docs/kernels.md,
+"Host time").
 
 ``torch.library.custom_op`` with a fake-tensor shape function and ``register_autograd``:
 ``torch.compile(fullgraph=True)`` traces a training step through them without a graph break,
@@ -25,7 +29,8 @@ from torch import Tensor
 from tfla.triton.common import interpret_mode
 from tfla.triton.tuning import tuning_key
 
-__all__ = ["apply", "kernels_run", "needs_grad", "mlstm_fwd", "mlstm_bwd"]
+__all__ = ["apply", "eager", "kernels_run", "needs_grad", "mlstm_fwd", "mlstm_bwd",
+           "forward_impl", "backward_impl"]
 
 #: ``tuning_key`` and ``interpret_mode`` as a trace sees them: constants of the trace
 _tuning_key = torch.compiler.assume_constant_result(tuning_key)
@@ -95,6 +100,13 @@ def mlstm_fwd(q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor, C0: Optiona
     ``return_last``, then with ``grad`` the tensors the backward reads]
     (``tfla.triton.chunkwise.forward``).
     """
+    return forward_impl(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, normalize,
+                        eps, return_last, grad, tuning)
+
+
+def forward_impl(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, normalize, eps,
+                 return_last, grad, tuning) -> list:
+    """:func:`mlstm_fwd`'s body, which the direct eager route (:func:`apply`) runs too."""
     from tfla.triton import chunkwise
 
     p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last, grad,
@@ -143,6 +155,13 @@ def mlstm_bwd(dh: Optional[Tensor], dC_last: Optional[Tensor], q: Tensor, k: Ten
     """The backward of one :func:`mlstm_fwd` call (same arguments; ``saved`` what it kept,
     C_last its C_S or None). Returns [dq, dk, dv, di, df] in their inputs' dtypes, and dC0
     (C0's dtype) where ``with_dc0`` (docs/tfla-kernels.md 1.5)."""
+    return backward_impl(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, variant,
+                         chunk_size, algorithm, normalize, eps, return_last, tuning, with_dc0)
+
+
+def backward_impl(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, variant, chunk_size,
+                  algorithm, normalize, eps, return_last, tuning, with_dc0) -> list:
+    """:func:`mlstm_bwd`'s body, which the direct eager route (:func:`apply`) runs too."""
     from tfla.triton import chunkwise
 
     p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last, True,
@@ -178,34 +197,104 @@ def _setup_context(ctx, inputs, output):
     ctx.has = (C0 is not None, n0 is not None, m0 is not None)
     ctx.save_for_backward(q, k, v, i, f, C0, n0, m0, C_last, *output[front:])
     ctx.set_materialize_grads(False)
+    return front
 
 
-def _backward(ctx, grads):
+def _grads(ctx, grads, bwd):
+    """The gradients of the eight tensor inputs from the output gradients ``grads`` (h's,
+    then the last state's), ``bwd`` the backward (the operator or its body)."""
     q, k, v, i, f, C0, n0, m0, C_last, *saved = ctx.saved_tensors
     return_last = ctx.args[5]
     dh = grads[0]
     dC_last = grads[1] if return_last else None
     with_dc0 = bool(ctx.needs_input_grad[5]) and C0 is not None
-    out = torch.ops.tfla.mlstm_bwd(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved,
-                                   *ctx.args, with_dc0)
+    out = bwd(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, *ctx.args, with_dc0)
     dC0 = out[5] if with_dc0 else None
     dn0 = torch.zeros_like(n0, dtype=torch.float32) if n0 is not None else None
     dm0 = torch.zeros_like(m0, dtype=torch.float32) if m0 is not None else None
-    return (*out[:5], dC0, dn0, dm0) + (None,) * len(_SCALARS)
+    return (*out[:5], dC0, dn0, dm0)
+
+
+def _backward(ctx, grads):
+    return _grads(ctx, grads, torch.ops.tfla.mlstm_bwd) + (None,) * len(_SCALARS)
 
 
 mlstm_fwd.register_autograd(_backward, setup_context=_setup_context)
 
 
+class _Direct(torch.autograd.Function):
+    """The eager route of a call with gradients (:func:`apply`): the operators' bodies
+    (:func:`forward_impl`, :func:`backward_impl`) and their autograd (:func:`_setup_context`,
+    :func:`_grads`) under a plain ``torch.autograd.Function``, without the dispatcher and
+    the custom-op layers around them. Returns h (and the last state) only: the tensors the
+    backward reads are kept on ``ctx``."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, i, f, C0, n0, m0, scalars):
+        output = forward_impl(q, k, v, i, f, C0, n0, m0, *scalars)
+        front = _setup_context(ctx, (q, k, v, i, f, C0, n0, m0, *scalars), output)
+        return tuple(output[:front])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        if _profiling():
+            with torch.autograd.profiler.record_function("tfla::mlstm_bwd"):
+                return _grads(ctx, grads, backward_impl) + (None,)
+        return _grads(ctx, grads, backward_impl) + (None,)
+
+
+def _profiling() -> bool:
+    """Whether torch's profiler records now (the direct route then names its calls as the
+    operators do)."""
+    return torch.autograd.profiler._is_profiler_enabled
+
+
+def eager(*tensors) -> bool:
+    """Whether a call may take the direct eager route (:func:`apply`): no trace or transform
+    that the registered operators exist for is active (``torch.jit`` tracing, a
+    ``TorchDispatchMode`` such as FakeTensorMode or a FlopCounterMode, a torch-function
+    mode, functorch's vmap / grad) and every tensor is a plain ``torch.Tensor`` (or
+    ``nn.Parameter``; a subclass such as a FakeTensor takes the operators). Called only
+    outside ``torch.compile`` (:func:`apply` asks ``torch.compiler.is_compiling`` first)."""
+    if (torch._C._len_torch_dispatch_stack() or torch._C._is_torch_function_mode_enabled()
+            or torch._C._functorch.peek_interpreter_stack() is not None
+            or torch._C._get_tracing_state() is not None):
+        return False
+    for t in tensors:
+        if t is not None and type(t) is not torch.Tensor and type(t) is not _PARAMETER:
+            return False
+    return True
+
+
+_PARAMETER = torch.nn.Parameter
+
+
 def apply(q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor, C0, n0, m0, *, variant: str,
           chunk_size, algorithm: str, normalize: bool, eps: float, return_last: bool,
           grad: bool):
-    """One call of the Triton kernels through :func:`mlstm_fwd` (arguments checked by the
-    public function; ``chunk_size`` an int or "auto"). Returns h, or (h, (C_S, n_S)) for
-    mLSTMsig and (h, (C_S, n_S, m_S)) for mLSTMexp, as the references return them."""
-    outs = torch.ops.tfla.mlstm_fwd(q, k, v, i, f, C0, n0, m0, variant,
-                                    0 if chunk_size == "auto" else chunk_size, algorithm,
-                                    normalize, eps, return_last, grad, _tuning_key())
+    """One call of the Triton kernels (arguments checked by the public function;
+    ``chunk_size`` an int or "auto"). Returns h, or (h, (C_S, n_S)) for mLSTMsig and
+    (h, (C_S, n_S, m_S)) for mLSTMexp, as the references return them.
+
+    Under ``torch.compile`` and wherever :func:`eager` says no, through the registered
+    operator :func:`mlstm_fwd` (and its autograd, :func:`mlstm_bwd`). Otherwise the direct
+    eager route runs the operators' bodies themselves: without gradients
+    :func:`forward_impl`, with gradients :class:`_Direct`; the same kernels on the same
+    arguments, so the same h, last state and gradients bit for bit, at a fraction of the
+    host time (the custom-op layers cost more than the launches; docs/kernels.md, "Host
+    time")."""
+    scalars = (variant, 0 if chunk_size == "auto" else chunk_size, algorithm, normalize, eps,
+               return_last, grad, _tuning_key())
+    if torch.compiler.is_compiling() or not eager(q, k, v, i, f, C0, n0, m0):
+        outs = torch.ops.tfla.mlstm_fwd(q, k, v, i, f, C0, n0, m0, *scalars)
+    elif _profiling():
+        with torch.autograd.profiler.record_function("tfla::mlstm_fwd"):
+            outs = (_Direct.apply(q, k, v, i, f, C0, n0, m0, scalars) if grad
+                    else forward_impl(q, k, v, i, f, C0, n0, m0, *scalars))
+    elif grad:
+        outs = _Direct.apply(q, k, v, i, f, C0, n0, m0, scalars)
+    else:
+        outs = forward_impl(q, k, v, i, f, C0, n0, m0, *scalars)
     if not return_last:
         return outs[0]
     if variant == "exp":

@@ -29,7 +29,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from tfla.triton.common import num_sms, pow2
+from tfla.triton.common import num_sms, placeholder, pow2
 from tfla.triton.tuning import DEFAULT, Tuning, active_tuning
 
 _MODULES = (
@@ -66,8 +66,12 @@ def kernels() -> KernelModules:
     """
     want = bool(triton.knobs.runtime.interpret)
     mods = _KERNEL_MODULES.get("mods")
-    if mods is not None and all(m.INTERPRET == want for m in mods):
-        return mods
+    if mods is not None:
+        for m in mods:          # a loop, not all(generator): every call of a fwd+bwd asks
+            if m.INTERPRET != want:
+                break
+        else:
+            return mods
     if want:
         from tfla.triton.common import _fix_interpreter_index
         _fix_interpreter_index()
@@ -172,8 +176,7 @@ def walk_forward_kernels(q, k, v, i, f, C0, n0, cfg: Config, with_last: bool):
         gates_2l=gates if cfg.L == 2 * wcfg["L"] else None)
     m_st = torch.zeros((BNH, C_st.shape[1]), device=q.device, dtype=torch.float32)
     n_st = n_last[:, None] if with_last else None
-    n_out = torch.empty((1,), device=q.device, dtype=torch.float32)
-    return h, n_out, (C_st, n_st, m_st, C_last), gates
+    return h, placeholder(q.device), (C_st, n_st, m_st, C_last), gates
 
 
 def train_walk_config(S: int, L: int, walk_chunk: int, d_qk: int, d_hv: int, BNH: int, dtype,
@@ -265,7 +268,7 @@ def backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, plan, cfg: C
     if cfg.normalize:
         n_out, *saved = saved
     else:
-        n_out = torch.empty((1,), device=q.device, dtype=torch.float32)
+        n_out = placeholder(q.device)
     if cfg.recompute_states:
         C0f, n0f = _flat(C0, d_qk, d_hv), _flat(n0, d_qk)
         m0f = _flat(m0) if (m0 is not None and cfg.is_exp) else None
@@ -339,9 +342,9 @@ def _side_stream(x: torch.Tensor):
         yield types.SimpleNamespace(main=contextlib.nullcontext, join=lambda *outputs: None)
         return
     main = torch.cuda.current_stream(x.device)
-    if x.device not in _SIDE_STREAMS:
-        _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
-    side = _SIDE_STREAMS[x.device]
+    side = _SIDE_STREAMS.get(x.device)
+    if side is None:
+        side = _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
     side.wait_stream(main)
 
     def join(*outputs):
@@ -349,8 +352,29 @@ def _side_stream(x: torch.Tensor):
         for t in outputs:
             t.record_stream(main)
 
-    with torch.cuda.stream(side):
-        yield types.SimpleNamespace(main=lambda: torch.cuda.stream(main), join=join)
+    if x.device.index != torch.cuda.current_device():
+        with torch.cuda.stream(side):
+            yield types.SimpleNamespace(main=lambda: torch.cuda.stream(main), join=join)
+        return
+    # x on the current device (the usual case): switch streams with torch.cuda.set_stream,
+    # which torch.cuda.stream's context manager calls too, without building one per switch
+    # (docs/kernels.md, "Host time")
+    torch.cuda.set_stream(side)
+    try:
+        yield types.SimpleNamespace(main=lambda: _on_stream(main, side), join=join)
+    finally:
+        torch.cuda.set_stream(main)
+
+
+@contextlib.contextmanager
+def _on_stream(stream, back):
+    """``with _on_stream(stream, back):`` launches on ``stream`` (of the current device),
+    then sets ``back`` again."""
+    torch.cuda.set_stream(stream)
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(back)
 
 
 def _dot_operands(q, k, v):

@@ -672,8 +672,8 @@ def parallel_bw_dkv(q, k, v, gates, m_st, n_out, dC_st, dh, *, L: int, is_exp: b
         tma_f = bool(cfg["USE_TMA"]) and can_use_tma(q, k, v, dh, dC_view, dk, dv,
                                                       blocks=(flq, flkv, fqk, fhv))
         Df = lambda t, *blk: descriptor(t, (1, *blk), tma_f)  # noqa: E731
-        _dkv_fused_kernel[((L // flkv) * NC * BNH,)](
-            q, k, v, dh, Df(q, flq, fqk), Df(k, flkv, fqk), Df(v, flkv, fhv), Df(dh, flq, fhv),
+        launch(
+            _dkv_fused_kernel, ((L // flkv) * NC * BNH,), q, k, v, dh, Df(q, flq, fqk), Df(k, flkv, fqk), Df(v, flkv, fhv), Df(dh, flq, fhv),
             Df(dC_view, fqk, fhv), Df(dk, flkv, fqk), Df(dv, flkv, fhv),
             b_vec, i_vec, a_vec, mi_vec, m_st, n_out, dC_st, dk, dv, kdk,
             S, NC, d_qk, d_hv, scale, eps, L=L, B_LQ=flq, B_LKV=flkv, B_DQK=fqk, B_DHV=fhv,

@@ -40,7 +40,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from tfla.triton.common import cdiv, gluon_descriptor, gluon_takes
+from tfla.triton.common import cdiv, gluon_descriptor, gluon_takes, launch
 
 #: the tiles the kernel is written for (rules B11 and C2 at L 256): query rows, the side of
 #: every streamed tile (key/value rows, d_qk and d_hv blocks), d_qk, d_hv (blocks of 128),
@@ -270,8 +270,8 @@ def parallel_bw_dq_gluon(q, k, v, b_vec, i_vec, C_st, dh, *, L: int, has_c0: boo
     NC = cdiv(S, L)
     dq = torch.empty_like(q)
     qdq = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
-    _dq_gluon_kernel[((L // B_LQ) * NC * BNH,)](
-        gluon_descriptor(q, [1, B_LQ, B_T]), gluon_descriptor(k, [1, B_T, B_T]),
+    launch(
+        _dq_gluon_kernel, ((L // B_LQ) * NC * BNH,), gluon_descriptor(q, [1, B_LQ, B_T]), gluon_descriptor(k, [1, B_T, B_T]),
         gluon_descriptor(v, [1, B_T, B_T]),
         gluon_descriptor(C_st.view(-1, d_qk, d_hv), [1, B_T, B_T]),
         gluon_descriptor(dh, [1, B_LQ, 256]), gluon_descriptor(dq, [1, B_LQ, B_T]),
@@ -457,8 +457,8 @@ def parallel_bw_dkv_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, *, L: int,
     dv = torch.empty_like(v)
     kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
     rows_qk, rows_hv = [1, DKV_B_L, d_qk], [1, DKV_B_L, d_hv]
-    _dkv_gluon_kernel[((L // DKV_B_L) * NC * BNH,)](
-        gluon_descriptor(q, rows_qk), gluon_descriptor(k, rows_qk),
+    launch(
+        _dkv_gluon_kernel, ((L // DKV_B_L) * NC * BNH,), gluon_descriptor(q, rows_qk), gluon_descriptor(k, rows_qk),
         gluon_descriptor(v, rows_hv), gluon_descriptor(dh, rows_hv),
         gluon_descriptor(dC_st.view(-1, d_qk, d_hv), [1, d_qk, d_hv]),
         gluon_descriptor(dk, rows_qk), gluon_descriptor(dv, rows_hv),

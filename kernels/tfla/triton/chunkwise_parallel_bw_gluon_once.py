@@ -35,7 +35,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma, warpgroup_mma_wait)
 
 from tfla.triton.chunkwise_parallel_bw_gluon import _invalidate_ring, _ring_barriers, _tile_pid
-from tfla.triton.common import cdiv, gluon_descriptor, gluon_takes
+from tfla.triton.common import cdiv, gluon_descriptor, gluon_takes, launch
 
 #: the tiles the kernel is written for (rule B10 at L 256): the side of every tile (query
 #: and key/value rows, d_qk and d_hv blocks), L, d_qk, d_hv, ring buffers, warps
@@ -285,8 +285,8 @@ def parallel_bw_dkv_once_gluon(q, k, v, b_vec, i_vec, a_vec, dC_st, dh, *, L: in
     dv = torch.empty_like(v)
     kdk = torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32)
     blk = [1, B_T, B_T]
-    _dkv_once_gluon_kernel[(2 * (L // B_T) * NC * BNH,)](
-        gluon_descriptor(q, blk), gluon_descriptor(k, blk), gluon_descriptor(v, blk),
+    launch(
+        _dkv_once_gluon_kernel, (2 * (L // B_T) * NC * BNH,), gluon_descriptor(q, blk), gluon_descriptor(k, blk), gluon_descriptor(v, blk),
         gluon_descriptor(dh, blk), gluon_descriptor(dC_st.view(-1, d_qk, d_hv), blk),
         gluon_descriptor(dk, blk), gluon_descriptor(dv, blk),
         b_vec, i_vec, a_vec, kdk, NC, d_qk ** -0.5,

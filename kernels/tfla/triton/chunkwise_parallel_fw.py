@@ -24,7 +24,7 @@ import triton
 import triton.language as tl
 
 from tfla.triton.common import (can_use_tma, cdiv, chunk_tile_pid, descriptor, dot_precision,
-                                gate_exponent, head_block, launch, load_tile,
+                                gate_exponent, head_block, launch, load_tile, placeholder,
                                 store_tile, tile_rows)
 from tfla.triton.tuning import DEFAULT, Tuning
 
@@ -229,7 +229,8 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
     d_hv = v.shape[-1]
     NC = cdiv(S, L)
     cfg = fw_config(L, d_qk, d_hv, q.dtype, limit, is_exp, tuning)
-    n_out = torch.empty((BNH, NC * L) if normalize else (1,), device=q.device, dtype=torch.float32)
+    n_out = (torch.empty((BNH, NC * L), device=q.device, dtype=torch.float32) if normalize
+             else placeholder(q.device))
     if cfg["GLUON"]:
         from tfla.triton import chunkwise_parallel_fw_gluon as gfw
 

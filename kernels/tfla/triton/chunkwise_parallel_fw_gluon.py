@@ -32,7 +32,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma,
                                                               warpgroup_mma, warpgroup_mma_wait)
 
-from tfla.triton.common import cdiv, gluon_descriptor, gluon_takes
+from tfla.triton.common import cdiv, gluon_descriptor, gluon_takes, launch
 
 #: the tiles the kernel is written for (rule H7's): query and key/value rows, d_qk, d_hv
 #: block, d_qk rows of C_{k-1} per slice, warps
@@ -191,8 +191,8 @@ def parallel_fw_gluon(q, k, v, b_vec, i_vec, C_st, *, L: int) -> torch.Tensor:
     h = torch.empty((BNH, S, d_hv), device=q.device, dtype=q.dtype)
     n_dhv = cdiv(d_hv, B_DHV)
     grid = (n_dhv * (L // B_LQ) * NC * BNH,)
-    _parallel_fw_gluon_kernel[grid](
-        gluon_descriptor(q, [1, B_LQ, D_QK]), gluon_descriptor(k, [1, B_LKV, D_QK]),
+    launch(
+        _parallel_fw_gluon_kernel, grid, gluon_descriptor(q, [1, B_LQ, D_QK]), gluon_descriptor(k, [1, B_LKV, D_QK]),
         gluon_descriptor(v, [1, B_LKV, B_DHV]),
         gluon_descriptor(C_st.view(-1, d_qk, d_hv), [1, B_CS, B_DHV]),
         gluon_descriptor(h, [1, B_LQ, B_DHV]),

@@ -34,7 +34,8 @@ import triton
 import triton.language as tl
 
 from tfla.triton.common import (can_use_tma, cdiv, descriptor, dot_precision, head_block,
-                                launch, load_tile, num_sms, pow2, split_pid, store_tile)
+                                launch, load_tile, num_sms, placeholder, pow2,
+                                read_only_zeros, split_pid, store_tile)
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
@@ -396,8 +397,8 @@ def chunk_gates(i, f, *, L: int, is_exp: bool):
     mi_vec = vec() if is_exp else b_vec
     g_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32)
     amax_ch = torch.empty((BNH, NC), device=dev, dtype=torch.float32) if is_exp else g_ch
-    _gates_kernel[(NC * BNH,)](i, f, b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch, S, NC,
-                               L=L, IS_EXP=is_exp, num_warps=gates_num_warps(L))
+    launch(_gates_kernel, (NC * BNH,), i, f, b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch, S, NC,
+           L=L, IS_EXP=is_exp, num_warps=gates_num_warps(L))
     return b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch
 
 
@@ -446,13 +447,15 @@ def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
     out = lambda dt: torch.float32 if INTERPRET and dt == torch.bfloat16 else dt  # noqa: E731
     di = torch.empty((BNH, S), device=f.device, dtype=out(i.dtype))
     df = torch.empty((BNH, S), device=f.device, dtype=out(f.dtype))
-    if T is None:
-        T = torch.zeros((BNH,), device=f.device, dtype=torch.float32)
+    if T is None:          # read only: the kept zeros, no fill launched per call
+        T = read_only_zeros(f.device, BNH)
     block = min(4096, max(16, pow2(S)))
-    _gate_grads_kernel[(BNH * cdiv(S, block),)](
-        qdq, kdk, i, f, T, di, df, S, qdq.shape[1], BLOCK=block, IS_EXP=is_exp,
-        num_warps=4 if block <= 1024 else 8)
-    return di.to(i.dtype), df.to(f.dtype)
+    launch(
+        _gate_grads_kernel, (BNH * cdiv(S, block),), qdq, kdk, i, f, T, di, df, S, qdq.shape[1],
+        BLOCK=block, IS_EXP=is_exp, num_warps=4 if block <= 1024 else 8)
+    # no cast where the kernel wrote the dtype already (a no-op .to is still an operation)
+    return (di if di.dtype == i.dtype else di.to(i.dtype),
+            df if df.dtype == f.dtype else df.to(f.dtype))
 
 
 def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool,
@@ -463,7 +466,7 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     n0 (BNH, d_qk), m0 (BNH,) or None. Returns C_st (BNH, N_c+1, d_qk, d_hv) in the input
     dtype (the copies the parallel kernels read), n_st (BNH, N_c+1, d_qk) and m_st
     (BNH, N_c+1) fp32, and C_last (BNH, d_qk, d_hv) fp32. ``with_n`` False: n is neither
-    carried nor stored (n_st is left unset; for callers that read no normaliser state:
+    carried nor stored (n_st is a placeholder; for callers that read no normaliser state:
     mLSTMsig without normalisation and without the last state). ``tuning``: overrides of
     the rules (``tuning.state``).
     """
@@ -472,7 +475,9 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     NC = cdiv(S, L)
     dev = k.device
     C_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=dev, dtype=k.dtype)
-    n_st = torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32)
+    # n is neither carried nor stored without with_n: a placeholder then
+    n_st = (torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32) if with_n
+            else placeholder(dev))
     m_st = torch.empty((BNH, NC + 1), device=dev, dtype=torch.float32)
     C_last = torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32)
     P = piece(L, tuning)
@@ -526,8 +531,8 @@ def recurrent_bw(q, b_vec, mi_vec, m_st, n_out, dh, dC_last, *, L: int, is_exp: 
     BNH, S, d_qk = q.shape
     NC = cdiv(S, L)
     dC_st = torch.empty((BNH, NC + 1, d_qk, d_hv), device=q.device, dtype=q.dtype)
-    dC_0 = torch.empty((BNH, d_qk, d_hv) if with_dc0 else (1,), device=q.device,
-                       dtype=torch.float32)
+    dC_0 = (torch.empty((BNH, d_qk, d_hv), device=q.device, dtype=torch.float32) if with_dc0
+            else placeholder(q.device))
     P = piece(L, tuning)
     b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(q.device), q.dtype, P,
                                              tuning=tuning)

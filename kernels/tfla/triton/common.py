@@ -11,10 +11,13 @@ import torch
 import triton
 import triton.language as tl
 
+from tfla.triton import fastlaunch as fast
+from tfla.triton.fastlaunch import TmaArg
+
 __all__ = ["interpret_mode", "num_sms", "dot_precision", "pow2", "cdiv", "head_block", "split_pid",
            "chunk_tile_pid", "tile_rows", "gate_exponent", "load_tile", "store_tile",
-           "can_use_tma", "descriptor", "gluon_descriptor", "launch", "gluon_sm90",
-           "gluon_takes"]
+           "can_use_tma", "TmaArg", "descriptor", "gluon_descriptor", "launch", "gluon_sm90",
+           "gluon_takes", "placeholder", "read_only_zeros"]
 
 
 def interpret_mode() -> bool:
@@ -182,33 +185,36 @@ def can_use_tma(*tensors, blocks) -> bool:
     """TMA needs 16-byte aligned bases and row strides and block sides <= 256."""
     if max(blocks) > 256:
         return False
-    for t in tensors:      # plain loops: every launch asks (docs/kernels.md, "Host time")
-        strides = t.stride()
-        if t.data_ptr() % 16 or strides[-1] != 1:
+    rows_ok = _TMA_ROWS
+    for t in tensors:      # every launch asks (docs/kernels.md, "Host time")
+        if t.data_ptr() & 15:
             return False
-        size = t.element_size()
-        for s in strides[:-1]:
-            if (s * size) % 16:
-                return False
+        key = (t.stride(), t.dtype)
+        ok = rows_ok.get(key)
+        if ok is None:
+            size = t.element_size()
+            ok = rows_ok[key] = key[0][-1] == 1 and all((s * size) % 16 == 0
+                                                        for s in key[0][:-1])
+        if not ok:
+            return False
     return True
 
 
-def descriptor(t, block_shape, use_tma: bool):
-    """A TensorDescriptor over t when use_tma, else t itself (the kernels then use pointers)."""
-    if not use_tma:
-        return t
-    from triton.tools.tensor_descriptor import TensorDescriptor
+#: whether TMA can address the rows of a tensor, by (strides, dtype) (:func:`can_use_tma`)
+_TMA_ROWS: dict = {}
 
-    return TensorDescriptor.from_tensor(t, block_shape=list(block_shape))
+
+def descriptor(t, block_shape, use_tma: bool):
+    """A TMA descriptor over t (a :class:`TmaArg`, block ``block_shape``) when use_tma, else t
+    itself (the kernels then use pointers)."""
+    return TmaArg(t, tuple(block_shape)) if use_tma else t
 
 
 def gluon_descriptor(t, block_shape):
-    """A Gluon TensorDescriptor over the 16-bit tensor t, its block in the NVMMA shared-memory
-    layout that TMA and wgmma take (the Gluon kernels' tiles)."""
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    block = list(block_shape)
-    return TensorDescriptor.from_tensor(t, block, _nvmma_layout(tuple(block), t.dtype))
+    """A Gluon TMA descriptor over the 16-bit tensor t (a :class:`TmaArg`), its block in the
+    NVMMA shared-memory layout that TMA and wgmma take (the Gluon kernels' tiles)."""
+    block = tuple(block_shape)
+    return TmaArg(t, block, _nvmma_layout(block, t.dtype))
 
 
 @functools.lru_cache(maxsize=None)
@@ -226,27 +232,51 @@ def _nvmma_layout(block: tuple, dtype: torch.dtype):
 _FITTED: dict = {}
 
 
-def launch(kernel, grid, *args, num_stages: int, **kwargs):
-    """kernel[grid](*args, num_stages=..., **kwargs); if its tiles do not fit in shared
-    memory at that pipelining depth, retry with fewer stages, and remember the depth that
-    fitted for this kernel and compile-time configuration (its keyword arguments and the
-    dtypes of its tensors), so that only the first call of a configuration pays for the
-    retry and one configuration's retry never lowers another's depth.
+def launch(kernel, grid, *args, num_stages: int | None = None, **kwargs):
+    """kernel[grid](*args, num_stages=..., **kwargs), the TMA descriptors among ``args``
+    given as :class:`TmaArg`; if its tiles do not fit in shared memory at that pipelining
+    depth, retry with fewer stages, and remember the depth that fitted for this kernel and
+    compile-time configuration (its keyword arguments and the dtypes of its tensors), so
+    that only the first call of a configuration pays for the retry and one configuration's
+    retry never lowers another's depth. ``num_stages`` None: Triton's default, no retry.
+
+    A launch that Triton ran through its own launcher is kept (:mod:`tfla.triton.fastlaunch`):
+    the next launch with the same kernel, grid, keyword arguments, device and argument key
+    (each tensor's dtype and 16-byte alignment, each descriptor's dtype, block and layout,
+    every other argument by type and value: at least what Triton specialises on) calls the
+    compiled kernel's launcher directly, with the same arguments in the same order, on the
+    stream Triton would take (docs/kernels.md, "Host time").
 
     Raises:
         triton.runtime.errors.OutOfResources: the tiles do not fit even with one stage.
     """
+    key = fast.key_of(kernel, grid, args, num_stages, kwargs)
+    if key is not None:
+        try:
+            done = fast.run(key, args)
+        except TypeError:      # an unhashable argument: no kept launch for it
+            key = done = None
+        if done is not None:
+            return done
+    targs = [a.make() if type(a) is TmaArg else a for a in args]
+    if num_stages is None:
+        out = kernel[grid](*targs, **kwargs)
+        if key is not None:
+            fast.keep(key, kernel, out, args, targs, kwargs)
+        return out
     from triton.runtime.errors import OutOfResources
 
     # the keyword arguments in the order the launch site passes them (one site, one order:
     # no sort on every launch, docs/kernels.md "Host time")
-    key = (kernel, num_stages, tuple(kwargs.items()),
-           tuple([a.dtype for a in args if isinstance(a, torch.Tensor)]))
-    ns = _FITTED.get(key, num_stages)
+    fitted = (kernel, num_stages, tuple(kwargs.items()),
+              tuple([a.dtype for a in args if isinstance(a, torch.Tensor)]))
+    ns = _FITTED.get(fitted, num_stages)
     while True:
         try:
-            out = kernel[grid](*args, num_stages=ns, **kwargs)
-            _FITTED[key] = ns
+            out = kernel[grid](*targs, num_stages=ns, **kwargs)
+            _FITTED[fitted] = ns
+            if key is not None:
+                fast.keep(key, kernel, out, args, targs, dict(kwargs, num_stages=ns))
             return out
         except OutOfResources:
             if ns <= 1:
@@ -262,7 +292,8 @@ def gluon_sm90(t: torch.Tensor) -> bool:
     if triton.knobs.runtime.interpret:
         return False
     if t.is_cuda:
-        return torch.cuda.get_device_capability(t.device) == (9, 0)
+        index = t.device.index
+        return _capability(index if index is not None else torch.cuda.current_device()) == (9, 0)
     try:
         target = triton.runtime.driver.active.get_current_target()
     except RuntimeError:
@@ -270,11 +301,49 @@ def gluon_sm90(t: torch.Tensor) -> bool:
     return getattr(target, "backend", None) == "cuda" and getattr(target, "arch", 0) == 90
 
 
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple:
+    """A CUDA device's compute capability, asked once per device (every backward asks;
+    ``torch.cuda.get_device_capability`` costs microseconds: docs/kernels.md, "Host time")."""
+    return torch.cuda.get_device_capability(device_index)
+
+
+def placeholder(device: torch.device) -> torch.Tensor:
+    """A one-element float32 tensor on ``device`` for a pointer argument that the launch's
+    configuration never reads (the normaliser without normalisation): one per device, kept,
+    so a call allocates none."""
+    found = _PLACEHOLDERS.get(device)
+    if found is None:
+        found = _PLACEHOLDERS[device] = torch.empty((1,), device=device, dtype=torch.float32)
+    return found
+
+
+#: :func:`placeholder`'s tensors by device
+_PLACEHOLDERS: dict = {}
+
+
+def read_only_zeros(device: torch.device, n: int) -> torch.Tensor:
+    """n float32 zeros on ``device`` for an input that a kernel only reads (never an output,
+    never written): one per device and n, kept, so that a call neither allocates them nor
+    launches a fill."""
+    key = (device, n)
+    found = _PLACEHOLDERS.get(key)
+    if found is None:
+        found = torch.zeros((n,), device=device, dtype=torch.float32)
+        if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return found     # a CUDA graph being captured runs its fill only on replay
+        _PLACEHOLDERS[key] = found
+    return found
+
+
 def gluon_takes(*tensors: torch.Tensor, blocks) -> bool:
     """Whether a Gluon kernel may take these tensors (the checks every Gluon rule shares):
     one 16-bit dtype for all, Triton compiling for sm_90 (:func:`gluon_sm90`) and rows TMA
     can address in tiles of ``blocks`` (:func:`can_use_tma`)."""
     dtype = tensors[0].dtype
-    if dtype not in (torch.bfloat16, torch.float16) or any(t.dtype != dtype for t in tensors):
+    if dtype is not torch.bfloat16 and dtype is not torch.float16:
         return False
+    for t in tensors:
+        if t.dtype is not dtype:
+            return False
     return gluon_sm90(tensors[0]) and can_use_tma(*tensors, blocks=blocks)

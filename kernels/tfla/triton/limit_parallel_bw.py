@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from tfla.triton.common import cdiv, dot_precision, gate_exponent, head_block
+from tfla.triton.common import cdiv, dot_precision, gate_exponent, head_block, launch
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
@@ -169,8 +169,8 @@ def limit_parallel_bw(q, k, v, gates, m_st, n_out, C_st, dC_st, dh, *, L: int,
     dk = torch.empty_like(k)
     dv = torch.empty_like(v)
     b_vec, a_vec, i_vec, mi_vec = gates
-    _limit_bw_kernel[(NC * BNH,)](
-        q, k, v, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, C_st, dC_st, dh, dq, dk, dv, qdq, kdk,
+    launch(
+        _limit_bw_kernel, (NC * BNH,), q, k, v, b_vec, i_vec, a_vec, mi_vec, m_st, n_out, C_st, dC_st, dh, dq, dk, dv, qdq, kdk,
         S, NC, d_qk, d_hv, d_qk ** -0.5, eps,
         L=L, B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
         NUM_DQK=cdiv(d_qk, cfg["B_DQK"]), NUM_DHV=cdiv(d_hv, cfg["B_DHV"]),

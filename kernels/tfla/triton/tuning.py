@@ -26,16 +26,22 @@ class Overrides(Mapping):
     """A read-only, hashable mapping of a kernel family's configuration keys to the values
     that replace its rule's (any mapping converts)."""
 
-    __slots__ = ("_items",)
+    __slots__ = ("_items", "_dict")
 
     def __init__(self, items: Mapping[str, Any] | None = None):
         self._items = tuple(sorted(dict(items or {}).items()))
+        self._dict = dict(self._items)
 
     def __getitem__(self, key: str) -> Any:
-        for k, v in self._items:
-            if k == key:
-                return v
-        raise KeyError(key)
+        return self._dict[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """The value of ``key`` or ``default`` (a dictionary look-up: the launchers ask on
+        every call, docs/kernels.md "Host time")."""
+        return self._dict.get(key, default)
+
+    def __contains__(self, key) -> bool:
+        return key in self._dict
 
     def __iter__(self) -> Iterator[str]:
         return (k for k, _ in self._items)
@@ -118,6 +124,11 @@ class Tuning:
                 raise ValueError(f"Tuning.{f.name}: got key(s) {', '.join(map(repr, unknown))}; "
                                  f"allowed: {', '.join(KEYS[f.name])}")
             object.__setattr__(self, f.name, over)
+        object.__setattr__(self, "_hash", hash(tuple(getattr(self, f.name) for f in fields(self))))
+
+    def __hash__(self) -> int:
+        # worked out once: a Tuning keys the launchers' caches on every call
+        return self._hash
 
 
 #: no overrides: every rule as documented
