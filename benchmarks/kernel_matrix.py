@@ -55,10 +55,14 @@ status 1 if any row fails, 2 for bad options.
 
 ``--machine-code FILE`` (with ``--compile-only``) writes each compiled kernel's name and the
 sha256 of its cubin; with ``--root DIR`` the same for another checkout's kernels, so that two
-files equal say that a change left the kernels' sm_90 machine code as it was:
+files equal say that a change left the kernels' sm_90 machine code as it was. Compile both
+without line information (``TRITON_DISABLE_LINE_INFO=1``: a cubin otherwise carries its source
+file's path and line numbers) and each into an empty Triton cache:
 
-    python benchmarks/kernel_matrix.py --compile-only --shard 1/8 --machine-code after.txt
-    python benchmarks/kernel_matrix.py --compile-only --shard 1/8 --root OLD --machine-code before.txt
+    TRITON_DISABLE_LINE_INFO=1 TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/kernel_matrix.py \
+        --compile-only --shard 1/16 --machine-code after.txt
+    TRITON_DISABLE_LINE_INFO=1 TRITON_CACHE_DIR=$(mktemp -d) python benchmarks/kernel_matrix.py \
+        --compile-only --shard 1/16 --root OLD --machine-code before.txt
 """
 
 from __future__ import annotations
