@@ -89,13 +89,17 @@ if [ "$peer" = fa3 ]; then
   cp -r "$src/hopper" "$work/fa/hopper"
   cp "$src/README.md" "$work/fa/README.md" 2>/dev/null || echo "FlashAttention 3" > "$work/fa/README.md"
   mkdir -p "$work/fa/csrc/cutlass"; cp -r "$cutlass/include" "$work/fa/csrc/cutlass/include"
+  # nvcc --split-compile (hopper/setup.py carries it commented out, "split-compile is faster"):
+  # a build of four files otherwise leaves most cores idle while the backward compiles
+  sed -i 's|# f"--split-compile=|f"--split-compile=|' "$work/fa/hopper/setup.py"
+  grep -q '^ *f"--split-compile=' "$work/fa/hopper/setup.py" || echo "build_peer_wheel.sh: hopper/setup.py has no split-compile line; building without it" >&2
   switches=(BACKWARD=FALSE FP16=TRUE FP8=TRUE SPLIT=TRUE PAGEDKV=TRUE APPENDKV=TRUE LOCAL=TRUE SOFTCAP=TRUE
             PACKGQA=TRUE VARLEN=TRUE CLUSTER=TRUE SM80=TRUE HDIMDIFF64=TRUE HDIMDIFF192=TRUE)
   for d in 64 96 128 192 256; do
     case ",$hdims," in *",$d,"*) switches+=("HDIM$d=FALSE") ;; *) switches+=("HDIM$d=TRUE") ;; esac
   done
   for d in ${hdims//,/ }; do case "$d" in 64|96|128|192|256) ;; *) err "--hdim takes 64, 96, 128, 192, 256, got '$d'" ;; esac; done
-  envs=(FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTENTION_OFFLINE_BUILD=1 MAX_JOBS="$jobs" NVCC_THREADS=2)
+  envs=(FLASH_ATTENTION_FORCE_BUILD=TRUE FLASH_ATTENTION_OFFLINE_BUILD=1 MAX_JOBS="$jobs" NVCC_THREADS="$(( jobs / 4 > 1 ? jobs / 4 : 1 ))")
   for s in "${switches[@]}"; do envs+=("FLASH_ATTENTION_DISABLE_${s}"); done
   build_wheel "FlashAttention 3 (hdim $hdims, bf16, sm_90a, fwd+bwd)" "$work/fa/hopper"
   sources="flash-attention $src_rev (hopper/), CUTLASS $cutlass_rev"
