@@ -225,10 +225,10 @@ def test_narrowed_guard_lets_the_case_run_and_the_row_says_which_path_ran(monkey
     calls = []
     monkeypatch.setattr(fla_mod, "_fla_op", lambda op: lambda q, k, v, g: calls.append(op) or q.sum(-1, keepdim=True))
     shape = Shape(1, 64, 2, 128, 16)
-    inputs = fla.make_inputs(params, shape, torch.float32, "cpu", seed=0, requires_grad=True)
+    inputs = fla.family.make_inputs(params, shape, torch.float32, "cpu", seed=0, requires_grad=True)
     fla.forward(params, inputs)
     assert "guard narrowed" in fla.note(params, "cuda") and calls == ["chunk_simple_gla"]
-    fla.forward(params, fla.make_inputs(params, shape, torch.float32, "cpu", seed=0))   # fwd: no backward path
+    fla.forward(params, fla.family.make_inputs(params, shape, torch.float32, "cpu", seed=0))   # fwd: no backward path
     assert fla.note(params, "cuda") is None
     exc = RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "
                        "chunk_bwd_dqkwg (see #640).")
