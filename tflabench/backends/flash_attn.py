@@ -278,16 +278,20 @@ class Fa4Backend(_FlashAttnBase):
     name = "fa4"
     description = "FlashAttention 4 (flash-attn-4, CuTe DSL: flash_attn.cute fwd+bwd), causal"
     install_hint = FA4_INSTALL_HINT
+    requires = ("flash_attn.cute", "cutlass")
+    requires_missing = {
+        "flash_attn.cute": "flash-attn-4 (flash_attn.cute) is not installed",
+        "cutlass": ("found flash_attn.cute but not cutlass: nvidia-cutlass-dsl is missing, or installed with "
+                    "--target, which skips the .pth file that puts its dsl_packages on sys.path"),
+    }
 
     def _module(self, params) -> str | None:
         return "flash_attn.cute" if _find_spec("flash_attn.cute") is not None else None
 
-    def _missing_text(self, params) -> str:
-        return "flash-attn-4 (flash_attn.cute) is not installed"
-
     def available(self, params) -> str | None:
-        """As the other FlashAttention backends; a missing ``cutlass`` is named with its cause."""
-        reason = super().available(params)
+        """:meth:`installed` (flash_attn.cute and cutlass found), then as the other
+        FlashAttention backends; a ``cutlass`` that does not import is named with its cause."""
+        reason = self.installed(_find_spec) or super().available(params)
         if reason and "No module named 'cutlass" in reason:
             return ("flash_attn.cute cannot import cutlass (nvidia-cutlass-dsl): its packages are on sys.path "
                     "only through a .pth file, which a --target install on PYTHONPATH does not run; add "

@@ -517,7 +517,8 @@ class MambaBackend(Backend):
     install_hint = MAMBA_INSTALL_HINT
     requires = ("mamba_ssm", "einops", SELECTIVE_SCAN_MODULE)
     requires_missing = {SELECTIVE_SCAN_MODULE: "mamba_ssm has no compiled extension selective_scan_cuda "
-                                               "(a build with MAMBA_SKIP_CUDA_BUILD=TRUE has none)"}
+                                               "(a build with MAMBA_SKIP_CUDA_BUILD=TRUE has none), and "
+                                               "selective_scan_fn has no other implementation"}
     Params = MambaParams
 
     def layout(self, params: MambaParams, embedding_dim: int) -> tuple[int, int, int]:
