@@ -71,7 +71,7 @@ def main() -> None:
             gate_variants = [None, torch.bfloat16]
         for gd in gate_variants:
             if gd is None:
-                inputs = backend.make_inputs(params, shape, torch.bfloat16, "cuda", 0)
+                inputs = backend.family.make_inputs(params, shape, torch.bfloat16, "cuda", 0)
             else:
                 inputs = mlstm_inputs(shape, torch.bfloat16, "cuda", 0, gates_dtype=gd)
 

@@ -17,7 +17,7 @@ from tflabench.backends.base import Shape
 def _inputs(params_raw: dict, shape: Shape, requires_grad=False):
     backend = get_backend("layer")
     params = backend.parse_params(params_raw)
-    return backend, params, backend.make_inputs(params, shape, torch.float64, "cpu", 0, requires_grad)
+    return backend, params, backend.family.make_inputs(params, shape, torch.float64, "cpu", 0, requires_grad)
 
 
 def test_attention_layer_is_norm_projections_causal_attention_and_residual():

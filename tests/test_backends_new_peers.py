@@ -41,7 +41,7 @@ def _absent(monkeypatch, module, *names):
 @pytest.mark.parametrize("name, family", [("fla_delta", "delta_rule"), ("mamba3", "mamba3")])
 def test_new_peer_names_resolve_to_their_backends_in_the_mlstm_layout(name, family):
     backend = get_backend(name)
-    assert (backend.name, backend.family) == (name, family)
+    assert (backend.name, backend.family.name) == (name, family)
     # paper App. E.3, the mLSTM's layout at embedding 4096: 16 heads, d_qk 128, d_hv 256
     assert backend.layout(backend.parse_params({}), 4096) == (16, 128, 256)
     assert backend.layout(backend.parse_params({"heads": 8, "d_qk": 64, "d_hv": 128}), 4096) == (8, 64, 128)
@@ -69,8 +69,8 @@ def test_new_peers_have_no_model_count(name):
     backend = get_backend(name)
     params = backend.parse_params({})
     shape = Shape(batch=4, seq_len=1024, heads=16, d_qk=128, d_hv=256)
-    assert backend.model_kind(params, shape, "fwd") is None
-    assert backend.model_counts(params, shape, "fwdbw") is None
+    assert backend.family.model_kind(params, shape, "fwd") is None
+    assert backend.family.model_counts(params, shape, "fwdbw") is None
 
 
 # ------------------------------------------------------------------------ availability
@@ -116,7 +116,7 @@ def test_mamba3_without_mamba_ssm_says_so(monkeypatch):
 @pytest.mark.parametrize("op, gated", [("chunk_gated_delta_rule", True), ("chunk_delta_rule", False)])
 def test_fla_delta_inputs_are_in_flas_layout(op, gated):
     backend = get_backend("fla_delta")
-    inputs = backend.make_inputs(backend.parse_params({"op": op}), SHAPE, torch.bfloat16, "cpu", 3,
+    inputs = backend.family.make_inputs(backend.parse_params({"op": op}), SHAPE, torch.bfloat16, "cpu", 3,
                                  requires_grad=True)
     B, T, H = SHAPE.batch, SHAPE.seq_len, SHAPE.heads
     assert inputs["q"].shape == inputs["k"].shape == (B, T, H, SHAPE.d_qk)
@@ -126,15 +126,15 @@ def test_fla_delta_inputs_are_in_flas_layout(op, gated):
     if gated:
         assert inputs["g"].dtype == torch.float32 and (inputs["g"] < 0).all()
     assert all(t.is_leaf and t.requires_grad for t in inputs.values())
-    again = backend.make_inputs(backend.parse_params({"op": op}), SHAPE, torch.bfloat16, "cpu", 3)
+    again = backend.family.make_inputs(backend.parse_params({"op": op}), SHAPE, torch.bfloat16, "cpu", 3)
     assert torch.equal(again["v"], inputs["v"].detach())
 
 
 def test_fla_delta_rule_refuses_float32_as_fla_does():
     backend = get_backend("fla_delta")
     with pytest.raises(ValueError, match="float32"):
-        backend.make_inputs(backend.parse_params({"op": "chunk_delta_rule"}), SHAPE, torch.float32, "cpu", 0)
-    gated = backend.make_inputs(backend.parse_params({}), SHAPE, torch.float32, "cpu", 0)
+        backend.family.make_inputs(backend.parse_params({"op": "chunk_delta_rule"}), SHAPE, torch.float32, "cpu", 0)
+    gated = backend.family.make_inputs(backend.parse_params({}), SHAPE, torch.float32, "cpu", 0)
     assert gated["q"].dtype == torch.float32
 
 
@@ -142,20 +142,20 @@ def test_mamba3_inputs_follow_the_module_and_refuse_other_dtypes():
     backend = get_backend("mamba3")
     params = backend.parse_params({})
     shape = Shape(batch=2, seq_len=16, heads=3, d_qk=8, d_hv=4)
-    inputs = backend.make_inputs(params, shape, torch.bfloat16, "cpu", 0, requires_grad=True)
+    inputs = backend.family.make_inputs(params, shape, torch.bfloat16, "cpu", 0, requires_grad=True)
     assert inputs["q"].shape == (2, 16, 3, 8) and inputs["v"].shape == (2, 16, 3, 4)
     assert inputs["adt"].shape == inputs["dt"].shape == inputs["trap"].shape == (2, 3, 16)
     assert inputs["angles"].shape == (2, 16, 3, 2)          # N * 0.5 / 2 angles
     assert (inputs["dt"] > 0).all() and (inputs["adt"] < 0).all()
     assert all(t.is_leaf and t.requires_grad for t in inputs.values())
-    full = backend.make_inputs(backend.parse_params({"rope_fraction": 1.0}), shape, torch.bfloat16, "cpu", 0)
+    full = backend.family.make_inputs(backend.parse_params({"rope_fraction": 1.0}), shape, torch.bfloat16, "cpu", 0)
     assert full["angles"].shape[-1] == 4
     with pytest.raises(ValueError, match="bfloat16"):
-        backend.make_inputs(params, shape, torch.float32, "cpu", 0)
+        backend.family.make_inputs(params, shape, torch.float32, "cpu", 0)
     with pytest.raises(ValueError, match="d_hv"):
-        backend.make_inputs(params, Shape(1, 16, 1, 8, 12), torch.bfloat16, "cpu", 0)
+        backend.family.make_inputs(params, Shape(1, 16, 1, 8, 12), torch.bfloat16, "cpu", 0)
     with pytest.raises(ValueError, match="even"):
-        backend.make_inputs(params, Shape(1, 16, 1, 4, 8), torch.bfloat16, "cpu", 0)
+        backend.family.make_inputs(params, Shape(1, 16, 1, 4, 8), torch.bfloat16, "cpu", 0)
 
 
 # ------------------------------------------------------------------------ float64 references
@@ -285,7 +285,7 @@ def test_every_gradient_of_the_new_peers_has_a_budget_class(name, gates):
     from tflabench.numerics import tensor_class
 
     backend = get_backend(name)
-    inputs = backend.make_inputs(backend.parse_params({}), Shape(1, 8, 1, 8, 8), torch.bfloat16, "cpu", 0,
+    inputs = backend.family.make_inputs(backend.parse_params({}), Shape(1, 8, 1, 8, 8), torch.bfloat16, "cpu", 0,
                                  requires_grad=True)
     classes = {key: tensor_class("d" + key) for key in inputs}
     assert {key for key, cls in classes.items() if cls == "gate_grad"} == gates
@@ -313,11 +313,11 @@ def test_verify_applies_forget_gate_regimes_to_gated_deltanet_only():
     from tflabench.run.verify_case import FAMILY_PROFILES, regimes_for
 
     backend = get_backend("fla_delta")
-    gated = backend.numerics_family(backend.parse_params({}))
-    plain = backend.numerics_family(backend.parse_params({"op": "chunk_delta_rule"}))
+    gated = backend.family.numerics_family(backend.parse_params({}))
+    plain = backend.family.numerics_family(backend.parse_params({"op": "chunk_delta_rule"}))
     settings = VerifySettings()
     assert len(regimes_for(gated, settings)) > len(regimes_for(plain, settings)) >= 1
-    inputs = backend.make_inputs(backend.parse_params({}), SHAPE, torch.bfloat16, "cpu", 0, requires_grad=True)
+    inputs = backend.family.make_inputs(backend.parse_params({}), SHAPE, torch.bfloat16, "cpu", 0, requires_grad=True)
     spec = settings.regime(next(n for n in regimes_for(gated, settings) if settings.regime(n).f is not None))
     redrawn = FAMILY_PROFILES[gated].apply(inputs, spec, torch.Generator().manual_seed(1))
     assert not torch.equal(redrawn["g"], inputs["g"]) and (redrawn["g"] <= 0).all()

@@ -58,7 +58,7 @@ def test_each_peer_name_resolves_to_its_own_backend_without_importing_peers():
     for name in PEER_NAMES:
         backend = get_backend(name)
         assert backend.name == name
-        assert backend.family == families[name]
+        assert backend.family.name == families[name]
         assert backend.available.__qualname__ != "_MissingBackend.available"
     for peer in ("mlstm_kernels", "fla", "mamba_ssm", "fa3_fwd_interface", "flash_attn"):
         assert peer not in sys.modules
@@ -383,11 +383,11 @@ def test_inputs_come_in_the_native_layout_as_contiguous_leaves(name, raw, shapes
     shape = Shape(batch=2, seq_len=64, heads=4, d_qk=8, d_hv=16)
     if name == "mamba":
         shape = Shape(batch=2, seq_len=64, heads=1, d_qk=8, d_hv=64)
-    inputs = backend.make_inputs(params, shape, torch.bfloat16, "cpu", seed=3, requires_grad=True)
+    inputs = backend.family.make_inputs(params, shape, torch.bfloat16, "cpu", seed=3, requires_grad=True)
     assert {k: tuple(v.shape) for k, v in inputs.items()} == shapes
     for key, t in inputs.items():
         assert t.is_contiguous() and t.is_leaf and t.requires_grad, key
-    again = backend.make_inputs(params, shape, torch.bfloat16, "cpu", seed=3)
+    again = backend.family.make_inputs(params, shape, torch.bfloat16, "cpu", seed=3)
     for key in inputs:
         assert torch.equal(inputs[key].detach(), again[key]) and not again[key].requires_grad
     activations = {"q", "k", "v", "x", "B", "C", "u", "z", "delta", "dt"}
@@ -398,18 +398,18 @@ def test_inputs_come_in_the_native_layout_as_contiguous_leaves(name, raw, shapes
 def test_gate_distributions_are_the_benchmark_settings():
     shape = Shape(batch=4, seq_len=512, heads=8, d_qk=16, d_hv=16)
     mk = get_backend("mlstm_kernels")
-    m = mk.make_inputs(mk.parse_params({}), shape, torch.bfloat16, "cpu", seed=0)
+    m = mk.family.make_inputs(mk.parse_params({}), shape, torch.bfloat16, "cpu", seed=0)
     # the peers' benchmark setting: forget pre-activations ~ N(3, 1), input ~ N(0, 1)
     assert abs(m["f"].float().mean().item() - 3.0) < 0.05 and abs(m["f"].float().std().item() - 1.0) < 0.05
     assert abs(m["i"].float().mean().item()) < 0.05 and abs(m["i"].float().std().item() - 1.0) < 0.05
     fla = get_backend("fla")
-    g = fla.make_inputs(fla.parse_params({}), shape, torch.float32, "cpu", seed=0)["g"]
+    g = fla.family.make_inputs(fla.parse_params({}), shape, torch.float32, "cpu", seed=0)["g"]
     # logsigmoid of N(3, 1): all negative, mean E[logsigmoid(3 + Z)] by quadrature
     z = torch.linspace(-8, 8, 20001, dtype=torch.float64)
     expected = (F.logsigmoid(3 + z) * torch.exp(-z * z / 2)).sum() / torch.exp(-z * z / 2).sum()
     assert (g < 0).all() and abs(g.mean().item() - expected.item()) < 0.01
     m2 = get_backend("mamba2")
-    x = m2.make_inputs(m2.parse_params({}), Shape(1, 64, 64, 8, 8), torch.float32, "cpu", seed=0)
+    x = m2.family.make_inputs(m2.parse_params({}), Shape(1, 64, 64, 8, 8), torch.float32, "cpu", seed=0)
     dt = F.softplus(x["dt_bias"])  # the module's init: dt in [1e-3, 1e-1]
     assert (dt >= 1e-3 * 0.999).all() and (dt <= 0.1 * 1.001).all()
     assert (x["A"] <= -1).all() and (x["A"] >= -16).all()
@@ -421,9 +421,9 @@ def test_mlstm_kernels_refuses_sequence_lengths_the_peer_cannot_run():
                              ({"variant": "exp", "algorithm": "limit_chunk", "chunk_size": 192}, 384,
                               "power of two")):
         with pytest.raises(ValueError, match=fragment):
-            mk.make_inputs(mk.parse_params(raw), Shape(1, S, 1, 8, 8), torch.float32, "cpu", seed=0)
-    mk.make_inputs(mk.parse_params({}), Shape(1, 64, 1, 8, 8), torch.float32, "cpu", seed=0)
-    mk.make_inputs(mk.parse_params({"chunk_size": 256}), Shape(1, 512, 1, 8, 8), torch.float32, "cpu", seed=0)
+            mk.family.make_inputs(mk.parse_params(raw), Shape(1, S, 1, 8, 8), torch.float32, "cpu", seed=0)
+    mk.family.make_inputs(mk.parse_params({}), Shape(1, 64, 1, 8, 8), torch.float32, "cpu", seed=0)
+    mk.family.make_inputs(mk.parse_params({"chunk_size": 256}), Shape(1, 512, 1, 8, 8), torch.float32, "cpu", seed=0)
 
 
 def test_mlstm_kernels_gate_shape_is_a_length_the_peer_runs():
@@ -432,14 +432,15 @@ def test_mlstm_kernels_gate_shape_is_a_length_the_peer_runs():
     for raw, max_len in (({}, 300), ({"chunk_size": 256}, 300), ({"variant": "exp", "algorithm": "limit_chunk"}, 100),
                          ({}, 50)):
         params = mk.parse_params(raw)
-        gate = mk.gate_shape(params, case, max_len)
+        gate = mk.family.gate_shape(params, case, max_len, mk.chunk_size(params))
         mk_mod.check_peer_shape(params, gate.seq_len)  # raises if the peer could not run it
         assert gate.seq_len <= case.seq_len and gate.batch == 1 and gate.heads <= 2
 
 
 def test_mamba2_gate_shape_keeps_whole_groups():
     m2 = get_backend("mamba2")
-    gate = m2.gate_shape(m2.parse_params({"ngroups": 4}), Shape(2, 4096, 64, 128, 64), 512)
+    params = m2.parse_params({"ngroups": 4})
+    gate = m2.family.gate_shape(params, Shape(2, 4096, 64, 128, 64), 512, m2.chunk_size(params))
     assert gate.heads % 4 == 0 and gate.heads <= 8 and gate.seq_len == 512
 
 
@@ -451,12 +452,12 @@ def test_sdpa_math_runs_on_cpu_and_matches_its_float64_reference_forward_and_bac
     params = sdpa.parse_params({"impl": "math"})
     assert sdpa.available(params) is None
     shape = Shape(batch=2, seq_len=48, heads=3, d_qk=16, d_hv=16, dtype="float32")
-    inputs = sdpa.make_inputs(params, shape, torch.float32, "cpu", seed=1, requires_grad=True)
+    inputs = sdpa.family.make_inputs(params, shape, torch.float32, "cpu", seed=1, requires_grad=True)
     out = sdpa.forward(params, inputs)
     ref_inputs = {k: v.detach().double().requires_grad_(True) for k, v in inputs.items()}
-    ref = sdpa.reference(params, ref_inputs)
+    ref = sdpa.family.reference(params, ref_inputs)
     assert out.shape == ref.shape == (2, 3, 48, 16) and out.dtype == torch.float32
-    tol = sdpa.tolerance(params, torch.float32)
+    tol = sdpa.family.tolerance(params, torch.float32)
     assert _max_norm_err(out, ref) < tol
     grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(5))
     out.backward(grad)
@@ -468,8 +469,8 @@ def test_sdpa_math_runs_on_cpu_and_matches_its_float64_reference_forward_and_bac
 def test_sdpa_numerics_detect_a_missing_causal_mask():
     sdpa = get_backend("sdpa")
     causal, full = sdpa.parse_params({"impl": "math"}), sdpa.parse_params({"impl": "math", "causal": False})
-    inputs = sdpa.make_inputs(causal, Shape(1, 32, 2, 8, 8), torch.float32, "cpu", seed=2)
-    ref = sdpa.reference(causal, {k: v.double() for k, v in inputs.items()})
+    inputs = sdpa.family.make_inputs(causal, Shape(1, 32, 2, 8, 8), torch.float32, "cpu", seed=2)
+    ref = sdpa.family.reference(causal, {k: v.double() for k, v in inputs.items()})
     assert _max_norm_err(sdpa.forward(full, inputs), ref) > 0.1
     assert _max_norm_err(sdpa.forward(causal, inputs), ref) < 1e-5
 
@@ -477,9 +478,9 @@ def test_sdpa_numerics_detect_a_missing_causal_mask():
 def test_flash_attn_reference_is_attention_in_the_bshd_layout():
     fa3, sdpa = get_backend("fa3"), get_backend("sdpa")
     shape = Shape(1, 40, 2, 8, 8)
-    bshd = fa3.make_inputs(fa3.parse_params({}), shape, torch.float64, "cpu", seed=4)
+    bshd = fa3.family.make_inputs(fa3.parse_params({}), shape, torch.float64, "cpu", seed=4)
     bhsd = {k: v.transpose(1, 2).contiguous() for k, v in bshd.items()}
-    ref_bshd = fa3.reference(fa3.parse_params({}), bshd)
+    ref_bshd = fa3.family.reference(fa3.parse_params({}), bshd)
     out = sdpa.forward(sdpa.parse_params({"impl": "math"}), bhsd)
     assert ref_bshd.shape == (1, 40, 2, 8)
     assert _max_norm_err(ref_bshd.transpose(1, 2), out) < 1e-12
@@ -522,8 +523,8 @@ def test_ssd_reference_matches_the_quadratic_matrix_form_of_ssd():
 def test_mamba2_backend_reference_applies_bias_and_softplus_like_the_module():
     m2 = get_backend("mamba2")
     params = m2.parse_params({})
-    inputs = m2.make_inputs(params, Shape(1, 40, 2, 4, 3), torch.float64, "cpu", seed=6)
-    ref = m2.reference(params, inputs)
+    inputs = m2.family.make_inputs(params, Shape(1, 40, 2, 4, 3), torch.float64, "cpu", seed=6)
+    ref = m2.family.reference(params, inputs)
     manual = mamba_mod.ssd_recurrent_reference(inputs["x"], F.softplus(inputs["dt"] + inputs["dt_bias"]),
                                                inputs["A"], inputs["B"], inputs["C"], D=inputs["D"],
                                                dt_softplus=False)
@@ -588,17 +589,17 @@ def test_lightning_decay_follows_the_layer_formula():
     assert torch.allclose(gamma, torch.tensor([0.0, -1.5, -3.0, -4.5], dtype=torch.float64))
     fla = get_backend("fla")
     params = fla.parse_params({"op": "lightning_attn", "layer_idx": 1, "num_layers": 4})
-    inputs = fla.make_inputs(params, Shape(1, 20, 4, 4, 4), torch.float64, "cpu", seed=0)
+    inputs = fla.family.make_inputs(params, Shape(1, 20, 4, 4, 4), torch.float64, "cpu", seed=0)
     expected = fla_mod.gla_recurrent_reference(inputs["q"], inputs["k"], inputs["v"], g_gamma=gamma)
-    assert _max_norm_err(fla.reference(params, inputs), expected) < 1e-12
+    assert _max_norm_err(fla.family.reference(params, inputs), expected) < 1e-12
 
 
 def test_fla_reference_gradients_flow_to_every_input():
     fla = get_backend("fla")
     for op in ("chunk_simple_gla", "chunk_gla"):
         params = fla.parse_params({"op": op})
-        inputs = fla.make_inputs(params, Shape(1, 70, 2, 4, 4), torch.float64, "cpu", seed=0, requires_grad=True)
-        fla.reference(params, inputs).sum().backward()
+        inputs = fla.family.make_inputs(params, Shape(1, 70, 2, 4, 4), torch.float64, "cpu", seed=0, requires_grad=True)
+        fla.family.reference(params, inputs).sum().backward()
         assert all(t.grad is not None and torch.isfinite(t.grad).all() for t in inputs.values())
 
 
@@ -610,13 +611,13 @@ def test_mlstm_kernels_reference_is_the_tfla_reference_of_the_chosen_variant():
     for raw, variant, normalize in (({}, "sig", False), ({"normalize": True}, "sig", True),
                                     ({"variant": "exp"}, "exp", True)):
         params = mk.parse_params(raw)
-        inputs = {k: v.double() for k, v in mk.make_inputs(params, shape, torch.float32, "cpu", seed=0).items()}
-        ref = mk.reference(params, inputs)
+        inputs = {k: v.double() for k, v in mk.family.make_inputs(params, shape, torch.float32, "cpu", seed=0).items()}
+        ref = mk.family.reference(params, inputs)
         rec = mlstm_recurrent(*(inputs[n] for n in "qkvif"), variant=variant, normalize=normalize)
         assert ref.shape == (1, 2, 64, 16)
         assert _max_norm_err(ref, rec) < 1e-10, raw
-    sig_plain = mk.reference(mk.parse_params({}), inputs)
-    sig_norm = mk.reference(mk.parse_params({"normalize": True}), inputs)
+    sig_plain = mk.family.reference(mk.parse_params({}), inputs)
+    sig_norm = mk.family.reference(mk.parse_params({"normalize": True}), inputs)
     assert _max_norm_err(sig_plain, sig_norm) > 1e-3  # the flag reaches the reference
 
 
@@ -645,13 +646,13 @@ def test_model_counts_use_the_familys_model_kind():
     for name, raw, kind, extra in cases:
         for mode in ("fwd", "fwdbw"):
             backend = get_backend(name)
-            got = backend.model_counts(backend.parse_params(raw), shape, mode)
+            got = backend.family.model_counts(backend.parse_params(raw), shape, mode)
             want = counts_for_case(kind, mode, **kw, **extra)
             assert got == (float(want.flops), float(want.bytes)), (name, raw, mode)
     sdpa = get_backend("sdpa")
-    assert sdpa.model_counts(sdpa.parse_params({"causal": False}), shape, "fwd") is None
+    assert sdpa.family.model_counts(sdpa.parse_params({"causal": False}), shape, "fwd") is None
     mamba = get_backend("mamba")
-    assert mamba.model_counts(mamba.parse_params({}), shape, "fwd") is None
+    assert mamba.family.model_counts(mamba.parse_params({}), shape, "fwd") is None
 
 
 def test_mlstm_kernels_note_names_the_peer_kernel_and_normaliser():
@@ -684,7 +685,7 @@ def test_lightning_attn_inputs_are_its_kernels_layout_with_the_layer_decay():
     la = get_backend("lightning_attn")
     params = la.parse_params({"layer_idx": 1, "num_layers": 4})
     shape = Shape(batch=2, seq_len=64, heads=4, d_qk=16, d_hv=32)
-    inputs = la.make_inputs(params, shape, torch.bfloat16, "cpu", seed=3, requires_grad=True)
+    inputs = la.family.make_inputs(params, shape, torch.bfloat16, "cpu", seed=3, requires_grad=True)
     assert {k: tuple(v.shape) for k, v in inputs.items()} == {
         "q": (2, 4, 64, 16), "k": (2, 4, 64, 16), "v": (2, 4, 64, 32), "s": (4,)}
     for key in "qkv":
@@ -699,14 +700,14 @@ def test_lightning_attn_reference_is_decayed_linear_attention_without_scale():
     # o_t = sum_{j<=t} exp(-s_h (t - j)) (q_t . k_j) v_j  (lightning-attn 0.0.5, lightning_attn2)
     la = get_backend("lightning_attn")
     params = la.parse_params({})
-    inputs = la.make_inputs(params, Shape(1, 23, 3, 16, 16), torch.float64, "cpu", seed=5)
+    inputs = la.family.make_inputs(params, Shape(1, 23, 3, 16, 16), torch.float64, "cpu", seed=5)
     q, k, v, s = inputs["q"], inputs["k"], inputs["v"], inputs["s"]
     t = torch.arange(23, dtype=torch.float64)
     out = torch.empty_like(v)
     for h in range(3):
         decay = torch.exp(-s[h] * (t[:, None] - t[None, :])).tril()
         out[0, h] = ((q[0, h] @ k[0, h].T) * decay) @ v[0, h]
-    assert _max_norm_err(la.reference(params, inputs), out) < 1e-12
+    assert _max_norm_err(la.family.reference(params, inputs), out) < 1e-12
 
 
 def test_fla_fused_gla_stub_is_reported_unavailable():

@@ -237,5 +237,5 @@ def test_every_triton_kernel_of_ours_has_a_model_part():
                     ast.unparse(d).startswith("triton.jit") for d in node.decorator_list):
                 kernels.append(node.name)
     assert len(kernels) >= 8, kernels
-    unnamed = [name for name in kernels if backend.kernel_part(params, name) is None]
+    unnamed = [name for name in kernels if backend.family.kernel_part(params, name) is None]
     assert unnamed == [], f"kernels without a model part in TflaBackend.KERNEL_PARTS: {unnamed}"

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from tflabench.backends import register
-from tflabench.backends.attention_family import attention_inputs, attention_reference
+from tflabench.backends.attention_family import AttentionFamily
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape
 from tflabench.run.measure import (max_normalised_error, measure_case, numerics_gate, summarize,
                                time_callable)
@@ -36,14 +36,11 @@ class _TestAttention(Backend):
     """Causal attention through torch SDPA, with a deliberate flaw on request."""
 
     name = "test_attention"
-    family = "attention"
+    family = AttentionFamily("BHSD")
     Params = _AttentionParams
 
     def available(self, params):
         return None
-
-    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
-        return attention_inputs(shape, dtype, device, seed, requires_grad)
 
     def forward(self, params, inputs):
         q, k, v = inputs["q"], inputs["k"], inputs["v"]
@@ -51,9 +48,6 @@ class _TestAttention(Backend):
             q = _ScaleGrad.apply(q)
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         return out * 1.05 if params.flaw == "output" else out
-
-    def reference(self, params, inputs):
-        return attention_reference(inputs["q"], inputs["k"], inputs["v"], causal=True)
 
 
 BACKEND = register(_TestAttention())

@@ -23,8 +23,19 @@ H200_ENV = {"gpu_name": "NVIDIA H200", "triton": "3.6.0",
             "peers": {"fla-core": "0.6.0", "mamba_ssm": "2.3.2.post1", "fa3_fwd": "0.0.3", "mlstm_kernels": "2.0.6"}}
 
 
+#: The modules the reference H200 environment has installed besides the FlashAttention
+#: builds and Lightning Attention (whether a peer is installed is its backend's
+#: ``installed``, by find_spec).
+H200_MODULES = ("fla", "einops", "triton", "mamba_ssm", "mlstm_kernels")
+
+
 def _only(*present):
-    return lambda name: object() if name in present else None
+    """A find_spec finding ``present`` and :data:`H200_MODULES`, nothing else."""
+    return lambda name: object() if name in present + H200_MODULES else None
+
+
+def _nothing(name):
+    return None
 
 
 def _verdicts(env, find_spec):
@@ -66,7 +77,7 @@ def test_installed_fwdbw_builds_are_reported_as_running():
 
 
 def test_missing_peers_say_what_to_install():
-    v = _verdicts({"gpu_name": None, "triton": "3.6.0", "peers": {}}, _only())
+    v = _verdicts({"gpu_name": None, "triton": "3.6.0", "peers": {}}, _nothing)
     assert v[("FLA chunk_gla", "fwd, fwdbw")].fix.startswith("pip install fla-core")
     for peer, backend in (("Mamba 2 (SSD)", "mamba2"), ("Mamba (v1)", "mamba"), ("Mamba-3 (SISO)", "mamba3"),
                           ("FLA chunk_gated_delta_rule (gated DeltaNet)", "fla_delta")):
@@ -225,10 +236,10 @@ def test_narrowed_guard_lets_the_case_run_and_the_row_says_which_path_ran(monkey
     calls = []
     monkeypatch.setattr(fla_mod, "_fla_op", lambda op: lambda q, k, v, g: calls.append(op) or q.sum(-1, keepdim=True))
     shape = Shape(1, 64, 2, 128, 16)
-    inputs = fla.make_inputs(params, shape, torch.float32, "cpu", seed=0, requires_grad=True)
+    inputs = fla.family.make_inputs(params, shape, torch.float32, "cpu", seed=0, requires_grad=True)
     fla.forward(params, inputs)
     assert "guard narrowed" in fla.note(params, "cuda") and calls == ["chunk_simple_gla"]
-    fla.forward(params, fla.make_inputs(params, shape, torch.float32, "cpu", seed=0))   # fwd: no backward path
+    fla.forward(params, fla.family.make_inputs(params, shape, torch.float32, "cpu", seed=0))   # fwd: no backward path
     assert fla.note(params, "cuda") is None
     exc = RuntimeError("Triton >= 3.4.0 and < 3.7.1 on Hopper GPUs produces incorrect results for gated "
                        "chunk_bwd_dqkwg (see #640).")
@@ -272,7 +283,8 @@ def test_fa4_backend_has_the_attention_layout_and_names_what_is_missing(monkeypa
 def test_doctor_says_how_each_flashattention_is_found_or_why_not():
     v = _verdicts(H200_ENV, _only("fa3_fwd_interface"))
     fa4 = v[("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw")]
-    assert fa4.runs is False and "flash_attn.cute not found" in fa4.why and "offline-peers.md" in fa4.fix
+    assert fa4.runs is False and "flash-attn-4 (flash_attn.cute) is not installed" in fa4.why
+    assert "offline-peers.md" in fa4.fix and fa4.fix == get_backend("fa4").install_hint
     assert "found fa3_fwd_interface" in v[("FlashAttention 3", "fwd")].why
     fa3 = v[("FlashAttention 3", "fwdbw")]
     assert "fwd+bwd needs flash_attn_interface" in fa3.why and "fa4" in fa3.fix
@@ -299,7 +311,8 @@ def test_doctor_lists_lightning_attention_and_the_fused_gla_forms():
     stub = v[("FLA fused_chunk_gla (non-materialising)", "fwd, fwdbw")]
     assert stub.runs is False and "stub" in stub.why and "fused_chunk_simple_gla" in stub.fix
     env = {**H200_ENV, "peers": {**H200_ENV["peers"], "lightning-attn": "0.0.5"}}
-    assert "0.0.5" in _verdicts(env, _only())[("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw")].why
+    found = _verdicts(env, _only("lightning_attn"))[("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw")]
+    assert found.runs is True and "0.0.5" in found.why
 
 
 def test_fa2_is_not_fooled_by_flash_attn_4s_namespace_package(monkeypatch):
@@ -362,3 +375,20 @@ def test_doctor_and_the_fla_backend_decide_the_640_guard_alike(monkeypatch, gpu,
     v = _verdicts({**H200_ENV, "gpu_name": gpu, "triton": ".".join(map(str, triton))}, _only())
     assert v[("FLA chunk_simple_gla", "fwdbw")].runs is (not refused)
     assert refused is (gpu != "NVIDIA A100-SXM4-80GB" and (3, 4) <= triton < (3, 7, 1))
+
+
+@pytest.mark.parametrize("peer, backend, present", [
+    ("Mamba (v1)", "mamba", ()),                                   # mamba_ssm without selective_scan_cuda
+    ("Lightning Attention 2 (lightning-attn)", "lightning_attn", ()),
+    ("FlashAttention 4 (CuTe DSL)", "fa4", ("flash_attn.cute",)),  # without cutlass
+])
+def test_missing_rows_are_the_backends_own_installed_verdict(peer, backend, present):
+    # one home: doctor's row says what the backend's installed() says, by the same find_spec
+    find = _only(*present)
+    reason = get_backend(backend).installed(find)
+    hint = get_backend(backend).install_hint
+    assert reason is not None and reason.endswith(f"; {hint}")
+    row = _verdicts(H200_ENV, find)[(peer, "fwd, fwdbw")]
+    assert row.runs is False and row.backend == backend
+    assert (row.why, row.fix) == (reason.removesuffix(f"; {hint}"), hint)
+    assert get_backend(backend).installed(lambda name: object()) is None

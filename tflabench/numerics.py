@@ -440,7 +440,7 @@ def _mlstm_scales(inputs: Mapping[str, Any], pairs: Mapping[str, tuple[Any, Any]
     return {"df": Normaliser(value, SUMMAND_SCALE)}
 
 
-#: family (``Backend.numerics_family``) -> (reference inputs, pairs, last-state gradients)
+#: family (``Family.numerics_family``) -> (reference inputs, pairs, last-state gradients)
 #: -> tensor name -> :class:`Normaliser`: the tensors a family judges against something
 #: other than their own max. mLSTM (``tfla``, ``mlstm_kernels``, ``custom`` with the mLSTM
 #: layout): df against its summand scale (:func:`mlstm_df_scale`).
@@ -452,7 +452,7 @@ def reference_scales(family: str, inputs: Mapping[str, Any], pairs: Mapping[str,
     """The ``scales`` argument of :func:`judge` for a case of ``family``.
 
     Args:
-        family: ``Backend.numerics_family`` (``mlstm``...); families not in
+        family: ``Family.numerics_family`` (``mlstm``...); families not in
             :data:`FAMILY_SCALES` get none.
         inputs: the float64 reference's inputs (name -> tensor: ``q``, ``k``, ``f``...).
         pairs: as :func:`judge` (the reference gradients are the pairs' second items);

@@ -24,6 +24,7 @@ from tflabench.backends.base import (  # noqa: F401  (re-exported for backend mo
     Shape,
     resolve_layout,
 )
+from tflabench.backends.family import Family
 from tflabench.errors import UserError
 from tflabench.store.schema import row_params
 
@@ -52,9 +53,9 @@ _IMPORT_ERRORS: dict[str, str] = {}
 
 def register(backend: Backend) -> Backend:
     """Add ``backend`` under ``backend.name`` (replacing an earlier one of that name, so
-    tests can register test-only backends). Returns it. Raises ValueError when the name or
-    family is empty."""
-    if not backend.name or not backend.family:
+    tests can register test-only backends). Returns it. Raises ValueError when the name is
+    empty or the family is not a :class:`~tflabench.backends.family.Family` with a name."""
+    if not backend.name or not isinstance(getattr(backend, "family", None), Family) or not backend.family.name:
         raise ValueError(f"backend {type(backend).__name__} needs a name and a family")
     _REGISTRY[backend.name] = backend
     return backend
@@ -87,7 +88,7 @@ class _MissingBackend(Backend):
 
     def __init__(self, name: str, module: str, error: str):
         self.name = name  # type: ignore[misc]
-        self.family = "unknown"  # type: ignore[misc]
+        self.family = Family(name="unknown")  # type: ignore[misc]
         self.description = f"(module {module} not importable)"  # type: ignore[misc]
         self._reason = f"backend module {module} cannot be imported ({error})"
 

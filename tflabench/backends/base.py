@@ -1,36 +1,42 @@
-"""The backend contract: what every kernel family implements so the runner can measure it.
+"""The backend contract: what every kernel implements so the runner can measure it.
 
 A backend is one small object (a subclass of :class:`Backend`, registered with
-:func:`tflabench.backends.register`). The runner and :mod:`tflabench.run.measure` call only the
-methods below, in a worker process, and never special-case a family
-(``docs/ARCHITECTURE.md``, "Contract: backends").
+:func:`tflabench.backends.register`): its parameters, whether it can run here, the forward
+call and what it plans to run. What the kernels of one family share (inputs, float64
+reference, budgets, the analytic model's counts, the model part of each kernel) is its
+``family``, a :class:`tflabench.backends.family.Family` instance with one home per family.
+The runner and :mod:`tflabench.run.measure` call only the methods below and the family's,
+in a worker process, and never special-case a family (``docs/ARCHITECTURE.md``,
+"Contract: backends").
 
 How to add a backend
 --------------------
 1. Create ``tflabench/backends/<family>.py``. Import torch and the peer package **inside**
    the methods, never at module top: the module is imported in the parent process to
    validate suites and list backends, where the peer may be missing or broken.
-2. Subclass :class:`Backend`; set ``name`` (the suite's ``backend:`` value), ``family``
-   (``mlstm``, ``attention``, ``mamba2``, ``mamba``, ``gla``, ...), ``description`` and
-   ``install_hint``; declare ``Params`` (subclass :class:`BackendParams`, or
-   :class:`HeadLayoutParams` for the usual heads / d_qk / d_hv fields, with the
+2. Subclass :class:`Backend`; set ``name`` (the suite's ``backend:`` value), ``family`` (an
+   instance of the family's :class:`~tflabench.backends.family.Family`: reuse
+   :class:`~tflabench.backends.mlstm_family.MlstmFamily` or
+   :class:`~tflabench.backends.attention_family.AttentionFamily`, or write one: its
+   ``make_inputs``, ``reference`` (float64 ground truth for the numerics gate) and
+   ``model_kind`` (the analytic model's counts), and its ``KERNEL_PARTS`` for ``run
+   --profile``), ``description``, ``install_hint`` and ``requires`` (the modules
+   :meth:`Backend.installed` looks up); declare ``Params`` (subclass :class:`BackendParams`,
+   or :class:`HeadLayoutParams` for the usual heads / d_qk / d_hv fields, with the
    family's defaults). Every field is something a suite may set; unknown keys are refused.
-3. Implement :meth:`Backend.available`, :meth:`Backend.make_inputs`,
-   :meth:`Backend.forward`, :meth:`Backend.reference` (float64 ground truth for the
-   numerics gate) and :meth:`Backend.model_kind` (the analytic model's counts); override
-   :meth:`Backend.unsupported_mode` / :meth:`Backend.layout` / :meth:`Backend.tolerance`
-   where the defaults do not fit; name the model part of each kernel you launch in
-   :attr:`Backend.KERNEL_PARTS` (``run --profile``).
+3. Implement :meth:`Backend.available` and :meth:`Backend.forward`; override
+   :meth:`Backend.unsupported_mode` / :meth:`Backend.layout` / :meth:`Backend.chunk_size`
+   where the defaults do not fit.
 4. End the module with ``register(MyBackend())`` (several backends may share a module), and
    add ``"<name>": "tflabench.backends.<family>"`` to ``BACKEND_MODULES`` in
    ``tflabench/backends/__init__.py``.
 
-Call order in the worker, per case (one mode each):
+Call order in the worker, per case (one mode each), ``family`` being ``backend.family``:
 ``Params.model_validate(raw)`` -> ``available(params)`` -> ``unsupported_mode(params, mode)``
--> ``make_inputs(params, shape, ...)`` -> ``forward(params, inputs)`` (first call, timed apart)
--> numerics gate at ``gate_shape(...)``: ``forward`` vs ``reference`` on float64 copies
--> warm-ups, peak memory, timed iterations of ``forward`` (+ ``backward`` for ``fwdbw``)
--> ``model_counts(params, shape, mode)``.
+-> ``family.make_inputs(params, shape, ...)`` -> ``forward(params, inputs)`` (first call,
+timed apart) -> numerics gate at ``family.gate_shape(..., chunk_size(params))``: ``forward``
+vs ``family.reference`` on float64 copies -> warm-ups, peak memory, timed iterations of
+``forward`` (+ ``backward`` for ``fwdbw``) -> ``family.model_counts(params, shape, mode)``.
 """
 
 from __future__ import annotations
@@ -39,14 +45,13 @@ import contextlib
 import contextvars
 import dataclasses
 import importlib.util
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping
 
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from tflabench.bounds import MAX_KERNEL_PARAM, check_number
 from tflabench.errors import UserError
 from tflabench.model import SHAPE_SYMBOLS, counts_for_case
-from tflabench.numerics import budget
 
 if TYPE_CHECKING:  # pragma: no cover
     import torch
@@ -172,17 +177,24 @@ def resolve_layout(params: Any, embedding_dim: int, default_heads: int | None = 
 
 
 class Backend:
-    """A kernel the harness can measure. Subclass, set the class attributes, implement the
-    methods marked *required*. All methods run in the worker process; ``Params``,
-    ``layout``, ``chunk_size`` and ``unsupported_mode`` also run in the parent (suite
-    validation, ``tflabench backends``) and must not import torch or peer packages.
+    """A kernel the harness can measure (thin: parameters, availability, forward, plan).
+    Subclass, set the class attributes, implement the methods marked *required*. All
+    methods run in the worker process; ``Params``, ``layout``, ``chunk_size``,
+    ``unsupported_mode`` and ``installed`` also run in the parent (suite validation,
+    ``tflabench backends``, ``doctor``) and must not import torch or peer packages.
 
     Class attributes:
         name: registry name, the suite's ``backend:`` value (e.g. ``"sdpa"``).
-        family: kernel family, the row's ``family`` (``mlstm``, ``attention``, ``mamba2``,
-            ``mamba``, ``gla``, ``custom``...); backends of one family share a reference.
+        family: the kernel family's knowledge, a
+            :class:`~tflabench.backends.family.Family` instance (inputs, float64 reference,
+            budgets, model counts, kernel parts); its ``name`` is the row's ``family``
+            (``mlstm``, ``attention``, ``mamba2``, ``mamba``, ``gla``, ``custom``...).
         description: one line for ``tflabench backends``.
         install_hint: what to install when unavailable (e.g. ``pip install fla-core``).
+        requires: the modules that must be installed for the kernel to run, looked up by
+            :meth:`installed` in this order (``find_spec`` only, nothing imported).
+        requires_missing: module -> what :meth:`installed` says when it is missing
+            (default "<module> is not installed").
         modes: the modes it can ever run; others are reported unavailable.
         Params: pydantic model of what a suite may set (subclass of :class:`BackendParams`).
         default_heads: the family's number of heads when a suite sets neither ``heads``
@@ -191,17 +203,14 @@ class Backend:
     """
 
     name: ClassVar[str] = ""
-    family: ClassVar[str] = ""
+    family: ClassVar[Any]  # a tflabench.backends.family.Family (which imports this module)
     description: ClassVar[str] = ""
     install_hint: ClassVar[str] = ""
+    requires: ClassVar[tuple[str, ...]] = ()
+    requires_missing: ClassVar[Mapping[str, str]] = {}
     modes: ClassVar[tuple[str, ...]] = MODES
     Params: ClassVar[type[BackendParams]] = BackendParams
     default_heads: ClassVar[int | None] = None
-    #: ``run --profile``: (regular expression, part) pairs naming the model part
-    #: (``recurrent``, ``parallel`` or ``whole``: :data:`tflabench.model.parts.PARTS`) of
-    #: the kernels this backend launches; the first pattern found in a kernel's name
-    #: (``re.search``) wins; kernels no pattern names count as ``other``.
-    KERNEL_PARTS: ClassVar[tuple[tuple[str, str], ...]] = ()
 
     # ---------------------------------------------------------------- parameters, shapes
 
@@ -228,6 +237,19 @@ class Backend:
         return {}
 
     # ---------------------------------------------------------------- availability
+
+    def installed(self, find_spec: Callable[[str], Any] | None = None) -> str | None:
+        """Whether the packages the kernel needs are installed, without importing them:
+        None when every module of :attr:`requires` is found, else why not (the first
+        missing module's :attr:`requires_missing` text, or "<module> is not installed"),
+        ending with ``; <install_hint>``. ``find_spec``: module lookup (default
+        :func:`find_spec`; ``doctor``'s peer table and tests pass their own). Runs in the
+        parent (``doctor``) and in :meth:`available`."""
+        lookup = find_spec if find_spec is not None else _default_find_spec
+        for module in self.requires:
+            if lookup(module) is None:
+                return f"{self.requires_missing.get(module, f'{module} is not installed')}; {self.install_hint}"
+        return None
 
     def available(self, params: BackendParams) -> str | None:
         """*Required.* None when the kernel can run here (package importable, device
@@ -257,55 +279,11 @@ class Backend:
 
     # ---------------------------------------------------------------- running
 
-    def make_inputs(
-        self,
-        params: BackendParams,
-        shape: Shape,
-        dtype: "torch.dtype",
-        device: str,
-        seed: int,
-        requires_grad: bool = False,
-    ) -> dict[str, Any]:
-        """*Required.* The keyword inputs of :meth:`forward`, in the kernel's native layout.
-
-        Args:
-            shape: the case's :class:`Shape` (or the numerics gate's reduced one).
-            dtype: element type of the activations (q, k, v, x...); gate pre-activations may
-                be kept in float32 where the kernel expects that (say so in the docstring).
-            device: ``"cuda"`` or ``"cpu"``.
-            seed: seed for a ``torch.Generator`` (same seed -> same inputs).
-            requires_grad: True for ``fwdbw``: set ``requires_grad`` on exactly the floating
-                tensors that the backward differentiates (leaf tensors).
-
-        Returns:
-            dict name -> tensor (or plain value). The numerics gate converts each floating
-            tensor to a float64 copy (keeping ``requires_grad``) before :meth:`reference`,
-            and compares the ``.grad`` of every tensor with ``requires_grad``.
-        """
-        raise NotImplementedError
-
     def forward(self, params: BackendParams, inputs: dict[str, Any]) -> "torch.Tensor":
         """*Required.* Run the kernel once on ``inputs``; return the output tensor (for
         ``fwdbw`` the harness calls ``out.backward(grad)`` with a fixed gradient of the
         same shape). Return only the main output (e.g. h, not the last states)."""
         raise NotImplementedError
-
-    def reference(self, params: BackendParams, inputs: dict[str, Any]) -> "torch.Tensor":
-        """The family's float64 ground truth on float64 ``inputs`` (same keys as
-        :meth:`make_inputs`), differentiable by torch autograd in the kernel's gradient
-        convention; same shape and layout as :meth:`forward`'s output. Raise
-        NotImplementedError when the backend has none (the gate then records no error).
-        Families' homes: :mod:`tflabench.backends.attention_family`, :mod:`tflabench.backends.mlstm_family`."""
-        raise NotImplementedError
-
-    def tolerance(self, params: BackendParams, dtype: "torch.dtype") -> float:
-        """Largest max-normalised error (``max|x - x_ref| / max|x_ref|``) of the output and
-        the q/k/v gradients at ``dtype`` (full-precision dots for float32): the ``out``
-        budget of :data:`tflabench.numerics.DEFAULT_BUDGETS`. The numerics gate and
-        ``verify`` use :func:`tflabench.numerics.budget` per tensor (gate gradients looser);
-        this is the one-number summary for tests and callers that compare one tensor."""
-        name = str(dtype).replace("torch.", "")
-        return budget("out", name, tf32=False)
 
     def uses_tf32(self, params: BackendParams, dtype: "torch.dtype", device: str) -> bool | None:
         """Whether the kernel's float32 matrix products use TF32 operands (a 10-bit
@@ -320,73 +298,13 @@ class Backend:
             return False
         return bool(torch.backends.cuda.matmul.allow_tf32)
 
-    def numerics_family(self, params: BackendParams) -> str:
-        """The family whose input regimes ``tflabench verify`` applies
-        (:data:`tflabench.run.verify_case.FAMILY_PROFILES`): default :attr:`family`."""
-        return self.family
-
-    def initial_state(self, params: BackendParams, inputs: dict[str, Any], seed: int,
-                      requires_grad: bool = False) -> dict[str, Any] | None:
-        """An initial state for ``inputs`` (name -> tensor), for ``verify``'s cases with an
-        initial state; None (default) when the kernel takes none. Tensors that the
-        backward differentiates get ``requires_grad`` (their gradients are compared, e.g.
-        ``dC0``)."""
-        return None
-
     def forward_state(self, params: BackendParams, inputs: dict[str, Any],
                       state: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
         """Run the kernel from ``state`` (None: zeros) and return (output, last state as
-        name -> tensor, names starting with ``last_``), for kernels whose
-        :meth:`initial_state` is not None. Default: NotImplementedError."""
+        name -> tensor, names starting with ``last_``), for kernels whose family's
+        :meth:`~tflabench.backends.family.Family.initial_state` is not None. Default:
+        NotImplementedError."""
         raise NotImplementedError
-
-    def reference_state(self, params: BackendParams, inputs: dict[str, Any],
-                        state: dict[str, Any] | None) -> tuple[Any, dict[str, Any]]:
-        """float64 counterpart of :meth:`forward_state` (same names), differentiable."""
-        raise NotImplementedError
-
-    def gate_shape(self, params: BackendParams, shape: Shape, max_seq_len: int) -> Shape:
-        """The reduced shape of the numerics gate: batch 1, at most 2 heads, ``seq_len =
-        min(S, max(max_seq_len, 2 * chunk_size))`` (so the chunked path still runs over
-        several chunks); head dimensions unchanged. Override where a kernel constrains S."""
-        L = self.chunk_size(params) or 0
-        seq_len = min(shape.seq_len, max(max_seq_len, 2 * L))
-        return dataclasses.replace(shape, batch=1, heads=min(shape.heads, 2), seq_len=seq_len)
-
-    def model_kind(self, params: BackendParams, shape: Shape, mode: str) -> tuple[str, dict] | None:
-        """The analytic model's kind for this kernel (:data:`tflabench.model.KINDS`) and
-        the keyword arguments of ``counts_for_case`` beyond the shape (``L``, ``d_state``)
-        at ``mode`` (a chunk size chosen per mode, such as ``"auto"``, resolved), or None
-        (default) where the model has no count for it. :meth:`model_counts`,
-        :meth:`model_breakdown` and the physical floor are derived from it."""
-        return None
-
-    def model_breakdown(self, params: BackendParams, shape: Shape, mode: str):
-        """The model's :class:`tflabench.model.Counts` of one call at ``shape`` and ``mode``
-        (totals and rows, which :func:`tflabench.model.parts.split_parts` splits by
-        part), from :meth:`model_kind`; None where the model has no count."""
-        found = self.model_kind(params, shape, mode)
-        if found is None:
-            return None
-        kind, kwargs = found
-        return model_breakdown(kind, mode, shape, **kwargs)
-
-    def model_counts(self, params: BackendParams, shape: Shape, mode: str) -> tuple[float, float] | None:
-        """(FLOPs, bytes) of one call at ``shape`` and ``mode`` from the analytic model
-        (:meth:`model_breakdown`'s totals), or None where the model has no count."""
-        counts = self.model_breakdown(params, shape, mode)
-        return None if counts is None else (float(counts.flops), float(counts.bytes))
-
-    def kernel_part(self, params: BackendParams, kernel_name: str) -> str | None:
-        """The model part (``recurrent``, ``parallel``, ``whole``) of a kernel this backend
-        launched, by its name as the profiler reports it (:attr:`KERNEL_PARTS`); None
-        (reported as ``other``) for a kernel no pattern names."""
-        import re
-
-        for pattern, part in self.KERNEL_PARTS:
-            if re.search(pattern, kernel_name):
-                return part
-        return None
 
 
 # ------------------------------------------------------------------------ helpers
@@ -426,24 +344,25 @@ def find_spec(module: str):
         return None
 
 
-def peer_unavailable(packages: Iterable[str], *, find_spec: Callable[[str], Any], install_hint: str,
-                     gpu_subject: str, load: Callable[[], Any], import_subject: str,
-                     missing: Mapping[str, str] | None = None) -> str | None:
+#: :meth:`Backend.installed`'s default lookup (its argument shadows the name).
+_default_find_spec = find_spec
+
+
+def peer_unavailable(not_installed: str | None, *, install_hint: str, gpu_subject: str,
+                     load: Callable[[], Any], import_subject: str) -> str | None:
     """The usual :meth:`Backend.available` of a peer with CUDA-only kernels.
 
-    Checks, in order: each of ``packages`` is installed (``find_spec``; the reason is
-    ``missing[package]`` when given, else "<package> is not installed"), a CUDA GPU is
-    present, and ``load()`` (the peer's kernel import) raises nothing.
+    Checks, in order: the packages are installed (``not_installed``: the backend's
+    :meth:`Backend.installed`, returned as it is when not None), a CUDA GPU is present,
+    and ``load()`` (the peer's kernel import) raises nothing.
 
     Returns:
         None when all hold; else one line naming the first that fails, with
         ``install_hint`` where installing helps. ``gpu_subject`` opens the no-GPU line
         ("<gpu_subject> a CUDA GPU ..."), ``import_subject`` the import-failure line.
     """
-    missing = missing or {}
-    for package in packages:
-        if find_spec(package) is None:
-            return f"{missing.get(package, f'{package} is not installed')}; {install_hint}"
+    if not_installed is not None:
+        return not_installed
     import torch
 
     if not torch.cuda.is_available():

@@ -36,9 +36,10 @@ from typing import Any, Literal
 from pydantic import Field
 
 from tflabench.backends import register
-from tflabench.backends.attention_family import attention_inputs, attention_reference
+from tflabench.backends.attention_family import AttentionFamily
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape
-from tflabench.backends.mlstm_family import mlstm_inputs, mlstm_reference
+from tflabench.backends.family import Family
+from tflabench.backends.mlstm_family import MlstmFamily
 
 
 class CustomParams(HeadLayoutParams):
@@ -81,9 +82,48 @@ def load_callable(spec: str):
     return obj
 
 
+class CustomFamily(Family):
+    """A user's kernel (backend ``custom``; row family ``custom``): the knowledge of the
+    family its ``layout`` names (:class:`~tflabench.backends.mlstm_family.MlstmFamily` or
+    :class:`~tflabench.backends.attention_family.AttentionFamily` in (B, NH, S, D)), with
+    the user's own float64 reference where ``reference: module:function`` is given."""
+
+    name = "custom"
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.layouts: dict[str, Family] = {"mlstm": MlstmFamily(), "attention": AttentionFamily("BHSD")}
+
+    def make_inputs(self, params: CustomParams, shape: Shape, dtype, device, seed, requires_grad=False):
+        """The inputs of the ``layout``'s family: q, k (B, NH, S, d_qk), v (B, NH, S, d_hv)
+        in ``dtype`` (and for ``mlstm`` the gate pre-activations i, f (B, NH, S), float32 for
+        bf16/fp16)."""
+        return self.layouts[params.layout].make_inputs(params, shape, dtype, device, seed, requires_grad)
+
+    def reference(self, params: CustomParams, inputs):
+        """``reference: module:function`` called like the kernel on the float64 inputs
+        (first element of a tuple), else the ``layout``'s family reference (mLSTM with
+        ``variant`` / ``normalize``; causal softmax attention with ``causal``), (B, NH, S, d_hv)."""
+        if params.reference:
+            fn = load_callable(params.reference)
+            names = "qkvif" if params.layout == "mlstm" else "qkv"
+            out = fn(*(inputs[n] for n in names))
+            return out[0] if isinstance(out, (tuple, list)) else out
+        return self.layouts[params.layout].reference(params, inputs)
+
+    def numerics_family(self, params: CustomParams) -> str:
+        """``mlstm`` or ``attention`` (the ``layout``): the input regimes ``verify`` applies."""
+        return params.layout
+
+    def model_kind(self, params: CustomParams, shape: Shape, mode: str):
+        """``attention_causal`` (causal attention layout; None non-causal), else
+        ``mlstm_sig`` / ``mlstm_exp`` at the chunk size."""
+        return self.layouts[params.layout].model_kind(params, shape, mode)
+
+
 class CustomBackend(Backend):
     name = "custom"
-    family = "custom"
+    family = CustomFamily()
     description = "a user's kernel by import path (module:function), mLSTM- or attention-style inputs"
     install_hint = "make the module importable (PYTHONPATH) or give a file path ending in .py"
     Params = CustomParams
@@ -97,11 +137,6 @@ class CustomBackend(Backend):
             return f"cannot load {params.function!r}: {type(exc).__name__}: {exc}; {self.install_hint}"
         return None
 
-    def make_inputs(self, params: CustomParams, shape: Shape, dtype, device, seed, requires_grad=False):
-        if params.layout == "mlstm":
-            return mlstm_inputs(shape, dtype, device, seed, requires_grad)
-        return attention_inputs(shape, dtype, device, seed, requires_grad)
-
     def _call(self, fn, params: CustomParams, inputs):
         kwargs = dict(params.kwargs)
         if params.chunk_size is not None:
@@ -113,22 +148,6 @@ class CustomBackend(Backend):
     def forward(self, params: CustomParams, inputs):
         return self._call(load_callable(params.function), params, inputs)
 
-    def reference(self, params: CustomParams, inputs):
-        if params.reference:
-            fn = load_callable(params.reference)
-            names = "qkvif" if params.layout == "mlstm" else "qkv"
-            out = fn(*(inputs[n] for n in names))
-            return out[0] if isinstance(out, (tuple, list)) else out
-        if params.layout == "mlstm":
-            normalize = params.normalize if params.variant == "sig" else None
-            return mlstm_reference(*(inputs[n] for n in "qkvif"), variant=params.variant,
-                                   normalize=normalize)
-        return attention_reference(inputs["q"], inputs["k"], inputs["v"], causal=params.causal)
-
-    def numerics_family(self, params: CustomParams) -> str:
-        """``mlstm`` or ``attention`` (the ``layout``): the input regimes ``verify`` applies."""
-        return params.layout
-
     def uses_tf32(self, params: CustomParams, dtype, device) -> bool | None:
         """Unknown (None) for float32 on CUDA: the TF32 budget applies and the row says
         ``unknown``; False on the CPU and for other dtypes."""
@@ -137,13 +156,6 @@ class CustomBackend(Backend):
         if dtype == torch.float32 and str(device).startswith("cuda"):
             return None
         return False
-
-    def model_kind(self, params: CustomParams, shape: Shape, mode: str):
-        """``attention_causal`` (causal attention layout), else ``mlstm_sig`` / ``mlstm_exp``
-        at the chunk size."""
-        if params.layout == "attention":
-            return ("attention_causal", {}) if params.causal else None
-        return ("mlstm_sig" if params.variant == "sig" else "mlstm_exp"), {"L": params.chunk_size}
 
 
 register(CustomBackend())

@@ -20,7 +20,7 @@ is pinned as fla-core 0.6.0 (``pyproject.toml``, extra ``peers``; docs/offline-p
 
 Layout: the mLSTM's (paper App. E.3): 16 heads, d_qk 128, d_hv 256 at embedding 4096.
 The analytic model has no published count of these kernels' FLOPs and bytes (the papers give
-their asymptotic cost only), so :meth:`DeltaRuleBackend.model_kind` is None and ``report``
+their asymptotic cost only), so :meth:`DeltaRuleFamily.model_kind` is None and ``report``
 says "no model" (docs/offline-peers.md, section 5).
 
 torch and the peer are imported inside the methods only (``backends/base.py``).
@@ -35,6 +35,7 @@ from typing import Any, Literal
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
+from tflabench.backends.family import Family
 from tflabench.backends.fla import backward_640_error, backward_640_refusal, bthd_inputs
 
 INSTALL_HINT = "pip install fla-core==0.6.0 einops (Triton kernels: a CUDA GPU)"
@@ -117,51 +118,18 @@ def _delta_op(op: str):
     return getattr(importlib.import_module(module), function)
 
 
-class DeltaRuleBackend(Backend):
-    """flash-linear-attention's chunkwise gated DeltaNet and DeltaNet kernels."""
+class DeltaRuleFamily(Family):
+    """The delta rules in fla's conventions (backend ``fla_delta``: gated DeltaNet, DeltaNet):
+    inputs in fla's (B, T, H, .) layout with beta (and the log decay g of the gated op),
+    float64 reference :func:`delta_rule_reference`, no model count. Reads the params' ``op``."""
 
-    name = "fla_delta"
-    family = "delta_rule"
-    description = ("flash-linear-attention chunk_gated_delta_rule | chunk_delta_rule (WY chunkwise, L 64); "
-                   "16 heads, d_qk 128, d_hv 256 by default")
-    install_hint = INSTALL_HINT
-    Params = DeltaRuleParams
-    default_heads = 16
+    name = "delta_rule"
     #: fla's delta-rule kernels: the chunk-state kernels are the recurrent part, the
     #: intra-chunk ones (WY representation, triangular solve, outputs) the parallel part.
     KERNEL_PARTS = (
         (r"kernel_h\b|kernel_dhu\b|kernel_h_|kernel_dhu_|_h_fwd|_dhu_bwd", "recurrent"),
         (r"chunk|wy|solve_tril|kkt|cumsum|l2norm|recompute", "parallel"),
     )
-
-    def layout(self, params: DeltaRuleParams, embedding_dim: int) -> tuple[int, int, int]:
-        """(heads, d_qk, d_hv), default 16 heads with d_qk = d_hv / 2. Raises UserError
-        naming the field."""
-        return resolve_layout(params, embedding_dim, self.default_heads)
-
-    def chunk_size(self, params: DeltaRuleParams) -> int:
-        """The chunk length fla runs (64)."""
-        return DELTA_CHUNK
-
-    def available(self, params: DeltaRuleParams) -> str | None:
-        """None when ``fla.ops`` imports the op and a CUDA GPU is present; else the reason
-        with the install hint."""
-        return peer_unavailable(("fla", "einops", "triton"), find_spec=_find_spec,
-                                install_hint=self.install_hint, load=lambda: _delta_op(params.op),
-                                gpu_subject="fla's Triton kernels need",
-                                import_subject=f"fla.ops ({params.op})")
-
-    def unsupported_mode(self, params: DeltaRuleParams, mode: str) -> str | None:
-        """``fwdbw`` of gated DeltaNet is unsupported where fla refuses its gated backward
-        (fla issue #640: Hopper GPU with 3.4.0 <= triton < 3.7.1; the fla backend's rule)."""
-        base = super().unsupported_mode(params, mode)
-        if base is not None or mode != "fwdbw" or params.op not in GATED_OPS:
-            return base
-        return backward_640_refusal(params.op)
-
-    def classify_error(self, params: DeltaRuleParams, mode: str, exc: BaseException) -> str | None:
-        """fla's #640 refusal raised by the backward: the reason of an ``unavailable`` row."""
-        return backward_640_error(params.op, exc)
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
         """fla's native layout, contiguous: q, k (B, T, H, d_qk) and v (B, T, H, d_hv)
@@ -186,6 +154,63 @@ class DeltaRuleBackend(Backend):
             t.requires_grad_(requires_grad)
         return inputs
 
+    def reference(self, params: DeltaRuleParams, inputs: dict[str, Any]):
+        """float64 delta rule (:func:`delta_rule_reference`), o (B, T, H, d_hv)."""
+        return delta_rule_reference(inputs["q"], inputs["k"], inputs["v"], inputs["beta"],
+                                    g=inputs.get("g"))
+
+    def numerics_family(self, params: DeltaRuleParams) -> str:
+        """``delta_rule_gated`` for the gated op (``verify`` redraws its log decay g as GLA's
+        forget-gate regimes), else the family (no regime field: q and k are L2-normalised in
+        the kernel, so scaling them changes nothing)."""
+        return "delta_rule_gated" if params.op in GATED_OPS else self.name
+
+    def model_kind(self, params: DeltaRuleParams, shape: Shape, mode: str):
+        """None: no published FLOP/byte count of the chunkwise WY kernels (module docstring)."""
+        return None
+
+
+class DeltaRuleBackend(Backend):
+    """flash-linear-attention's chunkwise gated DeltaNet and DeltaNet kernels."""
+
+    name = "fla_delta"
+    family = DeltaRuleFamily()
+    description = ("flash-linear-attention chunk_gated_delta_rule | chunk_delta_rule (WY chunkwise, L 64); "
+                   "16 heads, d_qk 128, d_hv 256 by default")
+    install_hint = INSTALL_HINT
+    requires = ("fla", "einops", "triton")
+    Params = DeltaRuleParams
+    default_heads = 16
+
+    def layout(self, params: DeltaRuleParams, embedding_dim: int) -> tuple[int, int, int]:
+        """(heads, d_qk, d_hv), default 16 heads with d_qk = d_hv / 2. Raises UserError
+        naming the field."""
+        return resolve_layout(params, embedding_dim, self.default_heads)
+
+    def chunk_size(self, params: DeltaRuleParams) -> int:
+        """The chunk length fla runs (64)."""
+        return DELTA_CHUNK
+
+    def available(self, params: DeltaRuleParams) -> str | None:
+        """None when ``fla.ops`` imports the op and a CUDA GPU is present; else the reason
+        with the install hint."""
+        return peer_unavailable(self.installed(_find_spec),
+                                install_hint=self.install_hint, load=lambda: _delta_op(params.op),
+                                gpu_subject="fla's Triton kernels need",
+                                import_subject=f"fla.ops ({params.op})")
+
+    def unsupported_mode(self, params: DeltaRuleParams, mode: str) -> str | None:
+        """``fwdbw`` of gated DeltaNet is unsupported where fla refuses its gated backward
+        (fla issue #640: Hopper GPU with 3.4.0 <= triton < 3.7.1; the fla backend's rule)."""
+        base = super().unsupported_mode(params, mode)
+        if base is not None or mode != "fwdbw" or params.op not in GATED_OPS:
+            return base
+        return backward_640_refusal(params.op)
+
+    def classify_error(self, params: DeltaRuleParams, mode: str, exc: BaseException) -> str | None:
+        """fla's #640 refusal raised by the backward: the reason of an ``unavailable`` row."""
+        return backward_640_error(params.op, exc)
+
     def uses_tf32(self, params, dtype, device) -> bool:
         """True for float32 on CUDA: fla's Triton ``tl.dot`` uses TF32 operands for fp32
         inputs by default (Triton's default input precision)."""
@@ -202,21 +227,6 @@ class DeltaRuleBackend(Backend):
             args.append(inputs["g"])
         out = fn(*args, inputs["beta"], use_qk_l2norm_in_kernel=True)
         return out[0] if isinstance(out, (tuple, list)) else out
-
-    def reference(self, params: DeltaRuleParams, inputs: dict[str, Any]):
-        """float64 delta rule (:func:`delta_rule_reference`), o (B, T, H, d_hv)."""
-        return delta_rule_reference(inputs["q"], inputs["k"], inputs["v"], inputs["beta"],
-                                    g=inputs.get("g"))
-
-    def numerics_family(self, params: DeltaRuleParams) -> str:
-        """``delta_rule_gated`` for the gated op (``verify`` redraws its log decay g as GLA's
-        forget-gate regimes), else the family (no regime field: q and k are L2-normalised in
-        the kernel, so scaling them changes nothing)."""
-        return "delta_rule_gated" if params.op in GATED_OPS else self.family
-
-    def model_kind(self, params: DeltaRuleParams, shape: Shape, mode: str):
-        """None: no published FLOP/byte count of the chunkwise WY kernels (module docstring)."""
-        return None
 
 
 register(DeltaRuleBackend())

@@ -61,6 +61,7 @@ from tflabench.backends.base import (Backend, HeadLayoutParams, Shape, generator
                                      resolve_layout)
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.backends.base import given_environment
+from tflabench.backends.family import Family
 from tflabench.environment import FLA_640_GUARD_ENV, _parse_version, fla_640_refused, is_hopper
 from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
 
@@ -395,17 +396,19 @@ def _fla_op(op: str):
     return getattr(importlib.import_module(module), function)
 
 
-class FlaBackend(Backend):
-    """flash-linear-attention's chunkwise GLA, simple GLA and Lightning Attention kernels, and
-    the fused (non-materialising) GLA forms."""
+def lightning_position(params: FlaParams) -> tuple[int, int]:
+    """(layer_idx, num_layers) of fla's ``lightning_attn`` decay (default 0 of 32)."""
+    return (params.layer_idx or 0), (params.num_layers or 32)
 
-    name = "fla"
-    family = "gla"
-    description = ("flash-linear-attention chunk_simple_gla | chunk_gla | lightning_attn | "
-                   "fused_chunk_simple_gla | fused_chunk_gla; "
-                   "16 heads, d_qk 128, d_hv 256 by default (lightning: 32 of 128)")
-    install_hint = INSTALL_HINT
-    Params = FlaParams
+
+class GlaFamily(Family):
+    """Gated linear attention in fla's conventions (backend ``fla``: chunk_gla,
+    chunk_simple_gla, lightning_attn and the fused forms): inputs in fla's (B, T, H, .)
+    layout, float64 reference :func:`gla_reference`, model kinds ``gla``, ``simple_gla``
+    and their ``_fused`` forms. Reads the params' ``op``, ``chunk_size``, ``layer_idx`` and
+    ``num_layers``."""
+
+    name = "gla"
     #: fla's chunk kernels: the state kernels (``chunk_fwd_kernel_h``, ``chunk_bwd_kernel_dh``)
     #: are the recurrent part, the others (outputs, gradients, cumulative gates) the parallel
     #: part. The GLA model is not split by kernel, so ``report`` sets both against the pass.
@@ -413,6 +416,57 @@ class FlaBackend(Backend):
         (r"kernel_h\b|kernel_dh\b|kernel_h_|kernel_dh_|_h_fwd_|_h_bwd_", "recurrent"),
         (r"chunk|cumsum|gla|lightning", "parallel"),
     )
+
+    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
+        """fla's native layout, contiguous, in ``dtype`` ("bf16 everywhere", as the peer
+        baselines): q, k (B, T, H, d_qk), v (B, T, H, d_hv) ~ N(0, 1); log forget gates
+        g = logsigmoid(N(3, 1)) of shape (B, T, H) (chunk_simple_gla, fused_chunk_simple_gla)
+        or (B, T, H, d_qk) (chunk_gla, fused_chunk_gla); no g for lightning_attn. With ``requires_grad`` all are leaves with
+        gradients."""
+        import torch
+        import torch.nn.functional as F
+
+        B, T, H = shape.batch, shape.seq_len, shape.heads
+        inputs, normal = bthd_inputs(shape, dtype, device, seed)
+        if params.op in PER_KEY_GATE_OPS:
+            inputs["g"] = F.logsigmoid(normal((B, T, H, shape.d_qk), mean=3.0)).to(dtype)
+        elif params.op != "lightning_attn":
+            inputs["g"] = F.logsigmoid(normal((B, T, H), mean=3.0)).to(dtype)
+        for t in inputs.values():
+            t.requires_grad_(requires_grad)
+        return inputs
+
+    def reference(self, params: FlaParams, inputs: dict[str, Any]):
+        """float64 gated linear attention in fla's conventions (:func:`gla_reference`),
+        o (B, T, H, d_hv)."""
+        if params.op == "lightning_attn":
+            layer_idx, num_layers = lightning_position(params)
+            gamma = lightning_log_decay(inputs["q"].shape[2], layer_idx, num_layers)
+            return gla_reference(inputs["q"], inputs["k"], inputs["v"], g_gamma=gamma)
+        return gla_reference(inputs["q"], inputs["k"], inputs["v"], g=inputs["g"])
+
+    def model_kind(self, params: FlaParams, shape: Shape, mode: str):
+        """Model kinds ``gla`` (chunk_gla), ``simple_gla`` (chunk_simple_gla and
+        lightning_attn, the same computation with a fixed decay), ``gla_fused`` and
+        ``simple_gla_fused`` (the fused forms: no chunk state in HBM), at chunk length L."""
+        kind = "gla" if params.op in PER_KEY_GATE_OPS else "simple_gla"
+        if params.op in FUSED_OPS:
+            kind += "_fused"
+        return kind, {"L": params.chunk_size or FLA_DEFAULT_CHUNK}
+
+
+class FlaBackend(Backend):
+    """flash-linear-attention's chunkwise GLA, simple GLA and Lightning Attention kernels, and
+    the fused (non-materialising) GLA forms."""
+
+    name = "fla"
+    family = GlaFamily()
+    description = ("flash-linear-attention chunk_simple_gla | chunk_gla | lightning_attn | "
+                   "fused_chunk_simple_gla | fused_chunk_gla; "
+                   "16 heads, d_qk 128, d_hv 256 by default (lightning: 32 of 128)")
+    install_hint = INSTALL_HINT
+    requires = ("fla", "einops", "triton")
+    Params = FlaParams
 
     def layout(self, params: FlaParams, embedding_dim: int) -> tuple[int, int, int]:
         """(heads, d_qk, d_hv) with the op's defaults (paper App. E.3). Raises UserError
@@ -428,7 +482,7 @@ class FlaBackend(Backend):
     def available(self, params: FlaParams) -> str | None:
         """None when ``fla.ops`` imports the op and a CUDA GPU is present; else the reason
         with the install hint."""
-        reason = peer_unavailable(("fla", "einops", "triton"), find_spec=_find_spec,
+        reason = peer_unavailable(self.installed(_find_spec),
                                   install_hint=self.install_hint, load=lambda: _fla_op(params.op),
                                   gpu_subject="fla's Triton kernels need",
                                   import_subject=f"fla.ops ({params.op})")
@@ -468,34 +522,12 @@ class FlaBackend(Backend):
         the guard narrowed by ``TFLABENCH_FLA_640_GUARD=narrow``. None otherwise."""
         return self._backward_path if params.op in GUARDED_BACKWARD_OPS else None
 
-    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
-        """fla's native layout, contiguous, in ``dtype`` ("bf16 everywhere", as the peer
-        baselines): q, k (B, T, H, d_qk), v (B, T, H, d_hv) ~ N(0, 1); log forget gates
-        g = logsigmoid(N(3, 1)) of shape (B, T, H) (chunk_simple_gla, fused_chunk_simple_gla)
-        or (B, T, H, d_qk) (chunk_gla, fused_chunk_gla); no g for lightning_attn. With ``requires_grad`` all are leaves with
-        gradients."""
-        import torch
-        import torch.nn.functional as F
-
-        B, T, H = shape.batch, shape.seq_len, shape.heads
-        inputs, normal = bthd_inputs(shape, dtype, device, seed)
-        if params.op in PER_KEY_GATE_OPS:
-            inputs["g"] = F.logsigmoid(normal((B, T, H, shape.d_qk), mean=3.0)).to(dtype)
-        elif params.op != "lightning_attn":
-            inputs["g"] = F.logsigmoid(normal((B, T, H), mean=3.0)).to(dtype)
-        for t in inputs.values():
-            t.requires_grad_(requires_grad)
-        return inputs
-
     def uses_tf32(self, params, dtype, device) -> bool:
         """True for float32 on CUDA: the peer's Triton ``tl.dot`` uses TF32 operands for
         fp32 inputs by default (Triton's default input precision)."""
         import torch
 
         return dtype == torch.float32 and str(device).startswith("cuda")
-
-    def _lightning(self, params: FlaParams) -> tuple[int, int]:
-        return (params.layer_idx or 0), (params.num_layers or 32)
 
     def forward(self, params: FlaParams, inputs: dict[str, Any]):
         """The fla op with its default scale (d_qk^-1/2) and no initial state; returns
@@ -509,29 +541,11 @@ class FlaBackend(Backend):
         if params.chunk_size is not None:
             kwargs["chunk_size"] = params.chunk_size
         if params.op == "lightning_attn":
-            layer_idx, num_layers = self._lightning(params)
+            layer_idx, num_layers = lightning_position(params)
             out = fn(q, k, v, layer_idx, num_layers, **kwargs)
         else:
             out = fn(q, k, v, g=inputs["g"], **kwargs)
         return out[0] if isinstance(out, (tuple, list)) else out
-
-    def reference(self, params: FlaParams, inputs: dict[str, Any]):
-        """float64 gated linear attention in fla's conventions (:func:`gla_reference`),
-        o (B, T, H, d_hv)."""
-        if params.op == "lightning_attn":
-            layer_idx, num_layers = self._lightning(params)
-            gamma = lightning_log_decay(inputs["q"].shape[2], layer_idx, num_layers)
-            return gla_reference(inputs["q"], inputs["k"], inputs["v"], g_gamma=gamma)
-        return gla_reference(inputs["q"], inputs["k"], inputs["v"], g=inputs["g"])
-
-    def model_kind(self, params: FlaParams, shape: Shape, mode: str):
-        """Model kinds ``gla`` (chunk_gla), ``simple_gla`` (chunk_simple_gla and
-        lightning_attn, the same computation with a fixed decay), ``gla_fused`` and
-        ``simple_gla_fused`` (the fused forms: no chunk state in HBM), at chunk length L."""
-        kind = "gla" if params.op in PER_KEY_GATE_OPS else "simple_gla"
-        if params.op in FUSED_OPS:
-            kind += "_fused"
-        return kind, {"L": self.chunk_size(params)}
 
 
 register(FlaBackend())

@@ -22,10 +22,10 @@ import sys
 from typing import Any, Literal
 
 from tflabench.backends import register
-from tflabench.backends.attention_family import attention_inputs, attention_reference
+from tflabench.backends.attention_family import AttentionFamily
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape
 from tflabench.backends.base import find_spec as _find_spec
-from tflabench.backends.sdpa import ATTENTION_DEFAULT_HEADS, ATTENTION_KERNEL_PARTS, attention_model_kind
+from tflabench.backends.sdpa import ATTENTION_DEFAULT_HEADS
 
 #: FA3 interfaces in the order ``interface="auto"`` tries them: module -> has a backward.
 FA3_INTERFACES: dict[str, bool] = {
@@ -147,10 +147,11 @@ def _alias_fa3_fwd_config() -> None:
 class _FlashAttnBase(Backend):
     """Shared by ``fa3`` and ``fa2``: inputs (B, S, NH, D), causal ``flash_attn_func``."""
 
-    family = "attention"
+    #: ``flash_attn_func``'s native layout (B, S, NH, D), contiguous; the float64 reference
+    #: transposes to (B, NH, S, D) and back.
+    family = AttentionFamily("BSHD")
     Params = FlashAttnParams
     default_heads = ATTENTION_DEFAULT_HEADS
-    KERNEL_PARTS = ATTENTION_KERNEL_PARTS
 
     def _module(self, params) -> str | None:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -188,25 +189,20 @@ class _FlashAttnBase(Backend):
         module = self._module(params)
         return f"via {module}{_MODULE_NOTES.get(module, '')}" if module else None
 
-    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
-        """q, k (B, S, NH, d_qk), v (B, S, NH, d_hv), N(0, 1) in ``dtype``, contiguous:
-        ``flash_attn_func``'s native layout."""
-        return attention_inputs(shape, dtype, device, seed, requires_grad, layout="BSHD")
-
     def forward(self, params, inputs: dict[str, Any]):
         """``flash_attn_func(q, k, v, causal=causal)`` (default scale d_qk^-1/2); returns
         (B, S, NH, d_hv). Interfaces that return ``(out, lse)`` give ``out``."""
         out = self._load(params)(inputs["q"], inputs["k"], inputs["v"], causal=params.causal)
         return out[0] if isinstance(out, (tuple, list)) else out
 
-    def reference(self, params, inputs: dict[str, Any]):
-        """float64 softmax attention on (B, NH, S, D) views, returned as (B, S, NH, d_hv)."""
-        q, k, v = (inputs[n].transpose(1, 2) for n in ("q", "k", "v"))
-        return attention_reference(q, k, v, causal=params.causal).transpose(1, 2)
 
-    def model_kind(self, params, shape: Shape, mode: str):
-        """Model kind ``attention_causal`` (None when ``causal`` is False)."""
-        return attention_model_kind(params.causal)
+def fa3_check_inputs(params: Fa3Params, shape: Shape, dtype) -> None:
+    """Raise ValueError for a dtype other than bfloat16 with ``fa3_fwd_interface`` (built
+    without fp16; fp8 is not benchmarked): ``fa3``'s input check."""
+    import torch
+
+    if resolve_fa3_interface(params.interface) == "fa3_fwd_interface" and dtype != torch.bfloat16:
+        raise ValueError(f"dtype: fa3_fwd_interface runs bfloat16 only, got {dtype}")
 
 
 class Fa3Backend(_FlashAttnBase):
@@ -214,6 +210,7 @@ class Fa3Backend(_FlashAttnBase):
     (forward only)."""
 
     name = "fa3"
+    family = AttentionFamily("BSHD", check_inputs=fa3_check_inputs)
     description = "FlashAttention 3 (flash_attn_interface fwd+bwd, or fa3_fwd_interface fwd only), causal"
     install_hint = FA3_INSTALL_HINT
     Params = Fa3Params
@@ -252,15 +249,6 @@ class Fa3Backend(_FlashAttnBase):
                     "backward; or measure fa4 / sdpa impl=cudnn)")
         return None
 
-    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
-        """As :meth:`_FlashAttnBase.make_inputs`; raises ValueError for a dtype other than
-        bfloat16 with ``fa3_fwd_interface`` (built without fp16; fp8 is not benchmarked)."""
-        import torch
-
-        if self._module(params) == "fa3_fwd_interface" and dtype != torch.bfloat16:
-            raise ValueError(f"dtype: fa3_fwd_interface runs bfloat16 only, got {dtype}")
-        return super().make_inputs(params, shape, dtype, device, seed, requires_grad)
-
 
 class Fa2Backend(_FlashAttnBase):
     """FlashAttention 2 through the ``flash_attn`` package."""
@@ -290,16 +278,20 @@ class Fa4Backend(_FlashAttnBase):
     name = "fa4"
     description = "FlashAttention 4 (flash-attn-4, CuTe DSL: flash_attn.cute fwd+bwd), causal"
     install_hint = FA4_INSTALL_HINT
+    requires = ("flash_attn.cute", "cutlass")
+    requires_missing = {
+        "flash_attn.cute": "flash-attn-4 (flash_attn.cute) is not installed",
+        "cutlass": ("found flash_attn.cute but not cutlass: nvidia-cutlass-dsl is missing, or installed with "
+                    "--target, which skips the .pth file that puts its dsl_packages on sys.path"),
+    }
 
     def _module(self, params) -> str | None:
         return "flash_attn.cute" if _find_spec("flash_attn.cute") is not None else None
 
-    def _missing_text(self, params) -> str:
-        return "flash-attn-4 (flash_attn.cute) is not installed"
-
     def available(self, params) -> str | None:
-        """As the other FlashAttention backends; a missing ``cutlass`` is named with its cause."""
-        reason = super().available(params)
+        """:meth:`installed` (flash_attn.cute and cutlass found), then as the other
+        FlashAttention backends; a ``cutlass`` that does not import is named with its cause."""
+        reason = self.installed(_find_spec) or super().available(params)
         if reason and "No module named 'cutlass" in reason:
             return ("flash_attn.cute cannot import cutlass (nvidia-cutlass-dsl): its packages are on sys.path "
                     "only through a .pth file, which a --target install on PYTHONPATH does not run; add "

@@ -29,6 +29,7 @@ from pydantic import Field, PrivateAttr, ValidationError, model_validator
 
 from tflabench.backends import get_backend, register
 from tflabench.backends.base import Backend, BackendParams, HeadLayoutParams, Shape
+from tflabench.backends.family import Family
 
 #: the gate soft-cap of xLSTM 7B: pre-activations pass through ``cap * tanh(x / cap)``
 GATE_SOFT_CAP = 15.0
@@ -86,13 +87,51 @@ def _seq_major(cell: str, params: BackendParams) -> bool:
     backend = get_backend(cell)
     import torch
 
-    q = backend.make_inputs(params, Shape(1, 5, 2, 3, 7, "float32"), torch.float32, "cpu", 0)["q"]
+    q = backend.family.make_inputs(params, Shape(1, 5, 2, 3, 7, "float32"), torch.float32, "cpu", 0)["q"]
     return tuple(q.shape) == (1, 5, 2, 3)
+
+
+class LayerFamily(Family):
+    """One language-model layer around a cell kernel (backend ``layer``; module docstring):
+    ``x`` and the layer's weights as inputs; no float64 reference (the layer's numerics
+    are its cell's) and no model count."""
+
+    name = "layer"
+
+    def make_inputs(self, params: LayerParams, shape: Shape, dtype, device, seed, requires_grad=False):
+        """``x`` (B, S, E) and the weights of :func:`layer_forward` (module docstring)."""
+        import torch
+
+        gen = torch.Generator(device=device).manual_seed(seed)
+        E, NH = shape.heads * shape.d_hv, shape.heads
+
+        def randn(*size, scale=1.0, mean=0.0, dt=dtype):
+            x = torch.randn(*size, generator=gen, device=device, dtype=torch.float32) * scale + mean
+            return x.to(dt).requires_grad_(requires_grad)
+
+        def weight(fan_in, fan_out):
+            return randn(fan_in, fan_out, scale=1.0 / math.sqrt(fan_in))
+
+        inputs = {"x": randn(shape.batch, shape.seq_len, E), "w_norm": randn(E, scale=0.0, mean=1.0)}
+        if params.mixer == "mlstm":
+            inputs.update(
+                W_q=weight(E, NH * shape.d_qk), W_k=weight(E, NH * shape.d_qk), W_v=weight(E, E),
+                W_if=weight(E, 2 * NH), b_if=torch.cat([torch.zeros(NH), torch.full((NH,), 3.0)]).to(
+                    device).requires_grad_(requires_grad),
+                W_o=weight(E, E), w_hnorm=randn(shape.d_hv, scale=0.0, mean=1.0), W_out=weight(E, E))
+        else:
+            inputs.update(W_qkv=weight(E, NH * (2 * shape.d_qk + shape.d_hv)), W_out=weight(E, E))
+        inputs["_shape"] = shape
+        return inputs
+
+    def reference(self, params: LayerParams, inputs):
+        """None to give: raises NotImplementedError (the gate records no reference)."""
+        raise NotImplementedError("the layer's numerics are its cell's (the kernel suites, tflabench verify)")
 
 
 class LayerBackend(Backend):
     name = "layer"
-    family = "layer"
+    family = LayerFamily()
     description = "one language-model layer (xLSTM 7B mLSTM layer or attention) around a kernel, fwd and fwd+bwd"
     install_hint = "the cell backend's own (tflabench backends)"
     Params = LayerParams
@@ -121,41 +160,12 @@ class LayerBackend(Backend):
         inner = backend.note(cell_params, device)
         return f"{params.mixer} layer, cell {params.cell}" + (f" ({inner})" if inner else "")
 
-    def make_inputs(self, params: LayerParams, shape: Shape, dtype, device, seed, requires_grad=False):
-        """``x`` (B, S, E) and the weights of :func:`layer_forward` (module docstring)."""
-        import torch
-
-        gen = torch.Generator(device=device).manual_seed(seed)
-        E, NH = shape.heads * shape.d_hv, shape.heads
-
-        def randn(*size, scale=1.0, mean=0.0, dt=dtype):
-            x = torch.randn(*size, generator=gen, device=device, dtype=torch.float32) * scale + mean
-            return x.to(dt).requires_grad_(requires_grad)
-
-        def weight(fan_in, fan_out):
-            return randn(fan_in, fan_out, scale=1.0 / math.sqrt(fan_in))
-
-        inputs = {"x": randn(shape.batch, shape.seq_len, E), "w_norm": randn(E, scale=0.0, mean=1.0)}
-        if params.mixer == "mlstm":
-            inputs.update(
-                W_q=weight(E, NH * shape.d_qk), W_k=weight(E, NH * shape.d_qk), W_v=weight(E, E),
-                W_if=weight(E, 2 * NH), b_if=torch.cat([torch.zeros(NH), torch.full((NH,), 3.0)]).to(
-                    device).requires_grad_(requires_grad),
-                W_o=weight(E, E), w_hnorm=randn(shape.d_hv, scale=0.0, mean=1.0), W_out=weight(E, E))
-        else:
-            inputs.update(W_qkv=weight(E, NH * (2 * shape.d_qk + shape.d_hv)), W_out=weight(E, E))
-        inputs["_shape"] = shape
-        return inputs
-
     def forward(self, params: LayerParams, inputs):
         return layer_forward(params, inputs)
 
-    def reference(self, params: LayerParams, inputs):
-        raise NotImplementedError("the layer's numerics are its cell's (the kernel suites, tflabench verify)")
-
 
 def layer_forward(params: LayerParams, inputs: dict[str, Any]):
-    """One layer on ``inputs`` (:meth:`LayerBackend.make_inputs`): returns y (B, S, E) in x's
+    """One layer on ``inputs`` (:meth:`LayerFamily.make_inputs`): returns y (B, S, E) in x's
     dtype, ``x + W_out(...)`` (module docstring for the two mixers)."""
     import torch
     import torch.nn.functional as F

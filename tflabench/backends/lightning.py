@@ -32,6 +32,7 @@ from pydantic import model_validator
 
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable
+from tflabench.backends.family import Family
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.backends.fla import gla_reference, lightning_log_decay
 from tflabench.errors import UserError
@@ -75,47 +76,13 @@ class LightningParams(HeadLayoutParams):
         return self
 
 
-class LightningBackend(Backend):
-    """Lightning Attention 2, the original Triton kernels (``lightning-attn``)."""
+class LightningFamily(Family):
+    """Lightning Attention 2 (``lightning_attn``; row family ``gla``, as fla's ops): linear
+    attention with a fixed decay per head in the kernel's (B, H, T, d) layout, float64
+    reference :func:`tflabench.backends.fla.gla_reference`, model kind ``simple_gla_fused``.
+    Reads the params' ``layer_idx`` and ``num_layers`` (the decay)."""
 
-    name = "lightning_attn"
-    family = "gla"
-    description = ("Lightning Attention 2, original Triton kernels (lightning-attn: lightning_attn2), "
-                   "fixed decay per head, no chunk state in HBM; 32 heads of 128 by default")
-    install_hint = INSTALL_HINT
-    Params = LightningParams
-    default_heads = 32
-
-    def layout(self, params: LightningParams, embedding_dim: int) -> tuple[int, int, int]:
-        """(heads, d_qk, d_hv): 32 heads of embedding / 32 unless set (paper Figure 13).
-        Raises UserError naming the field when a head dimension is one the kernel cannot take."""
-        heads, d_qk, d_hv = super().layout(params, embedding_dim)
-        for field, d in (("d_qk", d_qk), ("d_hv", d_hv)):
-            if d not in SUPPORTED_HEAD_DIMS:
-                raise UserError(f"{field}: lightning_attn takes head dimensions "
-                                f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (its kernel loads whole head "
-                                f"rows), got {d}")
-        return heads, d_qk, d_hv
-
-    def chunk_size(self, params: LightningParams) -> int:
-        """The kernel's block length, 64."""
-        return LIGHTNING_BLOCK
-
-    def available(self, params: LightningParams) -> str | None:
-        """None when ``lightning_attn`` imports and a CUDA GPU is present; else the reason
-        with the install hint."""
-        return peer_unavailable(("lightning_attn", "einops", "triton"), find_spec=_find_spec,
-                                install_hint=self.install_hint, load=_kernel,
-                                gpu_subject="lightning_attn's Triton kernels need",
-                                import_subject="lightning_attn")
-
-    def note(self, params: LightningParams, device: str) -> str | None:
-        """The kernel and the package's version, for the row's ``reason``."""
-        try:
-            version = importlib.metadata.version("lightning-attn")
-        except importlib.metadata.PackageNotFoundError:
-            version = "(version unknown)"
-        return f"lightning_attn2 (lightning-attn {version}), block {LIGHTNING_BLOCK}, no chunk state in HBM"
+    name = "gla"
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
         """The kernel's layout, contiguous, in ``dtype``: q (B, H, T, d_qk) ~ N(0, 1/d_qk)
@@ -141,15 +108,6 @@ class LightningBackend(Backend):
         inputs["s"] = decay.to(device=device, dtype=torch.float32).contiguous()
         return inputs
 
-    def uses_tf32(self, params, dtype, device) -> bool:
-        """True on CUDA: the kernel upcasts its tiles to float32 before ``tl.dot``, which
-        Triton runs with TF32 operands by default."""
-        return str(device).startswith("cuda")
-
-    def forward(self, params: LightningParams, inputs: dict[str, Any]):
-        """``lightning_attn2(q, k, v, s)``; returns o (B, H, T, d_hv) in the input dtype."""
-        return _kernel()(inputs["q"], inputs["k"], inputs["v"], inputs["s"])
-
     def reference(self, params: LightningParams, inputs: dict[str, Any]):
         """float64 linear attention with the per-head decay exp(-s_h) and no scale
         (:func:`tflabench.backends.fla.gla_reference` on (B, T, H, .) views),
@@ -160,6 +118,59 @@ class LightningBackend(Backend):
     def model_kind(self, params: LightningParams, shape: Shape, mode: str):
         """Model kind ``simple_gla_fused`` (no chunk state in HBM) at L = 64."""
         return "simple_gla_fused", {"L": LIGHTNING_BLOCK}
+
+
+class LightningBackend(Backend):
+    """Lightning Attention 2, the original Triton kernels (``lightning-attn``)."""
+
+    name = "lightning_attn"
+    family = LightningFamily()
+    description = ("Lightning Attention 2, original Triton kernels (lightning-attn: lightning_attn2), "
+                   "fixed decay per head, no chunk state in HBM; 32 heads of 128 by default")
+    install_hint = INSTALL_HINT
+    requires = ("lightning_attn", "einops", "triton")
+    Params = LightningParams
+    default_heads = 32
+
+    def layout(self, params: LightningParams, embedding_dim: int) -> tuple[int, int, int]:
+        """(heads, d_qk, d_hv): 32 heads of embedding / 32 unless set (paper Figure 13).
+        Raises UserError naming the field when a head dimension is one the kernel cannot take."""
+        heads, d_qk, d_hv = super().layout(params, embedding_dim)
+        for field, d in (("d_qk", d_qk), ("d_hv", d_hv)):
+            if d not in SUPPORTED_HEAD_DIMS:
+                raise UserError(f"{field}: lightning_attn takes head dimensions "
+                                f"{', '.join(map(str, SUPPORTED_HEAD_DIMS))} (its kernel loads whole head "
+                                f"rows), got {d}")
+        return heads, d_qk, d_hv
+
+    def chunk_size(self, params: LightningParams) -> int:
+        """The kernel's block length, 64."""
+        return LIGHTNING_BLOCK
+
+    def available(self, params: LightningParams) -> str | None:
+        """None when ``lightning_attn`` imports and a CUDA GPU is present; else the reason
+        with the install hint."""
+        return peer_unavailable(self.installed(_find_spec),
+                                install_hint=self.install_hint, load=_kernel,
+                                gpu_subject="lightning_attn's Triton kernels need",
+                                import_subject="lightning_attn")
+
+    def note(self, params: LightningParams, device: str) -> str | None:
+        """The kernel and the package's version, for the row's ``reason``."""
+        try:
+            version = importlib.metadata.version("lightning-attn")
+        except importlib.metadata.PackageNotFoundError:
+            version = "(version unknown)"
+        return f"lightning_attn2 (lightning-attn {version}), block {LIGHTNING_BLOCK}, no chunk state in HBM"
+
+    def uses_tf32(self, params, dtype, device) -> bool:
+        """True on CUDA: the kernel upcasts its tiles to float32 before ``tl.dot``, which
+        Triton runs with TF32 operands by default."""
+        return str(device).startswith("cuda")
+
+    def forward(self, params: LightningParams, inputs: dict[str, Any]):
+        """``lightning_attn2(q, k, v, s)``; returns o (B, H, T, d_hv) in the input dtype."""
+        return _kernel()(inputs["q"], inputs["k"], inputs["v"], inputs["s"])
 
 
 register(LightningBackend())

@@ -38,6 +38,7 @@ from pydantic import field_validator
 from tflabench.backends import register
 from tflabench.backends.base import Backend, BackendParams, HeadLayoutParams, Shape, peer_unavailable, resolve_layout
 from tflabench.backends.base import find_spec as _find_spec
+from tflabench.backends.family import Family
 from tflabench.errors import UserError
 
 MAMBA2_INSTALL_HINT = ("pip install mamba_ssm einops (the Mamba 2 SSD Triton kernels need no compiled "
@@ -318,14 +319,12 @@ class Mamba2Params(BackendParams):
         return _chunk_power_of_two(value)
 
 
-class Mamba2Backend(Backend):
-    """Mamba 2's SSD Triton kernel ``mamba_chunk_scan_combined`` (no compiled extension)."""
+class Mamba2Family(Family):
+    """Mamba 2's SSD (backend ``mamba2``): Mamba2-module-like inputs in the kernel's
+    (B, S, H, .) layout, float64 reference :func:`ssd_reference`, model kind ``mamba2_ssd``.
+    Reads the params' ``ngroups`` and ``chunk_size``."""
 
     name = "mamba2"
-    family = "mamba2"
-    description = "Mamba 2 SSD Triton kernel (mamba_chunk_scan_combined); 64 heads of 64, state 128"
-    install_hint = MAMBA2_INSTALL_HINT
-    Params = Mamba2Params
     #: The SSD kernels of mamba_ssm.ops.triton: chunk states and state passing are the
     #: recurrent part, the scores, cumulative decays and chunk scan the parallel part.
     KERNEL_PARTS = (
@@ -333,35 +332,12 @@ class Mamba2Backend(Backend):
         (r"_chunk_scan_|_bmm_chunk_|_chunk_cumsum_", "parallel"),
     )
 
-    def layout(self, params: Mamba2Params, embedding_dim: int) -> tuple[int, int, int]:
-        """(H, N, P): heads, state size (as d_qk), head dimension (as d_hv). Raises UserError
-        naming the field for a non-dividing embedding or ngroups."""
-        heads, d_hv = params.heads, params.d_hv
-        if heads is None and d_hv is None:
-            d_hv = MAMBA2_DEFAULT_HEAD_DIM
-        view = types.SimpleNamespace(heads=heads, d_hv=d_hv, d_qk=params.d_state, p_qk=1.0)
-        heads, d_qk, d_hv = resolve_layout(view, embedding_dim)
-        if heads % params.ngroups:
-            raise UserError(f"ngroups: {params.ngroups} does not divide heads {heads}")
-        return heads, d_qk, d_hv
-
-    def available(self, params: Mamba2Params) -> str | None:
-        """None when the SSD Triton module imports (without ``mamba_ssm/__init__``) and a
-        CUDA GPU is present; else the reason with the install hint."""
-        return peer_unavailable(("mamba_ssm", "einops", "triton"), find_spec=_find_spec,
-                                install_hint=self.install_hint, load=_chunk_scan_combined,
-                                gpu_subject="the Mamba 2 SSD Triton kernel needs",
-                                import_subject="mamba_ssm.ops.triton.ssd_combined")
-
-    def note(self, params, device):
-        return "mamba_chunk_scan_combined, mamba_ssm/__init__ not executed"
-
-    def gate_shape(self, params: Mamba2Params, shape: Shape, max_seq_len: int) -> Shape:
+    def gate_shape(self, params: Mamba2Params, shape: Shape, max_seq_len: int, chunk_size: int | None) -> Shape:
         """The default reduced shape, with a whole number of groups of heads (B and C are
         shared by H / G heads)."""
         import dataclasses
 
-        reduced = super().gate_shape(params, shape, max_seq_len)
+        reduced = super().gate_shape(params, shape, max_seq_len, chunk_size)
         G = params.ngroups
         heads = G * max(1, min(2, shape.heads // G)) if shape.heads >= G else shape.heads
         return dataclasses.replace(reduced, heads=heads)
@@ -402,6 +378,49 @@ class Mamba2Backend(Backend):
             t.requires_grad_(requires_grad)
         return inputs
 
+    def reference(self, params: Mamba2Params, inputs: dict[str, Any]):
+        """float64 SSD (:func:`ssd_reference`), y (B, S, H, P)."""
+        return ssd_reference(inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],
+                             D=inputs["D"], dt_bias=inputs["dt_bias"], dt_softplus=True)
+
+    def model_kind(self, params: Mamba2Params, shape: Shape, mode: str):
+        """Model kind ``mamba2_ssd`` with N = d_state and Q = chunk_size."""
+        return "mamba2_ssd", {"L": params.chunk_size, "d_state": shape.d_qk}
+
+
+class Mamba2Backend(Backend):
+    """Mamba 2's SSD Triton kernel ``mamba_chunk_scan_combined`` (no compiled extension)."""
+
+    name = "mamba2"
+    family = Mamba2Family()
+    description = "Mamba 2 SSD Triton kernel (mamba_chunk_scan_combined); 64 heads of 64, state 128"
+    install_hint = MAMBA2_INSTALL_HINT
+    requires = ("mamba_ssm", "einops", "triton")
+    Params = Mamba2Params
+
+    def layout(self, params: Mamba2Params, embedding_dim: int) -> tuple[int, int, int]:
+        """(H, N, P): heads, state size (as d_qk), head dimension (as d_hv). Raises UserError
+        naming the field for a non-dividing embedding or ngroups."""
+        heads, d_hv = params.heads, params.d_hv
+        if heads is None and d_hv is None:
+            d_hv = MAMBA2_DEFAULT_HEAD_DIM
+        view = types.SimpleNamespace(heads=heads, d_hv=d_hv, d_qk=params.d_state, p_qk=1.0)
+        heads, d_qk, d_hv = resolve_layout(view, embedding_dim)
+        if heads % params.ngroups:
+            raise UserError(f"ngroups: {params.ngroups} does not divide heads {heads}")
+        return heads, d_qk, d_hv
+
+    def available(self, params: Mamba2Params) -> str | None:
+        """None when the SSD Triton module imports (without ``mamba_ssm/__init__``) and a
+        CUDA GPU is present; else the reason with the install hint."""
+        return peer_unavailable(self.installed(_find_spec),
+                                install_hint=self.install_hint, load=_chunk_scan_combined,
+                                gpu_subject="the Mamba 2 SSD Triton kernel needs",
+                                import_subject="mamba_ssm.ops.triton.ssd_combined")
+
+    def note(self, params, device):
+        return "mamba_chunk_scan_combined, mamba_ssm/__init__ not executed"
+
     def forward(self, params: Mamba2Params, inputs: dict[str, Any]):
         """``mamba_chunk_scan_combined(x, dt, A, B, C, chunk_size, D=D, dt_bias=dt_bias,
         dt_softplus=True)`` (z=None, as the Mamba2 module with its gated RMSNorm);
@@ -416,15 +435,6 @@ class Mamba2Backend(Backend):
         import torch
 
         return dtype == torch.float32 and str(device).startswith("cuda")
-
-    def reference(self, params: Mamba2Params, inputs: dict[str, Any]):
-        """float64 SSD (:func:`ssd_reference`), y (B, S, H, P)."""
-        return ssd_reference(inputs["x"], inputs["dt"], inputs["A"], inputs["B"], inputs["C"],
-                             D=inputs["D"], dt_bias=inputs["dt_bias"], dt_softplus=True)
-
-    def model_kind(self, params: Mamba2Params, shape: Shape, mode: str):
-        """Model kind ``mamba2_ssd`` with N = d_state and Q = chunk_size."""
-        return "mamba2_ssd", {"L": params.chunk_size, "d_state": shape.d_qk}
 
 
 # ------------------------------------------------------------------------ Mamba (v1)
@@ -450,29 +460,12 @@ class MambaParams(BackendParams):
         return value
 
 
-class MambaBackend(Backend):
-    """Mamba (v1) ``selective_scan_fn``: needs ``mamba_ssm``'s compiled ``selective_scan_cuda``."""
+class MambaFamily(Family):
+    """Mamba (v1)'s selective scan (backend ``mamba``): Mamba-module-like inputs in
+    ``selective_scan_fn``'s (B, D, S) layout, float64 reference
+    :func:`selective_scan_reference`, no model count."""
 
     name = "mamba"
-    family = "mamba"
-    description = "Mamba selective scan (compiled selective_scan_cuda); D = embedding, state 16"
-    install_hint = MAMBA_INSTALL_HINT
-    Params = MambaParams
-
-    def layout(self, params: MambaParams, embedding_dim: int) -> tuple[int, int, int]:
-        """(1, N, D): one "head" of D = d_inner channels (default the embedding), state N."""
-        return 1, params.d_state, params.d_inner or embedding_dim
-
-    def available(self, params: MambaParams) -> str | None:
-        """None when ``selective_scan_cuda`` (the compiled extension) and the interface
-        import and a CUDA GPU is present; else the reason with the install hint."""
-        no_extension = ("mamba_ssm has no compiled extension selective_scan_cuda (a build with "
-                        "MAMBA_SKIP_CUDA_BUILD=TRUE has none)")
-        return peer_unavailable(("mamba_ssm", "einops", SELECTIVE_SCAN_MODULE), find_spec=_find_spec,
-                                install_hint=self.install_hint, load=_selective_scan_fn,
-                                missing={SELECTIVE_SCAN_MODULE: no_extension},
-                                gpu_subject="selective_scan_cuda needs",
-                                import_subject="mamba_ssm's selective scan")
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
         """Mamba-module-like inputs in ``selective_scan_fn``'s native layout, contiguous
@@ -508,18 +501,44 @@ class MambaBackend(Backend):
             t.requires_grad_(requires_grad)
         return inputs
 
+    def reference(self, params: MambaParams, inputs: dict[str, Any]):
+        """float64 selective scan (:func:`selective_scan_reference`), y (B, D, S)."""
+        return selective_scan_reference(inputs["u"], inputs["delta"], inputs["A"], inputs["B"],
+                                        inputs["C"], D=inputs["D"], z=inputs["z"],
+                                        delta_bias=inputs["delta_bias"], delta_softplus=True)
+
+
+class MambaBackend(Backend):
+    """Mamba (v1) ``selective_scan_fn``: needs ``mamba_ssm``'s compiled ``selective_scan_cuda``."""
+
+    name = "mamba"
+    family = MambaFamily()
+    description = "Mamba selective scan (compiled selective_scan_cuda); D = embedding, state 16"
+    install_hint = MAMBA_INSTALL_HINT
+    requires = ("mamba_ssm", "einops", SELECTIVE_SCAN_MODULE)
+    requires_missing = {SELECTIVE_SCAN_MODULE: "mamba_ssm has no compiled extension selective_scan_cuda "
+                                               "(a build with MAMBA_SKIP_CUDA_BUILD=TRUE has none), and "
+                                               "selective_scan_fn has no other implementation"}
+    Params = MambaParams
+
+    def layout(self, params: MambaParams, embedding_dim: int) -> tuple[int, int, int]:
+        """(1, N, D): one "head" of D = d_inner channels (default the embedding), state N."""
+        return 1, params.d_state, params.d_inner or embedding_dim
+
+    def available(self, params: MambaParams) -> str | None:
+        """None when ``selective_scan_cuda`` (the compiled extension) and the interface
+        import and a CUDA GPU is present; else the reason with the install hint."""
+        return peer_unavailable(self.installed(_find_spec),
+                                install_hint=self.install_hint, load=_selective_scan_fn,
+                                gpu_subject="selective_scan_cuda needs",
+                                import_subject="mamba_ssm's selective scan")
+
     def forward(self, params: MambaParams, inputs: dict[str, Any]):
         """``selective_scan_fn(u, delta, A, B, C, D, z=z, delta_bias=delta_bias,
         delta_softplus=True)``, as the Mamba module calls it; y (B, D, S)."""
         return _selective_scan_fn()(
             inputs["u"], inputs["delta"], inputs["A"], inputs["B"], inputs["C"], inputs["D"],
             z=inputs["z"], delta_bias=inputs["delta_bias"], delta_softplus=True)
-
-    def reference(self, params: MambaParams, inputs: dict[str, Any]):
-        """float64 selective scan (:func:`selective_scan_reference`), y (B, D, S)."""
-        return selective_scan_reference(inputs["u"], inputs["delta"], inputs["A"], inputs["B"],
-                                        inputs["C"], D=inputs["D"], z=inputs["z"],
-                                        delta_bias=inputs["delta_bias"], delta_softplus=True)
 
 
 # ------------------------------------------------------------------------ Mamba-3
@@ -547,40 +566,15 @@ class Mamba3Params(HeadLayoutParams):
         return _chunk_power_of_two(value)
 
 
-class Mamba3Backend(Backend):
-    """Mamba-3 SISO through ``mamba_ssm.ops.triton.mamba3.mamba3_siso_combined`` (Triton
-    forward and backward; mamba_ssm's TileLang path is its MIMO variant and its CuTe path a
-    decoding step, neither measured here)."""
+class Mamba3Family(Family):
+    """Mamba-3 SISO (backend ``mamba3``): Mamba3-module-like inputs in the kernel's
+    (B, S, H, .) layout, float64 reference :func:`mamba3_reference`, no model count.
+    Reads the params' ``rope_fraction``."""
 
     name = "mamba3"
-    family = "mamba3"
-    description = "Mamba-3 SISO Triton kernel (mamba3_siso_combined); 16 heads, state 128, head dim 256 by default"
-    install_hint = MAMBA3_INSTALL_HINT
-    Params = Mamba3Params
-    default_heads = 16
     #: mamba3's Triton kernels: its forward walks the chunks with the state on chip in one
     #: kernel, so nothing splits into recurrent and parallel parts; all count as ``whole``.
     KERNEL_PARTS = ((r"mamba3|angle_dt|dqkv|dzdo|ddt", "whole"),)
-
-    def layout(self, params: Mamba3Params, embedding_dim: int) -> tuple[int, int, int]:
-        """(H, N, P) as (heads, d_qk, d_hv). Raises UserError naming the field."""
-        return resolve_layout(params, embedding_dim, self.default_heads)
-
-    def available(self, params: Mamba3Params) -> str | None:
-        """None when ``mamba_ssm.ops.triton.mamba3`` imports (without ``mamba_ssm/__init__``)
-        and a CUDA GPU is present; else the reason with the install hint (a mamba_ssm before
-        2.3.2 has no ``ops/triton/mamba3``)."""
-        reason = peer_unavailable(("mamba_ssm", "einops", "triton"), find_spec=_find_spec,
-                                  install_hint=self.install_hint, load=_mamba3_siso_combined,
-                                  gpu_subject="Mamba-3's Triton kernels need",
-                                  import_subject="mamba_ssm.ops.triton.mamba3.mamba3_siso_combined")
-        if reason and "No module named 'mamba_ssm.ops.triton.mamba3" in reason:
-            since = ".".join(map(str, MAMBA3_SINCE))
-            return f"this mamba_ssm has no Mamba-3 (ops/triton/mamba3 arrived in {since}); {self.install_hint}"
-        return reason
-
-    def note(self, params, device):
-        return "mamba3_siso_combined (Triton), mamba_ssm/__init__ not executed"
 
     def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
         """Mamba3-module-like inputs in the kernel's layout, contiguous (H heads, N = d_qk,
@@ -636,15 +630,6 @@ class Mamba3Backend(Backend):
             t.requires_grad_(requires_grad)
         return inputs
 
-    def forward(self, params: Mamba3Params, inputs: dict[str, Any]):
-        """``mamba3_siso_combined(Q=q, K=k, V=v, ADT=adt, DT=dt, Trap=trap, Q_bias=q_bias,
-        K_bias=k_bias, Angles=angles, D=D, Z=None, chunk_size=chunk_size)`` (as the Mamba3
-        module with its output norm); y (B, S, H, P)."""
-        return _mamba3_siso_combined()(
-            Q=inputs["q"], K=inputs["k"], V=inputs["v"], ADT=inputs["adt"], DT=inputs["dt"],
-            Trap=inputs["trap"], Q_bias=inputs["q_bias"], K_bias=inputs["k_bias"],
-            Angles=inputs["angles"], D=inputs["D"], Z=None, chunk_size=params.chunk_size)
-
     def reference(self, params: Mamba3Params, inputs: dict[str, Any]):
         """float64 Mamba-3 (:func:`mamba3_reference`), y (B, S, H, P)."""
         return mamba3_reference(inputs["q"], inputs["k"], inputs["v"], inputs["adt"], inputs["dt"],
@@ -654,6 +639,49 @@ class Mamba3Backend(Backend):
     def model_kind(self, params: Mamba3Params, shape: Shape, mode: str):
         """None: Mamba-3 has no published FLOP/byte count of its kernels (docs/offline-peers.md, section 5)."""
         return None
+
+
+class Mamba3Backend(Backend):
+    """Mamba-3 SISO through ``mamba_ssm.ops.triton.mamba3.mamba3_siso_combined`` (Triton
+    forward and backward; mamba_ssm's TileLang path is its MIMO variant and its CuTe path a
+    decoding step, neither measured here)."""
+
+    name = "mamba3"
+    family = Mamba3Family()
+    description = "Mamba-3 SISO Triton kernel (mamba3_siso_combined); 16 heads, state 128, head dim 256 by default"
+    install_hint = MAMBA3_INSTALL_HINT
+    requires = ("mamba_ssm", "einops", "triton")
+    Params = Mamba3Params
+    default_heads = 16
+
+    def layout(self, params: Mamba3Params, embedding_dim: int) -> tuple[int, int, int]:
+        """(H, N, P) as (heads, d_qk, d_hv). Raises UserError naming the field."""
+        return resolve_layout(params, embedding_dim, self.default_heads)
+
+    def available(self, params: Mamba3Params) -> str | None:
+        """None when ``mamba_ssm.ops.triton.mamba3`` imports (without ``mamba_ssm/__init__``)
+        and a CUDA GPU is present; else the reason with the install hint (a mamba_ssm before
+        2.3.2 has no ``ops/triton/mamba3``)."""
+        reason = peer_unavailable(self.installed(_find_spec),
+                                  install_hint=self.install_hint, load=_mamba3_siso_combined,
+                                  gpu_subject="Mamba-3's Triton kernels need",
+                                  import_subject="mamba_ssm.ops.triton.mamba3.mamba3_siso_combined")
+        if reason and "No module named 'mamba_ssm.ops.triton.mamba3" in reason:
+            since = ".".join(map(str, MAMBA3_SINCE))
+            return f"this mamba_ssm has no Mamba-3 (ops/triton/mamba3 arrived in {since}); {self.install_hint}"
+        return reason
+
+    def note(self, params, device):
+        return "mamba3_siso_combined (Triton), mamba_ssm/__init__ not executed"
+
+    def forward(self, params: Mamba3Params, inputs: dict[str, Any]):
+        """``mamba3_siso_combined(Q=q, K=k, V=v, ADT=adt, DT=dt, Trap=trap, Q_bias=q_bias,
+        K_bias=k_bias, Angles=angles, D=D, Z=None, chunk_size=chunk_size)`` (as the Mamba3
+        module with its output norm); y (B, S, H, P)."""
+        return _mamba3_siso_combined()(
+            Q=inputs["q"], K=inputs["k"], V=inputs["v"], ADT=inputs["adt"], DT=inputs["dt"],
+            Trap=inputs["trap"], Q_bias=inputs["q_bias"], K_bias=inputs["k_bias"],
+            Angles=inputs["angles"], D=inputs["D"], Z=None, chunk_size=params.chunk_size)
 
 
 register(Mamba2Backend())

@@ -26,7 +26,6 @@ torch and the peer are imported inside the methods only (``backends/base.py``).
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import importlib
 from typing import Any, Literal
@@ -36,8 +35,7 @@ from pydantic import model_validator
 from tflabench.backends import register
 from tflabench.backends.base import find_spec as _find_spec
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape, peer_unavailable
-from tflabench.backends.mlstm_family import (mlstm_initial_state, mlstm_inputs, mlstm_last_state, mlstm_reference,
-                                             mlstm_reference_state)
+from tflabench.backends.mlstm_family import MlstmFamily, mlstm_last_state
 
 #: (variant, algorithm) -> (peer module, function, peer registry name).
 PEER_KERNELS: dict[tuple[str, str], tuple[str, str, str]] = {
@@ -117,6 +115,28 @@ def effective_chunk_size(params: MlstmKernelsParams, seq_len: int) -> int:
     return L
 
 
+def model_chunk(params: MlstmKernelsParams, shape: Shape, mode: str) -> int:
+    """The chunk size the mLSTM model counts at: :func:`effective_chunk_size` at the
+    shape's S (the family's ``model_chunk``)."""
+    return effective_chunk_size(params, shape.seq_len)
+
+
+def gate_seq_len(params: MlstmKernelsParams, seq_len: int, case_seq_len: int, chunk_size: int) -> int:
+    """The numerics gate's S rounded up to a length the peer takes (a multiple of L, or of
+    16 below 128 for xl_chunk; a power of two below 128 for xl_chunk), at most the case's
+    S (the family's ``gate_seq_len``)."""
+    step = chunk_size if seq_len >= 128 or params.algorithm == "limit_chunk" else 16
+    S = min(case_seq_len, -(-seq_len // step) * step)
+    if params.algorithm == "xl_chunk" and S < 128:
+        S = min(case_seq_len, 1 << (S - 1).bit_length())
+    return S
+
+
+def check_inputs(params: MlstmKernelsParams, shape: Shape, dtype) -> None:
+    """:func:`check_peer_shape` at the shape's S (the family's ``check_inputs``)."""
+    check_peer_shape(params, shape.seq_len)
+
+
 def check_peer_shape(params: MlstmKernelsParams, seq_len: int) -> None:
     """Raise ValueError when the peer cannot run ``seq_len`` with these params (the peer
     would fail an assertion): S % 16, power-of-two S below 128 (xl_chunk), S % L."""
@@ -137,18 +157,18 @@ class MlstmKernelsBackend(Backend):
     """The TFLA paper authors' mLSTM Triton kernels (``mlstm_kernels``)."""
 
     name = "mlstm_kernels"
-    family = "mlstm"
+    #: The peer's Triton kernels name their kind (``mlstm_chunkwise__recurrent_fw_C_kernel``,
+    #: ``..._parallel_bw_dQ_kernel``, ``mlstm_siging_chunkwise__...``). The peer constrains
+    #: S (:func:`check_peer_shape`) and runs L = S at short S (:func:`effective_chunk_size`).
+    family = MlstmFamily(
+        kernel_parts=((r"chunkwise__recurrent_", "recurrent"), (r"chunkwise__parallel_", "parallel")),
+        check_inputs=check_inputs, model_chunk=model_chunk, gate_seq_len=gate_seq_len)
     description = ("the authors' mLSTM kernels: mLSTMsig/mLSTMexp xl_chunk, mLSTMexp limit_chunk; "
                    "16 heads, d_qk 128, d_hv 256 by default")
     install_hint = INSTALL_HINT
+    requires = ("mlstm_kernels", "einops", "triton")
     Params = MlstmKernelsParams
     default_heads = MLSTM_DEFAULT_HEADS
-    #: The peer's Triton kernels name their kind (``mlstm_chunkwise__recurrent_fw_C_kernel``,
-    #: ``..._parallel_bw_dQ_kernel``, ``mlstm_siging_chunkwise__...``).
-    KERNEL_PARTS = (
-        (r"chunkwise__recurrent_", "recurrent"),
-        (r"chunkwise__parallel_", "parallel"),
-    )
 
     def chunk_size(self, params: MlstmKernelsParams) -> int:
         """L requested (default 128 xl_chunk, 64 limit_chunk); for xl_chunk at S < 128 the
@@ -158,8 +178,7 @@ class MlstmKernelsBackend(Backend):
     def available(self, params: MlstmKernelsParams) -> str | None:
         """None when ``mlstm_kernels`` (and its dependency ``einops``) imports and a CUDA GPU
         is present; else the reason with the install hint."""
-        return peer_unavailable(("mlstm_kernels", "einops", "triton"), find_spec=_find_spec,
-                                install_hint=self.install_hint,
+        return peer_unavailable(self.installed(_find_spec), install_hint=self.install_hint,
                                 load=lambda: _peer_kernel(params.variant, params.algorithm),
                                 gpu_subject="mlstm_kernels' Triton kernels need",
                                 import_subject="mlstm_kernels")
@@ -168,31 +187,6 @@ class MlstmKernelsBackend(Backend):
         """The peer kernel's registry name and the normaliser setting."""
         normalize = bool(params.normalize) if params.variant == "sig" else True
         return f"{PEER_KERNELS[(params.variant, params.algorithm)][2]}, normalize={normalize}"
-
-    def gate_shape(self, params: MlstmKernelsParams, shape: Shape, max_seq_len: int) -> Shape:
-        """The default reduced shape with S rounded up to a length the peer takes (a
-        multiple of L, or of 16 below 128 for xl_chunk) and at most the case's S."""
-        reduced = super().gate_shape(params, shape, max_seq_len)
-        S = reduced.seq_len
-        if S == shape.seq_len:
-            return reduced
-        L = self.chunk_size(params)
-        step = L if S >= 128 or params.algorithm == "limit_chunk" else 16
-        S = min(shape.seq_len, -(-S // step) * step)
-        if params.algorithm == "xl_chunk" and S < 128:
-            S = min(shape.seq_len, 1 << (S - 1).bit_length())
-        return dataclasses.replace(reduced, seq_len=S)
-
-    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
-        """The mLSTM family's inputs (:func:`tflabench.backends.mlstm_family.mlstm_inputs`, the
-        same as the ``tfla`` backend's for the same seed): q, k (B, NH, S, d_qk),
-        v (B, NH, S, d_hv) ~ N(0, 1) in ``dtype``; input-gate pre-activations i ~ N(0, 1)
-        and forget-gate pre-activations f ~ N(3, 1), (B, NH, S), in float32 for bf16/fp16
-        activations (the peer upcasts them itself; the distributions of the peers' benchmarks). The
-        peer's native layout, contiguous; with ``requires_grad`` all five are leaves with gradients.
-        Raises ValueError when the peer cannot run S (:func:`check_peer_shape`)."""
-        check_peer_shape(params, shape.seq_len)
-        return mlstm_inputs(shape, dtype, device, seed, requires_grad)
 
     def forward(self, params: MlstmKernelsParams, inputs: dict[str, Any]):
         """The peer kernel on (q, k, v, i, f) with ``chunk_size`` and ``eps`` (and
@@ -211,11 +205,6 @@ class MlstmKernelsBackend(Backend):
 
         return dtype == torch.float32 and str(device).startswith("cuda")
 
-    def initial_state(self, params: MlstmKernelsParams, inputs, seed, requires_grad=False):
-        """C0, n0 (and m0 = 0 for mLSTMexp), as the ``tfla`` backend's
-        (:func:`~tflabench.backends.mlstm_family.mlstm_initial_state`)."""
-        return mlstm_initial_state(inputs, params.variant, seed, requires_grad)
-
     def forward_state(self, params: MlstmKernelsParams, inputs, state):
         """The peer kernel with ``c_initial``, ``n_initial`` (``m_initial`` for mLSTMexp)
         and ``return_last_states=True`` -> (h, {last_C, last_n}) (mLSTMexp unstabilised)."""
@@ -230,27 +219,6 @@ class MlstmKernelsBackend(Backend):
                 kwargs["m_initial"] = state["m0"].reshape(state["m0"].shape[0], state["m0"].shape[1])
         h, last = fn(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"], **kwargs)
         return h, mlstm_last_state(tuple(last), params.variant)
-
-    def reference_state(self, params: MlstmKernelsParams, inputs, state):
-        normalize = bool(params.normalize) if params.variant == "sig" else True
-        return mlstm_reference_state(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"],
-                                     state, variant=params.variant, normalize=normalize, eps=params.eps)
-
-    def reference(self, params: MlstmKernelsParams, inputs: dict[str, Any]):
-        """float64 mLSTM of the same variant and normaliser
-        (:func:`tflabench.backends.mlstm_family.mlstm_reference`: ``tfla.reference``, normaliser and
-        max state detached as the kernels' gradients, docs/tfla-kernels.md 1.5); h (B, NH, S, d_hv)."""
-        normalize = bool(params.normalize) if params.variant == "sig" else True
-        return mlstm_reference(inputs["q"], inputs["k"], inputs["v"], inputs["i"], inputs["f"],
-                               variant=params.variant, normalize=normalize, eps=params.eps)
-
-    def model_kind(self, params: MlstmKernelsParams, shape: Shape, mode: str):
-        """Model kinds ``mlstm_sig`` / ``mlstm_exp`` (xl_chunk) / ``mlstm_exp_limit``, at the
-        chunk size the peer runs."""
-        kind = {"sig": "mlstm_sig", "exp": "mlstm_exp"}[params.variant]
-        if params.algorithm == "limit_chunk":
-            kind = "mlstm_exp_limit"
-        return kind, {"L": effective_chunk_size(params, shape.seq_len)}
 
 
 register(MlstmKernelsBackend())

@@ -14,8 +14,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from tflabench.backends import register
-from tflabench.backends.attention_family import attention_inputs, attention_reference
-from tflabench.backends.base import Backend, HeadLayoutParams, Shape
+from tflabench.backends.attention_family import AttentionFamily
+from tflabench.backends.base import Backend, HeadLayoutParams
 
 #: impl name -> ``torch.nn.attention.SDPBackend`` member name.
 SDPA_IMPLS: dict[str, str] = {
@@ -48,32 +48,16 @@ class SdpaParams(HeadLayoutParams):
 ATTENTION_DEFAULT_HEADS = 32
 
 
-def attention_model_kind(causal: bool) -> tuple[str, dict] | None:
-    """The model kind of causal attention (FlashAttention accounting, ``tflabench.model``
-    kind ``attention_causal``); None for non-causal, which the model does not count."""
-    return ("attention_causal", {}) if causal else None
-
-
-#: Attention kernels by name: cuDNN (``..._sdpa_..._fprop_...``), PyTorch's FlashAttention
-#: (``flash_fwd_kernel``, ``flash_bwd_dot_do_o_kernel``), memory-efficient (``fmha_cutlassF``),
-#: FlashAttention 3/4 (``flash`` in the name), and the math path's matrix products (cuBLAS
-#: ``gemm`` / ``nvjet`` kernels; ``aten::bmm`` on the CPU) and softmax: all of it is
-#: attention's parallel form (one part per pass). Copies and fills are ``other``.
-ATTENTION_KERNEL_PARTS = (
-    (r"(?i)sdpa|fmha|flash|attention|attn|softmax|gemm|xmma|cutlass|nvjet|bmm|matmul", "parallel"),
-)
-
-
 class SdpaBackend(Backend):
     """torch ``scaled_dot_product_attention`` with a forced implementation (``impl``)."""
 
     name = "sdpa"
-    family = "attention"
+    #: SDPA's native layout (B, NH, S, D), contiguous (no transpose in the timed call).
+    family = AttentionFamily("BHSD")
     description = "torch SDPA (flash | cudnn | efficient | math), causal; 32 heads of 128 by default"
     install_hint = "pip install torch (flash/cudnn/efficient need a CUDA build and GPU)"
     Params = SdpaParams
     default_heads = ATTENTION_DEFAULT_HEADS
-    KERNEL_PARTS = ATTENTION_KERNEL_PARTS
 
     def available(self, params: SdpaParams) -> str | None:
         """None when torch has the chosen implementation here. ``cudnn`` and ``efficient``
@@ -87,11 +71,6 @@ class SdpaBackend(Backend):
             return f"SDPA impl={params.impl} needs a CUDA GPU (torch.cuda.is_available() is False); {self.install_hint}"
         return None
 
-    def make_inputs(self, params, shape, dtype, device, seed, requires_grad=False):
-        """q, k (B, NH, S, d_qk), v (B, NH, S, d_hv), N(0, 1) in ``dtype``: SDPA's native
-        layout, contiguous (no transpose in the timed call)."""
-        return attention_inputs(shape, dtype, device, seed, requires_grad, layout="BHSD")
-
     def forward(self, params: SdpaParams, inputs: dict[str, Any]):
         """``scaled_dot_product_attention(q, k, v, is_causal=causal)`` under
         ``sdpa_kernel(<impl>)``; returns (B, NH, S, d_hv) in the input dtype. Raises
@@ -102,15 +81,6 @@ class SdpaBackend(Backend):
         with sdpa_kernel(getattr(SDPBackend, SDPA_IMPLS[params.impl])):
             return torch.nn.functional.scaled_dot_product_attention(
                 inputs["q"], inputs["k"], inputs["v"], is_causal=params.causal)
-
-    def reference(self, params: SdpaParams, inputs: dict[str, Any]):
-        """float64 softmax attention (:func:`tflabench.backends.attention_family.attention_reference`),
-        (B, NH, S, d_hv)."""
-        return attention_reference(inputs["q"], inputs["k"], inputs["v"], causal=params.causal)
-
-    def model_kind(self, params: SdpaParams, shape: Shape, mode: str):
-        """Model kind ``attention_causal`` (None when ``causal`` is False)."""
-        return attention_model_kind(params.causal)
 
 
 register(SdpaBackend())

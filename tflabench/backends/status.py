@@ -3,8 +3,10 @@
 ``doctor`` prints :func:`peer_modes`; the result set keeps the same reasons in the rows of
 cases that could not run (``unavailable``, from each backend's ``available`` /
 ``unsupported_mode``). The rows derive from the backends (issue 44): each names its backend,
-its fix is that backend's ``install_hint`` where installing helps, and the decisions are the
-backends' own (fla's #640 rule: the fla backend's ``unsupported_mode`` under
+its fix is that backend's ``install_hint`` where installing helps, whether the peer is
+installed is the backend's ``installed`` (its ``requires``, looked up with ``find_spec``,
+nothing imported), and the decisions are the backends' own (fla's #640 rule: the fla
+backend's ``unsupported_mode`` under
 :func:`tflabench.backends.base.environment_given`;
 FlashAttention 3's build: :func:`tflabench.backends.flash_attn.fa3_build`), applied to the
 environment given (so that tests can give one). Sources of the facts below (checked 2026-11-23):
@@ -53,11 +55,10 @@ environment given (so that tests can give one). Sources of the facts below (chec
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 from typing import Callable
 
 from tflabench.backends import get_backend
-from tflabench.backends.base import environment_given
+from tflabench.backends.base import environment_given, find_spec as _find_spec
 from tflabench.backends.fla import fla_backward_refused
 from tflabench.backends.mamba import MAMBA3_SINCE, SELECTIVE_SCAN_MODULE
 from tflabench.backends.flash_attn import FA3_DISTRIBUTIONS, FA3_FORWARD_ONLY, fa3_build, fa3_build_text
@@ -87,29 +88,37 @@ class PeerMode:
         return dataclasses.asdict(self)
 
 
-def _spec(module: str):
-    try:
-        return importlib.util.find_spec(module)
-    except (ImportError, ValueError):
-        return None
-
-
 def _hint(backend: str) -> str:
     """The install hint of ``backend`` (its one home)."""
     return get_backend(backend).install_hint
 
 
+def _not_installed(backend: str, find_spec) -> tuple[str, str] | None:
+    """(why, fix) when ``backend``'s packages are not installed, by the backend's own
+    :meth:`~tflabench.backends.base.Backend.installed` (``find_spec`` only, nothing
+    imported): why is its reason without the install hint, fix the hint; None when installed."""
+    found = get_backend(backend)
+    reason = found.installed(find_spec)
+    if reason is None:
+        return None
+    return reason.removesuffix(f"; {found.install_hint}"), found.install_hint
+
+
+def _missing_row(peer: str, backend: str, find_spec) -> PeerMode | None:
+    """The row of a peer whose backend's packages are not installed, else None."""
+    missing = _not_installed(backend, find_spec)
+    return None if missing is None else PeerMode(peer, "fwd, fwdbw", False, missing[0], missing[1], backend)
+
+
 def _fla_rows(env: dict, find_spec) -> list[PeerMode]:
     peers = env.get("peers") or {}
-    fla = peers.get("fla-core") or peers.get("flash-linear-attention")
+    fla = peers.get("fla-core") or peers.get("flash-linear-attention") or "?"
     triton = _parse_version(env.get("triton"))
     hopper = is_hopper(env.get("gpu_name"))
-    if not fla:
-        rows = [PeerMode(f"FLA {op}", "fwd, fwdbw", False, "fla-core is not installed", _hint("fla"), "fla")
-                for op in ("chunk_simple_gla", "chunk_gla")]
-        rows += [PeerMode(f"FLA {op} ({name})", "fwd, fwdbw", False, "fla-core is not installed",
-                          _hint("fla_delta"), "fla_delta") for op, name in DELTA_PEERS]
-        return rows
+    missing = [_missing_row(f"FLA {op}", "fla", find_spec) for op in ("chunk_simple_gla", "chunk_gla")]
+    missing += [_missing_row(f"FLA {op} ({name})", "fla_delta", find_spec) for op, name in DELTA_PEERS]
+    if any(row is not None for row in missing):
+        return [row for row in missing if row is not None]
     out = [PeerMode("FLA chunk_simple_gla", "fwd", True, "", backend="fla")]
     # the verdict is the fla backend's own (its unsupported_mode, for the environment given)
     backend = get_backend("fla")
@@ -181,26 +190,19 @@ def _fa3_rows(env: dict, find_spec) -> list[PeerMode]:
 
 def _fa4_rows(env: dict, find_spec) -> list[PeerMode]:
     fa4 = (env.get("peers") or {}).get("flash-attn-4")
-    if find_spec("flash_attn.cute") is not None and find_spec("cutlass") is not None:
-        return [PeerMode("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", True,
-                         f"found flash_attn.cute (flash-attn-4 {fa4 or '?'}) and cutlass (nvidia-cutlass-dsl)",
-                         backend="fa4")]
-    if find_spec("flash_attn.cute") is not None:
-        return [PeerMode(
-            "FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", False,
-            f"found flash_attn.cute (flash-attn-4 {fa4 or '?'}) but not cutlass: nvidia-cutlass-dsl is missing, "
-            "or installed with --target, which skips the .pth file that puts its dsl_packages on sys.path",
-            "pip install 'flash-attn-4[cu13]' (CUDA 13 torch) into site-packages, or add "
-            "<target>/nvidia_cutlass_dsl/dsl_packages to PYTHONPATH (docs/offline-peers.md)", "fa4")]
-    return [PeerMode("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", False,
-                     "flash_attn.cute not found: flash-attn-4 is not installed", _hint("fa4"), "fa4")]
+    missing = _missing_row("FlashAttention 4 (CuTe DSL)", "fa4", find_spec)
+    if missing is not None:
+        return [missing]
+    return [PeerMode("FlashAttention 4 (CuTe DSL)", "fwd, fwdbw", True,
+                     f"found flash_attn.cute (flash-attn-4 {fa4 or '?'}) and cutlass (nvidia-cutlass-dsl)",
+                     backend="fa4")]
 
 
 def _lightning_rows(env: dict, find_spec) -> list[PeerMode]:
     peers = env.get("peers") or {}
-    fla = peers.get("fla-core") or peers.get("flash-linear-attention")
+    fla = peers.get("fla-core") or peers.get("flash-linear-attention") or "?"
     out = []
-    if fla:
+    if _not_installed("fla", find_spec) is None:
         out.append(PeerMode("FLA lightning_attn (Lightning Attention 2)", "fwd, fwdbw", True,
                             "fla's chunk_simple_gla with a fixed decay (no #640 guard: no data-dependent gate)",
                             backend="fla"))
@@ -210,35 +212,24 @@ def _lightning_rows(env: dict, find_spec) -> list[PeerMode]:
             out.append(PeerMode("FLA fused_chunk_gla (non-materialising)", "fwd, fwdbw", False,
                                 f"fla {fla} ships fused_chunk_gla as a stub that raises NotImplementedError",
                                 "measure fused_chunk_simple_gla, its non-materialising form with a scalar gate", "fla"))
-    if peers.get("lightning-attn") or find_spec("lightning_attn") is not None:
-        out.append(PeerMode("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw", True,
-                            f"found lightning_attn {peers.get('lightning-attn', '')}".rstrip()
-                            + ": its Triton kernels, head dimensions 16-128", backend="lightning_attn"))
-    else:
-        out.append(PeerMode("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw", False,
-                            "lightning-attn is not installed", _hint("lightning_attn"), "lightning_attn"))
+    missing = _missing_row("Lightning Attention 2 (lightning-attn)", "lightning_attn", find_spec)
+    out.append(missing or PeerMode("Lightning Attention 2 (lightning-attn)", "fwd, fwdbw", True,
+                                   f"found lightning_attn {peers.get('lightning-attn', '')}".rstrip()
+                                   + ": its Triton kernels, head dimensions 16-128", backend="lightning_attn"))
     return out
 
 
 def _mamba_rows(env: dict, find_spec) -> list[PeerMode]:
-    version = (env.get("peers") or {}).get("mamba_ssm")
-    if not version:
-        return [PeerMode("Mamba 2 (SSD)", "fwd, fwdbw", False, "mamba_ssm is not installed", _hint("mamba2"), "mamba2"),
-                PeerMode("Mamba (v1)", "fwd, fwdbw", False, "mamba_ssm is not installed", _hint("mamba"), "mamba"),
-                PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", False, "mamba_ssm is not installed", _hint("mamba3"), "mamba3")]
-    out = [PeerMode("Mamba 2 (SSD)", "fwd, fwdbw", True, "Triton kernels; mamba_ssm/__init__ not executed",
-                    backend="mamba2")]
-    if find_spec(SELECTIVE_SCAN_MODULE) is None:
-        out.append(PeerMode(
-            "Mamba (v1)", "fwd, fwdbw", False,
-            f"mamba_ssm {version} has no compiled {SELECTIVE_SCAN_MODULE} (built with "
-            "MAMBA_SKIP_CUDA_BUILD=TRUE), and selective_scan_fn has no other implementation",
-            "install the mamba_ssm wheel that benchmarks/build_peer_wheel.sh mamba builds for sm_90 "
-            "(docs/offline-peers.md); or, with a CUDA build of torch and nvcc of its CUDA version: "
-            "TORCH_CUDA_ARCH_LIST=9.0 MAMBA_FORCE_BUILD=TRUE pip install mamba_ssm --no-build-isolation", "mamba"))
-    else:
-        out.append(PeerMode("Mamba (v1)", "fwd, fwdbw", True, f"{SELECTIVE_SCAN_MODULE} compiled", backend="mamba"))
-    if (_parse_version(version) or (0,)) >= MAMBA3_SINCE:
+    version = (env.get("peers") or {}).get("mamba_ssm") or "?"
+    out = [_missing_row("Mamba 2 (SSD)", "mamba2", find_spec)
+           or PeerMode("Mamba 2 (SSD)", "fwd, fwdbw", True, "Triton kernels; mamba_ssm/__init__ not executed",
+                       backend="mamba2")]
+    out.append(_missing_row("Mamba (v1)", "mamba", find_spec)
+               or PeerMode("Mamba (v1)", "fwd, fwdbw", True, f"{SELECTIVE_SCAN_MODULE} compiled", backend="mamba"))
+    missing = _missing_row("Mamba-3 (SISO)", "mamba3", find_spec)
+    if missing is not None:
+        out.append(missing)
+    elif (_parse_version(version) or (0,)) >= MAMBA3_SINCE:
         out.append(PeerMode("Mamba-3 (SISO)", "fwd, fwdbw", True,
                             f"mamba_ssm {version}: Triton kernels (mamba3_siso_combined, TMA: sm_90 or newer); "
                             "beyond the paper, no model count", backend="mamba3"))
@@ -250,10 +241,13 @@ def _mamba_rows(env: dict, find_spec) -> list[PeerMode]:
     return out
 
 
-def peer_modes(env: dict, find_spec: Callable[[str], object] = _spec) -> list[PeerMode]:
+def peer_modes(env: dict, find_spec: Callable[[str], object] = _find_spec) -> list[PeerMode]:
     """Every peer mode (the paper's Figures 4, 12 and 13, and the rows beyond the paper) and
     what stops it, for the environment ``env`` (:func:`tflabench.environment.collect`:
-    ``gpu_name``, ``triton``, ``peers``). ``find_spec`` looks modules up (tests replace it)."""
+    ``gpu_name``, ``triton``, ``peers``; the versions named in the rows). Whether a peer
+    is installed is its backend's :meth:`~tflabench.backends.base.Backend.installed` with
+    ``find_spec`` (default :func:`tflabench.backends.base.find_spec`; tests replace it), so
+    nothing is imported and doctor stays fast in the parent process."""
     return [*_fla_rows(env, find_spec), *_fa3_rows(env, find_spec), *_fa4_rows(env, find_spec),
             *_lightning_rows(env, find_spec), *_mamba_rows(env, find_spec),
             PeerMode("FlashQLA (TileLang)", "fwd, fwdbw", False, FLASHQLA_REASON,

@@ -21,8 +21,7 @@ from pydantic import Field
 
 from tflabench.backends import register
 from tflabench.backends.base import Backend, HeadLayoutParams, Shape
-from tflabench.backends.mlstm_family import (mlstm_initial_state, mlstm_inputs, mlstm_last_state, mlstm_reference,
-                                             mlstm_reference_state, mlstm_state_tuple)
+from tflabench.backends.mlstm_family import MlstmFamily, mlstm_last_state, mlstm_state_tuple
 
 
 class TflaParams(HeadLayoutParams):
@@ -72,22 +71,22 @@ def _reference_available() -> str | None:
 
 class TflaBackend(Backend):
     name = "tfla"
-    family = "mlstm"
-    description = "TFLA mLSTM kernels of this project (mLSTMsig/mLSTMexp, xl_chunk/limit_chunk)"
-    install_hint = "part of tflabench: pip install -e ."
-    Params = TflaParams
     #: Our Triton kernels (kernels/tfla/triton): the chunk gates, their gradients and the
     #: state kernels (forward, the walk's segment states, the backward's recompute, δC) are
     #: the recurrent part; the output and δQ/δK/δV kernels the parallel part; mLSTMsig's
-    #: forward walk computes both.
-    KERNEL_PARTS = (
+    #: forward walk computes both. The inputs carry ``_device`` (forward picks the
+    #: implementation by it); the model counts at the chunk size run ("auto" resolved).
+    family = MlstmFamily(device_input=True, kernel_parts=(
         (r"_sig_walk_fw_kernel", "whole"),
         (r"_gates_kernel|_gate_grads_kernel|_recurrent_fw_kernel|_recurrent_bw_kernel"
          r"|_sig_segment_states_kernel", "recurrent"),
         (r"_parallel_fw_kernel|_parallel_fw_gluon_kernel|_dq_kernel|_dq_gluon_kernel"
          r"|_dq_once_kernel|_dkv_kernel|_dkv_once_kernel|_dkv_fused_kernel|_dkv_gluon_kernel"
          r"|_limit_bw_kernel", "parallel"),
-    )
+    ))
+    description = "TFLA mLSTM kernels of this project (mLSTMsig/mLSTMexp, xl_chunk/limit_chunk)"
+    install_hint = "part of tflabench: pip install -e ."
+    Params = TflaParams
 
     def chunk_size(self, params: TflaParams) -> int | None:
         """params.chunk_size, or None for "auto" (the row gets the size run from run_plan)."""
@@ -138,11 +137,6 @@ class TflaBackend(Backend):
         why = "" if params.impl == "reference" else "; Triton kernels not used here"
         return f"impl=reference: tfla.reference.mlstm_chunkwise (PyTorch){why}"
 
-    def make_inputs(self, params, shape: Shape, dtype, device, seed, requires_grad=False):
-        inputs = mlstm_inputs(shape, dtype, device, seed, requires_grad)
-        inputs["_device"] = device  # plain value: lets forward pick the implementation
-        return inputs
-
     def forward(self, params: TflaParams, inputs):
         out = self._run(params, inputs, None, False)
         return out[0] if isinstance(out, tuple) else out
@@ -152,20 +146,11 @@ class TflaBackend(Backend):
         ``dot_precision``; docs/tfla-tiling.md 4.10); the reference is PyTorch."""
         return False
 
-    def initial_state(self, params: TflaParams, inputs, seed, requires_grad=False):
-        """C0, n0 (and m0 = 0 for mLSTMexp): :func:`~tflabench.backends.mlstm_family.mlstm_initial_state`."""
-        return mlstm_initial_state(inputs, params.variant, seed, requires_grad)
-
     def forward_state(self, params: TflaParams, inputs, state):
         """``tfla.mlstm_<variant>(..., initial_state=(C0, n0[, m0]), return_last_state=True)``
         -> (h, {last_C, last_n}) (mLSTMexp states unstabilised)."""
         h, last = self._run(params, inputs, mlstm_state_tuple(state, params.variant), True)
         return h, mlstm_last_state(last, params.variant)
-
-    def reference_state(self, params: TflaParams, inputs, state):
-        normalize = params.normalize if params.variant == "sig" else None
-        return mlstm_reference_state(*(inputs[n] for n in "qkvif"), state, variant=params.variant,
-                                     normalize=normalize, eps=params.eps)
 
     def _run(self, params: TflaParams, inputs, initial_state, return_last_state: bool):
         q, k, v, i, f = (inputs[n] for n in "qkvif")
@@ -185,26 +170,6 @@ class TflaBackend(Backend):
         return mlstm_chunkwise(q, k, v, i, f, variant=params.variant, chunk_size=params.chunk_size,
                                normalize=normalize, eps=params.eps, initial_state=initial_state,
                                return_last_state=return_last_state)
-
-    def reference(self, params: TflaParams, inputs):
-        normalize = params.normalize if params.variant == "sig" else None
-        return mlstm_reference(*(inputs[n] for n in "qkvif"), variant=params.variant,
-                               normalize=normalize, eps=params.eps)
-
-    def model_kind(self, params: TflaParams, shape: Shape, mode: str):
-        """``mlstm_sig``, ``mlstm_exp`` (xl_chunk) or ``mlstm_exp_limit`` at the chunk size
-        (``"auto"``: the size ``tfla.plan`` picks for this mode, head dimension and dtype)."""
-        kind = "mlstm_sig" if params.variant == "sig" else (
-            "mlstm_exp_limit" if params.algorithm == "limit_chunk" else "mlstm_exp")
-        L = params.chunk_size
-        if L == "auto":
-            import torch
-
-            from tfla.plan import resolve_chunk
-            L = resolve_chunk("auto", params.variant, d_qk=shape.d_qk, d_hv=shape.d_hv,
-                              grad=mode == "fwdbw", dtype=getattr(torch, shape.dtype),
-                              algorithm=params.algorithm)
-        return kind, {"L": L}
 
 
 register(TflaBackend())

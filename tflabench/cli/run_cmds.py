@@ -482,7 +482,7 @@ def backend_table():
                 status = "[green]available[/]" + (f" ({escape(found)})" if found else "")
             else:
                 status = f"[yellow]unavailable[/]: {escape(reason)}"
-        table.add_row(b.name, b.family, status, ", ".join(b.Params.model_fields))
+        table.add_row(b.name, b.family.name, status, ", ".join(b.Params.model_fields))
     return table
 
 

@@ -10,7 +10,7 @@ Two halves:
   time of each launch); on the CPU, operators (each operator's self CPU time). The
   result is the row's ``kernel_profile`` column (JSON text), form in :func:`parse_profile`.
 - :func:`breakdown` (the parent, ``tflabench report``) maps each kernel to a model part
-  through its backend's :attr:`~tflabench.backends.base.Backend.KERNEL_PARTS`: per pass
+  through its backend's :attr:`~tflabench.backends.family.Family.KERNEL_PARTS` (its family's): per pass
   (``fwd``, ``bwd``) the ``recurrent`` and ``parallel`` kernels of a chunkwise kernel, or
   ``whole`` (a fused kernel, with the other part kernels of its pass, or a model without
   the split); kernels no pattern names
@@ -227,14 +227,14 @@ def _number(value: Any) -> float | None:
 
 def plan_breakdown(backend, params, shape, mode: str, ran: dict):
     """The model's :class:`tflabench.model.Counts` of one call counted for what ran: the
-    backend's model kind (``Backend.model_kind``) at the plan's chunk size (``ran["chunk_size"]``,
+    backend's model kind (``Family.model_kind`` of its family) at the plan's chunk size (``ran["chunk_size"]``,
     tokens) with the plan's algorithm (``ran["algorithm"]``;
     :func:`tflabench.model.plan_counts_kwargs`: an mLSTMsig walk keeps its states on chip); an
     empty ``ran`` counts at the parameters. None where the backend has no model count."""
     from tflabench.backends.base import model_breakdown
     from tflabench.model import plan_counts_kwargs
 
-    found = backend.model_kind(params, shape, mode)
+    found = backend.family.model_kind(params, shape, mode)
     if found is None:
         return None
     kind, kwargs = found
@@ -260,7 +260,7 @@ def _model(row: dict):
     try:
         shape = Shape(int(row["batch"]), int(row["seq_len"]), int(row["heads"]), int(row["d_qk"]),
                       int(row["d_hv"]), str(row.get("dtype") or "bfloat16"))
-        found = backend.model_kind(params, shape, str(row.get("mode")))
+        found = backend.family.model_kind(params, shape, str(row.get("mode")))
         counts = plan_breakdown(backend, params, shape, str(row.get("mode")),
                                 {"chunk_size": chunk_size_ran(row), "algorithm": row.get("algorithm")})
     except Exception:  # no shape or no model for it: times without bounds
@@ -282,7 +282,7 @@ def breakdown(row: dict, alpha: float | None = None, beta: float | None = None) 
     times: dict[tuple[str | None, str], list[tuple[str, float, float]]] = {}
     for k in (profile or {}).get("kernels", []):
         pass_, name, ms = k["pass"], k["name"], float(k["ms"])
-        part = backend.kernel_part(params, name) if backend is not None else None
+        part = backend.family.kernel_part(params, name) if backend is not None else None
         if part is None:
             key: tuple[str | None, str] = (pass_, OTHER)
         elif not model_parts or (pass_, part) in model_parts:

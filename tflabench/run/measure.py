@@ -412,7 +412,7 @@ def numerics_gate(
     budgets: dict | None = None,
 ) -> GateResult:
     """Check the kernel against its family's float64 reference at a reduced shape
-    (``backend.gate_shape``): output, and for ``fwdbw`` every input gradient, each against
+    (``backend.family.gate_shape``): output, and for ``fwdbw`` every input gradient, each against
     its own budget (:func:`tflabench.numerics.judge`: per tensor class and dtype, TF32 or
     full-precision float32 as ``backend.uses_tf32`` says; docs/numerics.md). The mLSTM
     family's df is judged against the scale of its summands
@@ -431,21 +431,22 @@ def numerics_gate(
     """
     import torch
 
-    gshape = backend.gate_shape(params, shape, max_seq_len)
+    family = backend.family
+    gshape = family.gate_shape(params, shape, max_seq_len, backend.chunk_size(params))
     tf32 = backend.uses_tf32(params, dtype, device)
     name = dtype_name(dtype)
     tol = budget_of("out", name, tf32, budgets, tolerance)
     where = f"B={gshape.batch} NH={gshape.heads} S={gshape.seq_len}"
     grad = mode == "fwdbw"
-    inputs = backend.make_inputs(params, gshape, dtype, device, seed + 1, requires_grad=grad)
+    inputs = family.make_inputs(params, gshape, dtype, device, seed + 1, requires_grad=grad)
     out = backend.forward(params, inputs)
     ref_inputs = {k: _to_float64(v) for k, v in inputs.items()}
     try:
-        ref = backend.reference(params, ref_inputs)
+        ref = family.reference(params, ref_inputs)
     except NotImplementedError as exc:
         note = str(exc) or "the backend has no reference"
         return GateResult(None, None, {}, tol, f"none: {note}", True, tf32=tf32)
-    label = f"{backend.family} float64 reference at {where}"
+    label = f"{family.name} float64 reference at {where}"
     if tuple(out.shape) != tuple(ref.shape):
         return GateResult(None, "out", {}, tol, label, False, tf32=tf32,
                           problem=f"output shape {tuple(out.shape)} != reference {tuple(ref.shape)}")
@@ -462,7 +463,7 @@ def numerics_gate(
                     return GateResult(None, f"d{key}", errors, tol, label, False, tf32=tf32,
                                       problem=f"no gradient for input {key!r}")
                 pairs[f"d{key}"] = (value.grad, ref_inputs[key].grad)
-    scales = reference_scales(backend.numerics_family(params), ref_inputs, pairs)
+    scales = reference_scales(family.numerics_family(params), ref_inputs, pairs)
     if scales:
         label += "; " + ", ".join(f"{t} vs {s.label}" for t, s in scales.items())
     verdict = judge(pairs, dtype=name, tf32=tf32, overrides=budgets, tolerance=tolerance, scales=scales)
@@ -556,7 +557,7 @@ def measure_case(case) -> dict:
     out: dict[str, Any] = {}
     counts = None
     try:
-        counts = backend.model_counts(params, shape, case.mode)
+        counts = backend.family.model_counts(params, shape, case.mode)
     except Exception:  # the model is optional for a row
         counts = None
     if counts is not None:
@@ -575,7 +576,7 @@ def measure_case(case) -> dict:
     device, dtype = case.device, torch_dtype(case.dtype)
     grad = case.mode == "fwdbw"
     torch.manual_seed(case.seed)
-    inputs = backend.make_inputs(params, shape, dtype, device, case.seed, requires_grad=grad)
+    inputs = backend.family.make_inputs(params, shape, dtype, device, case.seed, requires_grad=grad)
     grad_tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.requires_grad]
 
     def clear_grads():

@@ -53,7 +53,7 @@ def case_cost(case: Case) -> float:
     where the backend has counts, else tokens x heads x d_qk x d_hv x (3 for fwdbw)."""
     try:
         backend = get_backend(case.backend)
-        counts = backend.model_counts(case.params, Shape(case.batch, case.seq_len, case.heads,
+        counts = backend.family.model_counts(case.params, Shape(case.batch, case.seq_len, case.heads,
                                                     case.d_qk, case.d_hv, case.dtype), case.mode)
         if counts is not None:
             return counts[0] / 1e12 + counts[1] / 1e9

@@ -91,7 +91,7 @@ class FamilyProfile:
     apply: Callable[[dict, RegimeSpec, Any], dict]
 
 
-#: family (``Backend.numerics_family``) -> profile. Families not listed get only the
+#: family (``Family.numerics_family``) -> profile. Families not listed get only the
 #: ``standard`` regime (the backend's own inputs).
 FAMILY_PROFILES: dict[str, FamilyProfile] = {
     "mlstm": FamilyProfile(frozenset({"f", "i", "qk"}), _apply_mlstm),
@@ -138,7 +138,7 @@ def verify_case(case: Case) -> dict:
 
     Inputs: the backend's own (``make_inputs`` at batch 1, the case's heads and S, seed
     ``case.seed``), then the regime (:data:`FAMILY_PROFILES`), then an initial state
-    (``Backend.initial_state``) for ``+init`` cases. Kernel exceptions propagate (the
+    (``Family.initial_state``) for ``+init`` cases. Kernel exceptions propagate (the
     worker records ``error`` / ``oom``); a ValueError from ``make_inputs`` (a length the
     kernel does not take) makes the row ``unavailable``.
     """
@@ -157,7 +157,7 @@ def verify_case(case: Case) -> dict:
     grad = case.mode == "fwdbw"
     shape = Shape(case.batch, case.seq_len, case.heads, case.d_qk, case.d_hv, case.dtype)
     try:
-        inputs = backend.make_inputs(params, shape, dtype, device, case.seed, requires_grad=grad)
+        inputs = backend.family.make_inputs(params, shape, dtype, device, case.seed, requires_grad=grad)
     except ValueError as exc:
         return {"status": "unavailable", "reason": f"the kernel does not take this case: {exc}"}
     gen = torch.Generator(device=device).manual_seed(case.seed + 11)
@@ -166,25 +166,25 @@ def verify_case(case: Case) -> dict:
         inputs = profile.apply(inputs, spec, gen)
     state = None
     if spec_all["initial_state"]:
-        state = backend.initial_state(params, inputs, case.seed + 13, requires_grad=grad)
+        state = backend.family.initial_state(params, inputs, case.seed + 13, requires_grad=grad)
         if state is None:
             return {"status": "unavailable", "reason": f"{backend.name} takes no initial state"}
     with_state = takes_state(backend)
     tf32 = backend.uses_tf32(params, dtype, device)
-    where = (f"{backend.numerics_family(params)} float64 reference, regime {spec_all['regime']}"
+    where = (f"{backend.family.numerics_family(params)} float64 reference, regime {spec_all['regime']}"
              f"{' with initial state' if state else ''}, B={case.batch} NH={case.heads} S={case.seq_len}")
     ref_inputs = {k: _float64_copy(v) for k, v in inputs.items()}
     ref_state = {k: _float64_copy(v) for k, v in state.items()} if state else None
     if with_state:
         out, last = backend.forward_state(params, inputs, state)
         try:
-            ref, ref_last = backend.reference_state(params, ref_inputs, ref_state)
+            ref, ref_last = backend.family.reference_state(params, ref_inputs, ref_state)
         except NotImplementedError as exc:
             return {"status": "unavailable", "reason": f"no float64 reference: {exc}"}
     else:
         out, last, ref_last = backend.forward(params, inputs), {}, {}
         try:
-            ref = backend.reference(params, ref_inputs)
+            ref = backend.family.reference(params, ref_inputs)
         except NotImplementedError as exc:
             return {"status": "unavailable", "reason": f"no float64 reference: {exc}"}
     base = {"numerics_ref": where, "tf32": tf32_text(case.dtype, tf32)}

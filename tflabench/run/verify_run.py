@@ -93,7 +93,7 @@ def verify_cases(
     for c, suite_dtypes in configs.values():
         backend = get_backend(c.backend)
         params = c.params
-        family = backend.numerics_family(params)
+        family = backend.family.numerics_family(params)
         dtypes = settings.dtypes or sorted(suite_dtypes)
         states = [s for s in settings.initial_state if not s or takes_state(backend)] or [False]
         modes = [m for m in settings.modes if m in backend.modes]

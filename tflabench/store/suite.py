@@ -572,7 +572,7 @@ def expand_cases(loaded: LoadedSuite | Suite, device: str | None = None) -> list
                         for mode in modes:
                             cases.append(Case(
                                 suite=suite.name, kernel=label, backend=spec.backend,
-                                family=backend.family, params=params, mode=mode,
+                                family=backend.family.name, params=params, mode=mode,
                                 dtype=dtype, device=device, batch=batch, seq_len=seq_len,
                                 heads=heads, d_qk=d_qk, d_hv=d_hv, chunk_size=chunk,
                                 embedding_dim=emb, warmup=suite.timing.warmup,
