@@ -50,6 +50,15 @@ def test_failed_rows_are_left_out_and_a_faster_auto_has_a_negative_gap():
     assert auto_gaps([_row(64, None, status="crash"), _row("auto", 1.9)]) == []
 
 
+def test_sizes_read_as_floats_pair_and_print_as_ints():
+    """Rows read through pandas hold sizes as floats: they still pair with each other, and the
+    shape keeps ints (the table prints B=4, not B=4.0)."""
+    rows = [{**_row(64, 2.0), "batch": 4.0, "seq_len": 8192.0}, {**_row("auto", 2.1, ran=64), "batch": 4}]
+    (gap,) = auto_gaps(rows)
+    assert gap.shape["batch"] == 4 and isinstance(gap.shape["batch"], int)
+    assert isinstance(gap.shape["seq_len"], int)
+
+
 def test_the_limit_is_five_percent():
     assert GAP_LIMIT == 0.05
     (inside,) = auto_gaps([_row(128, 2.0), _row("auto", 2.0 * (1 + GAP_LIMIT), ran=64)])

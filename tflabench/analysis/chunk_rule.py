@@ -12,9 +12,8 @@ chunk size at every shape of both.
 from __future__ import annotations
 
 import dataclasses
-import math
 
-from tflabench.store.schema import chunk_size_ran, row_params
+from tflabench.store.schema import chunk_size_ran, number, row_params
 
 #: auto's allowed distance from the best fixed chunk size (0.05: within 5 %)
 GAP_LIMIT = 0.05
@@ -46,12 +45,16 @@ class AutoGap:
         return self.auto_ms <= self.best_ms * (1 + GAP_LIMIT)
 
 
-def _finite(x) -> float | None:
-    try:
-        x = float(x)
-    except (TypeError, ValueError):
-        return None
-    return x if math.isfinite(x) and x > 0 else None
+def _positive(value) -> float | None:
+    """A positive numeric cell (:func:`tflabench.store.schema.number`), else None."""
+    value = number(value)
+    return value if value is not None and value > 0 else None
+
+
+def _shape_key(row) -> tuple:
+    """The :data:`SHAPE_KEYS` of a row, sizes as ints (rows read through pandas hold floats)."""
+    return tuple(row.get(k) if k in ("kernel", "mode", "dtype") or number(row.get(k)) is None
+                 else int(number(row.get(k))) for k in SHAPE_KEYS)
 
 
 def auto_gaps(rows) -> list[AutoGap]:
@@ -59,13 +62,13 @@ def auto_gaps(rows) -> list[AutoGap]:
     at ``auto`` and at one fixed chunk size or more, ordered by kernel, mode, S and batch."""
     groups: dict[tuple, dict] = {}
     for row in rows:
-        ms = _finite(row.get("ms_median"))
+        ms = _positive(row.get("ms_median"))
         asked = row_params(row).get("chunk_size")
         if row.get("status") != "ok" or ms is None or asked is None:
             continue
-        group = groups.setdefault(tuple(row.get(k) for k in SHAPE_KEYS), {"auto": None, "fixed": {}})
+        group = groups.setdefault(_shape_key(row), {"auto": None, "fixed": {}})
         if asked == "auto":
-            ran = _finite(chunk_size_ran(row))
+            ran = _positive(chunk_size_ran(row))
             group["auto"] = (ms, None if ran is None else int(ran))
         elif isinstance(asked, int) and not isinstance(asked, bool):
             group["fixed"][asked] = ms
