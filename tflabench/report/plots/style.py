@@ -260,8 +260,10 @@ def label_points(ax, items, *, obstacles=(), fontsize: float = 7.0, marker_pt: f
         from matplotlib.backends.backend_agg import FigureCanvasAgg
 
         FigureCanvasAgg(fig)
-    fig.draw_without_rendering()  # the layout and the data-to-pixel transform as they will be written
     renderer = fig.canvas.get_renderer()
+    engine = fig.get_layout_engine()
+    if engine is not None:  # the layout's first pass sets the data-to-pixel transform (no draw needed)
+        engine.execute(fig)
     frame = ax.get_window_extent(renderer)
     half = marker_pt * fig.dpi / 72.0 / 2
     taken = []
