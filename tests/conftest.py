@@ -21,8 +21,9 @@ from pathlib import Path
 import pytest
 
 #: node-id prefixes of the tests marked ``slow``: the interpreter's gate-regime matrices and
-#: largest tiles, the kernel matrix in the interpreter, whole runs killed or starved mid-run
-#: and the CPU default run through the CLI (each a minute or more on 2 busy cores).
+#: largest tiles, the kernel matrix in the interpreter, whole runs killed or starved mid-run,
+#: the CPU default run through the CLI (each a minute or more on 2 busy cores), SLURM arrays
+#: and the longest whole runs (10 s or more each).
 SLOW = (
     "tests/test_kernels_gate_regimes.py",
     "tests/test_kernel_matrix.py",
@@ -34,6 +35,21 @@ SLOW = (
     "tests/test_fault_injection.py::test_sigkill_mid_run_keeps_every_whole_row_and_resume_takes_over_the_lock",
     "tests/test_fault_injection.py::test_sigkill_mid_write_leaves_a_torn_line_that_resume_sets_aside",
     "tests/test_fault_injection.py::test_full_disk_stops_the_run_keeps_whole_rows_and_says_how_to_finish",
+    # SLURM arrays on one node, and runs at scale (10 s or more each on 2 cores)
+    "tests/test_slurm_sbatch.py::test_scancel_of_one_array_task_is_refused_by_merge_and_resubmitted_to_completion",
+    "tests/test_slurm_sbatch.py::test_sbatch_job_array_merges_to_what_one_process_measures",
+    "tests/test_shard.py::test_slurm_array_recipe_runs_the_cpu_default_suite_in_three_shards_and_merges_to_one_run",
+    "tests/test_presentation.py::test_report_of_100000_rows_shows_a_capped_table_and_says_how_to_see_all",
+    "tests/test_properties.py::test_any_damaged_result_set_is_read_or_refused_in_one_line_and_never_mixed",
+    "tests/test_verify.py::test_unstable_kernel_fails_only_where_forget_gates_are_strongly_closed",
+    "tests/test_compare_gate.py::test_two_runs_of_the_cpu_demo_pass_the_default_gate",
+    "tests/test_runner.py::test_kernel_that_keeps_crashing_has_its_remaining_cases_recorded_not_run",
+    "tests/test_runner.py::test_crashing_worker_becomes_crash_row",
+    "tests/test_runner.py::test_resume_without_only_finishes_the_runs_selection",
+    "tests/test_compare.py::test_cli_exit_status_follows_fail_on",
+    "tests/test_history.py::test_a_30_percent_step_at_commit_6_of_10_is_found_there_with_its_size",
+    "tests/test_result_io.py::test_a_process_a_case_started_dies_with_the_case_at_its_timeout",
+    "tests/test_result_io.py::test_a_sweep_of_a_billion_cases_is_refused_before_any_list_is_built",
 )
 #: node-id prefixes of the tests marked ``compile``: sm_90 compilation of every kernel.
 COMPILE = ("tests/test_kernels_compile.py",)

@@ -218,13 +218,26 @@ class Fa3Backend(_FlashAttnBase):
     def _module(self, params: Fa3Params) -> str | None:
         return resolve_fa3_interface(params.interface)
 
-    def available(self, params: Fa3Params) -> str | None:
-        """As the other FlashAttention backends; a ``flash_attn_interface`` without its
-        compiled ``flash_attn_3._C`` is named as such."""
-        build = fa3_build(params.interface)
-        if build is not None and build["extension_missing"]:
+    def installed(self, find_spec=None, interface: str = "auto") -> str | None:
+        """None when an FA3 build (:func:`fa3_build` for ``interface``) is installed with its
+        compiled extension, else why not, ending with the install hint; nothing imported
+        (``doctor``'s peer table passes its ``find_spec``)."""
+        build = fa3_build(interface, find_spec=find_spec)
+        if build is None:
+            missing = ("neither flash_attn_interface (built from source) nor fa3_fwd_interface (fa3_fwd wheel) "
+                       "is installed" if interface == "auto" else f"{interface} is not installed")
+            return f"{missing}; {self.install_hint}"
+        if build["extension_missing"]:
             return (f"{build['module']} is installed but its compiled extension {build['extension_missing']}._C "
                     f"is not; {self.install_hint}")
+        return None
+
+    def available(self, params: Fa3Params) -> str | None:
+        """As the other FlashAttention backends, after :meth:`installed` (a
+        ``flash_attn_interface`` without its compiled ``flash_attn_3._C`` is named as such)."""
+        build = fa3_build(params.interface)
+        if build is not None and build["extension_missing"]:
+            return self.installed(interface=params.interface)
         return super().available(params)
 
     def note(self, params: Fa3Params, device: str) -> str | None:

@@ -64,7 +64,6 @@ from tflabench.backends.mamba import MAMBA3_SINCE, SELECTIVE_SCAN_MODULE
 from tflabench.backends.flash_attn import FA3_DISTRIBUTIONS, FA3_FORWARD_ONLY, fa3_build, fa3_build_text
 from tflabench.environment import FLA_640_GUARD_ENV as GUARD_ENV
 from tflabench.environment import _parse_version, is_hopper
-from tflabench.environment import fla_640_guard_narrowed as guard_narrowed
 
 #: FlashQLA's row: no backend, since no package of it installs (module docstring).
 FLASHQLA_REASON = ("no FlashQLA package on the package index (pip download flashqla: no matching distribution), "
@@ -166,17 +165,13 @@ DELTA_PEERS = (("chunk_gated_delta_rule", "gated DeltaNet"), ("chunk_delta_rule"
 
 def _fa3_rows(env: dict, find_spec) -> list[PeerMode]:
     build = fa3_build("auto", find_spec=find_spec)
-    if build is None:
-        return [PeerMode("FlashAttention 3", "fwd, fwdbw", False,
-                         "neither flash_attn_interface (built from source) nor fa3_fwd_interface (fa3_fwd wheel) "
-                         "is found", _hint("fa3"), "fa3")]
-    if build["version"] is None:  # the environment given may know it (tests, a set's metadata)
+    if build is not None and build["version"] is None:  # the environment given may know it (tests, a set's metadata)
         dist = FA3_DISTRIBUTIONS[build["module"]][0]
         build = {**build, "version": (env.get("peers") or {}).get(dist)}
-    found = f"found {fa3_build_text(build)}"
-    if build["extension_missing"]:
-        return [PeerMode("FlashAttention 3", "fwd, fwdbw", False,
-                         f"{found}, but not its compiled extension {build['extension_missing']}._C", _hint("fa3"), "fa3")]
+    found = f"found {fa3_build_text(build)}" if build is not None else ""
+    missing = _missing_row("FlashAttention 3", "fa3", find_spec)   # the fa3 backend's own verdict
+    if missing is not None:
+        return [dataclasses.replace(missing, why=f"{found}: {missing.why}" if found else missing.why)]
     if build["backward"]:
         return [PeerMode("FlashAttention 3", "fwd, fwdbw", True, found, backend="fa3")]
     return [PeerMode("FlashAttention 3", "fwd", True, found, backend="fa3"),
