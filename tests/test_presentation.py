@@ -235,3 +235,8 @@ def test_report_marks_host_bound_cases_and_says_what_helps(tmp_path):
     assert "cuda_graph" in warning[0] and "95%" in warning[0]
     assert "host" in result.stdout and "0.950" in result.stdout   # the host ms column
     assert "host-bound" in (tmp_path / "r.html").read_text()
+    # a set timed as CUDA-graph replays: its times are the GPU's; only an eager call waits
+    graphs = write_results(tmp_path / "graphs", rows, {**META, "measurement": {"timing": {"cuda_graph": True}}})
+    result = runner.invoke(app, ["report", str(graphs), "--no-plots"], env={"COLUMNS": "200"})
+    (warning,) = [line for line in result.stderr.splitlines() if "host-bound" in line]
+    assert "when called eagerly" in warning and "CUDA-graph replays" in warning and "timing.cuda_graph" not in warning

@@ -177,7 +177,7 @@ def _report_run(loaded, result, plots: bool) -> None:
         con.print(f"CPU threads per worker: {threads.get('per_worker')} of {threads.get('cores')} cores "
                   f"({threads.get('set_by')})")
     _warn_noisy(loaded_set.rows)
-    _warn_host_bound(loaded_set.rows)
+    _warn_host_bound(loaded_set.rows, loaded_set.metadata)
 
 
 #: Most noisy cases a run's closing warning names (the rest are counted).
@@ -216,23 +216,31 @@ def _warn_noisy(rows) -> list[tuple[str, float]]:
     return noisy
 
 
-def _host_bound_lines(rows) -> list[str]:
+def _host_bound_lines(rows, graphs: bool = False) -> list[str]:
     """The host-bound warning (docs/harness.md "Host time"): one line naming the cases whose
     host time per call reaches :data:`tflabench.run.measure.HOST_BOUND_SHARE` of their GPU time
-    and what helps; [] where none does."""
+    and what helps; [] where none does. ``graphs``: the set timed CUDA-graph replays, so its
+    times are the GPU's and only an eager call would wait for the host."""
     from tflabench.run.measure import HOST_BOUND_ADVICE, HOST_BOUND_SHARE, host_bound_cases
 
     bound = host_bound_cases(rows)
     if not bound:
         return []
     named = _named_cases(bound, "host {:.0%} of GPU")
+    if graphs:
+        return [f"{len(bound)} case(s) host-bound when called eagerly (host time per call at least "
+                f"{HOST_BOUND_SHARE:.0%} of the GPU time): {named}. Their times here are CUDA-graph replays "
+                "(the GPU's alone); an eager training step would run at the host's pace."]
     return [f"{len(bound)} case(s) host-bound (host time per call at least {HOST_BOUND_SHARE:.0%} of the GPU "
             f"time): {named}. {HOST_BOUND_ADVICE[:1].upper()}{HOST_BOUND_ADVICE[1:]}."]
 
 
-def _warn_host_bound(rows) -> list[str]:
-    """Print :func:`_host_bound_lines` as a warning on stderr; returns the lines."""
-    lines = _host_bound_lines(rows)
+def _warn_host_bound(rows, metadata=None) -> list[str]:
+    """Print :func:`_host_bound_lines` as a warning on stderr; returns the lines. ``metadata``:
+    the set's, which says whether it timed CUDA-graph replays."""
+    from tflabench.store.schema import recorded_timing
+
+    lines = _host_bound_lines(rows, graphs=bool((recorded_timing(metadata or {}) or {}).get("cuda_graph")))
     for line in lines:
         typer.echo(f"warning: {line}", err=True)
     return lines
@@ -335,7 +343,7 @@ def report(
             con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows", limit=None if all_rows else SHOWN_ROWS))
             con.print(_status_line(rs.rows))
             noisy = _warn_noisy(rs.rows)
-            host_bound = _warn_host_bound(rs.rows)
+            host_bound = _warn_host_bound(rs.rows, meta)
             try:
                 model_gpu = mm.ceilings_for(meta, ceilings, gpu)
             except UserError as exc:
