@@ -186,6 +186,22 @@ def test_figures_are_written_and_refuse_empty_input(tmp_path):
         chunk_sweep_figure([], path=tmp_path / "y.png")
 
 
+def test_the_optimal_chunk_figure_draws_at_most_six_shapes_and_says_so(tmp_path):
+    """A suite of 40 shapes gave a figure 256 inches wide: the figure keeps the first
+    MAX_SWEEP_PANELS (shape, mode) columns and its title says how many were measured."""
+    import matplotlib.image
+
+    from tflabench.report.plots.model_measured import MAX_SWEEP_PANELS, chunk_sweep_figure
+
+    rows = [_row(L=L, ms=ms * (1 + k / 10), peak=2**30, shape=dict(FIG17, seq_len=512 * 2 ** k))
+            for k in range(MAX_SWEEP_PANELS + 2) for L, ms in H100_FWD_MS.items()]
+    sweeps = mm.chunk_sweeps(rows, **H100)
+    assert len({tuple(sorted(s.shape.items())) for s in sweeps}) == MAX_SWEEP_PANELS + 2
+    p = chunk_sweep_figure(sweeps, path=tmp_path / "oc.png", title="t")
+    width_in = matplotlib.image.imread(p).shape[1] / 150
+    assert 6.4 * MAX_SWEEP_PANELS - 1 <= width_in <= 6.4 * MAX_SWEEP_PANELS + 1
+
+
 # ------------------------------------------------------------------ report and its HTML
 
 

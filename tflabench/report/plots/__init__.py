@@ -52,12 +52,18 @@ def new_figure(figsize=(7.0, 4.8)):
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=figsize, layout="constrained")
+    fig = Figure(figsize=figsize, dpi=SAVE_DPI, layout="constrained")
     FigureCanvasAgg(fig)
     return fig, fig.subplots()
 
 
-def save_figure(fig, path: str | Path, *, dpi: int = 150) -> Path:
+#: The resolution figures are laid out and written at (dots per inch). Text extents do not
+#: scale exactly with the resolution (glyph hinting), so a layout worked out at another
+#: resolution than the file's can leave a label cut at the edge.
+SAVE_DPI = 150
+
+
+def save_figure(fig, path: str | Path, *, dpi: int = SAVE_DPI) -> Path:
     """Write ``fig`` to ``path`` (parent directories created) and return the path.
 
     The format follows the extension: ``.png`` (default when there is none), ``.svg`` or ``.pdf``.

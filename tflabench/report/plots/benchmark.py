@@ -18,7 +18,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from tflabench.report.plots import save_figure
+from tflabench.report.plots import SAVE_DPI, save_figure
 from tflabench.store.schema import chunk_size_ran, row_params
 
 GIB = 2**30
@@ -28,7 +28,7 @@ MODE_TITLES = {"fwd": "forward", "fwdbw": "forward + backward"}
 def _figure(ncols: int):
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(6.0 * ncols, 4.6), layout="constrained")
+    fig = Figure(figsize=(6.0 * ncols, 4.6), dpi=SAVE_DPI, layout="constrained")
     axes = fig.subplots(1, ncols, squeeze=False)[0]
     return fig, list(axes)
 

@@ -17,7 +17,7 @@ import math
 from pathlib import Path
 
 from tflabench.analysis.model_vs_measured import OUTLIER_FACTOR
-from tflabench.report.plots import save_figure
+from tflabench.report.plots import SAVE_DPI, save_figure
 
 GIB = 2**30
 
@@ -25,7 +25,7 @@ GIB = 2**30
 def _figure(nrows, ncols, size, **kw):
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=size, layout="constrained")
+    fig = Figure(figsize=size, dpi=SAVE_DPI, layout="constrained")
     axes = fig.subplots(nrows, ncols, squeeze=False, **kw)
     return fig, axes
 
@@ -139,10 +139,15 @@ def _logspace(lo, hi, n=120):
     return [2 ** (a + (b - a) * i / (n - 1)) for i in range(n)]
 
 
+#: The most (shape, mode) columns the optimal-chunk figure draws (6.4 inches each).
+MAX_SWEEP_PANELS = 6
+
+
 def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
     """Measured runtime over chunk size L beside the model (the optimal-chunk figure).
 
-    One column per (shape, mode); top row: measured median ms per kernel (ours solid and
+    One column per (shape, mode), the first :data:`MAX_SWEEP_PANELS` of them (the title says
+    when more were measured); top row: measured median ms per kernel (ours solid and
     filled, the authors' dashed and hollow: :mod:`tflabench.report.plots.style`), the model's
     runtime curve (eq. 116 sum form, dashed black; the max form = roofline bound, dotted
     grey), vertical lines at the model's optima (eq. 111 FLOP-optimal, eq. 121
@@ -167,6 +172,11 @@ def chunk_sweep_figure(sweeps, *, path, title: str | None = None) -> Path:
     for s in sweeps:
         panels.setdefault((tuple(sorted(s.shape.items())), s.mode), []).append(s)
     keys = list(panels)
+    if len(keys) > MAX_SWEEP_PANELS:  # a readable figure: the first shapes; `report`'s table has every one
+        title = (f"{title}; " if title else "") + (f"the first {MAX_SWEEP_PANELS} of {len(keys)} shapes and modes "
+                                                   "(the optimal-chunk table of `report` gives every one)")
+        keys = keys[:MAX_SWEEP_PANELS]
+        sweeps = [s for key in keys for s in panels[key]]
     styles = kernel_styles((s.kernel, None, None) for s in sweeps)
     has_mem = any(p.get("peak_mem_bytes") for s in sweeps for p in s.points)
     ratios = [2.2, 1.0] + ([1.0] if has_mem else [])

@@ -17,7 +17,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from tflabench.report.plots import save_figure
+from tflabench.report.plots import SAVE_DPI, save_figure
 
 #: Steps of error / budget and their colours: within the budget blues (colour-blind safe,
 #: light = far inside), past it vermillion.
@@ -75,7 +75,7 @@ def write_heatmap(frame, path: str | Path, title: str | None = None) -> Path:
     rows = list(dict.fromkeys(summary["row"]))
     cols = list(dict.fromkeys(summary["regime"]))
     share = np.full((len(rows), len(cols)), np.nan)
-    fig = Figure(figsize=(1.25 * len(cols) + 5.0, 0.55 * len(rows) + 2.6), layout="constrained")
+    fig = Figure(figsize=(1.25 * len(cols) + 5.0, 0.55 * len(rows) + 2.6), dpi=SAVE_DPI, layout="constrained")
     ax = fig.subplots()
     texts, specials = [], []
     for r in summary.to_dict("records"):

@@ -283,6 +283,8 @@ def label_points(ax, items, *, obstacles=(), fontsize: float = 7.0, marker_pt: f
             a.remove()
         else:
             dropped += 1
+    if engine is not None:  # labels inside the axes never move the layout: the save keeps it
+        fig.set_layout_engine("none")
     return dropped
 
 
