@@ -53,8 +53,11 @@ def _positive(value) -> float | None:
 
 def _shape_key(row) -> tuple:
     """The :data:`SHAPE_KEYS` of a row, sizes as ints (rows read through pandas hold floats)."""
-    return tuple(row.get(k) if k in ("kernel", "mode", "dtype") or number(row.get(k)) is None
-                 else int(number(row.get(k))) for k in SHAPE_KEYS)
+    key = []
+    for k in SHAPE_KEYS:
+        size = None if k in ("kernel", "mode", "dtype") else number(row.get(k))
+        key.append(row.get(k) if size is None else int(size))
+    return tuple(key)
 
 
 def auto_gaps(rows) -> list[AutoGap]:

@@ -125,6 +125,13 @@ def fa3_build(interface: str = "auto", find_spec=None) -> dict | None:
             "backward": FA3_INTERFACES[module], "extension_missing": missing}
 
 
+def _fa3_missing_text(interface: str) -> str:
+    """Why no FA3 build of ``interface`` ("auto" or a module name) is found."""
+    if interface == "auto":
+        return "neither flash_attn_interface nor fa3_fwd_interface is installed"
+    return f"{interface} is not installed"
+
+
 def fa3_build_text(build: dict) -> str:
     """One line for ``doctor`` / ``backends``: module, version, path, and whether it has a
     backward (:func:`fa3_build`'s dict)."""
@@ -224,21 +231,16 @@ class Fa3Backend(_FlashAttnBase):
         (``doctor``'s peer table passes its ``find_spec``)."""
         build = fa3_build(interface, find_spec=find_spec)
         if build is None:
-            missing = ("neither flash_attn_interface (built from source) nor fa3_fwd_interface (fa3_fwd wheel) "
-                       "is installed" if interface == "auto" else f"{interface} is not installed")
-            return f"{missing}; {self.install_hint}"
+            return f"{_fa3_missing_text(interface)}; {self.install_hint}"
         if build["extension_missing"]:
             return (f"{build['module']} is installed but its compiled extension {build['extension_missing']}._C "
                     f"is not; {self.install_hint}")
         return None
 
     def available(self, params: Fa3Params) -> str | None:
-        """As the other FlashAttention backends, after :meth:`installed` (a
-        ``flash_attn_interface`` without its compiled ``flash_attn_3._C`` is named as such)."""
-        build = fa3_build(params.interface)
-        if build is not None and build["extension_missing"]:
-            return self.installed(interface=params.interface)
-        return super().available(params)
+        """:meth:`installed` (a ``flash_attn_interface`` without its compiled
+        ``flash_attn_3._C`` is named as such), then as the other FlashAttention backends."""
+        return self.installed(interface=params.interface) or super().available(params)
 
     def note(self, params: Fa3Params, device: str) -> str | None:
         """Which FA3 build ran: module, version, path, and fwd+bwd or forward only."""
@@ -246,9 +248,7 @@ class Fa3Backend(_FlashAttnBase):
         return f"via {fa3_build_text(build)}" if build else None
 
     def _missing_text(self, params: Fa3Params) -> str:
-        if params.interface == "auto":
-            return "neither flash_attn_interface nor fa3_fwd_interface is installed"
-        return f"{params.interface} is not installed"
+        return _fa3_missing_text(params.interface)
 
     def unsupported_mode(self, params: Fa3Params, mode: str) -> str | None:
         """``fwdbw`` is unsupported when the resolved interface is ``fa3_fwd_interface``

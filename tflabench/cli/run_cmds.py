@@ -240,7 +240,7 @@ def _warn_host_bound(rows, metadata=None) -> list[str]:
     the set's, which says whether it timed CUDA-graph replays."""
     from tflabench.store.schema import recorded_timing
 
-    lines = _host_bound_lines(rows, graphs=bool((recorded_timing(metadata or {}) or {}).get("cuda_graph")))
+    lines = _host_bound_lines(rows, graphs=bool(recorded_timing(metadata or {}).get("cuda_graph")))
     for line in lines:
         typer.echo(f"warning: {line}", err=True)
     return lines
