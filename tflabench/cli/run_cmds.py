@@ -254,14 +254,10 @@ def _write_run_plots(directory: Path) -> list[Path]:
     if not (directory / ROWS_FILE).exists():
         return []
     try:
-        import tempfile
-
         from tflabench.report.plots.benchmark import write_plots
-        from tflabench.store.files import install_file
+        from tflabench.report.set_report import install_drawn
 
-        with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:  # aside, then renamed in
-            return [install_file(p, directory / "plots" / Path(p).relative_to(scratch))
-                    for p in write_plots(directory, scratch)]
+        return install_drawn(lambda scratch: write_plots(directory, scratch), directory / "plots")
     except Exception as exc:  # a plot problem must not lose the measurements
         typer.echo(f"warning: plots not written ({type(exc).__name__}: {exc})", err=True)
         return []
@@ -296,25 +292,14 @@ def report(
     redraw its figures; optionally write one self-contained HTML file. With --no-plots no
     figure file is written (an HTML report still embeds its figures, drawn in a temporary
     directory)."""
-    import tempfile
-
     with user_errors():
-        from tflabench.analysis import model_vs_measured as mm
         from tflabench.outputs import check_writable
-        from tflabench.report.html import HTML_ROWS, check_html_path, html_report, write_html_report
-        from tflabench.report.tables import timing_text
+        from tflabench.report import set_report as sr
+        from tflabench.report.html import check_html_path, write_html_report
+        from tflabench.report.tables import verify_table
         from tflabench.store.results import load_results
-        from tflabench.run.kernel_profile import breakdowns
-        from tflabench.report.tables import (SHOWN_ROWS, distance_table, kernels_table, profile_table, summary_table,
-                                      sweep_table, verify_table, auto_gap_table)
-        from tflabench.analysis.chunk_rule import auto_gaps
 
-        if not 0.5 <= causal_factor <= 1.0:
-            raise UserError(f"--causal-factor={causal_factor!r} is not valid; F_causal must lie in [0.5, 1]")
-        if ceilings not in ("auto", "measured", "datasheet"):
-            raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|measured|datasheet")
-        if gpu is not None and len(comma_list("--gpu", gpu)) > 1:
-            raise UserError(f"--gpu={gpu!r}: report places the rows on one GPU's roofline; give one")
+        _check_report_options(causal_factor, ceilings, gpu)
         rs = load_results(results_dir)
         _normalise_set_labels(rs, results_dir)
         if html is not None:  # every output checked before anything is printed or drawn
@@ -326,83 +311,90 @@ def report(
             check_untracked(plot_dir, rs.path)
         echo_warnings(rs)
         con = make_console(wide=wide)
-        meta = rs.metadata
-        con.print(terminal_text(
-            f"suite {meta.get('suite')} on {meta.get('gpu_name') or 'CPU'} ("
-            + ", ".join(f"{k} {meta[k]}" for k in ("torch", "triton") if meta.get(k))
-            + f"; {meta.get('date') or 'date not recorded'}, git {meta.get('git_revision') or 'not recorded'})"),
-            markup=False)
-        notes: list[str] = []
-        distance, sweeps, written, model_gpu, noisy, host_bound = [], [], [], None, [], []
-        verify_set = bool(rs.rows["numerics_case"].notna().any())  # a `tflabench verify` result set
+        con.print(sr.set_heading(rs.metadata), markup=False)
+        verify_set = sr.is_verify_set(rs.rows)
         if verify_set:
             con.print(verify_table(rs.rows, title=f"verify, {len(rs.rows)} cases: worst case per kernel and regime"))
             con.print(_status_line(rs.rows))
+            comparison, warnings = sr.ModelComparison(), []
         else:
-            con.print(terminal_text(f"timed: {timing_text(meta)}", 2000), markup=False)
-            con.print(summary_table(rs.rows, title=f"{len(rs.rows)} rows", limit=None if all_rows else SHOWN_ROWS))
-            con.print(_status_line(rs.rows))
-            noisy = _warn_noisy(rs.rows)
-            host_bound = _warn_host_bound(rs.rows, meta)
-            try:
-                model_gpu = mm.ceilings_for(meta, ceilings, gpu)
-            except UserError as exc:
-                if gpu is not None or ceilings == "measured":
-                    raise
-                notes.append(terminal_text(f"no model comparison: {exc}", 2000))
-                con.print(notes[-1], style="dim", markup=False)
-            if model_gpu is not None:
-                con.print(terminal_text(f"model: {mm.model_ceilings_text(model_gpu)}", 2000), markup=False)
-                placement = mm.roofline_placement(rs.rows, peak_flops_per_s=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s)
-                distance = mm.distance_to_bound(placement)
-                sweeps = mm.chunk_sweeps(rs.rows, peak_flops_per_s=model_gpu.flops_per_s, beta=model_gpu.bytes_per_s,
-                                         ceilings=model_gpu.ceilings, F_causal=causal_factor)
-                if distance:
-                    con.print(distance_table(distance))
-                if sweeps:
-                    con.print(sweep_table(sweeps))
-            gaps = auto_gaps(rs.rows.to_dict("records"))
-            if gaps:
-                con.print(auto_gap_table(gaps))
-            peak_flops_per_s, beta = (model_gpu.flops_per_s, model_gpu.bytes_per_s) if model_gpu is not None else (None, None)
-            profiled = "kernel_profile" in rs.rows.columns and bool(rs.rows["kernel_profile"].notna().any())
-            capped = rs.rows if all_rows or len(rs.rows) <= SHOWN_ROWS else rs.rows.iloc[:SHOWN_ROWS]
-            cases = breakdowns(capped, peak_flops_per_s, beta) if profiled or model_gpu is not None else []
-            if any(c.source is not None for c in cases) or (cases and model_gpu is not None):
-                con.print(profile_table(cases))
-                if len(capped) < len(rs.rows):
-                    con.print(f"(of the first {len(capped)} rows; `--all`: every row)", markup=False)
-                for case in cases if kernels else []:
-                    if case.source is not None:
-                        con.print(kernels_table(case, top=kernels))
-
-        def draw(directory: Path) -> list[Path]:
-            if verify_set:
-                from tflabench.report.plots.numerics import heatmap_title, write_heatmap
-
-                from tflabench.text_safety import LABEL_WIDTH
-
-                shown = rs.rows.assign(kernel=rs.rows["kernel"].map(lambda k: terminal_text(k, LABEL_WIDTH)))
-                return [write_heatmap(shown, directory / "verify_heatmap.png", title=heatmap_title(meta))]
-            from tflabench.report.plots.benchmark import write_plots
-
-            return write_plots(rs.path, directory, model_gpu=model_gpu, F_causal=causal_factor)
-
-        if plots:  # drawn aside, then each renamed into place: never written through a link
-            from tflabench.store.files import install_file
-
-            with tempfile.TemporaryDirectory(prefix="tflabench-plots-") as scratch:
-                written = [install_file(p, plot_dir / Path(p).relative_to(scratch)) for p in draw(Path(scratch))]
+            comparison, warnings = _print_timing_set(con, rs, ceilings=ceilings, gpu=gpu, causal_factor=causal_factor,
+                                                     all_rows=all_rows, kernels=kernels)
+        written = []
+        if plots:
+            written = sr.install_drawn(lambda scratch: sr.draw_figures(
+                rs, scratch, verify_set=verify_set, model_gpu=comparison.gpu, F_causal=causal_factor), plot_dir)
             for p in written:
                 con.print(f"plot: {p}", markup=False)
         if html:
-            with tempfile.TemporaryDirectory(prefix="tflabench-report-") as scratch:
-                figures = written if plots else draw(Path(scratch))  # --no-plots: no figure file stays
-                text = html_report(rs, figures=figures, distance=distance, sweeps=sweeps, notes=notes,
-                                   warnings=[] if verify_set else _noisy_lines(noisy) + host_bound,
-                                   max_rows=None if all_rows else HTML_ROWS,
-                                   ceilings_text=mm.model_ceilings_text(model_gpu) if model_gpu else None)
+            text = sr.html_page(rs, figures=written if plots else None, comparison=comparison, warnings=warnings,
+                                all_rows=all_rows, verify_set=verify_set, F_causal=causal_factor)
             con.print(f"html: {write_html_report(html, text)}", markup=False)
+
+
+def _check_report_options(causal_factor: float, ceilings: str, gpu: str | None) -> None:
+    """UserError for a --causal-factor outside [0.5, 1], an unknown --ceilings, or more than one --gpu."""
+    if not 0.5 <= causal_factor <= 1.0:
+        raise UserError(f"--causal-factor={causal_factor!r} is not valid; F_causal must lie in [0.5, 1]")
+    if ceilings not in ("auto", "measured", "datasheet"):
+        raise UserError(f"--ceilings={ceilings!r} is not valid; allowed: auto|measured|datasheet")
+    if gpu is not None and len(comma_list("--gpu", gpu)) > 1:
+        raise UserError(f"--gpu={gpu!r}: report places the rows on one GPU's roofline; give one")
+
+
+def _print_timing_set(con, rs, *, ceilings: str, gpu: str | None, causal_factor: float, all_rows: bool,
+                      kernels: int):
+    """Print a timing set's report: how it was timed, its table, its statuses, the spread and
+    host-bound warnings (stderr), the model comparison, the chunk-size "auto" gaps and the
+    time by model part. Returns the :class:`~tflabench.report.set_report.ModelComparison`
+    and the warnings' lines (for the HTML page)."""
+    from tflabench.analysis.chunk_rule import auto_gaps
+    from tflabench.report import set_report as sr
+    from tflabench.report.tables import (SHOWN_ROWS, auto_gap_table, distance_table, summary_table, sweep_table,
+                                         timing_text)
+
+    rows, meta = rs.rows, rs.metadata
+    con.print(terminal_text(f"timed: {timing_text(meta)}", 2000), markup=False)
+    con.print(summary_table(rows, title=f"{len(rows)} rows", limit=None if all_rows else SHOWN_ROWS))
+    con.print(_status_line(rows))
+    noisy = _warn_noisy(rows)
+    warnings = _noisy_lines(noisy) + _warn_host_bound(rows, meta)
+    comparison = sr.model_comparison(rows, meta, ceilings=ceilings, gpu=gpu, F_causal=causal_factor)
+    if comparison.note:
+        con.print(comparison.note, style="dim", markup=False)
+    if comparison.gpu is not None:
+        con.print(terminal_text(f"model: {comparison.ceilings_text()}", 2000), markup=False)
+        if comparison.distance:
+            con.print(distance_table(comparison.distance))
+        if comparison.sweeps:
+            con.print(sweep_table(comparison.sweeps))
+    gaps = auto_gaps(rows.to_dict("records"))
+    if gaps:
+        con.print(auto_gap_table(gaps))
+    _print_profile(con, rows, comparison.gpu, all_rows=all_rows, kernels=kernels)
+    return comparison, warnings
+
+
+def _print_profile(con, rows, model_gpu, *, all_rows: bool, kernels: int) -> None:
+    """Print each case's time by model part beside its bound and floor
+    (:func:`tflabench.run.kernel_profile.breakdowns`), and with ``kernels`` its largest
+    kernels per part; nothing where no case has a profile or a model bound."""
+    from tflabench.report import set_report as sr
+    from tflabench.report.tables import kernels_table, profile_table
+    from tflabench.run.kernel_profile import breakdowns
+
+    capped = sr.profile_rows(rows, model_gpu, all_rows)
+    if capped is None:
+        return
+    peak_flops_per_s, beta = (model_gpu.flops_per_s, model_gpu.bytes_per_s) if model_gpu is not None else (None, None)
+    cases = breakdowns(capped, peak_flops_per_s, beta)
+    if any(c.source is not None for c in cases) or (cases and model_gpu is not None):
+        con.print(profile_table(cases))
+        if len(capped) < len(rows):
+            con.print(f"(of the first {len(capped)} rows; `--all`: every row)", markup=False)
+        for case in cases if kernels else []:
+            if case.source is not None:
+                con.print(kernels_table(case, top=kernels))
 
 
 def default_report_dir(set_path: Path) -> Path:

@@ -109,55 +109,76 @@ def verify(
     from tflabench.run.pool import parse_gpus
 
     with user_errors():
-        if device not in (None, "cpu", "cuda"):
-            raise UserError(f"--device={device!r}; allowed: cpu, cuda")
-        if params is not None and kernel is None:
-            raise UserError("--params needs --kernel")
-        if kernel is not None and suite is not None:
-            raise UserError("give a SUITE or --kernel, not both")
+        _check_verify_options(device=device, params=params, kernel=kernel, suite=suite)
         only = comma_list("--only", only)
         regime = comma_list("--regime", regime)
         dtype = comma_list("--dtype", dtype)
         mode = comma_list("--mode", mode, allowed=("fwd", "fwdbw"))
         initial_state = comma_list("--initial-state", initial_state)
-        if seq_len is not None:
-            try:
-                seq_len = [int(x) for x in comma_list("--seq-len", seq_len)]
-            except ValueError:
-                raise UserError(f"--seq-len={seq_len!r}: give whole numbers separated by commas, e.g. 64,161") from None
+        seq_len = _parse_seq_lens(seq_len)
         if kernel is not None:
             loaded = _kernel_suite(kernel, params, dtype[0] if dtype and len(dtype) == 1 else None, device)
         else:
             loaded = load_suite(suite if suite is not None else DEFAULT_VERIFY_SUITE)
-        settings = loaded.suite.numerics.verify
-        update = {k: v for k, v in {"regimes": regime or None, "seq_lens": seq_len or None,
-                                    "dtypes": dtype or None, "modes": mode or None,
-                                    "initial_state": _parse_bool_list(initial_state), "heads": heads}.items()
-                  if v is not None}
-        if update:
-            from pydantic import ValidationError
-
-            from tflabench.numerics import VerifySettings
-
-            try:
-                settings = VerifySettings.model_validate({**settings.model_dump(), **update})
-            except ValidationError as exc:
-                err = exc.errors()[0]
-                where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
-                raise UserError(f"verify options: {where + ': ' if where else ''}"
-                                f"{err['msg'].removeprefix('Value error, ')}") from None
+        settings = _verify_settings(loaded.suite.numerics.verify, {
+            "regimes": regime or None, "seq_lens": seq_len or None, "dtypes": dtype or None, "modes": mode or None,
+            "initial_state": _parse_bool_list(initial_state), "heads": heads})
         gpu_list = parse_gpus(gpus)
         cases = V.verify_cases(loaded, device=device, only=only, settings=settings)
         with interruptible(_verify_interrupted_line):
             result = V.run_verify(loaded, cases, out_root=out, gpus=gpu_list, device=device,
                                   progress=progress, max_kernel_failures=max_kernel_failures)
+    raise typer.Exit(_print_verify_result(V.verify_suite_name(loaded.suite.name), result, plots))
+
+
+def _check_verify_options(*, device: str | None, params: str | None, kernel: str | None, suite: Path | None) -> None:
+    """UserError for an unknown --device, --params without --kernel, or both a SUITE and --kernel."""
+    if device not in (None, "cpu", "cuda"):
+        raise UserError(f"--device={device!r}; allowed: cpu, cuda")
+    if params is not None and kernel is None:
+        raise UserError("--params needs --kernel")
+    if kernel is not None and suite is not None:
+        raise UserError("give a SUITE or --kernel, not both")
+
+
+def _parse_seq_lens(values: list[str] | None) -> list[int] | None:
+    """``--seq-len``: the lengths as whole numbers (None where not given); UserError otherwise."""
+    if values is None:
+        return None
+    try:
+        return [int(x) for x in comma_list("--seq-len", values)]
+    except ValueError:
+        raise UserError(f"--seq-len={values!r}: give whole numbers separated by commas, e.g. 64,161") from None
+
+
+def _verify_settings(settings, update: dict):
+    """The suite's verify settings with the options given (the ``update`` values that are not
+    None), validated again; UserError naming the field that is not valid."""
+    update = {k: v for k, v in update.items() if v is not None}
+    if not update:
+        return settings
+    from pydantic import ValidationError
+
+    from tflabench.numerics import VerifySettings
+
+    try:
+        return VerifySettings.model_validate({**settings.model_dump(), **update})
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in err["loc"]).lstrip(".")
+        raise UserError(f"verify options: {where + ': ' if where else ''}"
+                        f"{err['msg'].removeprefix('Value error, ')}") from None
+
+
+def _print_verify_result(name: str, result, plots: bool) -> int:
+    """Print a verify run's table, status counts, result set and heat map (drawn with
+    ``plots``) and its verdict; returns its exit status (1: some case failed or did not run)."""
     from collections import Counter
 
     from tflabench.console import make_console
     from tflabench.store.results import load_results
     from tflabench.report.tables import verify_table
 
-    name = V.verify_suite_name(loaded.suite.name)
     frame = load_results(result.directory).rows
     heatmap = _write_heatmap(frame, result.directory) if plots and result.rows else None
     con = make_console()
@@ -171,7 +192,7 @@ def verify(
     status = result.exit_status()
     con.print("FAIL: some cases exceed their budgets or did not run (exit 1)" if status
               else "pass: every case within its budgets")
-    raise typer.Exit(status)
+    return status
 
 
 def _write_heatmap(frame, directory: Path) -> Path | None:

@@ -554,15 +554,7 @@ def measure_case(case) -> dict:
     backend = get_backend(case.backend)
     params = case.params
     shape = Shape(case.batch, case.seq_len, case.heads, case.d_qk, case.d_hv, case.dtype)
-    out: dict[str, Any] = {}
-    counts = None
-    try:
-        counts = backend.family.model_counts(params, shape, case.mode)
-    except Exception:  # the model is optional for a row
-        counts = None
-    if counts is not None:
-        out["flops"], out["bytes"] = float(counts[0]), float(counts[1])
-
+    out: dict[str, Any] = _model_columns(backend, params, shape, case.mode)
     if case.device.startswith("cuda") and not torch.cuda.is_available():
         return {**out, "status": "unavailable", "reason": "no CUDA device visible to torch"}
     if case.device.startswith("cuda"):
@@ -577,39 +569,11 @@ def measure_case(case) -> dict:
     grad = case.mode == "fwdbw"
     torch.manual_seed(case.seed)
     inputs = backend.family.make_inputs(params, shape, dtype, device, case.seed, requires_grad=grad)
-    grad_tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.requires_grad]
-
-    def clear_grads():
-        for t in grad_tensors:
-            t.grad = None
-
-    if grad:
-        probe = {}
-
-        def first():
-            o = backend.forward(params, inputs)
-            probe["shape"], probe["dtype"] = tuple(o.shape), o.dtype
-            o.backward(torch.ones_like(o))
-
-        out["first_call_s"] = first_call_seconds(first, device)
-        clear_grads()
-        gen = torch.Generator(device=device).manual_seed(case.seed + 3)
-        grad_out = torch.randn(probe["shape"], generator=gen, dtype=torch.float32,
-                               device=device).to(probe["dtype"])
-
-        def step():
-            backend.forward(params, inputs).backward(grad_out)
-    else:
-        out["first_call_s"] = first_call_seconds(lambda: backend.forward(params, inputs), device)
-
-        def step():
-            return backend.forward(params, inputs)
-
+    clear_grads = _gradient_clearer(inputs)
+    out["first_call_s"], step, grad_out = _first_call_and_step(backend, params, inputs, grad=grad, device=device,
+                                                               seed=case.seed, clear_grads=clear_grads)
     if case.check_numerics:
-        gate = numerics_gate(backend, params, shape, mode=case.mode, dtype=dtype, device=device,
-                             seed=case.seed, max_seq_len=case.numerics_max_seq_len,
-                             tolerance=case.tolerance,
-                             budgets=json.loads(case.numerics_budgets) if case.numerics_budgets else None)
+        gate = _gate_case(case, backend, params, shape, dtype)
         out.update(gate.columns(case.dtype))
         if not gate.passed:
             return {**out, "status": "wrong", "reason": gate.reason()}
@@ -617,6 +581,94 @@ def measure_case(case) -> dict:
             torch.cuda.empty_cache()
 
     clear_grads()
+    failed = _measure_timed_calls(case, step, clear_grads, out)
+    if failed is not None:
+        return {**out, **failed}
+    note = backend.note(params, device)
+    ran = backend.run_plan(params, shape, case.mode, dtype, device)
+    out.update(plan_columns(backend, params, ran))
+    counts = counts_for_plan(backend, params, shape, case.mode, ran)
+    if counts is not None:
+        out["flops"], out["bytes"] = counts
+    if case.profile:
+        profile, problem = _profile_kernels(backend, params, inputs, device, grad_out=grad_out,
+                                            clear_grads=clear_grads)
+        if profile is not None:
+            out["kernel_profile"] = profile
+        if problem is not None:
+            note = "; ".join(x for x in (note, problem) if x)
+    return {**out, "status": "ok", "reason": note}
+
+
+def _model_columns(backend: Backend, params: BackendParams, shape: Shape, mode: str) -> dict:
+    """``flops`` and ``bytes`` of one call as the family's model counts them before the run;
+    {} where it has no count (the model is optional for a row)."""
+    try:
+        counts = backend.family.model_counts(params, shape, mode)
+    except Exception:
+        counts = None
+    return {} if counts is None else {"flops": float(counts[0]), "bytes": float(counts[1])}
+
+
+def _gradient_clearer(inputs: dict) -> Callable[[], None]:
+    """A function that sets the gradient of each input that requires one to None."""
+    import torch
+
+    grad_tensors = [v for v in inputs.values() if isinstance(v, torch.Tensor) and v.requires_grad]
+
+    def clear_grads():
+        for t in grad_tensors:
+            t.grad = None
+
+    return clear_grads
+
+
+def _first_call_and_step(backend: Backend, params: BackendParams, inputs: dict, *, grad: bool, device: str,
+                         seed: int, clear_grads: Callable[[], None]):
+    """Time the first call (compile, autotune: :func:`first_call_seconds`) and make the step
+    the timings call: forward, and with ``grad`` backward of a fixed random output gradient
+    (seeded ``seed + 3``, of the first output's shape and dtype). Returns ``(first_call_s,
+    step, output gradient or None)``."""
+    import torch
+
+    if not grad:
+        first_call_s = first_call_seconds(lambda: backend.forward(params, inputs), device)
+
+        def step():
+            return backend.forward(params, inputs)
+
+        return first_call_s, step, None
+    probe = {}
+
+    def first():
+        o = backend.forward(params, inputs)
+        probe["shape"], probe["dtype"] = tuple(o.shape), o.dtype
+        o.backward(torch.ones_like(o))
+
+    first_call_s = first_call_seconds(first, device)
+    clear_grads()
+    gen = torch.Generator(device=device).manual_seed(seed + 3)
+    grad_out = torch.randn(probe["shape"], generator=gen, dtype=torch.float32, device=device).to(probe["dtype"])
+
+    def step():
+        backend.forward(params, inputs).backward(grad_out)
+
+    return first_call_s, step, grad_out
+
+
+def _gate_case(case, backend: Backend, params: BackendParams, shape: Shape, dtype) -> GateResult:
+    """The case's :func:`numerics_gate` with its tolerance and budgets."""
+    return numerics_gate(backend, params, shape, mode=case.mode, dtype=dtype, device=case.device,
+                         seed=case.seed, max_seq_len=case.numerics_max_seq_len, tolerance=case.tolerance,
+                         budgets=json.loads(case.numerics_budgets) if case.numerics_budgets else None)
+
+
+def _measure_timed_calls(case, step: Callable[[], Any], clear_grads: Callable[[], None], out: dict) -> dict | None:
+    """Peak memory, the timings (:func:`time_callable`; with ``gpu_trace`` the GPU's clock and
+    power over them) and on CUDA the host time per call, into ``out``. Returns the ``error``
+    outcome of a CUDA graph that cannot be captured (what was measured stays), else None."""
+    device = case.device
+    before_each = clear_grads if case.mode == "fwdbw" else None
     trace = GpuTrace(nvidia_smi_id()) if case.gpu_trace and device.startswith("cuda") else None
     with trace or contextlib.nullcontext():
         if trace is not None:
@@ -626,37 +678,38 @@ def measure_case(case) -> dict:
         start = time.monotonic()
         try:
             samples = time_callable(step, device=device, warmup=case.warmup, iterations=case.iterations,
-                                    flush_l2=case.flush_l2, before_each=clear_grads if grad else None,
+                                    flush_l2=case.flush_l2, before_each=before_each,
                                     sync_each=case.sync_each, warmup_s=case.warmup_s,
                                     cuda_graph=case.cuda_graph)
-        except GraphCaptureError as exc:   # keeps what was measured (numerics, peak memory)
-            return {**out, "status": "error", "reason": str(exc)}
+        except GraphCaptureError as exc:
+            return {"status": "error", "reason": str(exc)}
         if trace is not None:
             out.update(trace.columns(start, time.monotonic()))
     if device.startswith("cuda"):
-        out["host_ms"] = host_ms_per_call(step, clear_grads if grad else None)
+        out["host_ms"] = host_ms_per_call(step, before_each)
         clear_grads()
     out.update(summarize(samples))
     out["ms_samples"] = json.dumps(out["ms_samples"])
-    note = backend.note(params, device)
-    ran = backend.run_plan(params, shape, case.mode, dtype, device)
-    out.update(plan_columns(backend, params, ran))
-    counts = counts_for_plan(backend, params, shape, case.mode, ran)
-    if counts is not None:
-        out["flops"], out["bytes"] = counts
-    if case.profile:
-        from tflabench.run.kernel_profile import capture
+    return None
 
-        try:
-            if grad:
-                profile = capture(lambda: backend.forward(params, inputs), lambda o: o.backward(grad_out),
-                                  device, before_each=clear_grads)
-            else:
-                profile = capture(lambda: backend.forward(params, inputs), None, device)
-            out["kernel_profile"] = json.dumps(profile, sort_keys=True)
-        except Exception as exc:  # the profiler must not lose the measurement
-            note = "; ".join(x for x in (note, f"no kernel profile ({type(exc).__name__}: {exc})") if x)
-    return {**out, "status": "ok", "reason": note}
+
+def _profile_kernels(backend: Backend, params: BackendParams, inputs: dict, device: str, *, grad_out,
+                     clear_grads: Callable[[], None]) -> tuple[str | None, str | None]:
+    """``run --profile``: each kernel's time over a few calls
+    (:func:`tflabench.run.kernel_profile.capture`; with ``grad_out`` the backward too), as
+    the row's JSON. Returns ``(json, None)``, or ``(None, why)`` where the profiler failed
+    (it must not lose the measurement)."""
+    from tflabench.run.kernel_profile import capture
+
+    try:
+        if grad_out is not None:
+            profile = capture(lambda: backend.forward(params, inputs), lambda o: o.backward(grad_out),
+                              device, before_each=clear_grads)
+        else:
+            profile = capture(lambda: backend.forward(params, inputs), None, device)
+        return json.dumps(profile, sort_keys=True), None
+    except Exception as exc:
+        return None, f"no kernel profile ({type(exc).__name__}: {exc})"
 
 
 __all__ = [

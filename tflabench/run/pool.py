@@ -648,6 +648,173 @@ def _base_row(case: Case) -> dict:
     return schema.new_row(**case.identity())
 
 
+def _kernel_key(case: Case) -> tuple:
+    """What makes cases one kernel for the crash / timeout streaks: backend, label, params."""
+    return (case.backend, case.kernel, case.params_json)
+
+
+def _restarts_worker(case: Case, outcome: dict) -> bool:
+    """Whether the worker that ran ``case`` to ``outcome`` is replaced before the next case."""
+    restart = RESTART_AFTER | (RESTART_AFTER_ON_GPU if case.device.startswith("cuda") else set())
+    return outcome.get("status") in restart
+
+
+def _open_row_writer(directory: Path) -> R.RowWriter:
+    """The set's row writer, once its ``logs`` folder is a real directory (never a link
+    planted in a resumed set)."""
+    writer = R.RowWriter(directory)
+    try:
+        files.real_directory(directory / "logs")
+    except BaseException:
+        writer.close()
+        raise
+    return writer
+
+
+class _SlotRun:
+    """What the slots of one :func:`run_cases` share: the queue of cases, each slot's worker,
+    the row writer, each kernel's streak of crash / timeout rows, and the event that stops
+    every slot. Each slot runs :meth:`slot_loop` in its own thread."""
+
+    def __init__(self, ctx, cases: list[Case], directory: Path, writer: R.RowWriter, reaper: _GroupReaper, *,
+                 per_worker: int, slot_gpu: dict, ceilings: dict | None, max_kernel_failures: int,
+                 on_start: Callable[[int, Case], None] | None, on_done: Callable[[dict], None] | None):
+        self.ctx, self.directory, self.writer, self.reaper = ctx, directory, writer, reaper
+        self.per_worker, self.slot_gpu, self.max_kernel_failures = per_worker, slot_gpu, max_kernel_failures
+        self.on_start, self.on_done = on_start, on_done
+        self.flops_per_s = (ceilings or {}).get("flops_per_s")
+        self.bytes_per_s = (ceilings or {}).get("bytes_per_s")
+        self.queue = collections.deque(cases)
+        self.lock = threading.Lock()
+        self.stop = threading.Event()
+        self.done_rows: list[dict] = []
+        self.workers: dict[int, _Worker] = {}
+        self.failures: dict[tuple, list[dict]] = collections.defaultdict(list)  # consecutive crash/timeout
+        self.errors: list[BaseException] = []
+
+    def given_up(self, case: Case) -> dict | None:
+        """The ``not_run`` outcome of a case whose kernel's last cases crashed or timed out
+        ``max_kernel_failures`` times in a row; None where it runs. Called under the lock."""
+        streak = self.failures[_kernel_key(case)]
+        if self.max_kernel_failures <= 0 or len(streak) < self.max_kernel_failures:
+            return None
+        last = streak[-1]
+        first_line = str(last.get("reason") or "").strip().splitlines()[:1]
+        return {"status": schema.NOT_RUN,
+                "reason": f"not run: this kernel's last {len(streak)} cases ended in "
+                          f"{last['status']} ({first_line[0] if first_line else 'no reason'}); "
+                          "a --resume runs it (--max-kernel-failures 0 runs every case)"}
+
+    def next_case(self) -> Case | None:
+        """The next case of the queue, or None when it is empty."""
+        with self.lock:
+            return self.queue.popleft() if self.queue else None
+
+    def record(self, row: dict, streak_of: Case | None = None) -> None:
+        """Fill the row's model columns, append it to the set and report it; with
+        ``streak_of``, count it in (or end) that case's kernel's crash / timeout streak."""
+        schema.fill_model_columns(row, self.flops_per_s, self.bytes_per_s)
+        with self.lock:
+            if streak_of is not None:
+                streak = self.failures[_kernel_key(streak_of)]
+                if row.get("status") in ("crash", "timeout"):
+                    streak.append(row)
+                else:
+                    streak.clear()
+            written = self.writer.append(row)
+            self.done_rows.append(written)
+        if self.on_done is not None:
+            self.on_done(written)
+
+    def worker_for(self, slot: int, gpu: str | None, case: Case) -> _Worker:
+        """The slot's worker for ``case``: the one it has while that one lives and ran the same
+        backend, else a new one (the old one stopped)."""
+        worker = self.workers.get(slot)
+        if worker is not None and (worker.backend != case.backend or not worker.alive()):
+            worker.stop()
+            worker = None
+        if worker is None:
+            log_path = self.directory / "logs" / f"worker-{slot}.log"
+            worker = _Worker(self.ctx, slot, gpu, log_path, case.device, self.per_worker, self.reaper)
+            self.workers[slot] = worker
+        return worker
+
+    def outcome_row(self, slot: int, case: Case, outcome: dict) -> dict:
+        """The row of a case a worker ran: the case's identity, the outcome's result columns,
+        and on CUDA the GPU it ran on (the worker's own columns, else the slot's)."""
+        row = _base_row(case)
+        for key, value in outcome.items():   # the identity is the case's, never the outcome's
+            if key in schema.COLUMNS and key not in schema.IDENTITY_COLUMNS:
+                row[key] = value
+        if case.device.startswith("cuda") and row.get("status") != "unavailable":
+            where = self.slot_gpu.get(slot) or {}  # the worker's own columns win; a dead one has none
+            row["gpu_index"] = row.get("gpu_index") or where.get("index")
+            row["gpu_name"] = row.get("gpu_name") or where.get("name")
+        return row
+
+    def slot_cases(self, slot: int, gpu: str | None) -> None:
+        """Take cases from the queue until it is empty or the run stops; write each one's row."""
+        while not self.stop.is_set():
+            case = self.next_case()
+            if case is None:
+                break
+            if self.on_start is not None:
+                self.on_start(slot, case)
+            with self.lock:
+                skipped = self.given_up(case)
+            if skipped is not None:
+                row = _base_row(case)
+                row.update(skipped)
+                self.record(row)
+                continue
+            worker = self.worker_for(slot, gpu, case)
+            if worker.start_error:
+                outcome = {"status": "crash", "reason": worker.start_error}
+            else:
+                worker.backend = case.backend
+                outcome = worker.run(case)
+            if self.stop.is_set():
+                break
+            if _restarts_worker(case, outcome) or worker.start_error:
+                worker.kill()
+                self.workers.pop(slot, None)
+            self.record(self.outcome_row(slot, case, outcome), streak_of=case)
+        w = self.workers.pop(slot, None)
+        if w is not None:
+            w.stop()
+
+    def slot_loop(self, slot: int, gpu: str | None) -> None:
+        """:meth:`slot_cases`; an exception there (e.g. ResultWriteError) stops every slot and
+        is raised in the caller."""
+        try:
+            self.slot_cases(slot, gpu)
+        except BaseException as exc:
+            self.errors.append(exc)
+            self.stop.set()
+            w = self.workers.pop(slot, None)
+            if w is not None:
+                w.kill()
+
+    def run_slots(self, slots: list) -> None:
+        """One thread per slot until all end; the first slot's exception is raised. On any
+        exception (Ctrl-C too) every slot stops and every worker is killed."""
+        threads = [threading.Thread(target=self.slot_loop, args=(n, gpu), daemon=True, name=f"slot-{n}")
+                   for n, gpu in enumerate(slots)]
+        try:
+            for t in threads:
+                t.start()
+            while any(t.is_alive() for t in threads):
+                for t in threads:
+                    t.join(0.2)
+            if self.errors:
+                raise self.errors[0]
+        except BaseException:
+            self.stop.set()
+            for w in list(self.workers.values()):
+                w.kill()
+            raise
+
+
 def run_cases(
     cases: list[Case],
     directory: Path,
@@ -683,131 +850,21 @@ def run_cases(
     :class:`~tflabench.store.files.ResultWriteError`; the rows written before it stay.
     """
     ctx = multiprocessing.get_context("spawn")
-    writer = R.RowWriter(directory)
-    try:
-        files.real_directory(directory / "logs")  # never a link planted in a resumed set
-    except BaseException:
-        writer.close()
-        raise
+    writer = _open_row_writer(directory)
     reaper = _GroupReaper()
     slots = gpus if gpus else [None]
     per_worker = threads if threads is not None else cpu_threads(len(slots))["per_worker"]
-    queue = collections.deque(cases)
-    lock = threading.Lock()
-    stop = threading.Event()
-    done_rows: list[dict] = []
-    workers: dict[int, _Worker] = {}
-    flops_per_s = (ceilings or {}).get("flops_per_s")
-    bytes_per_s = (ceilings or {}).get("bytes_per_s")
-    failures: dict[tuple, list[dict]] = collections.defaultdict(list)  # consecutive crash/timeout
     # the GPU each slot's worker runs on, for the rows (also those of a worker that died)
     on_gpu = any(c.device.startswith("cuda") for c in cases)
     slot_gpu = dict(enumerate(gpus_used(gpus))) if on_gpu else {}
-
-    def given_up(case: Case) -> dict | None:
-        streak = failures[(case.backend, case.kernel, case.params_json)]
-        if max_kernel_failures <= 0 or len(streak) < max_kernel_failures:
-            return None
-        last = streak[-1]
-        first_line = str(last.get("reason") or "").strip().splitlines()[:1]
-        return {"status": schema.NOT_RUN,
-                "reason": f"not run: this kernel's last {len(streak)} cases ended in "
-                          f"{last['status']} ({first_line[0] if first_line else 'no reason'}); "
-                          "a --resume runs it (--max-kernel-failures 0 runs every case)"}
-
-    errors: list[BaseException] = []
-
-    def slot_loop(slot: int, gpu: str | None) -> None:
-        try:
-            slot_cases(slot, gpu)
-        except BaseException as exc:  # e.g. ResultWriteError: stop every slot, raise in the caller
-            errors.append(exc)
-            stop.set()
-            w = workers.pop(slot, None)
-            if w is not None:
-                w.kill()
-
-    def slot_cases(slot: int, gpu: str | None) -> None:
-        log_path = directory / "logs" / f"worker-{slot}.log"
-        while not stop.is_set():
-            with lock:
-                if not queue:
-                    break
-                case = queue.popleft()
-            if on_start is not None:
-                on_start(slot, case)
-            with lock:
-                skipped = given_up(case)
-            if skipped is not None:
-                row = _base_row(case)
-                row.update(skipped)
-                schema.fill_model_columns(row, flops_per_s, bytes_per_s)
-                with lock:
-                    written = writer.append(row)
-                    done_rows.append(written)
-                if on_done is not None:
-                    on_done(written)
-                continue
-            worker = workers.get(slot)
-            if worker is not None and (worker.backend != case.backend or not worker.alive()):
-                worker.stop()
-                worker = None
-            if worker is None:
-                worker = _Worker(ctx, slot, gpu, log_path, case.device, per_worker, reaper)
-                workers[slot] = worker
-            if worker.start_error:
-                outcome = {"status": "crash", "reason": worker.start_error}
-            else:
-                worker.backend = case.backend
-                outcome = worker.run(case)
-            if stop.is_set():
-                break
-            restart = RESTART_AFTER | (RESTART_AFTER_ON_GPU if case.device.startswith("cuda") else set())
-            if outcome.get("status") in restart or worker.start_error:
-                worker.kill()
-                workers.pop(slot, None)
-            row = _base_row(case)
-            for key, value in outcome.items():   # the identity is the case's, never the outcome's
-                if key in schema.COLUMNS and key not in schema.IDENTITY_COLUMNS:
-                    row[key] = value
-            if case.device.startswith("cuda") and row.get("status") != "unavailable":
-                where = slot_gpu.get(slot) or {}  # the worker's own columns win; a dead one has none
-                row["gpu_index"] = row.get("gpu_index") or where.get("index")
-                row["gpu_name"] = row.get("gpu_name") or where.get("name")
-            schema.fill_model_columns(row, flops_per_s, bytes_per_s)
-            with lock:
-                streak = failures[(case.backend, case.kernel, case.params_json)]
-                if row.get("status") in ("crash", "timeout"):
-                    streak.append(row)
-                else:
-                    streak.clear()
-                written = writer.append(row)
-                done_rows.append(written)
-            if on_done is not None:
-                on_done(written)
-        w = workers.pop(slot, None)
-        if w is not None:
-            w.stop()
-
-    threads = [threading.Thread(target=slot_loop, args=(n, gpu), daemon=True, name=f"slot-{n}")
-               for n, gpu in enumerate(slots)]
+    run = _SlotRun(ctx, cases, directory, writer, reaper, per_worker=per_worker, slot_gpu=slot_gpu,
+                   ceilings=ceilings, max_kernel_failures=max_kernel_failures, on_start=on_start, on_done=on_done)
     try:
-        for t in threads:
-            t.start()
-        while any(t.is_alive() for t in threads):
-            for t in threads:
-                t.join(0.2)
-        if errors:
-            raise errors[0]
-    except BaseException:
-        stop.set()
-        for w in list(workers.values()):
-            w.kill()
-        raise
+        run.run_slots(slots)
     finally:
         writer.close()
         reaper.close()
-    return done_rows
+    return run.done_rows
 
 
 __all__ = ["RunInterrupted", "run_cases", "parse_gpus", "cpu_threads", "cpu_allocator", "steady_allocator", "CPU_MALLOC_SETTINGS", "usable_cores", "THREAD_VARIABLES", "REASON_LINES", "RESTART_AFTER", "RESTART_AFTER_ON_GPU",

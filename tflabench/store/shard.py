@@ -218,7 +218,21 @@ def merge_results(
     sets = [results.load_results(p) for p in paths]
     if warnings is not None:  # torn last lines of killed shards: their whole rows merge
         warnings.extend(line for rs in sets for line in rs.warnings)
+    shards = _shards_in_order(sets)
+    _check_one_run(shards)
+    n = shards[0][1]
+    missing = _missing_shards(shards, allow_missing)
+    rows, owner = _merged_rows(shards, n)
+    incomplete = incomplete_shards(shards, n, set(owner), all_present=not missing)
+    if incomplete and not allow_missing:
+        _refuse_incomplete(incomplete)
+    out = Path(out_dir)
+    _check_merge_target(out)
+    return _write_whole(out, rows, _merged_metadata(shards, missing, incomplete))
 
+
+def _shards_in_order(sets: list) -> list[tuple[int, int, Any]]:
+    """``(K, N, result set)`` of each set, by K; UserError for a set that is not a shard."""
     shards: list[tuple[int, int, Any]] = []
     for rs in sets:
         text = rs.metadata.get("shard")
@@ -230,7 +244,12 @@ def merge_results(
             raise UserError(f"merge: {str(rs.path)!r} has metadata shard={text!r}, not K/N") from None
         shards.append((k, n, rs))
     shards.sort(key=lambda item: item[0])
+    return shards
 
+
+def _check_one_run(shards: list[tuple[int, int, Any]]) -> None:
+    """UserError unless every shard has the first's suite, N, environment
+    (:data:`MERGE_ENVIRONMENT_KEYS`) and timing method."""
     first_k, first_n, first = shards[0]
     ref = first.metadata
     for k, n, rs in shards[1:]:
@@ -263,6 +282,11 @@ def merge_results(
                 "as separate result sets"
             )
 
+
+def _missing_shards(shards: list[tuple[int, int, Any]], allow_missing: bool) -> list[int]:
+    """The K of the N shards that are absent; UserError for a shard given twice, and for
+    absent ones unless ``allow_missing``."""
+    first_n, first = shards[0][1], shards[0][2]
     seen: dict[int, Any] = {}
     for k, _, rs in shards:
         if k in seen:
@@ -275,7 +299,12 @@ def merge_results(
             f"merge: missing shard(s) {listed} of {first.metadata.get('suite')!r}; "
             "run them, or pass --allow-missing to merge the rest"
         )
+    return missing
 
+
+def _merged_rows(shards: list[tuple[int, int, Any]], n: int) -> tuple[list[dict], dict[str, str]]:
+    """Every shard's rows in shard order, and each case's shard (``"K/N"``); UserError for a
+    case in two shards."""
     rows: list[dict] = []
     owner: dict[str, str] = {}
     for k, _, rs in shards:
@@ -283,29 +312,39 @@ def merge_results(
             cid = row.get("case_id") or schema.case_id(row)
             if cid in owner:
                 raise UserError(
-                    f"merge: case {cid} is in shard {owner[cid]} and {format_shard(k, first_n)}; "
+                    f"merge: case {cid} is in shard {owner[cid]} and {format_shard(k, n)}; "
                     "shards of one run never overlap"
                 )
-            owner[cid] = format_shard(k, first_n)
+            owner[cid] = format_shard(k, n)
             rows.append(row)
+    return rows, owner
 
-    incomplete = incomplete_shards(shards, first_n, set(owner), all_present=not missing)
-    if incomplete and not allow_missing:
-        worst = incomplete[0]
-        more = f" (and {len(incomplete) - 1} more shard(s))" if len(incomplete) > 1 else ""
-        how = (f"tflabench run SUITE --shard {worst['shard']} --resume {worst['path']}" if worst["shard"]
-               else "tflabench run SUITE --shard K/N --resume DIR")
-        raise UserError(f"merge: {worst['what']}{more}; its run was interrupted: finish it with `{how}`, "
-                        "or pass --allow-missing to merge what the shards hold (recorded as incomplete)")
 
-    out = Path(out_dir)
+def _refuse_incomplete(incomplete: list[dict]) -> None:
+    """The UserError for shards that hold fewer cases than they were to measure: the worst
+    one, and the command that finishes it."""
+    worst = incomplete[0]
+    more = f" (and {len(incomplete) - 1} more shard(s))" if len(incomplete) > 1 else ""
+    how = (f"tflabench run SUITE --shard {worst['shard']} --resume {worst['path']}" if worst["shard"]
+           else "tflabench run SUITE --shard K/N --resume DIR")
+    raise UserError(f"merge: {worst['what']}{more}; its run was interrupted: finish it with `{how}`, "
+                    "or pass --allow-missing to merge what the shards hold (recorded as incomplete)")
+
+
+def _check_merge_target(out: Path) -> None:
+    """UserError unless ``out`` is absent or an empty directory (not a link)."""
     if out.exists() and any((out / f).exists() for f in (results.ROWS_FILE, results.PARQUET_FILE, results.CSV_FILE)):
         raise UserError(f"merge: --out {str(out)!r} already holds a result set; choose a new directory")
     if os.path.lexists(out) and (out.is_symlink() or not out.is_dir() or any(out.iterdir())):
         raise UserError(f"merge: --out {str(out)!r} exists and is not an empty directory; the merge is written "
                         "whole into a new directory: choose one that does not exist yet")
 
-    metadata = dict(ref)
+
+def _merged_metadata(shards: list[tuple[int, int, Any]], missing: list[int], incomplete: list[dict]) -> dict:
+    """The first shard's metadata with ``shard`` null, ``merged_from``, ``shards_missing``,
+    ``shards_incomplete``, the union of ``case_ids`` (where every shard is there and recorded
+    them), every shard's ``gpus_used`` and ``hostname``, and the earliest ``date``."""
+    metadata = dict(shards[0][2].metadata)
     metadata["shard"] = None
     metadata["merged_from"] = [
         {"shard": format_shard(k, n), "path": str(rs.path), "hostname": rs.metadata.get("hostname"),
@@ -328,7 +367,7 @@ def merge_results(
         metadata["hostname"] = ",".join(hostnames)
     dates = sorted(str(rs.metadata["date"]) for _, _, rs in shards if rs.metadata.get("date"))
     metadata["date"] = dates[0] if dates else _dt.datetime.now().isoformat(timespec="seconds")
-    return _write_whole(out, rows, metadata)
+    return metadata
 
 
 def _write_whole(out: Path, rows: list, metadata: dict) -> Path:
