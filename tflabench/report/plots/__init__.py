@@ -44,17 +44,61 @@ def lean_matplotlib() -> None:
         del sys.modules["mpl_toolkits.mplot3d"]  # a later explicit import of it still works
 
 
-def new_figure(figsize=(7.0, 4.8)):
-    """A new (figure, axes) pair with constrained layout on the Agg canvas (no display
-    needed; pyplot is not imported, so a figure costs no GUI backend and no global state);
-    matplotlib imported by :func:`lean_matplotlib`."""
+def new_figure(figsize=(7.0, 4.8), *, layout: str | None = "constrained"):
+    """A new (figure, axes) pair on the Agg canvas (no display needed; pyplot is not imported,
+    so a figure costs no GUI backend and no global state); matplotlib imported by
+    :func:`lean_matplotlib`.
+
+    Args:
+        figsize: (width, height) in inches.
+        layout: ``"constrained"`` (matplotlib's constrained layout, worked out on every
+            draw) or None: no layout engine; the figure then lays itself out once with
+            :func:`fit_margins` before it is saved, and the save draws it once.
+    """
     lean_matplotlib()
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=figsize, dpi=SAVE_DPI, layout="constrained")
+    fig = Figure(figsize=figsize, dpi=SAVE_DPI, layout=layout)
     FigureCanvasAgg(fig)
     return fig, fig.subplots()
+
+
+def fit_margins(fig, *, pad_in: float = 0.1, gap_in: float = 0.12) -> None:
+    """Lay out a figure without a layout engine whose axes form one row of subplots, once,
+    from the extents of what it holds (no draw): each axes' overhang (tick labels, axis
+    labels, title, annotations and legends outside it, measured by ``get_tightbbox``) sets
+    the margins and the space between the axes, and figure legends at the bottom
+    (:func:`~tflabench.report.plots.style.legend_below`) are kept below the axes.
+
+    Call it when every text is in place; labels spread along an axis's length
+    (:func:`~tflabench.report.plots.style.place_labels`) are worth placing again after it
+    (the axes' size changes).
+
+    Args:
+        fig: a figure made by :func:`new_figure` with ``layout=None``.
+        pad_in: inches kept free at the canvas's edges. gap_in: inches between the axes'
+            texts and a figure legend below them.
+    """
+    renderer = fig.canvas.get_renderer()
+    axes = sorted((ax for ax in fig.axes if ax.get_subplotspec() is not None), key=lambda a: a.get_position().x0)
+    if not axes:
+        return
+    width, height = fig.canvas.get_width_height()
+    pad, gap = pad_in * fig.dpi, gap_in * fig.dpi
+    hangs = []  # (left, right, bottom, top) overhang of each axes' texts past its frame, pixels
+    for ax in axes:
+        frame, tight = ax.get_window_extent(renderer), ax.get_tightbbox(renderer)
+        hangs.append((max(0.0, frame.x0 - tight.x0), max(0.0, tight.x1 - frame.x1),
+                      max(0.0, frame.y0 - tight.y0), max(0.0, tight.y1 - frame.y1)))
+    below = max((lg.get_window_extent(renderer).y1 for lg in fig.legends), default=0.0)
+    left = (hangs[0][0] + pad) / width
+    right = 1.0 - (hangs[-1][1] + pad) / width
+    bottom = (max(h[2] for h in hangs) + (below + gap if below else pad)) / height
+    top = 1.0 - (max(h[3] for h in hangs) + pad) / height
+    space = max((a[1] + b[0] + gap for a, b in zip(hangs, hangs[1:])), default=0.0)
+    each = ((right - left) * width - space * (len(axes) - 1)) / len(axes)  # one axes' width, pixels
+    fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=space / max(each, 1.0))
 
 
 #: The resolution figures are laid out and written at (dots per inch). Text extents do not
