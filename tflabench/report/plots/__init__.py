@@ -107,6 +107,11 @@ def fit_margins(fig, *, pad_in: float = 0.1, gap_in: float = 0.12) -> None:
 SAVE_DPI = 150
 
 
+#: zlib level of the PNG files: 3 writes in half the time of Pillow's default 6, for files
+#: about a tenth larger (the same pixels).
+PNG_COMPRESS_LEVEL = 3
+
+
 def save_figure(fig, path: str | Path, *, dpi: int = SAVE_DPI) -> Path:
     """Write ``fig`` to ``path`` (parent directories created) and return the path.
 
@@ -134,7 +139,9 @@ def save_figure(fig, path: str | Path, *, dpi: int = SAVE_DPI) -> Path:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with matplotlib.rc_context({"text.parse_math": False}):  # and texts made while drawing
-            fig.savefig(path, dpi=dpi, format=path.suffix.lower().lstrip("."))
+            fmt = path.suffix.lower().lstrip(".")
+            fig.savefig(path, dpi=dpi, format=fmt, **({"pil_kwargs": {"compress_level": PNG_COMPRESS_LEVEL}}
+                                                      if fmt == "png" else {}))
     except OSError as exc:
         raise UserError(f"cannot write plot {str(path)!r}: {exc.strerror or exc}") from None
     return path  # no pyplot registry holds the figure: it is freed with its last reference
