@@ -88,7 +88,7 @@ def fit_margins(fig, *, pad_in: float = 0.1, gap_in: float = 0.12) -> None:
     pad, gap = pad_in * fig.dpi, gap_in * fig.dpi
     hangs = []  # (left, right, bottom, top) overhang of each axes' texts past its frame, pixels
     for ax in axes:
-        frame, tight = ax.get_window_extent(renderer), ax.get_tightbbox(renderer)
+        frame, tight = ax.get_window_extent(renderer), _text_hull(ax, renderer)
         hangs.append((max(0.0, frame.x0 - tight.x0), max(0.0, tight.x1 - frame.x1),
                       max(0.0, frame.y0 - tight.y0), max(0.0, tight.y1 - frame.y1)))
     below = max((lg.get_window_extent(renderer).y1 for lg in fig.legends), default=0.0)
@@ -99,6 +99,27 @@ def fit_margins(fig, *, pad_in: float = 0.1, gap_in: float = 0.12) -> None:
     space = max((a[1] + b[0] + gap for a, b in zip(hangs, hangs[1:])), default=0.0)
     each = ((right - left) * width - space * (len(axes) - 1)) / len(axes)  # one axes' width, pixels
     fig.subplots_adjust(left=left, right=right, bottom=bottom, top=top, wspace=space / max(each, 1.0))
+
+
+def _text_hull(ax, renderer):
+    """The box around ``ax`` and what it shows outside its frame: both axes' ticks, tick
+    labels and labels, the titles, the texts and annotations (their text: a leader runs
+    between the frame and its text) and the legend. What ``ax.get_tightbbox`` measures, at
+    a fraction of its cost (it updates every axis's ticks again for each spine)."""
+    from matplotlib.text import Annotation, Text
+    from matplotlib.transforms import Bbox
+
+    boxes = [ax.get_window_extent(renderer)]
+    boxes += [axis.get_tightbbox(renderer) for axis in (ax.xaxis, ax.yaxis) if axis.get_visible()]
+    texts = [ax.title, ax._left_title, ax._right_title, *ax.texts]
+    for t in texts:
+        if t.get_visible() and t.get_text():
+            if isinstance(t, Annotation):
+                t.update_positions(renderer)  # where its text goes (the arrow's path is left to the draw)
+            boxes.append(Text.get_window_extent(t, renderer))
+    if ax.get_legend() is not None:
+        boxes.append(ax.get_legend().get_window_extent(renderer))
+    return Bbox.union([b for b in boxes if b is not None and b.width > 0 and b.height > 0])
 
 
 #: The resolution figures are laid out and written at (dots per inch). Text extents do not
