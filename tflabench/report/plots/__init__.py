@@ -44,13 +44,13 @@ def lean_matplotlib() -> None:
         del sys.modules["mpl_toolkits.mplot3d"]  # a later explicit import of it still works
 
 
-def new_figure(figsize=(7.0, 4.8), *, layout: str | None = "constrained"):
+def new_figure(figsize=(7.0, 4.8), *, layout: str | None = "constrained", ncols: int = 1):
     """A new (figure, axes) pair on the Agg canvas (no display needed; pyplot is not imported,
     so a figure costs no GUI backend and no global state); matplotlib imported by
-    :func:`lean_matplotlib`.
+    :func:`lean_matplotlib`. Where ``ncols`` > 1, a tuple of that many axes in a row.
 
     Args:
-        figsize: (width, height) in inches.
+        figsize: (width, height) in inches. ncols: axes side by side.
         layout: ``"constrained"`` (matplotlib's constrained layout, worked out on every
             draw) or None: no layout engine; the figure then lays itself out once with
             :func:`fit_margins` before it is saved, and the save draws it once.
@@ -61,13 +61,13 @@ def new_figure(figsize=(7.0, 4.8), *, layout: str | None = "constrained"):
 
     fig = Figure(figsize=figsize, dpi=SAVE_DPI, layout=layout)
     FigureCanvasAgg(fig)
-    return fig, fig.subplots()
+    return fig, (fig.subplots() if ncols == 1 else tuple(fig.subplots(1, ncols)))
 
 
 def fit_margins(fig, *, pad_in: float = 0.1, gap_in: float = 0.12) -> None:
     """Lay out a figure without a layout engine whose axes form one row of subplots, once,
     from the extents of what it holds (no draw): each axes' overhang (tick labels, axis
-    labels, title, annotations and legends outside it, measured by ``get_tightbbox``) sets
+    labels, title, annotations and legends outside it: :func:`_text_hull`) sets
     the margins and the space between the axes, and figure legends at the bottom
     (:func:`~tflabench.report.plots.style.legend_below`) are kept below the axes.
 

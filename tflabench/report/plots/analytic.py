@@ -189,10 +189,7 @@ def optimal_chunk_figure(gpus, *, variant="sig", p_qk=0.5, F_causal=0.66, bytes_
     Figs. 21-22). Log axes; each panel's key below it."""
     from tflabench.model.analysis import chunkwise_coefficients, l_opt_flop, l_opt_runtime
 
-    plt_fig, ax0 = new_figure((12.0, 5.6), layout=None)
-    ax0.remove()
-    ax1 = plt_fig.add_subplot(1, 2, 1)
-    ax2 = plt_fig.add_subplot(1, 2, 2)
+    plt_fig, (ax1, ax2) = new_figure((12.0, 5.6), layout=None, ncols=2)
     dg = _logspace(min(d_hvs), max(d_hvs), 80)
 
     def coeffs(d):
