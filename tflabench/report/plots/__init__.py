@@ -80,6 +80,16 @@ def fit_margins(fig, *, pad_in: float = 0.1, gap_in: float = 0.12) -> None:
         pad_in: inches kept free at the canvas's edges. gap_in: inches between the axes'
             texts and a figure legend below them.
     """
+    import matplotlib
+    from matplotlib.text import Text
+
+    for text in fig.findobj(Text):  # measured as save_figure draws them: never mathtext
+        text.set_parse_math(False)
+    with matplotlib.rc_context({"text.parse_math": False}):  # and the tick labels made while measuring
+        _fit_margins(fig, pad_in, gap_in)
+
+
+def _fit_margins(fig, pad_in: float, gap_in: float) -> None:
     renderer = fig.canvas.get_renderer()
     axes = sorted((ax for ax in fig.axes if ax.get_subplotspec() is not None), key=lambda a: a.get_position().x0)
     if not axes:
