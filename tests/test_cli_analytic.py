@@ -213,6 +213,15 @@ def test_optimal_chunk_state_bytes_and_measured_h200_section_5():
     assert close_printed(by_state[4]["L_opt_runtime"], "551.48")  # O3 bytes_Cmn 4
 
 
+def test_figures_draw_a_gpu_named_like_a_formula(tmp_path):
+    f = tmp_path / "hw.yaml"  # a name is data: drawn as written, never parsed as mathtext
+    f.write_text('gpus:\n  odd: {name: "$a^$ \\\\frac", flops_per_s: 3.62e+14, bytes_per_s: 8.64e+11}\n')
+    for args in (["roofline", "--gpu", "h100,odd"], ["intensity", "--gpu", "odd,h100"], ["optimal-chunk", "--gpu", "odd"]):
+        r = run(*args, "--hardware", str(f), "--out", str(tmp_path / "p"))
+        assert r.exit_code == 0, (args, r.stdout, r.stderr)
+    assert len(list((tmp_path / "p").glob("*.png"))) == 3
+
+
 # ------------------------------------------------------------------ gpus
 
 

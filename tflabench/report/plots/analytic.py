@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from tflabench.analysis.analytic_inputs import ceilings_text
-from tflabench.report.plots import new_figure, save_figure
+from tflabench.report.plots import fit_margins, new_figure, save_figure
 
 from tflabench.report.plots.style import (PALETTE, ax_title, kernel_styles, label_points, legend_below, log_axis,
                                    log_log_axes, place_labels)
@@ -29,17 +29,26 @@ def gpu_style(i: int, offset: int = 0) -> dict:
     return {"color": PALETTE[(offset + i) % len(PALETTE)], "linestyle": GPU_DASHES[i % len(GPU_DASHES)]}
 
 
-def _label_lines_right(ax, items, *, fontsize=7.5) -> None:
+def _label_lines_right(ax, items, *, fontsize=7.5) -> list:
     """Label horizontal-ish lines at the right edge of ``ax``, outside the data: ``items``
-    are ``(y, text, colour)``; labels are spread apart (:func:`place_labels`) and joined to
-    their line by a short leader where moved."""
-    placed = place_labels(ax, [(y, text) for y, text, _ in items], axis="y", min_gap_pt=fontsize + 2.5)
-    for (y, text, colour), (_, y_label, _) in zip(items, placed):
-        ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(1.035, y_label),
-                    textcoords=("axes fraction", "data"), va="center", ha="left", fontsize=fontsize, color=colour,
-                    annotation_clip=False,
-                    arrowprops={"arrowstyle": "-", "color": colour, "lw": 0.6, "shrinkA": 1, "shrinkB": 0,
-                                "relpos": (0.0, 0.5)})
+    are ``(y, text, colour)``; labels are spread apart (:func:`place_labels`, again by
+    :func:`_spread_right` once the axes has its final size) and joined to their line by a
+    short leader where moved. Returns the annotations, in the order of ``items``."""
+    labels = [ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(1.035, y),
+                          textcoords=("axes fraction", "data"), va="center", ha="left", fontsize=fontsize,
+                          color=colour, annotation_clip=False,
+                          arrowprops={"arrowstyle": "-", "color": colour, "lw": 0.6, "shrinkA": 1, "shrinkB": 0,
+                                      "relpos": (0.0, 0.5)})
+              for y, text, colour in items]
+    _spread_right(ax, labels, fontsize=fontsize)
+    return labels
+
+
+def _spread_right(ax, labels, *, fontsize=7.5) -> None:
+    """Move the labels of :func:`_label_lines_right` apart at the axes' current size."""
+    placed = place_labels(ax, [(a.xy[1], a.get_text()) for a in labels], axis="y", min_gap_pt=fontsize + 2.5)
+    for a, (_, y_label, _) in zip(labels, placed):
+        a.xyann = (1.035, y_label)
 
 
 def _measured_kw(point: dict, styles: dict) -> dict:
@@ -68,7 +77,7 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
             (:mod:`tflabench.report.plots.style`), forward+backward smaller than forward.
         path: output file. title: figure title.
     """
-    fig, ax = new_figure((9.0, 5.8))
+    fig, ax = new_figure((9.0, 5.8), layout=None)
     xs = [p["intensity_flop_per_byte"] for p in list(points) + list(peer_points) + list(measured_points)]
     xs += [g.intensity_flop_per_byte for g in gpus]
     lo = max(min(xs) / 3, 0.1)
@@ -111,8 +120,10 @@ def roofline_figure(gpus, points, *, path, peer_points=(), measured_points=(), t
         labels[-len(styles)] += " (small: forward + backward)"
     log_log_axes(ax, xlabel="arithmetic intensity I (FLOP/byte)", ylabel="attainable performance (TFLOP/s)")
     ax_title(ax, title or "Roofline", fontsize=9)
-    _label_lines_right(ax, roof_labels)
+    right = _label_lines_right(ax, roof_labels)
     legend_below(fig, handles, labels, ncol=3, fontsize=7.5, title=f"roofs: {ceilings_text(gpus)}")
+    fit_margins(fig)
+    _spread_right(ax, right)
     dropped = label_points(ax, to_label, obstacles=[(m[0], m[1]) for m in markers]
                            + [(m["intensity_flop_per_byte"], m["flops_per_s"] / 1e12) for m in measured_points])
     if dropped:
@@ -135,7 +146,7 @@ def intensity_figure(curves, gpus, *, S, path, title=None) -> Path:
             and ``intensity`` ({L: I} points to mark).
         gpus: GPUs whose I_acc lines are drawn. S: the sequence length, the largest chunk size on the x axis.
     """
-    fig, ax = new_figure((8.5, 5.6))
+    fig, ax = new_figure((8.5, 5.6), layout=None)
     Lg = _logspace(1, S)
     fcs = sorted({c.get("F_causal") for c in curves}, key=lambda v: (v is None, v))
     sbs = sorted({c.get("bytes_Cmn") for c in curves}, key=lambda v: (v is None, -(v or 0)))
@@ -161,10 +172,12 @@ def intensity_figure(curves, gpus, *, S, path, title=None) -> Path:
                            st["color"]))
     log_log_axes(ax, xlabel="chunk size L (tokens)", ylabel="arithmetic intensity (FLOP/byte)", x_base=2)
     ax_title(ax, title or "Arithmetic intensity", fontsize=9)
-    _label_lines_right(ax, gpu_labels)
+    right = _label_lines_right(ax, gpu_labels)
     legend_below(fig, handles, labels, ncol=min(4, len(labels)),
                  title=f"curves: state bytes and F_causal; lines: each GPU's I_acc = alpha / beta "
                        f"({ceilings_text(gpus)}), compute-bound above")
+    fit_margins(fig)
+    _spread_right(ax, right)
     return save_figure(fig, path)
 
 
@@ -176,10 +189,7 @@ def optimal_chunk_figure(gpus, *, variant="sig", p_qk=0.5, F_causal=0.66, bytes_
     Figs. 21-22). Log axes; each panel's key below it."""
     from tflabench.model.analysis import chunkwise_coefficients, l_opt_flop, l_opt_runtime
 
-    plt_fig, ax0 = new_figure((12.0, 5.6))
-    ax0.remove()
-    ax1 = plt_fig.add_subplot(1, 2, 1)
-    ax2 = plt_fig.add_subplot(1, 2, 2)
+    plt_fig, (ax1, ax2) = new_figure((12.0, 5.6), layout=None, ncols=2)
     dg = _logspace(min(d_hvs), max(d_hvs), 80)
 
     def coeffs(d):
@@ -212,15 +222,17 @@ def optimal_chunk_figure(gpus, *, variant="sig", p_qk=0.5, F_causal=0.66, bytes_
         st = gpu_style(k, GPU_COLOUR_OFFSET)
         ax2.axvline(g.intensity_flop_per_byte, color=st["color"], ls=":", lw=1.0)
         gpu_names.append((g.intensity_flop_per_byte, g.key, st["color"]))
-    placed = place_labels(ax2, [(x, name) for x, name, _ in gpu_names], axis="x", min_gap_pt=9.0)
-    for (x, name, colour), (_, x_label, _) in zip(gpu_names, placed):
-        ax2.annotate(name, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(x_label, 1.01),
-                     textcoords=("data", "axes fraction"), rotation=90, va="bottom", ha="center", fontsize=7,
-                     color=colour, annotation_clip=False)
+    names = [ax2.annotate(name, xy=(x, 1.0), xycoords=("data", "axes fraction"), xytext=(x, 1.01),
+                          textcoords=("data", "axes fraction"), rotation=90, va="bottom", ha="center", fontsize=7,
+                          color=colour, annotation_clip=False) for x, name, colour in gpu_names]
     ax2.set_xlabel("accelerator intensity I_acc = alpha / beta (FLOP/byte)")
     ax2.set_ylabel("runtime-optimal chunk size L (tokens)")
     ax2.grid(True, which="both", alpha=0.3)
     ax2.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.14), frameon=False, ncol=4)
     ax_title(ax2, f"runtime-optimal L over accelerator intensity (eq. 121, mLSTM{variant}; dots: the GPUs)",
              fontsize=9, pad=28)
+    fit_margins(plt_fig)
+    placed = place_labels(ax2, [(x, name) for x, name, _ in gpu_names], axis="x", min_gap_pt=9.0)
+    for a, (_, x_label, _) in zip(names, placed):  # spread apart at the axes' final width
+        a.xyann = (x_label, 1.01)
     return save_figure(plt_fig, path)
