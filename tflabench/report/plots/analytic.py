@@ -44,11 +44,19 @@ def _label_lines_right(ax, items, *, fontsize=7.5) -> list:
     return labels
 
 
+def _spread(ax, labels, *, axis: str, min_gap_pt: float) -> None:
+    """Move annotations apart along ``axis`` ("y": their text's y, "x": its x) at the axes'
+    current size (:func:`place_labels`, from where each one points); the other coordinate of
+    each text stays."""
+    j = 1 if axis == "y" else 0
+    placed = place_labels(ax, [(a.xy[j], a.get_text()) for a in labels], axis=axis, min_gap_pt=min_gap_pt)
+    for a, (_, at, _) in zip(labels, placed):
+        a.xyann = (a.xyann[0], at) if axis == "y" else (at, a.xyann[1])
+
+
 def _spread_right(ax, labels, *, fontsize=7.5) -> None:
     """Move the labels of :func:`_label_lines_right` apart at the axes' current size."""
-    placed = place_labels(ax, [(a.xy[1], a.get_text()) for a in labels], axis="y", min_gap_pt=fontsize + 2.5)
-    for a, (_, y_label, _) in zip(labels, placed):
-        a.xyann = (1.035, y_label)
+    _spread(ax, labels, axis="y", min_gap_pt=fontsize + 2.5)
 
 
 def _measured_kw(point: dict, styles: dict) -> dict:
@@ -232,7 +240,5 @@ def optimal_chunk_figure(gpus, *, variant="sig", p_qk=0.5, F_causal=0.66, bytes_
     ax_title(ax2, f"runtime-optimal L over accelerator intensity (eq. 121, mLSTM{variant}; dots: the GPUs)",
              fontsize=9, pad=28)
     fit_margins(plt_fig)
-    placed = place_labels(ax2, [(x, name) for x, name, _ in gpu_names], axis="x", min_gap_pt=9.0)
-    for a, (_, x_label, _) in zip(names, placed):  # spread apart at the axes' final width
-        a.xyann = (x_label, 1.01)
+    _spread(ax2, names, axis="x", min_gap_pt=9.0)  # apart at the axes' final width
     return save_figure(plt_fig, path)
