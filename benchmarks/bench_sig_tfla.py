@@ -58,6 +58,9 @@ SHAPES = {
     # Figure 4's sweep (B·S = 65536, 16 heads, 128 / 256): fig4_S<S>
     **{f"fig4_S{S}": dict(B=65536 // S, NH=16, d_qk=128, d_hv=256, S=S)
        for S in (512, 1024, 2048, 4096, 8192, 16384, 32768, 65536)},
+    # the held-out heads where FLA's simple GLA is the forward to match (chunk_rule_heldout)
+    "h192_S512": dict(B=128, NH=8, d_qk=192, d_hv=384, S=512),
+    "h192_S1024": dict(B=64, NH=8, d_qk=192, d_hv=384, S=1024),
 }
 SMOKE_SHAPES = {"tiny": dict(B=1, NH=2, d_qk=16, d_hv=32, S=100)}
 
