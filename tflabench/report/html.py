@@ -52,7 +52,8 @@ CAPTIONS = {
     "runtime.png": "Runtime: median time per call against sequence length, one line per kernel and mode "
                    "(the paper's Figure 4); bars: interquartile range of the timed calls.",
     "memory_vs_runtime.png": "Peak memory against runtime across chunk sizes, one point per chunk size "
-                             "(the paper's Figure 5).",
+                             "(the paper's Figure 5); a set of many shapes draws each kernel and shape "
+                             "relative to its own fastest and smallest point, one colour per chunk size.",
     "roofline_measured.png": "Each measured case on the roofline of the GPU at its own shape: achieved FLOP/s "
                              "against arithmetic intensity, under the compute and memory ceilings.",
     "optimal_chunk.png": "Chunk-size sweeps: measured time per chunk size beside the model's (eq. 116), and "

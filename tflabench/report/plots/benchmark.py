@@ -7,7 +7,10 @@
   case that did not measure (the results table gives its status and reason).
 - :func:`plot_memory_runtime`: peak memory against runtime over chunk size, one panel per
   mode (the paper's Figure 5), for every kernel measured at more than one chunk size at
-  the same shape; points are labelled with L where a label finds room.
+  the same shape; points are labelled with L where a label finds room. Past
+  :data:`MAX_SWEEP_SERIES` (kernel, shape) series per panel, each series is drawn relative
+  to its own fastest and smallest point, one colour per chunk size (a set sweeping many
+  shapes, such as the chunk-rule suites).
 
 :func:`write_plots` draws whichever apply into ``<result dir>/plots/`` (used by ``run``
 and ``report``).
@@ -149,11 +152,19 @@ def chunk_sweeps(frame):
     return ok[n_chunks > 1]
 
 
+#: (kernel, shape) series per panel up to which :func:`plot_memory_runtime` draws one line
+#: per series with its own legend entry (the paper's Figure 5 has five); past it, the
+#: relative form (:func:`_plot_memory_runtime_relative`)
+MAX_SWEEP_SERIES = 8
+
+
 def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Path | None:
     """Peak memory above the inputs (GiB) against median runtime (ms) over chunk size, one
     panel per mode, one line per kernel and shape, points labelled with L where the labels
-    do not collide (paper Fig. 5), one legend below the panels. Returns the path, or None
-    when no kernel sweeps chunk sizes (or no memory was measured, as on the CPU)."""
+    do not collide (paper Fig. 5), one legend below the panels. Past
+    :data:`MAX_SWEEP_SERIES` series in a panel, the relative form instead
+    (:func:`_plot_memory_runtime_relative`). Returns the path, or None when no kernel sweeps
+    chunk sizes (or no memory was measured, as on the CPU)."""
     from tflabench.report.plots.style import fig_title, kernel_styles, label_points, legend_below
 
     sweep = chunk_sweeps(frame)
@@ -162,6 +173,8 @@ def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Pa
     sweep = sweep.copy()
     sweep["series"] = [f"{r['kernel']} (B={int(r['batch'])}, S={int(r['seq_len'])})"
                        for r in sweep.to_dict("records")]
+    if sweep.groupby("mode")["series"].nunique().max() > MAX_SWEEP_SERIES:
+        return _plot_memory_runtime_relative(sweep, path, title)
     styles = kernel_styles((r["series"], r.get("backend"), r.get("params")) for r in sweep.to_dict("records"))
     modes = [m for m in ("fwd", "fwdbw") if (sweep["mode"] == m).any()]
     fig, axes = _figure(len(modes))
@@ -186,6 +199,48 @@ def plot_memory_runtime(frame, path: str | Path, title: str | None = None) -> Pa
         fig_title(fig, title)
     for ax, items in labels.items():  # after the layout is whole: labels clear of each other and the markers
         label_points(ax, items, fontsize=7.5)
+    return save_figure(fig, path)
+
+
+def _plot_memory_runtime_relative(sweep, path: str | Path, title: str | None) -> Path:
+    """:func:`plot_memory_runtime` for many (kernel, shape) series (``sweep``: its rows with a
+    ``series`` column): each point is one chunk size of one series, its runtime divided by
+    the series' fastest and its peak memory by the series' smallest, so that every shape
+    shares one scale; one colour per chunk size L, ours filled and peers hollow, no line and
+    no legend entry per series (the command's table gives every value)."""
+    from matplotlib import colormaps
+
+    from tflabench.report.plots.style import fig_title, legend_below
+
+    chunks = sorted({int(c) for c in sweep["chunk_size"]})
+    cmap = colormaps["viridis"]
+    colours = {L: cmap(j / max(1, len(chunks) - 1) * 0.9) for j, L in enumerate(chunks)}
+    by_series = sweep.groupby(["mode", "series"])
+    sweep = sweep.assign(rt_rel=sweep["ms_median"] / by_series["ms_median"].transform("min"),
+                         mem_rel=sweep["peak_mem_bytes"] / by_series["peak_mem_bytes"].transform("min"))
+    ours = sweep["backend"].eq("tfla") if "backend" in sweep else sweep["kernel"].str.contains("ours")
+    modes = [m for m in ("fwd", "fwdbw") if (sweep["mode"] == m).any()]
+    fig, axes = _figure(len(modes))
+    handles: dict = {}
+    for ax, mode in zip(axes, modes):
+        part = sweep[sweep["mode"] == mode]
+        for L in chunks:
+            for filled in (True, False):
+                pts = part[(part["chunk_size"] == L) & (ours[part.index] == filled)]
+                if pts.empty:
+                    continue
+                dots = ax.scatter(pts["rt_rel"], pts["mem_rel"], s=22, alpha=0.8, linewidths=1.0,
+                                  facecolors=colours[L] if filled else "none", edgecolors=colours[L])
+                handles.setdefault(f"L={L}", dots)
+        ax.set_xlabel("runtime / the series' fastest (1 = best chunk size)")
+        ax.set_ylabel("peak memory / the series' smallest")
+        n = part["series"].nunique()
+        ax.set_title(f"{MODE_TITLES.get(mode, mode)}: {n} kernel and shape series")
+        ax.grid(True, alpha=0.3)
+    legend_below(fig, list(handles.values()), list(handles), ncol=min(6, len(handles)),
+                 title="one point per chunk size and series; filled: ours, hollow: peers")
+    if title:
+        fig_title(fig, title)
     return save_figure(fig, path)
 
 
