@@ -66,6 +66,33 @@ def test_the_limit_is_five_percent():
     assert inside.within and not outside.within
 
 
+def test_a_gap_where_auto_ran_the_best_fixed_plan_is_marked_as_measurement_spread():
+    """auto that ran the best fixed chunk size with the same algorithm is one configuration
+    measured twice: ``same_plan``, and the table's headline says so; another chunk size or
+    another algorithm (or none recorded) is the rule's own choice."""
+    from tflabench.report.tables import auto_gap_table
+
+    def alg(row, name):
+        return {**row, "algorithm": name}
+
+    (same,) = auto_gaps([alg(_row(128, 2.0), "two_level"), alg(_row("auto", 2.2, ran=128), "two_level")])
+    (other_L,) = auto_gaps([alg(_row(128, 2.0), "two_level"), alg(_row("auto", 2.2, ran=64), "two_level")])
+    (other_alg,) = auto_gaps([alg(_row(128, 2.0), "two_level"), alg(_row("auto", 2.2, ran=128), "walk")])
+    (unknown,) = auto_gaps([_row(128, 2.0), _row("auto", 2.2, ran=128)])
+    assert same.same_plan and not same.within
+    assert not (other_L.same_plan or other_alg.same_plan or unknown.same_plan)
+    def text(table):
+        from rich.console import Console
+
+        console = Console(record=True, width=400)
+        console.print(table)
+        return " ".join(console.export_text().split())
+
+    assert "0 of 2 shapes within 5 %; 1 of the 2 beyond ran the best fixed L's own plan" in text(
+        auto_gap_table([same, other_L]))
+    assert "own plan" not in text(auto_gap_table([other_L, other_alg]))
+
+
 def test_the_sweep_analysis_leaves_auto_out():
     rows = [_row(64, 3.0), _row(128, 2.0), _row("auto", 0.5, ran=128)]
     (sweep,) = mm.chunk_sweeps(rows, peak_flops_per_s=989e12, beta=3.35e12)

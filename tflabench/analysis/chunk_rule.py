@@ -28,7 +28,10 @@ class AutoGap:
     ``best_L`` and ``best_ms``: the fixed chunk size of the lowest median time (ms) and that
     time; ``auto_ms``: auto's median (ms); ``auto_L``: the chunk size auto ran (None where the
     set does not say); ``gap``: ``auto_ms / best_ms - 1`` (negative: auto faster);
-    ``fixed``: every fixed chunk size measured with its median (ms), ascending.
+    ``fixed``: every fixed chunk size measured with its median (ms), ascending;
+    ``same_plan``: auto ran the best fixed chunk size with the same algorithm (the rows'
+    ``algorithm``), so that its gap is the spread between two measurements of one
+    configuration, not the rule's choice.
     """
 
     shape: dict
@@ -38,6 +41,7 @@ class AutoGap:
     auto_L: int | None
     gap: float
     fixed: tuple
+    same_plan: bool = False
 
     @property
     def within(self) -> bool:
@@ -69,21 +73,24 @@ def auto_gaps(rows) -> list[AutoGap]:
         asked = row_params(row).get("chunk_size")
         if row.get("status") != "ok" or ms is None or asked is None:
             continue
-        group = groups.setdefault(_shape_key(row), {"auto": None, "fixed": {}})
+        group = groups.setdefault(_shape_key(row), {"auto": None, "fixed": {}, "algorithm": {}})
         if asked == "auto":
             ran = _positive(chunk_size_ran(row))
-            group["auto"] = (ms, None if ran is None else int(ran))
+            group["auto"] = (ms, None if ran is None else int(ran), row.get("algorithm"))
         elif isinstance(asked, int) and not isinstance(asked, bool):
             group["fixed"][asked] = ms
+            group["algorithm"][asked] = row.get("algorithm")
     out = []
     for key, group in groups.items():
         if group["auto"] is None or not group["fixed"]:
             continue
         best_L = min(group["fixed"], key=lambda L: (group["fixed"][L], L))
-        auto_ms, auto_L = group["auto"]
+        auto_ms, auto_L, auto_algorithm = group["auto"]
+        same_plan = (auto_L == best_L and isinstance(auto_algorithm, str) and bool(auto_algorithm)
+                     and auto_algorithm == group["algorithm"].get(best_L))
         out.append(AutoGap(shape=dict(zip(SHAPE_KEYS, key)), best_L=best_L, best_ms=group["fixed"][best_L],
                            auto_ms=auto_ms, auto_L=auto_L, gap=auto_ms / group["fixed"][best_L] - 1,
-                           fixed=tuple(sorted(group["fixed"].items()))))
+                           fixed=tuple(sorted(group["fixed"].items())), same_plan=same_plan))
     out.sort(key=lambda g: (str(g.shape["kernel"]), str(g.shape["mode"]), g.shape["seq_len"] or 0,
                             g.shape["batch"] or 0))
     return out

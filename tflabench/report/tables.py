@@ -346,8 +346,12 @@ def auto_gap_table(gaps):
              str(g.best_L), f"{g.best_ms:.3f}", "-" if g.auto_L is None else str(g.auto_L), f"{g.auto_ms:.3f}",
              Text(f"{100 * g.gap:+.1f} %", style="" if g.within else "bold red")] for g in gaps]
     inside = sum(g.within for g in gaps)
+    same = sum(g.same_plan and not g.within for g in gaps)
+    spread = (f"; {same} of the {len(gaps) - inside} beyond ran the best fixed L's own plan (chunk size and "
+              "algorithm), a spread between two measurements of one configuration rather than the rule's "
+              "choice") if same else ""
     return _fitted(f'chunk_size "auto" against the best fixed chunk size: {inside} of {len(gaps)} shapes '
-                   f"within {100 * GAP_LIMIT:.0f} %", columns, rows, label_cols=(0,))
+                   f"within {100 * GAP_LIMIT:.0f} %{spread}", columns, rows, label_cols=(0,))
 
 
 def _ms_and_fraction(ms, bound) -> str:
