@@ -324,11 +324,14 @@ def test_unwritable_plot_directory_is_a_user_error(tmp_path):
 
 @pytest.mark.parametrize("args", [["optimal-chunk", "--dhv", "512", "--no-plots"], ["flops", "-L", "256"], ["gpus"]])
 def test_number_only_commands_import_no_torch_matplotlib_or_pandas(args):
+    """Nor pydantic: the options' values are read without typer's pydantic adapters
+    (:class:`tflabench.cli._QuickCoercion`)."""
     code = (
         "import sys\n"
         "from tflabench.cli import app\n"
         f"try:\n    app({args!r})\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-        "heavy = [m for m in ('torch', 'matplotlib', 'pandas', 'numpy', 'scipy', 'triton') if m in sys.modules]\n"
+        "heavy = [m for m in ('torch', 'matplotlib', 'pandas', 'numpy', 'scipy', 'triton', 'pydantic')\n"
+        "         if m in sys.modules]\n"
         "print('HEAVY=' + ','.join(heavy))\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
@@ -337,14 +340,16 @@ def test_number_only_commands_import_no_torch_matplotlib_or_pandas(args):
 
 def test_the_default_figure_imports_matplotlib_lean_and_draws_the_same_bytes(tmp_path):
     """``roofline`` with its figure (issue 44, about a second): matplotlib without the 3D
-    toolkit and without the Artist ``set()`` docstrings (:func:`tflabench.report.plots.lean_matplotlib`),
-    no torch, pandas or scipy; the PNG is byte for byte the one a plain matplotlib import draws."""
+    toolkit and without the Artist ``set()`` signatures and docstrings
+    (:func:`tflabench.report.plots.lean_matplotlib`), without pyplot, no torch, pandas, scipy
+    or pydantic; the PNG is byte for byte the one a plain matplotlib import draws."""
     code = (
         "import sys\n"
         "if sys.argv[1] == 'plain':\n    import matplotlib\n"
         "from tflabench.cli import app\n"
         "try:\n    app(['roofline', '--out', sys.argv[2]])\nexcept SystemExit as e:\n    assert not e.code, e.code\n"
-        "loaded = [m for m in ('mpl_toolkits.mplot3d', 'torch', 'pandas', 'scipy') if m in sys.modules]\n"
+        "loaded = [m for m in ('mpl_toolkits.mplot3d', 'matplotlib.pyplot', 'torch', 'pandas', 'scipy', 'pydantic')\n"
+        "          if m in sys.modules]\n"
         "print('LOADED=' + ','.join(loaded))\n"
     )
     outs = {}
@@ -356,3 +361,41 @@ def test_the_default_figure_imports_matplotlib_lean_and_draws_the_same_bytes(tmp
     (plain,) = (tmp_path / "plain").glob("*.png")
     (lean,) = (tmp_path / "lean").glob("*.png")
     assert plain.name == lean.name and plain.read_bytes() == lean.read_bytes()
+
+
+@pytest.mark.parametrize("annotation", ["str", "int", "float", "Path", "List[str]"])
+def test_option_values_are_read_as_typers_pydantic_adapters_read_them(annotation, tmp_path):
+    """:class:`tflabench.cli._QuickCoercion` reads the plain values without pydantic and
+    hands the rest to typer: either way the value (or the error) is typer's own."""
+    from pathlib import Path
+    from typing import List
+
+    from typer._coercion import build_runtime_param, resolve_type_descriptor
+    from typer._click import Context
+    from typer._click.exceptions import BadParameter
+    from typer.core import TyperOption
+    from typer.models import OptionInfo
+
+    from tflabench.cli import _Command, _QuickCoercion
+
+    kind = {"str": str, "int": int, "float": float, "Path": Path, "List[str]": List[str]}[annotation]
+    multiple = annotation == "List[str]"
+    info = OptionInfo(default=None, param_decls=("--x",))
+    param = TyperOption(param_decls=["--x"], type_descriptor=resolve_type_descriptor(kind, info), multiple=multiple)
+    ctx = Context(_Command(name="c"))
+    (tmp_path / "file").write_text("x")
+    texts = ["0", "7", "-3", "+5", "007", "1_000", " 12", "12 ", "1.5", "-.5", "2.", "1e3", "1E-3", "-2.5e+2",
+             "inf", "nan", "x", "", "0x10", "1e400", "9" * 30, "h100,h200", str(tmp_path / "file"), str(tmp_path),
+             str(tmp_path / "absent"), "-", "~"]
+    values = [(t,) for t in texts] + [("a", "b"), ()] if multiple else texts + [None, 3, 2.5, True]
+
+    def answer(runtime, value):
+        try:
+            return "value", runtime.coerce(value, param, ctx)
+        except BadParameter as exc:
+            return "error", exc.format_message()
+
+    typer_runtime = build_runtime_param(param.type_descriptor)
+    for value in values:
+        ours, theirs = answer(_QuickCoercion(), value), answer(typer_runtime, value)
+        assert repr(ours) == repr(theirs), (value, ours, theirs)  # repr: nan, and int from float apart

@@ -13,9 +13,13 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import math
+import re
 import signal
 import sys
 import threading
+from pathlib import Path
+from typing import get_args, get_origin
 
 import typer
 from typer.core import TyperArgument, TyperCommand, TyperGroup
@@ -88,6 +92,15 @@ class _PlainHelp:
     metavars, no ``<bool>``, ``<list[Path]>``, ``{results_dir}``; paragraphs without hard
     line breaks) and keeps every column where there is no terminal."""
 
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        _quick_coercion(self.params)
+
+    def get_help_option(self, ctx):
+        option = super().get_help_option(ctx)
+        _quick_coercion([option] if option is not None else [])  # it is made on the first parse
+        return option
+
     def format_help(self, ctx, formatter):
         from typer import rich_utils
 
@@ -100,6 +113,78 @@ class _PlainHelp:
             return super().format_help(ctx, formatter)
         finally:
             rich_utils.MAX_WIDTH = previous
+
+
+#: What :func:`_plain_value` answers where it cannot be sure of typer's answer.
+_UNSURE = object()
+#: Option values read as typer's pydantic adapters read them, here without pydantic:
+#: digits (int), decimals with an optional exponent (float). Anything else goes to typer.
+_INT_TEXT = re.compile(r"[-+]?[0-9]{1,18}")
+_FLOAT_TEXT = re.compile(r"[-+]?(?:[0-9]{1,18}(?:\.[0-9]{0,18})?|\.[0-9]{1,18})(?:[eE][-+]?[0-9]{1,2})?")
+
+
+def _plain_value(annotation, info, value, param, ctx):
+    """``value`` converted to ``annotation`` exactly as typer's pydantic adapter converts
+    it, for the plain cases every tflabench option is (str, int, float, Path, a string that
+    is plainly a number); :data:`_UNSURE` for anything else. Raises what typer raises for
+    a path (its own check, :func:`typer._param_types.coerce_cli_path`)."""
+    if annotation is str:
+        return value if isinstance(value, str) else _UNSURE
+    if annotation in (int, float) and info.parser is None and info.min is None and info.max is None:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return annotation(value)
+        if annotation is float and isinstance(value, float) and math.isfinite(value):
+            return value
+        if isinstance(value, str) and (_INT_TEXT if annotation is int else _FLOAT_TEXT).fullmatch(value):
+            return annotation(value)
+        return _UNSURE
+    if annotation is Path and info.parser is None and info.path_type is None and isinstance(value, (str, Path)):
+        try:
+            from typer._param_types import coerce_cli_path
+        except ImportError:  # another typer: its own adapter
+            return _UNSURE
+        return coerce_cli_path(Path(value), info, path_type=Path, param=param, ctx=ctx)
+    return _UNSURE
+
+
+class _QuickCoercion:
+    """The runtime conversion of a command's option values: the plain ones by
+    :func:`_plain_value`, everything else (and every error message) by typer's own pydantic
+    adapter, built on first need. Typer builds one adapter per option, importing pydantic
+    (a tenth of a second; issue 44: the analytic commands answer in about a second), and
+    the values come out the same (tests/test_cli_analytic.py compares them)."""
+
+    def __init__(self):
+        self._typer = None
+
+    def coerce(self, value, param, ctx):
+        multi = param.multiple or param.nargs == -1
+        if value is None:
+            return () if multi else None
+        annotation, info = param.type_descriptor.annotation, param.type_descriptor.parameter_info
+        if param.type_descriptor.file_annotation is None:
+            if not multi:
+                plain = _plain_value(annotation, info, value, param, ctx)
+            elif isinstance(value, (list, tuple)) and get_origin(annotation) is list:
+                (item_type,) = get_args(annotation)
+                items = [_plain_value(item_type, info, item, param, ctx) for item in value]
+                plain = _UNSURE if any(item is _UNSURE for item in items) else items
+            else:
+                plain = _UNSURE
+            if plain is not _UNSURE:
+                return plain
+        if self._typer is None:
+            from typer._coercion import build_runtime_param
+
+            self._typer = build_runtime_param(param.type_descriptor)
+        return self._typer.coerce(value, param=param, ctx=ctx)
+
+
+def _quick_coercion(params) -> None:
+    """Give typer's parameters :class:`_QuickCoercion` (where typer has the hook)."""
+    for param in params:
+        if hasattr(param, "type_descriptor") and getattr(param, "_runtime_param", _UNSURE) is None:
+            param._runtime_param = _QuickCoercion()
 
 
 class _Command(_PlainHelp, TyperCommand):
@@ -296,13 +381,28 @@ _register()
 EXIT_INTERNAL_ERROR = 3
 
 
+#: :func:`gc.set_threshold` of the ``tflabench`` process: young objects collected every
+#: 20,000 allocations (Python's default: 700), the middle generation every 20 of those.
+GC_THRESHOLDS = (20_000, 20, 10)
+
+
 def main() -> None:
     """Console-script entry point. Exit statuses (docs/harness.md, "Exit status"): 0 done,
     1 only where a command says so (``compare --fail-on``, ``verify``, ``history``), 2 unusable input or
     output (one ``error:`` line), 130 interrupted, :data:`EXIT_INTERNAL_ERROR` for a bug
-    (the traceback follows a one-line summary)."""
+    (the traceback follows a one-line summary).
+
+    Garbage collection for a process that is one command (issue 44: the analytic commands
+    answer in about a second): young objects are collected every 20,000 allocations
+    (:data:`GC_THRESHOLDS`), not every 700 (importing matplotlib makes ~100k objects that live
+    as long as the process, which the default scans in ~170 passes, ~60 ms of a command that
+    draws a figure); and the process ends with what it holds frozen (``gc.freeze``), so that
+    Python's exit skips the collection of every object left (~0.1 s after a figure). Files are
+    closed and the streams flushed as on any exit."""
+    import gc
     import traceback
 
+    gc.set_threshold(*GC_THRESHOLDS)
     try:
         app()
     except Exception as exc:  # noqa: BLE001 - a bug: say so, and never exit 1
@@ -310,6 +410,8 @@ def main() -> None:
         typer.echo(f"internal error: {type(exc).__name__}: {exc}; this is a bug in tflabench: please report it "
                    "with the command and the traceback above", err=True)
         sys.exit(EXIT_INTERNAL_ERROR)
+    finally:
+        gc.freeze()
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -37,8 +37,11 @@ def _label_lines_right(ax, items, *, fontsize=7.5) -> list:
     labels = [ax.annotate(text, xy=(1.0, y), xycoords=("axes fraction", "data"), xytext=(1.035, y),
                           textcoords=("axes fraction", "data"), va="center", ha="left", fontsize=fontsize,
                           color=colour, annotation_clip=False,
-                          arrowprops={"arrowstyle": "-", "color": colour, "lw": 0.6, "shrinkA": 1, "shrinkB": 0,
-                                      "relpos": (0.0, 0.5)})
+                          arrowprops={"arrowstyle": "-", "color": colour, "lw": 0.6, "relpos": (0.0, 0.5),
+                                      # from 3 pt off the text: 1 pt and the 2 pt by which matplotlib's
+                                      # default clips a leader at a box around its text, without that
+                                      # clip (a second bisection of the path per label and draw)
+                                      "patchA": None, "shrinkA": 3, "shrinkB": 0})
               for y, text, colour in items]
     _spread_right(ax, labels, fontsize=fontsize)
     return labels
