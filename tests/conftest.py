@@ -23,7 +23,9 @@ import pytest
 #: node-id prefixes of the tests marked ``slow``: the interpreter's gate-regime matrices and
 #: largest tiles, the kernel matrix in the interpreter, whole runs killed or starved mid-run,
 #: the CPU default run through the CLI (each a minute or more on 2 busy cores), SLURM arrays
-#: and the longest whole runs (10 s or more each).
+#: and the longest whole runs (10 s or more each); then cells of the interpreter's kernel
+#: matrices, of the registered-operator checks and of seeded statistics whose other cells
+#: stay in the fast tier (each group says why).
 SLOW = (
     "tests/test_kernels_gate_regimes.py",
     "tests/test_kernel_matrix.py",
@@ -50,6 +52,68 @@ SLOW = (
     "tests/test_history.py::test_a_30_percent_step_at_commit_6_of_10_is_found_there_with_its_size",
     "tests/test_result_io.py::test_a_process_a_case_started_dies_with_the_case_at_its_timeout",
     "tests/test_result_io.py::test_a_sweep_of_a_billion_cases_is_refused_before_any_list_is_built",
+    # interpreter matrices whose other cells stay in the fast tier, which still runs every
+    # kernel (mLSTMsig, mLSTMexp, limit_chunk; forward and backward) at small shapes, in
+    # saturated gates and on partial chunks (tests/test_kernels_{sig,exp,limit}.py):
+    # mLSTMsig in the four extreme regimes: each regime once, normalize False and True twice
+    "tests/test_kernels_sig.py::test_kernels_match_reference_in_extreme_gate_regimes[True-regime0]",
+    "tests/test_kernels_sig.py::test_kernels_match_reference_in_extreme_gate_regimes[True-regime1]",
+    "tests/test_kernels_sig.py::test_kernels_match_reference_in_extreme_gate_regimes[False-regime2]",
+    "tests/test_kernels_sig.py::test_kernels_match_reference_in_extreme_gate_regimes[False-regime3]",
+    # rule B6 stays checked for the fused dK/dV kernel at S 45 and the per-block one at S 10
+    "tests/test_kernels_sig.py::test_backward_skips_zero_and_unneeded_states[16-45-False]",
+    "tests/test_kernels_sig.py::test_backward_skips_zero_and_unneeded_states[16-10-True]",
+    # the 16-bit tiles at L 128 (L 64's stay, and test_half_precision_inputs)
+    "tests/test_kernels_sig.py::test_tiled_sig_tile_configs_in_half_precision[128-200-32-128]",
+    # the training walk's register-capped d_qk 96 (d_qk 48 stays; the forward walk at d_qk 96
+    # is test_forward_walk_at_wide_heads_matches_float64)
+    "tests/test_kernels_sig.py::test_training_walk_without_the_last_state_matches_float64[96]",
+    # mLSTMexp xl_chunk: every regime at chunk 16 stays; chunk 32 repeats it
+    "tests/test_kernels_exp.py::test_xl_chunk_matches_float64_reference_in_each_gate_regime[32-",
+    # float16 gates' overflow rule at one large shape (S 200, d_qk 48, d_hv 96); float16
+    # through the kernels stays (test_float16_inputs_give_float16_outputs_and_gradients)
+    "tests/test_kernels_exp.py::test_float16_gates_with_open_input_gates_overflow_only_where_the_true_value_does",
+    # limit_chunk: each variant in two regimes (every regime at least once) and chunks 16, 128
+    "tests/test_kernels_limit.py::test_limit_chunk_matches_float64_reference[exp-True-large_positive_input_gate]",
+    "tests/test_kernels_limit.py::test_limit_chunk_matches_float64_reference[exp-True-strong_forgetting]",
+    "tests/test_kernels_limit.py::test_limit_chunk_matches_float64_reference[sig-False-std]",
+    "tests/test_kernels_limit.py::test_limit_chunk_matches_float64_reference[sig-False-strongly_negative_input_gate]",
+    "tests/test_kernels_limit.py::test_limit_chunk_matches_float64_reference[sig-True-large_positive_input_gate]",
+    "tests/test_kernels_limit.py::test_limit_chunk_matches_float64_reference[sig-True-strong_forgetting]",
+    "tests/test_kernels_limit.py::test_limit_chunk_every_chunk_size_on_a_ragged_sequence[exp-True-32]",
+    "tests/test_kernels_limit.py::test_limit_chunk_every_chunk_size_on_a_ragged_sequence[exp-True-64]",
+    "tests/test_kernels_limit.py::test_limit_chunk_every_chunk_size_on_a_ragged_sequence[sig-False-32]",
+    "tests/test_kernels_limit.py::test_limit_chunk_every_chunk_size_on_a_ragged_sequence[sig-False-64]",
+    # the registered operators: opcheck of each operator once (mlstm_fwd: exp with states;
+    # mlstm_bwd: sig with states), aot_eager training steps of the walk (sig) and exp with
+    # states, and Dynamo's one graph stay; the other opcheck cells, the eager backend
+    # (aot_eager runs Dynamo too) and inductor move
+    "tests/test_kernels_compile_op.py::test_compiled_training_step_equals_eager[eager-",
+    "tests/test_kernels_compile_op.py::test_compiled_training_step_equals_eager[aot_eager-sig-True-dtype0-kw0]",
+    "tests/test_kernels_compile_op.py::test_compiled_training_step_equals_eager[aot_eager-exp-False-dtype3-kw3]",
+    "tests/test_kernels_compile_op.py::test_inductor_training_step_equals_eager",
+    "tests/test_kernels_compile_op.py::test_opcheck_forward_operator[sig-",
+    "tests/test_kernels_compile_op.py::test_opcheck_forward_operator[exp-False-kw2]",
+    "tests/test_kernels_compile_op.py::test_opcheck_forward_operator[exp-True-kw6]",
+    "tests/test_kernels_compile_op.py::test_opcheck_backward_operator[exp-False]",
+    # our kernels through `tflabench verify` at closed forget gates in the interpreter (CI's
+    # last step verifies the whole grid; df against its summand scale stays in
+    # test_verify_a_kernel_with_df_noise_at_closed_forget_gates)
+    "tests/test_numerics_df_scale.py::test_our_kernels_pass_verify_at_closed_forget_gates",
+    # hypothesis over damaged sets (as test_properties'), and the same statistics on more
+    # seeds: run_seeds0 stays
+    "tests/test_history.py::test_damaged_metadata_and_rows_end_in_0_1_or_2_without_a_traceback",
+    "tests/test_compare.py::test_same_noise_without_slowdown_is_not_flagged[run_seeds1]",
+    "tests/test_compare.py::test_same_noise_without_slowdown_is_not_flagged[run_seeds2]",
+    "tests/test_compare.py::test_noisy_slowdown_is_flagged_and_only_that_case[run_seeds1-",
+    "tests/test_compare.py::test_noisy_slowdown_is_flagged_and_only_that_case[run_seeds2-",
+    "tests/test_properties.py::test_any_suite_file_runs_or_is_refused_in_one_line",
+    "tests/test_properties.py::test_any_thresholds_file_or_option_decides_or_is_refused_in_one_line",
+    # whole runs whose workers are killed, beside test_fault_injection's (SIGTERM before any
+    # case, the SIGKILL of a run and the failing_run fixture's crash rows stay)
+    "tests/test_hostile_inputs.py::test_sigterm_says_what_is_kept_at_that_moment[32-1-",
+    "tests/test_gpus.py::test_a_worker_killed_on_one_gpu_loses_only_its_case_and_the_other_gpu_goes_on",
+    "tests/test_result_io.py::test_a_process_a_case_started_dies_with_a_crashed_worker",
 )
 #: node-id prefixes of the tests marked ``compile``: sm_90 compilation of every kernel.
 COMPILE = ("tests/test_kernels_compile.py",)

@@ -135,7 +135,9 @@ def test_every_option_the_readme_shows_exists_in_that_commands_help():
     helps = {}
     for command, options in lines:
         known = _options_of(command)
-        help_text = helps.setdefault(command, _help_text(command))
+        if command not in helps:     # one --help per command (setdefault would run it per line)
+            helps[command] = _help_text(command)
+        help_text = helps[command]
         for option in options:
             name = option.split("=", 1)[0]
             assert name in known and name in help_text, f"README: tflabench {command} {name}"
@@ -148,6 +150,7 @@ def test_the_option_table_of_docs_model_matches_each_analytic_command():
     assert commands == ["flops", "roofline", "intensity", "optimal-chunk"]
     rows = [line for line in text.splitlines() if re.match(r"^\| `-", line)]
     assert len(rows) >= 12
+    helps = {command: _help_text(command) for command in commands}   # one --help per command
     for row in rows:
         cells = [c.strip() for c in re.split(r"(?<!\\)\|", row.strip().strip("|"))]
         options = re.findall(r"`(-[-a-zA-Z]+)`", cells[0])
@@ -155,6 +158,6 @@ def test_the_option_table_of_docs_model_matches_each_analytic_command():
             known = _options_of(command)
             for option in options:
                 if mark == "✓":
-                    assert option in known and option in _help_text(command), f"{command} lacks {option}"
+                    assert option in known and option in helps[command], f"{command} lacks {option}"
                 else:
                     assert option not in known, f"docs/model.md says {command} has no {option}, but it does"
