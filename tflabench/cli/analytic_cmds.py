@@ -152,6 +152,66 @@ def _e(x) -> str:
     return f"{x:.4g}" if abs(x) < 1e5 else f"{x:.4e}"
 
 
+def _variant_counts(variant: str, counts: str) -> tuple[str, str]:
+    """``--variant`` (sig, exp) and ``--counts`` (rows, paper), checked in that order and lower-cased."""
+    return (inputs.one_of("--variant", variant, ("sig", "exp")),
+            inputs.one_of("--counts", counts, ("rows", "paper")))
+
+
+def _positive(**values) -> None:
+    """UserError unless each value is positive, checked in the order given and named by its
+    option (``seq_len`` -> ``--seq-len``)."""
+    for name, value in values.items():
+        inputs.positive("--" + name.replace("_", "-"), value)
+
+
+def _chunk_sizes(Ls: list, is_default: bool, seq_len: int, *, at_most_S: bool = False) -> list:
+    """The chunk sizes to model: the default list cut to those up to S (else [S]), each checked
+    positive (and, with ``at_most_S``, at most S) in turn."""
+    if is_default:  # defaults longer than the sequence: drop, not an error
+        Ls = [L for L in Ls if L <= seq_len] or [seq_len]
+    for L in Ls:
+        inputs.positive("--chunk-size", L)
+        if at_most_S:
+            inputs.chunk_at_most(L, seq_len)
+    return Ls
+
+
+def _shape_grid(dhv: str, state_bytes: str, causal_factor: str, mode: str | None = None) -> list[dict]:
+    """Every combination (:func:`_grid`) of --dhv, --state-bytes, --causal-factor and, when given,
+    --mode, parsed in that order (UserError for a malformed list)."""
+    lists = dict(d_hv=inputs.parse_list("--dhv", dhv, int), bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes),
+                 F_causal=inputs.parse_list("--causal-factor", causal_factor))
+    if mode is not None:
+        lists["mode"] = _modes(mode)
+    return _grid(**lists)
+
+
+def _check_shape(cfg: dict) -> None:
+    """UserError unless a combination's d_hv is positive, its state bytes 4 or 2 and its F_causal
+    in [0.5, 1] (checked in that order)."""
+    inputs.positive("--dhv", cfg["d_hv"])
+    inputs.state_bytes(cfg["bytes_Cmn"])
+    inputs.causal(cfg["F_causal"])
+
+
+def _distinct(grid: list[dict], key: str) -> list:
+    """The values of ``key`` over the combinations, each once, in the grid's order."""
+    return list(dict.fromkeys(cfg[key] for cfg in grid))
+
+
+def _joined(grid: list[dict], key: str, fmt=str) -> str:
+    """The values of ``key`` over the combinations, formatted, each once, comma-joined (for titles)."""
+    return ",".join(dict.fromkeys(fmt(cfg[key]) for cfg in grid))
+
+
+def _print_plots(con, paths) -> None:
+    """``plot: PATH`` (absolute) for each figure written; None (a figure not drawn) is skipped."""
+    for path in paths:
+        if path:
+            con.print(f"plot: {_shown(path)}", markup=False)
+
+
 # ------------------------------------------------------------------ flops
 
 
@@ -274,6 +334,124 @@ def _measured_gpu(result_set, gpu_name, ceilings, hardware):
     return ceilings_for(result_set.metadata, ceilings, gpu_name, hardware_file=hardware)
 
 
+def _roofline_points(variant, grid, Ls, *, dqk, pqk, counts, peers, seq_len, batch, heads, bytes_qkv):
+    """``roofline``: the model points of each combination in ``grid`` (chunk sizes ``Ls``) and,
+    with ``peers``, the peers' at the same shape, labelled with what varies between combinations.
+    Each combination is checked just before its points are counted (UserError: a bad one, L > S)."""
+    varying = {k for k in grid[0] if len({cfg[k] for cfg in grid}) > 1}
+    pts, peer_pts = [], []
+    for cfg in grid:
+        _check_shape(cfg)
+        d_qk, _ = inputs.dqk_pqk(cfg["d_hv"], dqk, pqk)
+        tag = _varying_label(cfg, varying)
+        shape = dict(seq_len=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"], d_qk=d_qk, F_causal=cfg["F_causal"],
+                     bytes_qkv=bytes_qkv)
+        model = mlstm_points(variant, cfg["mode"], Ls, bytes_if=bytes_qkv, bytes_Cmn=cfg["bytes_Cmn"], counts=counts,
+                             **shape)
+        for into, points in ((pts, model), (peer_pts, peer_points(cfg["mode"], **shape) if peers else [])):
+            into.extend({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()} for p in points)
+    return pts, peer_pts
+
+
+def _roofline_table(gpus, points: list[dict]) -> list[dict]:
+    """Each point on each GPU's roofline (:func:`roofline_rows`), with its mode, d_hv, state bytes
+    and F_causal: the rows of the tables and of JSON ``points``."""
+    return [{**row, "mode": p["mode"], "d_hv": p["d_hv"], "bytes_Cmn": p["bytes_Cmn"], "F_causal": p["F_causal"]}
+            for row, p in zip(roofline_rows(gpus, points), points * len(gpus))]
+
+
+def _measured_placement(result_set, measured_gpu) -> tuple[list, list, list]:
+    """``roofline --results``: the set's measured points, each row placed on ``measured_gpu``'s
+    roofline at its own shape, and their distance to the bound (three empty lists without a set)."""
+    measured = measured_points(result_set.rows) if result_set is not None else []
+    if not measured:
+        return measured, [], []
+    from tflabench.analysis.model_vs_measured import distance_to_bound, roofline_placement
+
+    placement = roofline_placement(result_set.rows, peak_flops_per_s=measured_gpu.flops_per_s,
+                                   beta=measured_gpu.bytes_per_s)
+    return measured, placement, distance_to_bound(placement)
+
+
+def _roofline_file(gpus, variant: str, modes: list[str], fmt: str) -> str:
+    """The roofline figure's file name: GPUs, variant and modes shown, suffix ``fmt``."""
+    return f"roofline_{'_'.join(g.key for g in gpus)}_{variant}_{'_'.join(modes)}.{fmt}"
+
+
+def _roofline_title(gpus, grid: list[dict], modes: list[str], *, variant: str, dqk, pqk) -> str:
+    """The roofline figure's title: variant, modes, the d_hv, p_qk, F_causal and state sizes
+    shown, the GPUs' ceilings."""
+    return (f"Roofline, mLSTM{variant} chunkwise {'+'.join(modes)} (d_hv={_joined(grid, 'd_hv')}, "
+            f"p_qk={inputs.dqk_pqk(grid[0]['d_hv'], dqk, pqk)[1]:g}, F_causal={_joined(grid, 'F_causal', '{:g}'.format)}, "
+            f"states {_joined(grid, 'bytes_Cmn', _state_name)}; {inputs.ceilings_text(gpus)})")
+
+
+def _roofline_plots(gpus, pts, peer_pts, *, path: Path, title: str, placement, measured_gpu, result_set):
+    """Draw the roofline figure at ``path`` and, when measured rows were placed, its
+    ``*_measured`` companion; returns both paths (the second None when not drawn)."""
+    from tflabench.report.plots.analytic import roofline_figure
+
+    path = roofline_figure(gpus, pts, path=path, peer_points=peer_pts, title=title)
+    if not placement:
+        return path, None
+    from tflabench.report.plots.model_measured import roofline_measured_figure
+    from tflabench.report.plots.style import set_label
+
+    return path, roofline_measured_figure(
+        placement, measured_gpu, path=path.with_name(f"{path.stem}_measured{path.suffix}"),
+        title=(f"Every measured case against the {measured_gpu.name} roofline at its own shape "
+               f"({measured_gpu.ceilings} ceilings), {set_label(result_set.metadata)}"))
+
+
+def _roofline_json(grid, modes, gpus, measured_gpu, *, variant, counts, seq_len, batch, heads, dqk, pqk, bytes_qkv,
+                   ceilings, table, measured, placement, distance, paths) -> dict:
+    """``roofline --json``: the configuration, the GPUs, the model points on each roofline, the
+    measured points with their placement and distance to the bound, the figures' paths."""
+    path, measured_path = paths
+    return {
+        "config": {"variant": variant, "modes": modes, "counts": counts, "seq_len": seq_len, "batch": batch,
+                   "heads": heads, "d_hv": sorted({c["d_hv"] for c in grid}), "d_qk": dqk, "p_qk": pqk,
+                   "F_causal": sorted({c["F_causal"] for c in grid}),
+                   "bytes_Cmn": sorted({c["bytes_Cmn"] for c in grid}), "bytes_qkv": bytes_qkv,
+                   "ceilings": ceilings},
+        "gpus": [g.as_dict() for g in gpus],
+        "measured_gpu": measured_gpu.as_dict() if measured_gpu else None,
+        "points": table,
+        "measured": measured,
+        "placement": placement,
+        "distance_to_bound": distance,
+        "plot": _shown(path) if path else None,
+        "measured_plot": _shown(measured_path) if measured_path else None,
+    }
+
+
+def _print_roofline_tables(con, gpus, table: list[dict]) -> None:
+    """One table per GPU (its ceilings in the title): each point's FLOPs, bytes, intensity,
+    attainable TFLOP/s, bound and times; then what the columns mean."""
+    for g in gpus:
+        t = _table(f"{g.name}: {g.flops_per_s / 1e12:.0f} TFLOP/s, {g.bytes_per_s / 1e12:.3g} TB/s, "
+                        f"I_acc {g.intensity_flop_per_byte:.1f} FLOP/byte ({g.ceilings})")
+        for col in ("point", "FLOPs", "bytes", "I", "TFLOP/s", "bound", "ms max", "ms sum"):
+            t.add_column(col, justify="left" if col in ("point", "bound") else "right")
+        for r in (r for r in table if r["gpu"] == g.key):
+            t.add_row(lit(r["label"]), f"{r['flops']:.3e}", f"{r['bytes']:.3e}",
+                      f"{r['intensity_flop_per_byte']:.1f}", f"{r['attainable_tflops_per_s']:.1f}",
+                      r["bound"], f"{r['roofline_ms']:.3f}", f"{r['sum_form_ms']:.3f}")
+        con.print(t)
+    con.print("[dim]I: FLOP/byte (eq. 117); TFLOP/s: attainable, min(beta*I, alpha) (eq. 119); "
+              "ms max: roofline bound FLOPs/attainable = max form (eq. 114); ms sum: eq. 113/116[/dim]")
+
+
+def _print_measured_distance(con, measured: list, results, measured_gpu, distance: list) -> None:
+    """``roofline --results``: how many measured points were placed on which roofline, and the
+    distance-to-the-bound table."""
+    con.print(f"{len(measured)} measured points from {results}, each placed at its own shape "
+              f"on the {measured_gpu.name} roofline ({measured_gpu.ceilings} ceilings):", markup=False)
+    from tflabench.report.tables import distance_table
+
+    con.print(distance_table(distance))
+
+
 @app.command()
 def roofline(
     gpu: Optional[List[str]] = typer.Option(None, "--gpu", help=_H_GPU + " Default h100,h200; --results places "
@@ -304,114 +482,92 @@ def roofline(
     Example: tflabench roofline --gpu h100,h200 -L 64,128,256 --results results/reference/h100/h100_7b
     """
     with user_errors():
-        variant = inputs.one_of("--variant", variant, ("sig", "exp"))
-        counts = inputs.one_of("--counts", counts, ("rows", "paper"))
+        variant, counts = _variant_counts(variant, counts)
         Ls = inputs.parse_list("--chunk-size", chunk_size, int)
-        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--qkv-bytes", qkv_bytes)):
-            inputs.positive(name, v)
-        if chunk_size == DEFAULT_ROOFLINE_L:  # defaults longer than the sequence: drop, not an error
-            Ls = [L for L in Ls if L <= seq_len] or [seq_len]
-        for L in Ls:
-            inputs.positive("--chunk-size", L)
-        grid = _grid(d_hv=inputs.parse_list("--dhv", dhv, int), bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes),
-                     F_causal=inputs.parse_list("--causal-factor", causal_factor), mode=_modes(mode))
-        varying = {k for k in grid[0] if len({cfg[k] for cfg in grid}) > 1}
+        _positive(seq_len=seq_len, batch=batch, heads=heads, qkv_bytes=qkv_bytes)
+        Ls = _chunk_sizes(Ls, chunk_size == DEFAULT_ROOFLINE_L, seq_len)
+        grid = _shape_grid(dhv, state_bytes, causal_factor, mode)
         gpu_names = comma_list("--gpu", gpu)
         gpus = inputs.gpus(gpu_names or ["h100", "h200"], ceilings, hardware)
         result_set = _load_set(results)
         measured_gpu = _measured_gpu(result_set, gpu_names[0] if gpu_names else None, ceilings, hardware)
         plot_dir, fmt = _plot_dir(out, figure_format) if plots else (None, "png")
-        pts, peer_pts = [], []
-        for cfg in grid:
-            inputs.positive("--dhv", cfg["d_hv"])
-            inputs.state_bytes(cfg["bytes_Cmn"])
-            inputs.causal(cfg["F_causal"])
-            d_qk, p_qk = inputs.dqk_pqk(cfg["d_hv"], dqk, pqk)
-            tag = _varying_label(cfg, varying)
-            for p in mlstm_points(variant, cfg["mode"], Ls, seq_len=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"],
-                                   d_qk=d_qk, F_causal=cfg["F_causal"], bytes_qkv=qkv_bytes, bytes_if=qkv_bytes,
-                                   bytes_Cmn=cfg["bytes_Cmn"], counts=counts):
-                pts.append({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()})
-            if peers:
-                for p in peer_points(cfg["mode"], seq_len=seq_len, batch=batch, heads=heads, dhv=cfg["d_hv"], d_qk=d_qk,
-                                      F_causal=cfg["F_causal"], bytes_qkv=qkv_bytes):
-                    peer_pts.append({**p, **cfg, "d_qk": d_qk, "label": f"{p['label']} {tag}".strip()})
-        measured = measured_points(result_set.rows) if result_set is not None else []
-        shown = pts + peer_pts
-        table = [{**row, "mode": p["mode"], "d_hv": p["d_hv"], "bytes_Cmn": p["bytes_Cmn"], "F_causal": p["F_causal"]}
-                 for row, p in zip(roofline_rows(gpus, shown), shown * len(gpus))]
-        placement, distance = [], []
-        if measured:  # each measured row against its own bound, on the set's (or the first --gpu's) roofline
-            from tflabench.analysis.model_vs_measured import distance_to_bound, roofline_placement
-
-            placement = roofline_placement(result_set.rows, peak_flops_per_s=measured_gpu.flops_per_s,
-                                           beta=measured_gpu.bytes_per_s)
-            distance = distance_to_bound(placement)
-        path = measured_path = None
-        modes = list(dict.fromkeys(cfg["mode"] for cfg in grid))
+        pts, peer_pts = _roofline_points(variant, grid, Ls, dqk=dqk, pqk=pqk, counts=counts, peers=peers,
+                                         seq_len=seq_len, batch=batch, heads=heads, bytes_qkv=qkv_bytes)
+        table = _roofline_table(gpus, pts + peer_pts)
+        measured, placement, distance = _measured_placement(result_set, measured_gpu)
+        modes = _distinct(grid, "mode")
+        paths = (None, None)
         if plots:
-            from tflabench.report.plots.analytic import roofline_figure
-
-            def values(key, fmt_value=str):
-                return ",".join(dict.fromkeys(fmt_value(cfg[key]) for cfg in grid))
-
-            name = f"roofline_{'_'.join(g.key for g in gpus)}_{variant}_{'_'.join(modes)}.{fmt}"
-            path = roofline_figure(
-                gpus, pts, path=plot_dir / name, peer_points=peer_pts,
-                title=(f"Roofline, mLSTM{variant} chunkwise {'+'.join(modes)} (d_hv={values('d_hv')}, "
-                       f"p_qk={inputs.dqk_pqk(grid[0]['d_hv'], dqk, pqk)[1]:g}, F_causal={values('F_causal', '{:g}'.format)}, "
-                       f"states {values('bytes_Cmn', _state_name)}; {inputs.ceilings_text(gpus)})"),
-            )
-            if placement:
-                from tflabench.report.plots.model_measured import roofline_measured_figure
-                from tflabench.report.plots.style import set_label
-
-                measured_path = roofline_measured_figure(
-                    placement, measured_gpu, path=path.with_name(f"{path.stem}_measured{path.suffix}"),
-                    title=(f"Every measured case against the {measured_gpu.name} roofline at its own shape "
-                           f"({measured_gpu.ceilings} ceilings), {set_label(result_set.metadata)}"))
+            paths = _roofline_plots(gpus, pts, peer_pts, path=plot_dir / _roofline_file(gpus, variant, modes, fmt),
+                                    title=_roofline_title(gpus, grid, modes, variant=variant, dqk=dqk, pqk=pqk),
+                                    placement=placement, measured_gpu=measured_gpu, result_set=result_set)
         if as_json:
-            _echo_json({
-                "config": {"variant": variant, "modes": modes, "counts": counts, "seq_len": seq_len, "batch": batch,
-                           "heads": heads, "d_hv": sorted({c["d_hv"] for c in grid}), "d_qk": dqk, "p_qk": pqk,
-                           "F_causal": sorted({c["F_causal"] for c in grid}),
-                           "bytes_Cmn": sorted({c["bytes_Cmn"] for c in grid}), "bytes_qkv": qkv_bytes,
-                           "ceilings": ceilings},
-                "gpus": [g.as_dict() for g in gpus],
-                "measured_gpu": measured_gpu.as_dict() if measured_gpu else None,
-                "points": table,
-                "measured": measured,
-                "placement": placement,
-                "distance_to_bound": distance,
-                "plot": _shown(path) if path else None,
-                "measured_plot": _shown(measured_path) if measured_path else None,
-            })
+            _echo_json(_roofline_json(grid, modes, gpus, measured_gpu, variant=variant, counts=counts, seq_len=seq_len,
+                                      batch=batch, heads=heads, dqk=dqk, pqk=pqk, bytes_qkv=qkv_bytes,
+                                      ceilings=ceilings, table=table, measured=measured, placement=placement,
+                                      distance=distance, paths=paths))
             return
         con = _console()
-        for g in gpus:
-            t = _table(f"{g.name}: {g.flops_per_s / 1e12:.0f} TFLOP/s, {g.bytes_per_s / 1e12:.3g} TB/s, "
-                            f"I_acc {g.intensity_flop_per_byte:.1f} FLOP/byte ({g.ceilings})")
-            for col in ("point", "FLOPs", "bytes", "I", "TFLOP/s", "bound", "ms max", "ms sum"):
-                t.add_column(col, justify="left" if col in ("point", "bound") else "right")
-            for r in (r for r in table if r["gpu"] == g.key):
-                t.add_row(lit(r["label"]), f"{r['flops']:.3e}", f"{r['bytes']:.3e}",
-                          f"{r['intensity_flop_per_byte']:.1f}", f"{r['attainable_tflops_per_s']:.1f}",
-                          r["bound"], f"{r['roofline_ms']:.3f}", f"{r['sum_form_ms']:.3f}")
-            con.print(t)
-        con.print("[dim]I: FLOP/byte (eq. 117); TFLOP/s: attainable, min(beta*I, alpha) (eq. 119); "
-                  "ms max: roofline bound FLOPs/attainable = max form (eq. 114); ms sum: eq. 113/116[/dim]")
+        _print_roofline_tables(con, gpus, table)
         if measured:
-            con.print(f"{len(measured)} measured points from {results}, each placed at its own shape "
-                      f"on the {measured_gpu.name} roofline ({measured_gpu.ceilings} ceilings):", markup=False)
-            from tflabench.report.tables import distance_table
-
-            con.print(distance_table(distance))
-        for written in (path, measured_path):
-            if written:
-                con.print(f"plot: {_shown(written)}", markup=False)
+            _print_measured_distance(con, measured, results, measured_gpu, distance)
+        _print_plots(con, paths)
 
 
 # ------------------------------------------------------------------ intensity
+
+
+def _intensity_curves(variant: str, Ls: list, grid: list[dict], *, dqk, pqk, counts: str, gpus) -> list[dict]:
+    """``intensity``: the curves (:func:`intensity_curves`) of every combination in ``grid``, d_hv
+    by d_hv, each label naming its d_hv where several are shown."""
+    d_hvs = _distinct(grid, "d_hv")
+    curves = []
+    for d_hv in d_hvs:
+        d_qk, _ = inputs.dqk_pqk(d_hv, dqk, pqk)
+        for c in intensity_curves(variant, Ls, state_bytes=_distinct(grid, "bytes_Cmn"),
+                                  causal_factors=_distinct(grid, "F_causal"),
+                                  d_hv=d_hv, d_qk=d_qk, counts=counts, gpus=gpus):
+            label = c["label"] + (f", d_hv={d_hv}" if len(d_hvs) > 1 else "")
+            curves.append({**c, "label": label, "d_hv": d_hv})
+    return curves
+
+
+def _intensity_plot(curves: list[dict], gpus, *, variant: str, seq_len: int, dhvs: str, p_qk: float,
+                    plot_dir: Path, fmt: str) -> Path:
+    """Draw the intensity curves against each GPU's I_acc; returns the figure's path."""
+    from tflabench.report.plots.analytic import intensity_figure
+
+    return intensity_figure(
+        curves, gpus, S=seq_len, path=plot_dir / f"intensity_{variant}_dhv{dhvs.replace(',', '_')}.{fmt}",
+        title=(f"Arithmetic intensity of mLSTM{variant} chunkwise over chunk size (d_hv={dhvs}, "
+               f"p_qk={p_qk:g}), against each GPU's I_acc ({inputs.ceilings_text(gpus)})"),
+    )
+
+
+def _intensity_json(curves: list[dict], gpus, grid: list[dict], *, variant, counts, dqk, p_qk, seq_len, ceilings,
+                    path) -> dict:
+    """``intensity --json``: the configuration, the GPUs, the curves (chunk sizes as string keys),
+    the figure's path."""
+    return {
+        "config": {"variant": variant, "counts": counts, "d_hv": sorted({c["d_hv"] for c in grid}),
+                   "d_qk": dqk, "p_qk": p_qk, "seq_len": seq_len, "ceilings": ceilings},
+        "gpus": [g.as_dict() for g in gpus],
+        "curves": [{**c, "intensity": {str(k): v for k, v in c["intensity"].items()}} for c in curves],
+        "plot": _shown(path) if path else None,
+    }
+
+
+def _print_intensity_tables(con, curves: list[dict], gpus, Ls: list, *, variant: str, dhvs: str,
+                            p_qk: float) -> None:
+    """The intensity of each curve at each chunk size, then the chunk size where each curve
+    meets each GPU's I_acc."""
+    con.print(_curve_table(
+        f"I_algo (FLOP/byte) over chunk size L, mLSTM{variant} chunkwise, d_hv={dhvs}, p_qk={p_qk:g} (eq. 118)",
+        curves, [(f"{L}", lambda c, L=L: c["intensity"][L]) for L in Ls]))
+    con.print(_curve_table(
+        "chunk size L where I_algo = I_acc (compute-bound above)", curves,
+        [(f"{g.key} ({g.intensity_flop_per_byte:.1f})", lambda c, g=g: c["L_at_I_acc"][g.key]) for g in gpus]))
 
 
 @app.command()
@@ -436,61 +592,29 @@ def intensity(
     Example: tflabench intensity --dhv 512 --state-bytes 4,2 --causal-factor 0.5,0.66,1
     """
     with user_errors():
-        variant = inputs.one_of("--variant", variant, ("sig", "exp"))
-        counts = inputs.one_of("--counts", counts, ("rows", "paper"))
+        variant, counts = _variant_counts(variant, counts)
         Ls = inputs.parse_list("--chunk-size", chunk_size, int)
         inputs.positive("--seq-len", seq_len)
-        if chunk_size == DEFAULT_INTENSITY_L:  # defaults longer than the sequence: drop, not an error
-            Ls = [L for L in Ls if L <= seq_len] or [seq_len]
-        for L in Ls:
-            inputs.positive("--chunk-size", L)
-            inputs.chunk_at_most(L, seq_len)
-        grid = _grid(d_hv=inputs.parse_list("--dhv", dhv, int), bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes),
-                     F_causal=inputs.parse_list("--causal-factor", causal_factor))
+        Ls = _chunk_sizes(Ls, chunk_size == DEFAULT_INTENSITY_L, seq_len, at_most_S=True)
+        grid = _shape_grid(dhv, state_bytes, causal_factor)
         for cfg in grid:
-            inputs.positive("--dhv", cfg["d_hv"])
-            inputs.state_bytes(cfg["bytes_Cmn"])
-            inputs.causal(cfg["F_causal"])
+            _check_shape(cfg)
         gpus = inputs.gpus(comma_list("--gpu", gpu) or ["v100", "a100", "h100", "h200", "b200"], ceilings, hardware)
         plot_dir, fmt = _plot_dir(out, figure_format) if plots else (None, "png")
-        d_hvs = list(dict.fromkeys(cfg["d_hv"] for cfg in grid))
-        curves = []
-        for d_hv in d_hvs:
-            d_qk, _ = inputs.dqk_pqk(d_hv, dqk, pqk)
-            for c in intensity_curves(variant, Ls, state_bytes=list(dict.fromkeys(cfg["bytes_Cmn"] for cfg in grid)),
-                                      causal_factors=list(dict.fromkeys(cfg["F_causal"] for cfg in grid)),
-                                      d_hv=d_hv, d_qk=d_qk, counts=counts, gpus=gpus):
-                label = c["label"] + (f", d_hv={d_hv}" if len(d_hvs) > 1 else "")
-                curves.append({**c, "label": label, "d_hv": d_hv})
-        dhvs = ",".join(dict.fromkeys(str(cfg["d_hv"]) for cfg in grid))
+        curves = _intensity_curves(variant, Ls, grid, dqk=dqk, pqk=pqk, counts=counts, gpus=gpus)
+        dhvs = _joined(grid, "d_hv")
         p_qk = inputs.dqk_pqk(grid[0]["d_hv"], dqk, pqk)[1]
         path = None
         if plots:
-            from tflabench.report.plots.analytic import intensity_figure
-
-            path = intensity_figure(
-                curves, gpus, S=seq_len, path=plot_dir / f"intensity_{variant}_dhv{dhvs.replace(',', '_')}.{fmt}",
-                title=(f"Arithmetic intensity of mLSTM{variant} chunkwise over chunk size (d_hv={dhvs}, "
-                       f"p_qk={p_qk:g}), against each GPU's I_acc ({inputs.ceilings_text(gpus)})"),
-            )
+            path = _intensity_plot(curves, gpus, variant=variant, seq_len=seq_len, dhvs=dhvs, p_qk=p_qk,
+                                   plot_dir=plot_dir, fmt=fmt)
         if as_json:
-            _echo_json({
-                "config": {"variant": variant, "counts": counts, "d_hv": sorted({c["d_hv"] for c in grid}),
-                           "d_qk": dqk, "p_qk": p_qk, "seq_len": seq_len, "ceilings": ceilings},
-                "gpus": [g.as_dict() for g in gpus],
-                "curves": [{**c, "intensity": {str(k): v for k, v in c["intensity"].items()}} for c in curves],
-                "plot": _shown(path) if path else None,
-            })
+            _echo_json(_intensity_json(curves, gpus, grid, variant=variant, counts=counts, dqk=dqk, p_qk=p_qk,
+                                       seq_len=seq_len, ceilings=ceilings, path=path))
             return
         con = _console()
-        con.print(_curve_table(
-            f"I_algo (FLOP/byte) over chunk size L, mLSTM{variant} chunkwise, d_hv={dhvs}, p_qk={p_qk:g} (eq. 118)",
-            curves, [(f"{L}", lambda c, L=L: c["intensity"][L]) for L in Ls]))
-        con.print(_curve_table(
-            "chunk size L where I_algo = I_acc (compute-bound above)", curves,
-            [(f"{g.key} ({g.intensity_flop_per_byte:.1f})", lambda c, g=g: c["L_at_I_acc"][g.key]) for g in gpus]))
-        if path:
-            con.print(f"plot: {_shown(path)}", markup=False)
+        _print_intensity_tables(con, curves, gpus, Ls, variant=variant, dhvs=dhvs, p_qk=p_qk)
+        _print_plots(con, [path])
 
 
 # ------------------------------------------------------------------ optimal-chunk
@@ -506,6 +630,74 @@ def _curve_table(title: str, curves: list[dict], columns: list):
     for c in curves:
         t.add_row(c["label"], *(f"{value(c):.1f}" for _, value in columns))
     return t
+
+
+def _check_dqk_pqk(dqk, pqk) -> None:
+    """UserError for --dqk and --pqk given together, or either not positive (the checks of
+    :func:`tflabench.analysis.analytic_inputs.dqk_pqk`, which do not depend on d_hv)."""
+    inputs.dqk_pqk(1, dqk, pqk)
+
+
+def _state_causal_pairs(grid: list[dict]) -> list[tuple]:
+    """The (state bytes, F_causal) pairs of the combinations, each once, in the grid's order."""
+    return list(dict.fromkeys((cfg["bytes_Cmn"], cfg["F_causal"]) for cfg in grid))
+
+
+def _optimal_chunk_rows(variant: str, gpus, grid: list[dict], *, dqk, pqk, bytes_qkv, counts, batch, heads,
+                        seq_len) -> list[dict]:
+    """``optimal-chunk``: the model's optima (:func:`optimal_chunk_rows`) for every combination in
+    ``grid``, each row tagged with its state bytes and F_causal, GPU by GPU in ``gpus``' order."""
+    rows = []
+    for sb, fc in _state_causal_pairs(grid):
+        for r in optimal_chunk_rows(variant, gpus, _distinct(grid, "d_hv"), d_qk=dqk, p_qk=pqk, F_causal=fc,
+                                    bytes_qkv=bytes_qkv, bytes_Cmn=sb, counts=counts, batch=batch, heads=heads,
+                                    seq_len=seq_len):
+            rows.append({**r, "bytes_Cmn": sb, "F_causal": fc})
+    rows.sort(key=lambda r: [g.key for g in gpus].index(r["gpu"]))
+    return rows
+
+
+def _optimal_chunk_plots(gpus, grid: list[dict], *, variant: str, dqk, pqk, counts: str, plot_dir: Path,
+                         fmt: str) -> list:
+    """Draw the optimum over d_hv and accelerator intensity, one figure per state size and
+    F_causal (named by them when there are several); returns the figures' paths."""
+    from tflabench.report.plots.analytic import optimal_chunk_figure
+
+    p = (dqk / grid[0]["d_hv"]) if dqk is not None else (pqk if pqk is not None else 0.5)
+    figures = _state_causal_pairs(grid)
+    paths = []
+    for sb, fc in figures:  # the figure spans d_hv itself: one per state size and F_causal
+        tag = "" if len(figures) == 1 else f"_{_state_name(sb)}_fc{fc:g}"
+        paths.append(optimal_chunk_figure(
+            gpus, variant=variant, p_qk=p, F_causal=fc, bytes_Cmn=sb,
+            counts=counts, path=plot_dir / f"optimal_chunk_{variant}{tag}.{fmt}"))
+    return paths
+
+
+def _print_optimal_chunk_table(con, rows: list[dict], gpus, *, variant: str, counts: str, batch: int, heads: int,
+                               seq_len: int) -> None:
+    """The optima, one row per GPU and combination (states and F_c columns only where they vary,
+    else a line naming them), then what the columns mean."""
+    several = len({(r["bytes_Cmn"], r["F_causal"]) for r in rows}) > 1
+    t = _table((f"Optimal chunk size, mLSTM{variant} chunkwise forward (counts={counts}, "
+                f"{inputs.ceilings_text(gpus)}; "
+                f"runtime for B={batch}, NH={heads}, S={seq_len})"))
+    cols = ["GPU", "I_acc", "d_hv", "d_qk"] + (["states", "F_c"] if several else []) + [
+        "L_flop", "L_runtime", "numeric", "best 2^k", "ms at 2^k", "L_max"]
+    for col in cols:
+        t.add_column(col, justify="left" if col in ("GPU", "states") else "right")
+    for r in rows:
+        t.add_row(lit(r["gpu"]), f"{r['I_acc']:.1f}", str(r["d_hv"]), f"{r['d_qk']:g}",
+                  *([_state_name(r["bytes_Cmn"]), f"{r['F_causal']:g}"] if several else []),
+                  f"{r['L_opt_flop']:.2f}", f"{r['L_opt_runtime']:.2f}",
+                  f"{r['L_opt_runtime_numeric']:.2f}", str(r["L_pow2_runtime"]),
+                  f"{r['runtime_ms_pow2']:.3f}", f"{r['L_opt_runtime_max']:.1f}")
+    con.print(t)
+    if not several:
+        con.print(f"[dim]states {_state_name(rows[0]['bytes_Cmn'])}, F_causal {rows[0]['F_causal']:g}[/dim]")
+    con.print("[dim]L_flop: FLOP-optimal, eq. 111; L_runtime: runtime-optimal (sum form), eq. 121; "
+              "numeric: golden-section argmin of the runtime; best 2^k and its predicted ms "
+              "(sum form, eq. 116); L_max: argmin of the max form (eq. 114), the ridge crossing[/dim]")
 
 
 @app.command("optimal-chunk")
@@ -558,68 +750,27 @@ def optimal_chunk(
             progress=progress, plots=plots, figure_format=figure_format)
         return
     with user_errors():
-        variant = inputs.one_of("--variant", variant, ("sig", "exp"))
-        counts = inputs.one_of("--counts", counts, ("rows", "paper"))
-        grid = _grid(d_hv=inputs.parse_list("--dhv", dhv, int), bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes),
-                     F_causal=inputs.parse_list("--causal-factor", causal_factor))
-        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads), ("--qkv-bytes", qkv_bytes)):
-            inputs.positive(name, v)
-        if dqk is not None and pqk is not None:
-            raise UserError("--dqk and --pqk given together; give one (p_qk = d_qk / d_hv)")
-        if dqk is not None:
-            inputs.positive("--dqk", dqk)
-        if pqk is not None and not (pqk > 0):
-            raise UserError(f"--pqk={pqk!r} is not valid; p_qk must be > 0")
+        variant, counts = _variant_counts(variant, counts)
+        grid = _shape_grid(dhv, state_bytes, causal_factor)
+        _positive(seq_len=seq_len, batch=batch, heads=heads, qkv_bytes=qkv_bytes)
+        _check_dqk_pqk(dqk, pqk)
         for cfg in grid:
-            inputs.positive("--dhv", cfg["d_hv"])
-            inputs.state_bytes(cfg["bytes_Cmn"])
-            inputs.causal(cfg["F_causal"])
+            _check_shape(cfg)
         gpus = inputs.gpus(comma_list("--gpu", gpu) or ["h100", "h200"], ceilings, hardware)
         plot_dir, fmt = _plot_dir(out, figure_format) if plots else (None, "png")
-        rows = []
-        d_hvs = list(dict.fromkeys(cfg["d_hv"] for cfg in grid))
-        for sb, fc in dict.fromkeys((cfg["bytes_Cmn"], cfg["F_causal"]) for cfg in grid):
-            for r in optimal_chunk_rows(variant, gpus, d_hvs, d_qk=dqk, p_qk=pqk, F_causal=fc, bytes_qkv=qkv_bytes,
-                                        bytes_Cmn=sb, counts=counts, batch=batch, heads=heads, seq_len=seq_len):
-                rows.append({**r, "bytes_Cmn": sb, "F_causal": fc})
-        rows.sort(key=lambda r: [g.key for g in gpus].index(r["gpu"]))
+        rows = _optimal_chunk_rows(variant, gpus, grid, dqk=dqk, pqk=pqk, bytes_qkv=qkv_bytes, counts=counts,
+                                   batch=batch, heads=heads, seq_len=seq_len)
         paths = []
         if plots:
-            from tflabench.report.plots.analytic import optimal_chunk_figure
-
-            p = (dqk / grid[0]["d_hv"]) if dqk is not None else (pqk if pqk is not None else 0.5)
-            figures = list(dict.fromkeys((cfg["bytes_Cmn"], cfg["F_causal"]) for cfg in grid))
-            for sb, fc in figures:  # the figure spans d_hv itself: one per state size and F_causal
-                tag = "" if len(figures) == 1 else f"_{_state_name(sb)}_fc{fc:g}"
-                paths.append(optimal_chunk_figure(
-                    gpus, variant=variant, p_qk=p, F_causal=fc, bytes_Cmn=sb,
-                    counts=counts, path=plot_dir / f"optimal_chunk_{variant}{tag}.{fmt}"))
+            paths = _optimal_chunk_plots(gpus, grid, variant=variant, dqk=dqk, pqk=pqk, counts=counts,
+                                         plot_dir=plot_dir, fmt=fmt)
         if as_json:
             _echo_json({"results": rows, "plots": [_shown(x) for x in paths]})
             return
         con = _console()
-        several = len({(r["bytes_Cmn"], r["F_causal"]) for r in rows}) > 1
-        t = _table((f"Optimal chunk size, mLSTM{variant} chunkwise forward (counts={counts}, "
-                    f"{inputs.ceilings_text(gpus)}; "
-                    f"runtime for B={batch}, NH={heads}, S={seq_len})"))
-        cols = ["GPU", "I_acc", "d_hv", "d_qk"] + (["states", "F_c"] if several else []) + [
-            "L_flop", "L_runtime", "numeric", "best 2^k", "ms at 2^k", "L_max"]
-        for col in cols:
-            t.add_column(col, justify="left" if col in ("GPU", "states") else "right")
-        for r in rows:
-            t.add_row(lit(r["gpu"]), f"{r['I_acc']:.1f}", str(r["d_hv"]), f"{r['d_qk']:g}",
-                      *([_state_name(r["bytes_Cmn"]), f"{r['F_causal']:g}"] if several else []),
-                      f"{r['L_opt_flop']:.2f}", f"{r['L_opt_runtime']:.2f}",
-                      f"{r['L_opt_runtime_numeric']:.2f}", str(r["L_pow2_runtime"]),
-                      f"{r['runtime_ms_pow2']:.3f}", f"{r['L_opt_runtime_max']:.1f}")
-        con.print(t)
-        if not several:
-            con.print(f"[dim]states {_state_name(rows[0]['bytes_Cmn'])}, F_causal {rows[0]['F_causal']:g}[/dim]")
-        con.print("[dim]L_flop: FLOP-optimal, eq. 111; L_runtime: runtime-optimal (sum form), eq. 121; "
-                  "numeric: golden-section argmin of the runtime; best 2^k and its predicted ms "
-                  "(sum form, eq. 116); L_max: argmin of the max form (eq. 114), the ridge crossing[/dim]")
-        for x in paths:
-            con.print(f"plot: {_shown(x)}", markup=False)
+        _print_optimal_chunk_table(con, rows, gpus, variant=variant, counts=counts, batch=batch, heads=heads,
+                                   seq_len=seq_len)
+        _print_plots(con, paths)
 
 
 def _optimal_chunk_measure(*, dhv, gpu, variant, dqk, pqk, state_bytes, causal_factor, counts, ceilings,
