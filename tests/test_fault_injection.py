@@ -62,7 +62,10 @@ def _suite(tmp_path: Path, name="faults", fn="good", seq_len=(16, 32), label="sd
 
 
 def _files(root: Path) -> set[Path]:
-    return {p for p in root.rglob("*") if p.is_file()}
+    """Files under ``root``, without Python's bytecode caches (``__pycache__``: written by the
+    interpreter when a worker imports the suite's kernel module, unless
+    PYTHONDONTWRITEBYTECODE is set; not a file tflabench writes)."""
+    return {p for p in root.rglob("*") if p.is_file() and "__pycache__" not in p.parts}
 
 
 def _new_files(before: set[Path], root: Path, inside: Path | None) -> set[Path]:
