@@ -243,14 +243,11 @@ def flops(
                      bytes_Cmn=inputs.parse_list("--state-bytes", state_bytes), F_causal=inputs.parse_list("--causal-factor",
                                                                                              causal_factor),
                      mode=_modes(mode))
-        for name, v in (("--seq-len", seq_len), ("--batch", batch), ("--heads", heads),
-                        ("--qkv-bytes", qkv_bytes), ("--gate-bytes", gate_bytes)):
-            inputs.positive(name, v)
+        _positive(seq_len=seq_len, batch=batch, heads=heads, qkv_bytes=qkv_bytes, gate_bytes=gate_bytes)
         results = []
         for cfg in grid:
             L, d_hv, sb, fc, m = cfg["L"], cfg["d_hv"], cfg["bytes_Cmn"], cfg["F_causal"], cfg["mode"]
-            for name, v in (("--dhv", d_hv), ("--chunk-size", L)):
-                inputs.positive(name, v)
+            _positive(dhv=d_hv, chunk_size=L)
             inputs.state_bytes(sb)
             d_qk, p_qk = inputs.dqk_pqk(d_hv, dqk, pqk)
             inputs.causal(fc)

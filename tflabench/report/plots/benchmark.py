@@ -210,7 +210,7 @@ def _plot_memory_runtime_relative(sweep, path: str | Path, title: str | None) ->
     no legend entry per series (the command's table gives every value)."""
     from matplotlib import colormaps
 
-    from tflabench.report.plots.style import fig_title, legend_below
+    from tflabench.report.plots.style import fig_title, is_ours, legend_below
 
     chunks = sorted({int(c) for c in sweep["chunk_size"]})
     cmap = colormaps["viridis"]
@@ -218,7 +218,7 @@ def _plot_memory_runtime_relative(sweep, path: str | Path, title: str | None) ->
     by_series = sweep.groupby(["mode", "series"])
     sweep = sweep.assign(rt_rel=sweep["ms_median"] / by_series["ms_median"].transform("min"),
                          mem_rel=sweep["peak_mem_bytes"] / by_series["peak_mem_bytes"].transform("min"))
-    ours = sweep["backend"].eq("tfla") if "backend" in sweep else sweep["kernel"].str.contains("ours")
+    ours = sweep.apply(lambda r: is_ours(r["kernel"], r.get("backend")), axis=1)
     modes = [m for m in ("fwd", "fwdbw") if (sweep["mode"] == m).any()]
     fig, axes = _figure(len(modes))
     handles: dict = {}
