@@ -669,3 +669,52 @@ def test_the_rounding_order_allowance_does_not_excuse_a_wrong_kernel(monkeypatch
     monkeypatch.setattr(module, "kernel_fn", off)
     with pytest.raises(AssertionError, match="over budget"):
         check_kernel("exp_xl", "open_input_closed_forget", 64, 23, d_qk=32, d_hv=48)
+
+
+def _poisoned_empty(real):
+    """torch.empty whose floating-point memory starts as NaN: a kernel that reads memory no
+    kernel wrote then gives NaN instead of whatever the allocator left there."""
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+    return empty
+
+
+@pytest.mark.parametrize("L,S", LENGTHS)
+@pytest.mark.parametrize("regime", ["forget_saturated_closed", "open_input_closed_forget"])
+@pytest.mark.parametrize("name,tiles", [(n, t) for n in KERNELS for t in (
+    "default", "dqk_blocks", "inter_in_loop") if not (n.endswith("limit") and t == "inter_in_loop")])
+def test_forward_without_gradients_stores_only_what_it_reads(name, tiles, regime, L, S,
+                                                             monkeypatch):
+    """A call without gradients leaves the chunk states nothing reads unwritten (rule S6: C_0
+    with a zero initial state, C_{N_c}, and C_S without return_last_state): with every new
+    tensor's memory NaN, its h (and C_S, n_S where asked for) equal bit for bit those of the
+    same call with gradients (which stores every state), with and without the initial
+    state, the normaliser, more than one d_qk block (NUM_DQK) and the inter-chunk product
+    inside the key/value loop (which reads C_0: not skipped)."""
+    variant = KERNELS[name][0]
+    fw = {"dqk_blocks": {"B_DQK": 16}, "inter_in_loop": {"B_LQ": 32, "B_LKV": 16,
+                                                       "INTER_IN_LOOP": True}}.get(tiles, {})
+    if name.endswith("limit"):
+        tuning = Tuning(fw_limit=fw, walk={"enabled": False})
+    else:
+        tuning = Tuning(fw=fw, walk={"enabled": False})
+    (q, k, v, i, f), (C0, n0), _, _ = make_inputs(regime, S, d_qk=32, d_hv=24)
+    fn = kernel_fn(name, L)
+    options = [dict(), dict(return_last_state=True), dict(initial_state=(C0, n0))]
+    if variant == "sig":
+        options.append(dict(normalize=True))
+    real = torch.empty
+    for kw in options:
+        with use_tuning(tuning):
+            xs = [x.clone().requires_grad_(True) for x in (q, k, v, i, f)]
+            want = fn(*xs, **kw)
+            monkeypatch.setattr(torch, "empty", _poisoned_empty(real))
+            with torch.no_grad():
+                got = fn(q, k, v, i, f, **kw)
+            monkeypatch.setattr(torch, "empty", real)
+        want = [want] if torch.is_tensor(want) else [want[0], *want[1]]
+        got = [got] if torch.is_tensor(got) else [got[0], *got[1]]
+        for a, b in zip(got, want):
+            assert torch.isfinite(a).all(), (kw, "non-finite: an unwritten state was read")
+            assert torch.equal(a, b.detach()), kw

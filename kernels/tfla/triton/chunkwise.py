@@ -141,22 +141,32 @@ def _flat(x, *tail):
     return x.reshape(-1, *tail).contiguous() if x is not None else None
 
 
-def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, with_n: bool = True):
+def forward_kernels(q, k, v, i, f, C0, n0, m0, cfg: Config, with_n: bool = True,
+                    keep_states: bool = True):
     """Run the forward kernels on flattened (B*NH, ...) contiguous tensors.
 
     Returns h (BNH, S, d_hv), n_out (BNH, N_c*L) fp32, the states (C_st in the input
     dtype, n_st, m_st, C_last fp32) and the gate vectors (b, a, ī, m^intra, g, max a).
-    with_n False (only without normalisation): the normaliser state is not computed."""
+    with_n False (only without normalisation): the normaliser state is not computed.
+    keep_states False (a call without gradients): only what h and the last state (with
+    ``with_n``) need is stored: not C_st's slot N_c, C_last only with ``with_n`` (None
+    otherwise), slot 0 not where the initial state is zero and the H kernel skips
+    chunk 0's inter-chunk product (docs/kernels.md, rule S6)."""
     mods = kernels()
     rec, pfw = mods.recurrent, mods.parallel_fw
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=cfg.is_exp)
     b_vec, a_vec, i_vec, mi_vec, g_ch, amax_ch = gates
+    zero_first = (not keep_states and C0 is None and n0 is None
+                  and pfw.skips_first_state(cfg.L, q.shape[-1], v.shape[-1], q.dtype, cfg.limit,
+                                            cfg.is_exp, cfg.tuning))
     states = rec.recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, L=cfg.L, is_exp=cfg.is_exp,
-                              with_n=with_n or cfg.normalize, tuning=cfg.tuning)
+                              with_n=with_n or cfg.normalize, tuning=cfg.tuning,
+                              store_first=not zero_first, store_last=keep_states,
+                              with_last=keep_states or with_n)
     C_st, n_st, m_st, _ = states
     h, n_out = pfw.parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, L=cfg.L,
                                is_exp=cfg.is_exp, normalize=cfg.normalize, eps=cfg.eps,
-                               limit=cfg.limit, tuning=cfg.tuning)
+                               limit=cfg.limit, tuning=cfg.tuning, zero_first=zero_first)
     return h, n_out, states, gates
 
 
@@ -228,7 +238,7 @@ def forward(q, k, v, i, f, C0, n0, m0, plan, cfg: Config, return_last: bool,
                                                        with_last=return_last)
     else:
         h, n_out, states, gates = forward_kernels(qf, kf, vf, i_f, f_f, C0f, n0f, m0f, cfg,
-                                                  with_n=return_last)
+                                                  with_n=return_last, keep_states=grad)
     C_st, n_st, m_st, C_last_f = states
     outs = [_as(h.reshape(B, NH, S, d_hv), out_dtype)]
     if return_last:

@@ -25,10 +25,25 @@ import triton.language as tl
 
 from tfla.triton.common import (can_use_tma, cdiv, chunk_tile_pid, descriptor, dot_precision,
                                 gate_exponent, head_block, launch, load_tile, placeholder,
-                                store_tile, tile_rows)
+                                pow2, store_tile, tile_rows)
 from tfla.triton.tuning import DEFAULT, Tuning
 
 INTERPRET = bool(triton.knobs.runtime.interpret)
+
+
+@triton.jit
+def _inter_block(acc, den, q_blk, CD, C_st, n_base, c_row, k0, v0, d_qk, d_hv,
+                 B_DQK: tl.constexpr, B_DHV: tl.constexpr, NORMALIZE: tl.constexpr,
+                 DOT_PREC: tl.constexpr, USE_TMA: tl.constexpr):
+    """acc + Q_blk C_{k-1}[k0.., v0..] (and den + Q_blk n_{k-1}[k0..] where normalised):
+    one d_qk block of the inter-chunk product, before the rows are scaled."""
+    offs_k = k0 + tl.arange(0, B_DQK)
+    c_blk = load_tile(CD, C_st, c_row, k0, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
+    acc = tl.dot(q_blk, c_blk.to(q_blk.dtype), acc, input_precision=DOT_PREC)
+    if NORMALIZE:
+        n_blk = tl.load(n_base + offs_k, mask=offs_k < d_qk, other=0.0)
+        den += tl.sum(q_blk.to(tl.float32) * n_blk[None, :], 1)
+    return acc, den
 
 
 @triton.jit
@@ -39,16 +54,18 @@ def _parallel_fw_kernel(
     B_DQK: tl.constexpr, B_DHV: tl.constexpr, NUM_DQK: tl.constexpr,
     IS_EXP: tl.constexpr, NORMALIZE: tl.constexpr, DOT_PREC: tl.constexpr,
     USE_TMA: tl.constexpr, INTER_IN_LOOP: tl.constexpr, B_CS: tl.constexpr,
+    FIRST_ZERO: tl.constexpr,
 ):
     # 1-D grid, (d_hv block) fastest, then query tile, then chunk*b*head: programs that
     # share a chunk's K, V and C_{k-1} run next to each other (L2 reuse). USE_TMA: tiles
     # through the tensor descriptors QD, KD, VD, HD (BNH, S, d) and CD (BNH·(N_c+1), d_qk,
-    # d_hv), whose bounds give the zeros past S; else masked pointers.
+    # d_hv), whose bounds give the zeros past S; else masked pointers. FIRST_ZERO: the
+    # initial state is zero (no C0, n0), so chunk 0 has no inter-chunk part and slot 0 of
+    # C_st / n_st is not read (the state kernel need not store it; not with INTER_IN_LOOP).
     pid_v, pid_q, c, bh = chunk_tile_pid(tl.program_id(0), tl.cdiv(d_hv, B_DHV), L // B_LQ, NC)
     S_pad = NC * L
 
     r_loc, r0, rows = tile_rows(c, pid_q, L, B_LQ)      # positions inside the chunk, in S
-    offs_dk = tl.arange(0, B_DQK)
 
     b_q = tl.load(B_vec + bh * S_pad + rows)
     if IS_EXP:
@@ -73,24 +90,25 @@ def _parallel_fw_kernel(
     else:
         # inter-chunk part: Q C_{k-1} (and Q n_{k-1}); rows scaled by b̄ * scale afterwards
         if NUM_DQK == 1:
-            mask_k = offs_dk < d_qk
             q_tile = load_tile(QD, Q, bh, r0, 0, S, d_qk, B_LQ, B_DQK, USE_TMA)
-            c_blk = load_tile(CD, C_st, c_row, 0, v0, d_qk, d_hv, B_DQK, B_DHV, USE_TMA)
-            acc = tl.dot(q_tile, c_blk.to(q_tile.dtype), acc, input_precision=DOT_PREC)
-            if NORMALIZE:
-                n_blk = tl.load(n_base + offs_dk, mask=mask_k, other=0.0)
-                den += tl.sum(q_tile.to(tl.float32) * n_blk[None, :], 1)
+            if FIRST_ZERO:
+                if c > 0:
+                    acc, den = _inter_block(acc, den, q_tile, CD, C_st, n_base, c_row, 0, v0,
+                                            d_qk, d_hv, B_DQK, B_DHV, NORMALIZE, DOT_PREC,
+                                            USE_TMA)
+            else:
+                acc, den = _inter_block(acc, den, q_tile, CD, C_st, n_base, c_row, 0, v0, d_qk,
+                                        d_hv, B_DQK, B_DHV, NORMALIZE, DOT_PREC, USE_TMA)
         else:
-            for kb in range(NUM_DQK):
-                offs_k = kb * B_DQK + offs_dk
-                mask_k = offs_k < d_qk
+            if FIRST_ZERO:
+                n_inter = tl.where(c > 0, NUM_DQK, 0)
+            else:
+                n_inter = NUM_DQK
+            for kb in range(n_inter):
                 q_blk = load_tile(QD, Q, bh, r0, kb * B_DQK, S, d_qk, B_LQ, B_DQK, USE_TMA)
-                c_blk = load_tile(CD, C_st, c_row, kb * B_DQK, v0, d_qk, d_hv, B_DQK, B_DHV,
-                                  USE_TMA)
-                acc = tl.dot(q_blk, c_blk.to(q_blk.dtype), acc, input_precision=DOT_PREC)
-                if NORMALIZE:
-                    n_blk = tl.load(n_base + offs_k, mask=mask_k, other=0.0)
-                    den += tl.sum(q_blk.to(tl.float32) * n_blk[None, :], 1)
+                acc, den = _inter_block(acc, den, q_blk, CD, C_st, n_base, c_row, kb * B_DQK,
+                                        v0, d_qk, d_hv, B_DQK, B_DHV, NORMALIZE, DOT_PREC,
+                                        USE_TMA)
         acc = acc * row_scale[:, None]
         den = den * row_scale
 
@@ -156,7 +174,9 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
     d_qk <= 128 with d_hv >= 256 and L >= 128 takes 128-row query tiles, 64-row key tiles,
     the d_hv block 256 and 8 warps (rule H3);
     128 < d_qk <= 256 with L = 128 takes 128 x 128 tiles (the whole chunk), the whole d_qk,
-    the d_hv block 256 and 8 warps (rule H4); with d_hv > 256 and L = 256 (rule H7) 128-row
+    the d_hv block 256 and 8 warps (rule H4), except where d_qk blocks of 64 pad it less
+    than its power of two (e.g. 192): 64 x 64 tiles, d_qk blocks of 64, the d_hv block 128,
+    4 warps and 3 stages (rule H9); with d_hv > 256 and L = 256 (rule H7) 128-row
     query and 64-row key tiles, the whole d_qk, the d_hv block 256, 8 warps and one pipeline
     stage (two do not fit shared memory).
     mLSTMexp was not swept. ``GLUON`` (rule H8, on with H7's tiles): ``parallel_fw`` runs
@@ -192,6 +212,10 @@ def fw_config(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
             # one query tile per chunk at L 128: the inter-chunk product runs in the loop
             cfg.update(B_LQ=128, B_LKV=64, B_DHV=256, num_warps=8, num_stages=2,
                        INTER_IN_LOOP=(L == 128))
+        elif 128 < d_qk <= 256 and d_hv >= 256 and L == 128 and cdiv(d_qk, 64) * 64 < pow2(d_qk):
+            # rule H9: d_qk blocks of 64 pad d_qk less than one block of its power of two
+            # (192: three blocks, none padded, against 256 with a quarter zeros)
+            cfg.update(B_LQ=64, B_LKV=64, B_DQK=64, B_DHV=128, num_warps=4, num_stages=3)
         elif 128 < d_qk <= 256 and d_hv >= 256 and L == 128:
             # one key tile per chunk: a longer chunk would pipeline two 128 x 256 K and V
             # tiles and need 450 KB of shared memory (measured failure at L 256-1024)
@@ -220,11 +244,24 @@ def inter_slice(cfg: dict, d_qk: int) -> int:
     return b_cs if b_cs >= 16 else 0
 
 
+def skips_first_state(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
+                      is_exp: bool, tuning: Tuning = DEFAULT) -> bool:
+    """Whether :func:`parallel_fw` with ``zero_first`` reads no slot 0 of C_st / n_st, so
+    that the state kernel need not store it (docs/kernels.md, rule S6): the Triton H kernel
+    with the inter-chunk product before the key/value loop; not the Gluon kernel (rule H8)
+    nor ``INTER_IN_LOOP`` (rule H5), which read C_0 for chunk 0 like any other chunk."""
+    cfg = fw_config(L, d_qk, d_hv, dtype, limit, is_exp, tuning)
+    return not cfg["GLUON"] and inter_slice(cfg, d_qk) == 0
+
+
 def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_exp: bool,
-                normalize: bool, eps: float, limit: bool, tuning: Tuning = DEFAULT):
+                normalize: bool, eps: float, limit: bool, tuning: Tuning = DEFAULT,
+                zero_first: bool = False):
     """h (BNH, S, d_hv) in the input dtype and n_out (BNH, N_c*L) fp32 (unset if not
     normalised): ``_parallel_fw_kernel``, or the Gluon kernel where rule H8 holds.
-    ``tuning``: overrides of :func:`fw_config`'s rules."""
+    ``tuning``: overrides of :func:`fw_config`'s rules. ``zero_first``: the initial state is
+    zero (no C0 and n0), so chunk 0 skips its inter-chunk product where
+    :func:`skips_first_state` holds (h bit for bit the same; slot 0 may then be unwritten)."""
     BNH, S, d_qk = q.shape
     d_hv = v.shape[-1]
     NC = cdiv(S, L)
@@ -259,6 +296,7 @@ def parallel_fw(q, k, v, b_vec, i_vec, mi_vec, C_st, n_st, m_st, *, L: int, is_e
         L=L, B_LQ=cfg["B_LQ"], B_LKV=cfg["B_LKV"], B_DQK=cfg["B_DQK"], B_DHV=cfg["B_DHV"],
         NUM_DQK=num_dqk, IS_EXP=is_exp, NORMALIZE=normalize,
         DOT_PREC=dot_precision(q.dtype), USE_TMA=use_tma, INTER_IN_LOOP=b_cs > 0,
-        B_CS=max(b_cs, 16), num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
+        B_CS=max(b_cs, 16), FIRST_ZERO=zero_first and b_cs == 0,
+        num_warps=cfg["num_warps"], num_stages=cfg["num_stages"],
     )
     return h, n_out

@@ -148,9 +148,14 @@ def _recurrent_fw_kernel(
     L: tl.constexpr, PIECE: tl.constexpr, B_DQK: tl.constexpr, B_DHV: tl.constexpr,
     IS_EXP: tl.constexpr, HAS_C0: tl.constexpr, HAS_N0: tl.constexpr, HAS_M0: tl.constexpr,
     DOT_PREC: tl.constexpr, WITH_N: tl.constexpr, ACC_IN_C: tl.constexpr,
-    USE_TMA: tl.constexpr, SCALE_V: tl.constexpr,
+    USE_TMA: tl.constexpr, SCALE_V: tl.constexpr, STORE_FIRST: tl.constexpr,
+    STORE_LAST: tl.constexpr, WITH_C_LAST: tl.constexpr,
 ):
-    # 1-D grid, (d_hv block) fastest, then d_qk block, then b*head. WITH_N: carry and store
+    # 1-D grid, (d_hv block) fastest, then d_qk block, then b*head. STORE_FIRST / STORE_LAST
+    # / WITH_C_LAST False: C_0 / C_{N_c} / the fp32 C_last are not stored, where nothing
+    # reads them (recurrent_fw's ``store_first``, ``store_last``, ``with_last``); n and m
+    # are stored in every slot.
+    # WITH_N: carry and store
     # the normaliser state n (skipped when nothing reads it: its column sum is a cross-thread
     # reduction on every step of the serial chain). ACC_IN_C: the step's tl.dot accumulates
     # into ḡ·C itself instead of a fresh tile added afterwards (one 128 x 128 fp32 tile of
@@ -178,8 +183,9 @@ def _recurrent_fw_kernel(
     if IS_EXP:
         if HAS_M0:
             m = tl.load(M0 + bh + tl.zeros((1,), dtype=tl.int32)).to(tl.float32)
-    store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row, k0, v0, d_qk, d_hv, B_DQK, B_DHV,
-               USE_TMA)
+    if STORE_FIRST:
+        store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row, k0, v0, d_qk, d_hv, B_DQK,
+                   B_DHV, USE_TMA)
     if WITH_N:
         tl.store(N_st + n_base + offs_k, n, mask=mask_k & writer_n)
     tl.store(M_st + bh * (NC + 1) + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
@@ -212,12 +218,18 @@ def _recurrent_fw_kernel(
         if WITH_N:
             n = g_bar * n + n_acc
         m = m_new
-        store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + c + 1, k0, v0, d_qk, d_hv,
-                   B_DQK, B_DHV, USE_TMA)
+        if STORE_LAST:
+            store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + c + 1, k0, v0, d_qk,
+                       d_hv, B_DQK, B_DHV, USE_TMA)
+        else:
+            if c + 1 < NC:
+                store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + c + 1, k0, v0, d_qk,
+                           d_hv, B_DQK, B_DHV, USE_TMA)
         if WITH_N:
             tl.store(N_st + n_base + (c + 1) * d_qk + offs_k, n, mask=mask_k & writer_n)
         tl.store(M_st + bh * (NC + 1) + c + 1 + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
-    tl.store(C_last + bh * d_qk * d_hv + c_offs, C, mask=mask_kv)
+    if WITH_C_LAST:
+        tl.store(C_last + bh * d_qk * d_hv + c_offs, C, mask=mask_kv)
 
 
 @triton.jit
@@ -459,7 +471,8 @@ def gate_grads(qdq, kdk, i, f, T=None, *, is_exp: bool):
 
 
 def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool,
-                 with_n: bool = True, tuning: Tuning = DEFAULT):
+                 with_n: bool = True, tuning: Tuning = DEFAULT, store_first: bool = True,
+                 store_last: bool = True, with_last: bool = True):
     """Chunk states from the chunk gates.
 
     k (BNH, S, d_qk), v (BNH, S, d_hv) contiguous, input dtype; C0 (BNH, d_qk, d_hv),
@@ -469,6 +482,12 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     carried nor stored (n_st is a placeholder; for callers that read no normaliser state:
     mLSTMsig without normalisation and without the last state). ``tuning``: overrides of
     the rules (``tuning.state``).
+
+    ``store_first`` / ``store_last`` False (a forward that nothing differentiates: no kernel
+    reads those states; docs/kernels.md, rule S6): C_st's slot 0 / slot N_c stays unwritten;
+    ``with_last`` False: C_last is not written (None is returned for it). Each state
+    is as large as d_qk·d_hv elements, at head dimensions near the chunk size as large as a
+    chunk of V: the two slots and the fp32 C_last are up to half the kernel's stores.
     """
     BNH, S, d_qk = k.shape
     d_hv = v.shape[-1]
@@ -479,7 +498,8 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     n_st = (torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32) if with_n
             else placeholder(dev))
     m_st = torch.empty((BNH, NC + 1), device=dev, dtype=torch.float32)
-    C_last = torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32)
+    C_last = (torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32) if with_last
+              else m_st)
     P = piece(L, tuning)
     b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(k.device), k.dtype, P,
                                              sig_forward=not is_exp, tuning=tuning)
@@ -499,10 +519,10 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
         L=L, PIECE=P, B_DQK=b_qk, B_DHV=b_hv, IS_EXP=is_exp,
         HAS_C0=C0 is not None, HAS_N0=n0 is not None, HAS_M0=m0 is not None,
         DOT_PREC=dot_precision(k.dtype), WITH_N=with_n,
-        ACC_IN_C=acc_in_c, USE_TMA=use_tma, SCALE_V=scale_v,
-        num_warps=warps, num_stages=stages,
+        ACC_IN_C=acc_in_c, USE_TMA=use_tma, SCALE_V=scale_v, STORE_FIRST=store_first,
+        STORE_LAST=store_last, WITH_C_LAST=with_last, num_warps=warps, num_stages=stages,
     )
-    return C_st, n_st, m_st, C_last
+    return C_st, n_st, m_st, C_last if with_last else None
 
 
 def bw_state_options(q, dh, dC_st, b_qk: int, b_hv: int, P: int,
