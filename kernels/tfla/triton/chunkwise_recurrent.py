@@ -141,6 +141,48 @@ def _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, t0, S, S_pad, m_new, k0, v0, 
 
 
 @triton.jit
+def _fw_state_step(C, n, m, c, KD, VD, K, V, A_vec, G_ch, AMAX_ch, N_st, M_st, bh, n_base,
+                   offs_k, mask_k, writer_n, writer_m, S, NC, k0, v0, d_qk, d_hv,
+                   L: tl.constexpr, PIECE: tl.constexpr, B_DQK: tl.constexpr,
+                   B_DHV: tl.constexpr, IS_EXP: tl.constexpr, WITH_N: tl.constexpr,
+                   ACC_IN_C: tl.constexpr, USE_TMA: tl.constexpr, SCALE_V: tl.constexpr,
+                   DOT_PREC: tl.constexpr):
+    """One chunk of the forward state walk (eqs. 39-43): C_c+1, n_c+1, m_c+1 from C_c, n_c,
+    m_c, with n and m stored in slot c + 1 (C is stored by the caller)."""
+    S_pad = NC * L
+    g = tl.load(G_ch + bh * NC + c)
+    if IS_EXP:
+        m_new = tl.maximum(g + m, tl.load(AMAX_ch + bh * NC + c))
+    else:
+        m_new = m
+    g_bar = tl.exp(g + m - m_new)
+    if ACC_IN_C:
+        acc = C * g_bar
+    else:
+        acc = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
+    n_acc = tl.zeros((B_DQK,), dtype=tl.float32)
+    if L == PIECE:
+        acc, n_acc = _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, c * L, S, S_pad, m_new,
+                               k0, v0, d_qk, d_hv, PIECE, B_DQK, B_DHV, WITH_N, USE_TMA,
+                               SCALE_V, DOT_PREC)
+    else:
+        for p in range(L // PIECE):
+            acc, n_acc = _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, c * L + p * PIECE, S,
+                                   S_pad, m_new, k0, v0, d_qk, d_hv, PIECE, B_DQK, B_DHV,
+                                   WITH_N, USE_TMA, SCALE_V, DOT_PREC)
+    if ACC_IN_C:
+        C = acc
+    else:
+        C = g_bar * C + acc
+    if WITH_N:
+        n = g_bar * n + n_acc
+        tl.store(N_st + n_base + (c + 1) * d_qk + offs_k, n, mask=mask_k & writer_n)
+    tl.store(M_st + bh * (NC + 1) + c + 1 + tl.zeros((1,), dtype=tl.int32), m_new,
+             mask=writer_m)
+    return C, n, m_new
+
+
+@triton.jit
 def _recurrent_fw_kernel(
     K, V, KD, VD, CD, A_vec, G_ch, AMAX_ch, C0, N0, M0,
     C_st, N_st, M_st, C_last,
@@ -161,7 +203,6 @@ def _recurrent_fw_kernel(
     # into ḡ·C itself instead of a fresh tile added afterwards (one 128 x 128 fp32 tile of
     # registers less per thread). USE_TMA: K, V tiles and the C_k stores go through tensor
     # descriptors KD, VD (BNH, S, d) and CD (BNH·(N_c+1), d_qk, d_hv); else pointers.
-    S_pad = NC * L
     pid_v, pid_k, bh, k0, v0, offs_k, mask_k, mask_kv, c_offs = _state_tile(
         tl.program_id(0), d_qk, d_hv, B_DQK, B_DHV)
     n_base = bh * (NC + 1) * d_qk
@@ -190,44 +231,25 @@ def _recurrent_fw_kernel(
         tl.store(N_st + n_base + offs_k, n, mask=mask_k & writer_n)
     tl.store(M_st + bh * (NC + 1) + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
 
-    for c in range(NC):
-        g = tl.load(G_ch + bh * NC + c)
-        if IS_EXP:
-            m_new = tl.maximum(g + m, tl.load(AMAX_ch + bh * NC + c))
-        else:
-            m_new = m
-        g_bar = tl.exp(g + m - m_new)
-        if ACC_IN_C:
-            acc = C * g_bar
-        else:
-            acc = tl.zeros((B_DQK, B_DHV), dtype=tl.float32)
-        n_acc = tl.zeros((B_DQK,), dtype=tl.float32)
-        if L == PIECE:
-            acc, n_acc = _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, c * L, S, S_pad, m_new,
-                                   k0, v0, d_qk, d_hv, PIECE, B_DQK, B_DHV, WITH_N, USE_TMA,
-                                   SCALE_V, DOT_PREC)
-        else:
-            for p in range(L // PIECE):
-                acc, n_acc = _kv_piece(acc, n_acc, KD, VD, K, V, A_vec, bh, c * L + p * PIECE, S,
-                                       S_pad, m_new, k0, v0, d_qk, d_hv, PIECE, B_DQK, B_DHV,
-                                       WITH_N, USE_TMA, SCALE_V, DOT_PREC)
-        if ACC_IN_C:
-            C = acc
-        else:
-            C = g_bar * C + acc
-        if WITH_N:
-            n = g_bar * n + n_acc
-        m = m_new
-        if STORE_LAST:
-            store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + c + 1, k0, v0, d_qk,
-                       d_hv, B_DQK, B_DHV, USE_TMA)
-        else:
-            if c + 1 < NC:
-                store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + c + 1, k0, v0, d_qk,
-                           d_hv, B_DQK, B_DHV, USE_TMA)
-        if WITH_N:
-            tl.store(N_st + n_base + (c + 1) * d_qk + offs_k, n, mask=mask_k & writer_n)
-        tl.store(M_st + bh * (NC + 1) + c + 1 + tl.zeros((1,), dtype=tl.int32), m, mask=writer_m)
+    # without STORE_LAST the last chunk's step runs after the loop, which then stores every
+    # state it makes (a store under a condition inside the loop made the state kernel 15-17 %
+    # slower at S 65536, where it runs 512 steps)
+    if STORE_LAST:
+        n_stored = NC
+    else:
+        n_stored = NC - 1
+    for c in range(n_stored):
+        C, n, m = _fw_state_step(C, n, m, c, KD, VD, K, V, A_vec, G_ch, AMAX_ch, N_st, M_st, bh,
+                                 n_base, offs_k, mask_k, writer_n, writer_m, S, NC, k0, v0, d_qk,
+                                 d_hv, L, PIECE, B_DQK, B_DHV, IS_EXP, WITH_N, ACC_IN_C, USE_TMA,
+                                 SCALE_V, DOT_PREC)
+        store_tile(CD, C_st, C.to(C_st.dtype.element_ty), st_row + c + 1, k0, v0, d_qk, d_hv,
+                   B_DQK, B_DHV, USE_TMA)
+    if not STORE_LAST:
+        C, n, m = _fw_state_step(C, n, m, NC - 1, KD, VD, K, V, A_vec, G_ch, AMAX_ch, N_st, M_st,
+                                 bh, n_base, offs_k, mask_k, writer_n, writer_m, S, NC, k0, v0,
+                                 d_qk, d_hv, L, PIECE, B_DQK, B_DHV, IS_EXP, WITH_N, ACC_IN_C,
+                                 USE_TMA, SCALE_V, DOT_PREC)
     if WITH_C_LAST:
         tl.store(C_last + bh * d_qk * d_hv + c_offs, C, mask=mask_kv)
 
