@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pytest
 from typer.main import get_command
 from typer.testing import CliRunner
 
@@ -161,3 +162,30 @@ def test_the_option_table_of_docs_model_matches_each_analytic_command():
                     assert option in known and option in helps[command], f"{command} lacks {option}"
                 else:
                     assert option not in known, f"docs/model.md says {command} has no {option}, but it does"
+
+
+def test_a_missing_dependency_is_one_line_and_status_2_not_a_bug(monkeypatch, capsys):
+    """A dependency of tflabench that this Python lacks (here: typer's app raising the
+    ModuleNotFoundError an import of pydantic would) ends in one ``error:`` line naming the
+    package and how to install it, exit status 2; a module that is no dependency of ours
+    stays an internal error (status 3, with the traceback)."""
+    import tflabench.cli as cli
+
+    assert cli.missing_dependency(ModuleNotFoundError("x", name="pydantic")) == "pydantic"
+    assert cli.missing_dependency(ModuleNotFoundError("x", name="yaml")) == "pyyaml"
+    assert cli.missing_dependency(ModuleNotFoundError("x", name="scipy.stats")) == "scipy"
+    assert cli.missing_dependency(ModuleNotFoundError("x", name="fla")) is None
+    assert cli.missing_dependency(ValueError("pydantic")) is None
+    for name, status in (("pydantic", 2), ("mamba_ssm", cli.EXIT_INTERNAL_ERROR)):
+        def app(name=name):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        monkeypatch.setattr(cli, "app", app)
+        with pytest.raises(SystemExit) as stop:
+            cli.main()
+        assert stop.value.code == status
+        err = capsys.readouterr().err
+        if status == 2:
+            assert err.count("\n") == 1 and err.startswith("error: tflabench needs the package 'pydantic'")
+            assert "Traceback" not in err
+        else:
+            assert "Traceback" in err and "internal error" in err

@@ -386,10 +386,35 @@ EXIT_INTERNAL_ERROR = 3
 GC_THRESHOLDS = (20_000, 20, 10)
 
 
+def missing_dependency(exc: BaseException) -> str | None:
+    """The distribution name of one of tflabench's own dependencies (``pyproject.toml``,
+    ``[project] dependencies``) whose import failed with ``exc``, or None: ``exc`` is no
+    ``ModuleNotFoundError``, or the module is not a dependency's (e.g. an optional peer)."""
+    if not isinstance(exc, ModuleNotFoundError) or not exc.name:
+        return None
+    import importlib.metadata
+
+    try:
+        reqs = [r for r in importlib.metadata.requires("tflabench") or () if "extra ==" not in r]
+    except importlib.metadata.PackageNotFoundError:    # run from a checkout, not installed
+        import tomllib
+
+        path = Path(__file__).resolve().parents[2] / "pyproject.toml"
+        try:
+            reqs = tomllib.loads(path.read_text())["project"]["dependencies"]
+        except (OSError, KeyError, ValueError):
+            return None
+    names = {re.split(r"[\s;<>=!~\[]", r, maxsplit=1)[0].lower() for r in reqs}
+    top = exc.name.split(".")[0]
+    name = {"yaml": "pyyaml"}.get(top, top)
+    return name if name.lower() in names else None
+
+
 def main() -> None:
     """Console-script entry point. Exit statuses (docs/harness.md, "Exit status"): 0 done,
     1 only where a command says so (``compare --fail-on``, ``verify``, ``history``), 2 unusable input or
-    output (one ``error:`` line), 130 interrupted, :data:`EXIT_INTERNAL_ERROR` for a bug
+    output (one ``error:`` line; also a dependency of tflabench that this Python lacks,
+    :func:`missing_dependency`), 130 interrupted, :data:`EXIT_INTERNAL_ERROR` for a bug
     (the traceback follows a one-line summary).
 
     Garbage collection for a process that is one command (issue 44: the analytic commands
@@ -406,6 +431,12 @@ def main() -> None:
     try:
         app()
     except Exception as exc:  # noqa: BLE001 - a bug: say so, and never exit 1
+        dependency = missing_dependency(exc)
+        if dependency is not None:           # the environment, not a bug: one line, status 2
+            typer.echo(f"error: tflabench needs the package {dependency!r}, which this Python "
+                       f"({sys.executable}) lacks; install tflabench with its dependencies "
+                       "(pip install -e . in its checkout) or that package", err=True)
+            sys.exit(2)
         traceback.print_exc()
         typer.echo(f"internal error: {type(exc).__name__}: {exc}; this is a bug in tflabench: please report it "
                    "with the command and the traceback above", err=True)
