@@ -19,6 +19,8 @@ one program holds the whole L x L gate and score matrices of its chunk.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import triton
 import triton.language as tl
@@ -244,12 +246,14 @@ def inter_slice(cfg: dict, d_qk: int) -> int:
     return b_cs if b_cs >= 16 else 0
 
 
+@functools.lru_cache(maxsize=256)
 def skips_first_state(L: int, d_qk: int, d_hv: int, dtype: torch.dtype, limit: bool,
                       is_exp: bool, tuning: Tuning = DEFAULT) -> bool:
     """Whether :func:`parallel_fw` with ``zero_first`` reads no slot 0 of C_st / n_st, so
     that the state kernel need not store it (docs/kernels.md, rule S6): the Triton H kernel
     with the inter-chunk product before the key/value loop; not the Gluon kernel (rule H8)
-    nor ``INTER_IN_LOOP`` (rule H5), which read C_0 for chunk 0 like any other chunk."""
+    nor ``INTER_IN_LOOP`` (rule H5), which read C_0 for chunk 0 like any other chunk.
+    Worked out once per arguments (every forward without gradients asks)."""
     cfg = fw_config(L, d_qk, d_hv, dtype, limit, is_exp, tuning)
     return not cfg["GLUON"] and inter_slice(cfg, d_qk) == 0
 

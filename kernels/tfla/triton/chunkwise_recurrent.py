@@ -520,13 +520,13 @@ def recurrent_fw(k, v, a_vec, g_ch, amax_ch, C0, n0, m0, *, L: int, is_exp: bool
     n_st = (torch.empty((BNH, NC + 1, d_qk), device=dev, dtype=torch.float32) if with_n
             else placeholder(dev))
     m_st = torch.empty((BNH, NC + 1), device=dev, dtype=torch.float32)
+    dummy = m_st
     C_last = (torch.empty((BNH, d_qk, d_hv), device=dev, dtype=torch.float32) if with_last
-              else m_st)
+              else dummy)
     P = piece(L, tuning)
     b_qk, b_hv, warps, stages = state_blocks(d_qk, d_hv, BNH, num_sms(k.device), k.dtype, P,
                                              sig_forward=not is_exp, tuning=tuning)
     grid = (cdiv(d_qk, b_qk) * cdiv(d_hv, b_hv) * BNH,)
-    dummy = m_st
     use_tma, scale_v = fw_state_options(k, v, C_st, b_qk, b_hv, P, tuning)
     C_view = C_st.view(BNH * (NC + 1), d_qk, d_hv)
     acc_in_c = tuning.state.get("ACC_IN_C", False)
