@@ -286,8 +286,8 @@ def test_forward_walk_takes_exactly_the_calls_of_its_rule(monkeypatch):
 
 
 def test_walk_config_rule():
-    """walk_config: L 64, 16-bit, d_qk <= 128, d_hv <= 256, at least 1.5 programs per SM; a
-    register cap of 240 at d_qk > 64 without the last state."""
+    """walk_config: L 64, 16-bit, d_qk <= 128, d_hv <= 256, at least 1.2 programs per SM for
+    the whole sequence (W4); a register cap of 240 at d_qk > 64 without the last state."""
     from tfla.triton.sig_walk_fw import walk_config
 
     bf16 = torch.bfloat16
@@ -297,8 +297,17 @@ def test_walk_config_rule():
     fig4 = walk_config(64, 128, 256, 128, bf16, n_sms=132)
     assert fig4["B_DHV"] == 64 and fig4["maxnreg"] == 240            # the measured register cap
     assert walk_config(64, 128, 256, 128, bf16, n_sms=132, with_last=True)["maxnreg"] is None
-    assert walk_config(64, 64, 128, 190, bf16, n_sms=132) is None       # 190 programs < 198
-    assert walk_config(64, 128, 256, 64, bf16, n_sms=132) is not None    # 256 programs >= 198
+    assert walk_config(64, 64, 128, 158, bf16, n_sms=132) is None       # 158 programs < 158.4
+    assert walk_config(64, 64, 128, 159, bf16, n_sms=132)["segments"] == 1
+    assert walk_config(64, 128, 256, 64, bf16, n_sms=132) is not None    # 256 programs
+    # 80/160 at B 4, 16 heads (S 16384): 3 x 64 = 192 programs, 1.45 per SM: the whole walk,
+    # not two segments (W4, measured 0.775 against 1.068 ms)
+    assert walk_config(64, 80, 160, 64, bf16, n_sms=132, S=16384)["segments"] == 1
+    assert walk_config(64, 64, 128, 150, bf16, n_sms=132, S=16384)["segments"] == 2
+    assert walk_config(64, 64, 128, 150, bf16, n_sms=132, S=16384,
+                       tuning=Tuning(walk={"MIN_PROGRAMS_PER_SM": 1.0}))["segments"] == 1
+    assert walk_config(64, 64, 128, 150, bf16, n_sms=132, S=16384,
+                       tuning=Tuning(walk={"SEGMENT_TARGET_PER_SM": 3.0}))["segments"] == 4
     assert walk_config(64, 64, 128, 200, bf16, n_sms=0) is not None     # interpreter: no bound
     assert walk_config(128, 64, 128, 512, bf16, n_sms=132) is None
     assert walk_config(64, 256, 512, 512, bf16, n_sms=132) is None
@@ -306,8 +315,8 @@ def test_walk_config_rule():
 
 
 def test_walk_segments_rule():
-    """Under 1.5 programs per SM the walk runs over sequence segments (rule W7): the smallest
-    power of two that reaches the bound, at most 16, where it divides the chunks (in steps of
+    """Under 1.2 programs per SM the walk runs over sequence segments (rule W7): the smallest
+    power of two that reaches 1.5 programs per SM, at most 16, where it divides the chunks (in steps of
     the training walk's R) into segments of at least 8 chunks; not with the last state;
     SEGMENTS in the Tuning sets the count whatever the grid. The segment-state pass splits
     each segment until its grid has 2 programs per SM (W8), in sub-segments of at least 4 of

@@ -28,7 +28,7 @@ def mlstm_sig(q, k, v, i, f, *, chunk_size="auto", algorithm="xl_chunk", normali
     (Sec. 3) with chunk size L = ``chunk_size``, by the paper's two-level TFLA Triton kernels
     (shared with mLSTMexp, ``tfla/triton/chunkwise*.py``; docs/kernels.md), except
     calls without the normaliser that :func:`tfla.triton.sig_walk_fw.walk_config` takes
-    (L 64, 16-bit, d_qk <= 128, d_hv <= 256, 1.5 or more programs per SM): without gradients
+    (L 64, 16-bit, d_qk <= 128, d_hv <= 256, 1.2 or more programs per SM): without gradients
     those run a forward walk that keeps the chunk state on chip (measured faster there on the
     H200; same h up to rounding); with gradients and ``chunk_size="auto"`` the walk is the
     forward and stores the chunk states of L 128 for the two-level backward (rule W6).

@@ -177,6 +177,10 @@ def _sig_segment_states_kernel(
 #: segment may have (rule W7)
 MAX_SEGMENTS = 16
 MIN_SEGMENT_CHUNKS = 8
+#: programs per SM from which the walk runs the whole sequence in one segment (rule W4), and
+#: the programs per SM a segmented walk aims at (rule W7)
+WHOLE_PROGRAMS_PER_SM = 1.2
+SEGMENT_TARGET_PER_SM = 1.5
 #: the fewest chunks (of the segment-state pass) a sub-segment of that pass may have
 MIN_SPLIT_CHUNKS = 4
 
@@ -190,17 +194,18 @@ def _segments_fit(segments: int, S: int, L: int, states_every: int, with_last: b
 
 
 def walk_segments(programs: int, target: float, S: int, L: int, states_every: int = 1,
-                  with_last: bool = False) -> int | None:
+                  with_last: bool = False, whole: float | None = None) -> int | None:
     """The number of sequence segments the walk runs a grid of ``programs`` programs with so
     that it has at least ``target`` programs (rule W7): the smallest power of two that gets
     there, at most :data:`MAX_SEGMENTS`, dividing the number of chunks of S (in steps of
     ``states_every`` chunks) into segments of at least :data:`MIN_SEGMENT_CHUNKS` chunks;
-    1 where the grid is large enough; None where no such count exists (or ``with_last``:
-    the segmented walk carries no normaliser state) and the two-level kernels run.
+    1 where the grid has ``whole`` programs (rule W4; None: ``target``); None where no such
+    count exists (or ``with_last``: the segmented walk carries no normaliser state) and the
+    two-level kernels run.
 
     Measured on one NVIDIA H100 against the two-level kernels in the same process
     (docs/kernels.md, rule W7; its numbers in docs/kernel-measurements.md)."""
-    if programs >= target:
+    if programs >= (target if whole is None else whole):
         return 1
     seg = 2
     while programs * seg < target and seg < MAX_SEGMENTS:
@@ -255,9 +260,10 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     The rule (measured on the H200, bf16, forward; docs/kernels.md, rules W1-W5):
     the walk runs at L = 64 in 16-bit dtypes with d_qk <= 128 and d_hv <= 256, with d_hv
     blocks of 128 for d_qk <= 64 and of 64 above, 4 warps, 2 stages, and only where the
-    grid has at least 1.5 programs per SM (each program walks the whole sequence, so a
-    smaller grid leaves SMs idle; ``n_sms`` 0, as in the interpreter, means no bound; the
-    1.5 lies between the grids measured faster and slower, rule W4).
+    grid has at least :data:`WHOLE_PROGRAMS_PER_SM` (1.2) programs per SM (each program walks
+    the whole sequence, so a smaller grid leaves SMs idle; ``n_sms`` 0, as in the
+    interpreter, means no bound; 1.2 lies between the grids measured faster, 1.45 per SM,
+    and slower, 0.97, rule W4).
     For d_qk > 64 without the last state (``with_last``) the registers are capped at 240
     (``maxnreg``): uncapped, ptxas gives these programs 252 and they ran like one per SM
     (the same h bit for bit); with the last state or at d_qk <= 64 a cap was slower.
@@ -266,7 +272,8 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
     per SM. ``tuning.walk``'s keys win (``enabled`` False: never walk). The measured numbers
     of rules W1-W8: docs/kernel-measurements.md.
 
-    Where the grid has fewer programs (W7), the walk runs over sequence segments
+    Where the grid has fewer programs (W7), the walk runs over sequence segments, as many as
+    bring the grid to :data:`SEGMENT_TARGET_PER_SM` (1.5) programs per SM
     (:func:`walk_segments`; ``S`` the sequence length, 0: unknown, no segments;
     ``states_every`` the training walk's R), each program walking one segment from a start
     state that a first pass over K and V (``_sig_segment_states_kernel``) gives; where no
@@ -309,8 +316,9 @@ def walk_config(L: int, d_qk: int, d_hv: int, BNH: int, dtype: torch.dtype,
         if segments > 1 and not _segments_fit(segments, S, L, states_every, with_last):
             return None
     else:
-        target = over.get("MIN_PROGRAMS_PER_SM", 1.5) * n_sms
-        segments = walk_segments(programs, target, S, L, states_every, with_last)
+        target = over.get("SEGMENT_TARGET_PER_SM", SEGMENT_TARGET_PER_SM) * n_sms
+        whole = over.get("MIN_PROGRAMS_PER_SM", WHOLE_PROGRAMS_PER_SM) * n_sms
+        segments = walk_segments(programs, target, S, L, states_every, with_last, whole)
         if segments is None:
             return None
     cap = 240 if (d_qk > 64 and not with_last) else None

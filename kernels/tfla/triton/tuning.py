@@ -82,12 +82,13 @@ KEYS = {
     "limit_bw": ("B_DQK", "B_DHV", "num_warps", "num_stages"),
     # mLSTMsig's forward walk; enabled False: never walk; train False: not as the forward of
     # calls with gradients (where it stores the chunk states for the backward); SEGMENTS: the
-    # number of sequence segments (1: none), whatever the grid; SEGMENT_SPLIT, SEGMENT_B_DHV,
-    # SEGMENT_STAGES, SEGMENT_PROGRAMS_PER_SM: the segment-state pass's sub-segments, d_hv
-    # block, pipeline stages and grid bound
+    # number of sequence segments (1: none), whatever the grid; MIN_PROGRAMS_PER_SM: the grid
+    # from which the whole sequence is one segment; SEGMENT_TARGET_PER_SM: the grid segments
+    # aim at; SEGMENT_SPLIT, SEGMENT_B_DHV, SEGMENT_STAGES, SEGMENT_PROGRAMS_PER_SM: the
+    # segment-state pass's sub-segments, d_hv block, pipeline stages and grid bound
     "walk": ("enabled", "train", "B_DHV", "num_warps", "num_stages", "maxnreg",
-             "MIN_PROGRAMS_PER_SM", "SEGMENTS", "SEGMENT_SPLIT", "SEGMENT_B_DHV",
-             "SEGMENT_STAGES", "SEGMENT_PROGRAMS_PER_SM"),
+             "MIN_PROGRAMS_PER_SM", "SEGMENT_TARGET_PER_SM", "SEGMENTS", "SEGMENT_SPLIT",
+             "SEGMENT_B_DHV", "SEGMENT_STAGES", "SEGMENT_PROGRAMS_PER_SM"),
 }
 
 
