@@ -20,7 +20,7 @@ case calls the public function and its backward, so the algorithm and every laun
 configuration come from the dispatch itself.
 
 The grid: the dispatch compares a launch's programs with the SM count (the state kernels'
-block halving, the walk's 1.5 programs per SM). ``large`` runs as if the grid filled the
+block halving, the walk's 1.2 programs per SM). ``large`` runs as if the grid filled the
 GPU (SM count 0: no bound, as in Triton's interpreter), ``small`` as a call on a GPU with
 132 SMs (H100 SXM, H200) at B 1, NH 2, ``few_sms`` on a GPU of 8 SMs, where mLSTMsig's
 walk runs over sequence segments (:data:`EXTRA`).
