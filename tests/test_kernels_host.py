@@ -234,6 +234,7 @@ driver.set_active(Driver())
 import torch
 import tfla
 from tfla.triton import fastlaunch
+fastlaunch.VERIFY = True     # every key found by its place in a call is checked against key_of
 """
 
 _CHILD_SAME = _CHILD_SETUP + r"""
@@ -287,7 +288,9 @@ for name, fn, dtype, S, d_qk, d_hv, offset, kw in (
         ("sig bf16 fig4 heads", tfla.mlstm_sig, torch.bfloat16, 200, 128, 256, 0, {}),
         ("sig bf16 unaligned", tfla.mlstm_sig, torch.bfloat16, 200, 128, 256, 1, {}),
         ("exp fp32 states", tfla.mlstm_exp, torch.float32, 100, 32, 64, 0,
-         dict(return_last_state=True))):
+         dict(return_last_state=True)),
+        ("sig bf16 aligned again", tfla.mlstm_sig, torch.bfloat16, 200, 128, 256, 0, {}),
+        ("sig bf16 unaligned again", tfla.mlstm_sig, torch.bfloat16, 200, 128, 256, 1, {})):
     xs, dh = inputs(dtype, S, d_qk, d_hv, offset)
     checked.clear(); diffs.clear()
     for rep in range(3):
@@ -297,7 +300,8 @@ for name, fn, dtype, S, d_qk, d_hv, offset, kw in (
         (h[0] if kw else h).backward(dh)
         with torch.no_grad():
             fn(*xs, **kw)
-    out[name] = dict(checked=checked[:], diffs=diffs[:], kept=fastlaunch.kept())
+    out[name] = dict(checked=checked[:], diffs=diffs[:], kept=fastlaunch.kept(),
+                     places=len(fastlaunch._BY_CALL))
 print(json.dumps(out))
 """
 
@@ -326,7 +330,10 @@ def test_kept_launch_passes_the_launcher_what_triton_passes():
     calls (repeated: new tensors, the same or other addresses) at Figure 4's heads in
     bfloat16 (forward walk, Gluon dK/dV, TMA), with unaligned q, k, v (pointers, another
     key), and mLSTMexp in float32 with the last state (the two-level kernels): kernels
-    compiled for sm_90, a recording launcher instead of a GPU."""
+    compiled for sm_90, a recording launcher instead of a GPU. Every launch after a call's
+    first finds its key by its place in the call (``fastlaunch.begin_call``), checked
+    against the key its arguments give (``fastlaunch.VERIFY``), also where aligned and
+    unaligned inputs alternate."""
     got = _child(_CHILD_SAME)
     for name, res in got.items():
         assert not res["diffs"], (name, res["diffs"])
@@ -338,10 +345,16 @@ def test_kept_launch_passes_the_launcher_what_triton_passes():
         got["exp fp32 states"]["checked"])
     # the unaligned inputs are launches of their own (more kept than the aligned ones)
     assert got["sig bf16 unaligned"]["kept"] > got["sig bf16 fig4 heads"]["kept"]
+    # places: the aligned calls' launches, then the unaligned ones' too; calls again with
+    # the same signatures add none
+    assert 0 < got["sig bf16 fig4 heads"]["places"] < got["sig bf16 unaligned"]["places"]
+    assert got["sig bf16 unaligned again"]["places"] == got["exp fp32 states"]["places"]
 
 
 _CHILD_COUNT = _CHILD_SETUP + r"""
 import cProfile, pstats
+
+fastlaunch.VERIFY = False    # the calls a user's launches make
 
 g = torch.Generator().manual_seed(0)
 B, NH, S, d_qk, d_hv = 1, 2, 200, 128, 256
@@ -373,9 +386,10 @@ print(json.dumps(out))
 #: (launches, Python function calls) per call of the kept launches at most: mLSTMsig at
 #: Figure 4's heads in bfloat16 (forward walk, Gluon dK/dV, TMA descriptors at new
 #: addresses where the CPU allocator gives them), kernels compiled for sm_90, a recording
-#: launcher; about 10 % above the 985-1,025 / 263 they reach (the count varies with how many
-#: addresses the CPU allocator hands out again)
-KEPT_WORK = {"fwdbw": (7, 1130), "fwd": (2, 290)}
+#: launcher; about 10 % above the 767-851 / 237 they reach (the count varies with how many
+#: addresses the CPU allocator hands out again; 985-1,025 / 263 before the launches found
+#: their keys by their place in the call)
+KEPT_WORK = {"fwdbw": (7, 940), "fwd": (2, 260)}
 
 
 def test_kept_launch_host_work_does_not_creep_back():

@@ -27,6 +27,7 @@ import triton
 from torch import Tensor
 
 from tfla.triton.common import interpret_mode
+from tfla.triton.fastlaunch import begin_call, end_call
 from tfla.triton.tuning import tuning_key
 
 __all__ = ["apply", "eager", "kernels_run", "needs_grad", "mlstm_fwd", "mlstm_bwd",
@@ -104,14 +105,30 @@ def mlstm_fwd(q: Tensor, k: Tensor, v: Tensor, i: Tensor, f: Tensor, C0: Optiona
                         eps, return_last, grad, tuning)
 
 
+def _tensors_key(*tensors) -> tuple:
+    """What the launches of a call read from the tensors the caller passes: per tensor its
+    dtype, 16-byte alignment, shape and strides (None for None)."""
+    return tuple([None if t is None else (t.dtype, t.data_ptr() & 15, t.shape, t.stride())
+                  for t in tensors])
+
+
 def forward_impl(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, normalize, eps,
                  return_last, grad, tuning) -> list:
-    """:func:`mlstm_fwd`'s body, which the direct eager route (:func:`apply`) runs too."""
+    """:func:`mlstm_fwd`'s body, which the direct eager route (:func:`apply`) runs too. Its
+    launches find their kept launches by their place in the call (``fastlaunch.begin_call``:
+    the plan's key and the inputs' dtypes, alignment, shapes and strides decide them all)."""
     from tfla.triton import chunkwise
 
     p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last, grad,
                     tuning)
-    return chunkwise.forward(q, k, v, i, f, C0, n0, m0, p, cfg, return_last, grad)
+    if triton.knobs.runtime.interpret:       # nothing is kept in Triton's interpreter
+        return chunkwise.forward(q, k, v, i, f, C0, n0, m0, p, cfg, return_last, grad)
+    begin_call(("fwd", variant, chunk_size, algorithm, normalize, eps, return_last, grad,
+                tuning, q.device, _tensors_key(q, k, v, i, f, C0, n0, m0)))
+    try:
+        return chunkwise.forward(q, k, v, i, f, C0, n0, m0, p, cfg, return_last, grad)
+    finally:
+        end_call()
 
 
 @mlstm_fwd.register_fake
@@ -166,8 +183,17 @@ def backward_impl(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, variant
 
     p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last, True,
                     tuning)
-    return chunkwise.backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, p, cfg,
-                              with_dc0)
+    if triton.knobs.runtime.interpret:       # nothing is kept in Triton's interpreter
+        return chunkwise.backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, p,
+                                  cfg, with_dc0)
+    begin_call(("bwd", variant, chunk_size, algorithm, normalize, eps, return_last, with_dc0,
+                tuning, q.device,
+                _tensors_key(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, *saved)))
+    try:
+        return chunkwise.backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, p,
+                                  cfg, with_dc0)
+    finally:
+        end_call()
 
 
 @mlstm_bwd.register_fake

@@ -250,7 +250,13 @@ def launch(kernel, grid, *args, num_stages: int | None = None, **kwargs):
     Raises:
         triton.runtime.errors.OutOfResources: the tiles do not fit even with one stage.
     """
-    key = fast.key_of(kernel, grid, args, num_stages, kwargs)
+    place = fast.call_key(kernel)
+    key = None if place is None else fast.key_in_call(place, kernel, grid, args, num_stages,
+                                                      kwargs)
+    if key is None:
+        key = fast.key_of(kernel, grid, args, num_stages, kwargs)
+    elif place is not None:
+        place = None                  # known: nothing to remember
     if key is not None:
         try:
             done = fast.run(key, args)
@@ -261,8 +267,8 @@ def launch(kernel, grid, *args, num_stages: int | None = None, **kwargs):
     targs = [a.make() if type(a) is TmaArg else a for a in args]
     if num_stages is None:
         out = kernel[grid](*targs, **kwargs)
-        if key is not None:
-            fast.keep(key, kernel, out, args, targs, kwargs)
+        if key is not None and fast.keep(key, kernel, out, args, targs, kwargs) and place:
+            fast.remember(place, key)
         return out
     from triton.runtime.errors import OutOfResources
 
@@ -275,8 +281,9 @@ def launch(kernel, grid, *args, num_stages: int | None = None, **kwargs):
         try:
             out = kernel[grid](*targs, num_stages=ns, **kwargs)
             _FITTED[fitted] = ns
-            if key is not None:
-                fast.keep(key, kernel, out, args, targs, dict(kwargs, num_stages=ns))
+            if (key is not None and fast.keep(key, kernel, out, args, targs,
+                                              dict(kwargs, num_stages=ns)) and place):
+                fast.remember(place, key)
             return out
         except OutOfResources:
             if ns <= 1:

@@ -28,13 +28,16 @@ memory or whose form is not Triton 3.6's.
 
 from __future__ import annotations
 
+import threading
+
 import triton
 from torch import Tensor
 from triton.knobs import HookChain
 from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
-__all__ = ["TmaArg", "key_of", "run", "keep", "clear", "kept"]
+__all__ = ["TmaArg", "key_of", "run", "keep", "clear", "kept", "begin_call", "end_call",
+           "call_key", "key_in_call", "remember"]
 
 #: Triton's launch path as imported: where a test or a harness replaces it, launches go
 #: through the replacement (no cached launch)
@@ -44,6 +47,14 @@ _KEPT: dict = {}
 MAX_KEPT = 4096
 #: encoded TMA descriptors a cached launch keeps (per launch), at most
 MAX_DESCS = 256
+#: the call that launches belong to, per thread (:func:`begin_call`): its signature and how
+#: many launches it has made
+_CALL = threading.local()
+#: launch keys (:func:`key_of`) by place in a call: (call signature, launch number, kernel)
+_BY_CALL: dict = {}
+#: check every key found by its place in a call against :func:`key_of` (AssertionError where
+#: they differ; the tests set it)
+VERIFY = False
 
 
 class TmaArg:
@@ -104,6 +115,60 @@ def key_of(kernel, grid, args, num_stages, kwargs):
     return (id(kernel), driver.active.get_current_device(), grid, num_stages,
             tuple(kwargs.items()), tuple(map(type, kwargs.values())), tuple(keys), rt.debug,
             triton.knobs.compilation.instrumentation_mode)
+
+
+def begin_call(signature) -> None:
+    """The launches of this thread until :func:`end_call` make one call of the kernels whose
+    every launch argument (kernel, grid, configuration, dtypes, 16-byte alignment, integers)
+    ``signature`` decides: the caller's shapes, dtypes, flags and the alignment of the
+    tensors it passes in; the tensors the call allocates itself are aligned. A launch then
+    finds its key (:func:`key_of`) by its place in the call (:func:`call_key`) instead of
+    working it out from the arguments (docs/kernels.md, "Host time"). ``signature`` None,
+    Triton's interpreter, a launch hook set or Triton's launch path replaced: no call (keys
+    as before)."""
+    rt = triton.knobs.runtime
+    if signature is not None:
+        if (rt.interpret or JITFunction.run is not _JIT_RUN
+                or not _idle(rt.launch_enter_hook) or not _idle(rt.launch_exit_hook)):
+            signature = None
+        else:
+            signature = (signature, driver.active.get_current_device(), rt.debug,
+                         triton.knobs.compilation.instrumentation_mode)
+    _CALL.sig = signature
+    _CALL.n = 0
+
+
+def end_call() -> None:
+    """End the call :func:`begin_call` began on this thread."""
+    _CALL.sig = None
+
+
+def call_key(kernel):
+    """The place of this launch in the current call of this thread (signature, launch
+    number, kernel), or None outside a call; counts the launch."""
+    sig = getattr(_CALL, "sig", None)
+    if sig is None:
+        return None
+    n = _CALL.n
+    _CALL.n = n + 1
+    return (sig, n, id(kernel))
+
+
+def key_in_call(place, kernel, grid, args, num_stages, kwargs):
+    """The key a launch at ``place`` (:func:`call_key`) had in an earlier call of the same
+    signature, or None; with :data:`VERIFY`, checked against :func:`key_of`."""
+    key = _BY_CALL.get(place)
+    if key is not None and VERIFY:
+        full = key_of(kernel, grid, args, num_stages, kwargs)
+        assert key == full, f"launch {place[1]}: key by place {key} != {full}"
+    return key
+
+
+def remember(place, key) -> None:
+    """Store the key of the launch at ``place`` (after it was kept)."""
+    if len(_BY_CALL) >= MAX_KEPT:
+        _BY_CALL.clear()
+    _BY_CALL[place] = key
 
 
 def run(key, args):
@@ -199,8 +264,9 @@ class _Launch:
 
 
 def clear() -> None:
-    """Forget every kept launch (tests)."""
+    """Forget every kept launch and every key by place (tests)."""
     _KEPT.clear()
+    _BY_CALL.clear()
 
 
 def kept() -> int:
