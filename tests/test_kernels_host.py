@@ -386,7 +386,7 @@ print(json.dumps(out))
 #: (launches, Python function calls) per call of the kept launches at most: mLSTMsig at
 #: Figure 4's heads in bfloat16 (forward walk, Gluon dK/dV, TMA descriptors at new
 #: addresses where the CPU allocator gives them), kernels compiled for sm_90, a recording
-#: launcher; about 10 % above the 767-851 / 237 they reach (the count varies with how many
+#: launcher; about 10 % above the 767-851 / 242 they reach (the count varies with how many
 #: addresses the CPU allocator hands out again; 985-1,025 / 263 before the launches found
 #: their keys by their place in the call)
 KEPT_WORK = {"fwdbw": (7, 940), "fwd": (2, 260)}

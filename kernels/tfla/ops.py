@@ -121,10 +121,10 @@ def forward_impl(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, norm
 
     p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last, grad,
                     tuning)
-    if triton.knobs.runtime.interpret:       # nothing is kept in Triton's interpreter
-        return chunkwise.forward(q, k, v, i, f, C0, n0, m0, p, cfg, return_last, grad)
-    begin_call(("fwd", variant, chunk_size, algorithm, normalize, eps, return_last, grad,
-                tuning, q.device, _tensors_key(q, k, v, i, f, C0, n0, m0)))
+    # nothing is kept in Triton's interpreter: no signature to work out there
+    begin_call(None if triton.knobs.runtime.interpret else (
+        "fwd", variant, chunk_size, algorithm, normalize, eps, return_last, grad, tuning,
+        q.device, _tensors_key(q, k, v, i, f, C0, n0, m0)))
     try:
         return chunkwise.forward(q, k, v, i, f, C0, n0, m0, p, cfg, return_last, grad)
     finally:
@@ -183,12 +183,9 @@ def backward_impl(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, variant
 
     p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last, True,
                     tuning)
-    if triton.knobs.runtime.interpret:       # nothing is kept in Triton's interpreter
-        return chunkwise.backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, p,
-                                  cfg, with_dc0)
-    begin_call(("bwd", variant, chunk_size, algorithm, normalize, eps, return_last, with_dc0,
-                tuning, q.device,
-                _tensors_key(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, *saved)))
+    begin_call(None if triton.knobs.runtime.interpret else (
+        "bwd", variant, chunk_size, algorithm, normalize, eps, return_last, with_dc0, tuning,
+        q.device, _tensors_key(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, *saved)))
     try:
         return chunkwise.backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, p,
                                   cfg, with_dc0)

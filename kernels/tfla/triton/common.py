@@ -255,7 +255,7 @@ def launch(kernel, grid, *args, num_stages: int | None = None, **kwargs):
                                                       kwargs)
     if key is None:
         key = fast.key_of(kernel, grid, args, num_stages, kwargs)
-    elif place is not None:
+    else:
         place = None                  # known: nothing to remember
     if key is not None:
         try:

@@ -28,6 +28,7 @@ memory or whose form is not Triton 3.6's.
 
 from __future__ import annotations
 
+import itertools
 import threading
 
 import triton
@@ -50,8 +51,12 @@ MAX_DESCS = 256
 #: the call that launches belong to, per thread (:func:`begin_call`): its signature and how
 #: many launches it has made
 _CALL = threading.local()
-#: launch keys (:func:`key_of`) by place in a call: (call signature, launch number, kernel)
+#: launch keys (:func:`key_of`) by place in a call: (the call signature's number, launch
+#: number, kernel)
 _BY_CALL: dict = {}
+#: a number per call signature, never reused (hashed once per call, not once per launch)
+_SIGNATURES: dict = {}
+_NEXT_SIGNATURE = itertools.count()
 #: check every key found by its place in a call against :func:`key_of` (AssertionError where
 #: they differ; the tests set it)
 VERIFY = False
@@ -134,6 +139,12 @@ def begin_call(signature) -> None:
         else:
             signature = (signature, driver.active.get_current_device(), rt.debug,
                          triton.knobs.compilation.instrumentation_mode)
+            number = _SIGNATURES.get(signature)
+            if number is None:
+                if len(_SIGNATURES) >= MAX_KEPT:
+                    _SIGNATURES.clear()
+                number = _SIGNATURES[signature] = next(_NEXT_SIGNATURE)
+            signature = number
     _CALL.sig = signature
     _CALL.n = 0
 
@@ -144,8 +155,8 @@ def end_call() -> None:
 
 
 def call_key(kernel):
-    """The place of this launch in the current call of this thread (signature, launch
-    number, kernel), or None outside a call; counts the launch."""
+    """The place of this launch in the current call of this thread (the signature's number,
+    launch number, kernel), or None outside a call; counts the launch."""
     sig = getattr(_CALL, "sig", None)
     if sig is None:
         return None
@@ -267,6 +278,7 @@ def clear() -> None:
     """Forget every kept launch and every key by place (tests)."""
     _KEPT.clear()
     _BY_CALL.clear()
+    _SIGNATURES.clear()
 
 
 def kept() -> int:
