@@ -28,6 +28,7 @@ from torch import Tensor
 
 from tfla.triton.common import interpret_mode
 from tfla.triton.fastlaunch import begin_call, end_call
+from tfla.triton.replay import program, recorder
 from tfla.triton.tuning import tuning_key
 
 __all__ = ["apply", "eager", "kernels_run", "needs_grad", "mlstm_fwd", "mlstm_bwd",
@@ -116,17 +117,37 @@ def forward_impl(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, norm
                  return_last, grad, tuning) -> list:
     """:func:`mlstm_fwd`'s body, which the direct eager route (:func:`apply`) runs too. Its
     launches find their kept launches by their place in the call (``fastlaunch.begin_call``:
-    the plan's key and the inputs' dtypes, alignment, shapes and strides decide them all)."""
+    the plan's key and the inputs' dtypes, alignment, shapes and strides decide them all);
+    from a signature's second call on, the call's recorded program replays it
+    (``tfla.triton.replay``)."""
+    return _forward(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, normalize, eps,
+                    return_last, grad, tuning)[0]
+
+
+def _forward(q, k, v, i, f, C0, n0, m0, variant, chunk_size, algorithm, normalize, eps,
+             return_last, grad, tuning) -> tuple:
+    """:func:`forward_impl`'s outputs and the call's signature number (None in Triton's
+    interpreter), which the direct route's backward takes as its own signature's part."""
     from tfla.triton import chunkwise
 
-    p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last, grad,
-                    tuning)
     # nothing is kept in Triton's interpreter: no signature to work out there
-    begin_call(None if triton.knobs.runtime.interpret else (
+    number = begin_call(None if triton.knobs.runtime.interpret else (
         "fwd", variant, chunk_size, algorithm, normalize, eps, return_last, grad, tuning,
         q.device, _tensors_key(q, k, v, i, f, C0, n0, m0)))
     try:
-        return chunkwise.forward(q, k, v, i, f, C0, n0, m0, p, cfg, return_last, grad)
+        found = None if number is None else program(number)
+        if found is not None:
+            return found.run((q, k, v, i, f, C0, n0, m0)), number
+        p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last,
+                        grad, tuning)
+        rec = None if number is None else recorder(number, (q, k, v, i, f, C0, n0, m0))
+        if rec is None:
+            return chunkwise.forward(q, k, v, i, f, C0, n0, m0, p, cfg, return_last,
+                                     grad), number
+        with rec:
+            outs = chunkwise.forward(q, k, v, i, f, C0, n0, m0, p, cfg, return_last, grad)
+        rec.finish(outs)
+        return outs, number
     finally:
         end_call()
 
@@ -177,18 +198,39 @@ def mlstm_bwd(dh: Optional[Tensor], dC_last: Optional[Tensor], q: Tensor, k: Ten
 
 
 def backward_impl(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, variant, chunk_size,
-                  algorithm, normalize, eps, return_last, tuning, with_dc0) -> list:
-    """:func:`mlstm_bwd`'s body, which the direct eager route (:func:`apply`) runs too."""
+                  algorithm, normalize, eps, return_last, tuning, with_dc0,
+                  forward_number=None) -> list:
+    """:func:`mlstm_bwd`'s body, which the direct eager route (:func:`apply`) runs too.
+    ``forward_number``: the signature number of the forward call whose tensors the backward
+    takes (the direct route passes it): those tensors' dtypes, shapes, strides and alignment
+    are that signature's, so only dh's and dC_last's are worked out."""
     from tfla.triton import chunkwise
 
-    p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last, True,
-                    tuning)
-    begin_call(None if triton.knobs.runtime.interpret else (
-        "bwd", variant, chunk_size, algorithm, normalize, eps, return_last, with_dc0, tuning,
-        q.device, _tensors_key(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, *saved)))
+    if triton.knobs.runtime.interpret:
+        signature = None
+    elif forward_number is not None:
+        signature = ("bwd of", forward_number, with_dc0, _tensors_key(dh, dC_last))
+    else:
+        signature = ("bwd", variant, chunk_size, algorithm, normalize, eps, return_last,
+                     with_dc0, tuning, q.device,
+                     _tensors_key(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, *saved))
+    number = begin_call(signature)
     try:
-        return chunkwise.backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, p,
-                                  cfg, with_dc0)
+        found = None if number is None else program(number)
+        if found is not None:
+            return found.run((dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, *saved))
+        p, cfg = _setup(q, v, variant, chunk_size, algorithm, normalize, eps, return_last,
+                        True, tuning)
+        rec = None if number is None else recorder(
+            number, (dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, *saved))
+        if rec is None:
+            return chunkwise.backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved,
+                                      p, cfg, with_dc0)
+        with rec:
+            outs = chunkwise.backward(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved,
+                                      p, cfg, with_dc0)
+        rec.finish(outs)
+        return outs
     finally:
         end_call()
 
@@ -223,15 +265,20 @@ def _setup_context(ctx, inputs, output):
     return front
 
 
-def _grads(ctx, grads, bwd):
+def _grads(ctx, grads, bwd, forward_number=None):
     """The gradients of the eight tensor inputs from the output gradients ``grads`` (h's,
-    then the last state's), ``bwd`` the backward (the operator or its body)."""
+    then the last state's), ``bwd`` the backward (the operator or its body; the body takes
+    the forward's signature number where there is one)."""
     q, k, v, i, f, C0, n0, m0, C_last, *saved = ctx.saved_tensors
     return_last = ctx.args[5]
     dh = grads[0]
     dC_last = grads[1] if return_last else None
     with_dc0 = bool(ctx.needs_input_grad[5]) and C0 is not None
-    out = bwd(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, *ctx.args, with_dc0)
+    if forward_number is None:
+        out = bwd(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, *ctx.args, with_dc0)
+    else:
+        out = bwd(dh, dC_last, q, k, v, i, f, C0, n0, m0, C_last, saved, *ctx.args, with_dc0,
+                  forward_number)
     dC0 = out[5] if with_dc0 else None
     dn0 = torch.zeros_like(n0, dtype=torch.float32) if n0 is not None else None
     dm0 = torch.zeros_like(m0, dtype=torch.float32) if m0 is not None else None
@@ -254,7 +301,7 @@ class _Direct(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q, k, v, i, f, C0, n0, m0, scalars):
-        output = forward_impl(q, k, v, i, f, C0, n0, m0, *scalars)
+        output, ctx.forward_number = _forward(q, k, v, i, f, C0, n0, m0, *scalars)
         front = _setup_context(ctx, (q, k, v, i, f, C0, n0, m0, *scalars), output)
         return tuple(output[:front])
 
@@ -262,8 +309,8 @@ class _Direct(torch.autograd.Function):
     def backward(ctx, *grads):
         if _profiling():
             with torch.autograd.profiler.record_function("tfla::mlstm_bwd"):
-                return _grads(ctx, grads, backward_impl) + (None,)
-        return _grads(ctx, grads, backward_impl) + (None,)
+                return _grads(ctx, grads, backward_impl, ctx.forward_number) + (None,)
+        return _grads(ctx, grads, backward_impl, ctx.forward_number) + (None,)
 
 
 def _profiling() -> bool:

@@ -29,7 +29,9 @@ from typing import NamedTuple
 import torch
 import triton
 
+from tfla.triton import replay
 from tfla.triton.common import num_sms, placeholder, pow2
+from tfla.triton.replay import step
 from tfla.triton.tuning import DEFAULT, Tuning, active_tuning
 
 _MODULES = (
@@ -353,40 +355,43 @@ def _side_stream(x: torch.Tensor):
     if not x.is_cuda:
         yield types.SimpleNamespace(main=contextlib.nullcontext, join=lambda *outputs: None)
         return
-    main = torch.cuda.current_stream(x.device)
+    # each stream function through replay.step: a call being recorded keeps it as a step of
+    # its program (torch's dispatch, which records the rest, does not see them)
+    main = step(torch.cuda.current_stream, x.device)
     side = _SIDE_STREAMS.get(x.device)
     if side is None:
         side = _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
-    side.wait_stream(main)
+    step(torch.cuda.Stream.wait_stream, side, main)
 
     def join(*outputs):
-        main.wait_stream(side)
+        step(torch.cuda.Stream.wait_stream, main, side)
         for t in outputs:
-            t.record_stream(main)
+            step(torch.Tensor.record_stream, t, main)
 
     if x.device.index != torch.cuda.current_device():
+        replay.unrecordable()
         with torch.cuda.stream(side):
             yield types.SimpleNamespace(main=lambda: torch.cuda.stream(main), join=join)
         return
     # x on the current device (the usual case): switch streams with torch.cuda.set_stream,
     # which torch.cuda.stream's context manager calls too, without building one per switch
     # (docs/kernels.md, "Host time")
-    torch.cuda.set_stream(side)
+    step(torch.cuda.set_stream, side)
     try:
         yield types.SimpleNamespace(main=lambda: _on_stream(main, side), join=join)
     finally:
-        torch.cuda.set_stream(main)
+        step(torch.cuda.set_stream, main)
 
 
 @contextlib.contextmanager
 def _on_stream(stream, back):
     """``with _on_stream(stream, back):`` launches on ``stream`` (of the current device),
     then sets ``back`` again."""
-    torch.cuda.set_stream(stream)
+    step(torch.cuda.set_stream, stream)
     try:
         yield
     finally:
-        torch.cuda.set_stream(back)
+        step(torch.cuda.set_stream, back)
 
 
 def _dot_operands(q, k, v):

@@ -264,6 +264,7 @@ def launch(kernel, grid, *args, num_stages: int | None = None, **kwargs):
             key = done = None
         if done is not None:
             return done
+    fast.unkept()
     targs = [a.make() if type(a) is TmaArg else a for a in args]
     if num_stages is None:
         out = kernel[grid](*targs, **kwargs)

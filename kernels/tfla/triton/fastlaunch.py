@@ -38,7 +38,7 @@ from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
 __all__ = ["TmaArg", "key_of", "run", "keep", "clear", "kept", "begin_call", "end_call",
-           "call_key", "key_in_call", "remember"]
+           "call_key", "key_in_call", "remember", "set_recorder", "unkept"]
 
 #: Triton's launch path as imported: where a test or a harness replaces it, launches go
 #: through the replacement (no cached launch)
@@ -122,7 +122,7 @@ def key_of(kernel, grid, args, num_stages, kwargs):
             triton.knobs.compilation.instrumentation_mode)
 
 
-def begin_call(signature) -> None:
+def begin_call(signature) -> int | None:
     """The launches of this thread until :func:`end_call` make one call of the kernels whose
     every launch argument (kernel, grid, configuration, dtypes, 16-byte alignment, integers)
     ``signature`` decides: the caller's shapes, dtypes, flags and the alignment of the
@@ -130,7 +130,8 @@ def begin_call(signature) -> None:
     finds its key (:func:`key_of`) by its place in the call (:func:`call_key`) instead of
     working it out from the arguments (docs/kernels.md, "Host time"). ``signature`` None,
     Triton's interpreter, a launch hook set or Triton's launch path replaced: no call (keys
-    as before)."""
+    as before). Returns the signature's number (``tfla.triton.replay`` keeps a call's
+    program under it), or None where there is no call."""
     rt = triton.knobs.runtime
     if signature is not None:
         if (rt.interpret or JITFunction.run is not _JIT_RUN
@@ -147,6 +148,7 @@ def begin_call(signature) -> None:
             signature = number
     _CALL.sig = signature
     _CALL.n = 0
+    return signature
 
 
 def end_call() -> None:
@@ -189,7 +191,30 @@ def run(key, args):
     kept = _KEPT.get(key)
     if kept is None:
         return None
-    return kept(args, key[1])
+    rec = getattr(_CALL, "rec", None)
+    if rec is None:
+        return kept(args, key[1])
+    rec.quiet += 1                  # the launch's own work is not the call's to record
+    try:
+        out = kept(args, key[1])
+    finally:
+        rec.quiet -= 1
+    rec.launch(kept, args, key[1])
+    return out
+
+
+def set_recorder(rec) -> None:
+    """The ``tfla.triton.replay.Recorder`` that the kept launches of this thread report to
+    (:func:`run`), or None."""
+    _CALL.rec = rec
+
+
+def unkept() -> None:
+    """A launch of this thread goes through Triton (``kernel[grid]``): the call being
+    recorded, if any, cannot be replayed."""
+    rec = getattr(_CALL, "rec", None)
+    if rec is not None:
+        rec.fail()
 
 
 def keep(key, kernel, compiled, args, targs, kwargs) -> bool:
@@ -250,27 +275,38 @@ class _Launch:
         self.encoded: dict = {}
 
     def __call__(self, args, device):
-        stream = driver.active.get_current_stream(device)
-        if self.descs:
-            final = list(args)
-            encoded = self.encoded
-            for j, meta in reversed(self.descs):       # from the back: positions stay valid
-                a = args[j]
-                t = a.t
-                dk = (j, t.data_ptr(), t.shape, t.stride())
-                ex = encoded.get(dk)
-                if ex is None:
-                    ex = self.expand(a.make(), meta)
-                    if meta is not None:              # no tensor in it: safe to keep
-                        if len(encoded) >= MAX_DESCS:
-                            encoded.clear()
-                        encoded[dk] = ex
-                final[j:j + 1] = ex
-        else:
-            final = args
+        return self.go(self.final(args) if self.descs else args, device)
+
+    def final(self, args) -> list:
+        """The launcher's arguments for the launch site's ``args``: each TMA descriptor
+        expanded into its encoded form (kept per address, shape and strides)."""
+        final = list(args)
+        encoded = self.encoded
+        for j, meta in reversed(self.descs):       # from the back: positions stay valid
+            a = args[j]
+            t = a.t
+            dk = (j, t.data_ptr(), t.shape, t.stride())
+            ex = encoded.get(dk)
+            if ex is None:
+                ex = self.encode(a, meta)
+                if meta is not None:              # no tensor in it: safe to keep
+                    if len(encoded) >= MAX_DESCS:
+                        encoded.clear()
+                    encoded[dk] = ex
+            final[j:j + 1] = ex
+        return final
+
+    def encode(self, a: TmaArg, meta) -> list:
+        """The launcher's arguments for descriptor ``a`` (``meta`` its position's metadata):
+        built and encoded (``cuTensorMapEncodeTiled``) for its address, shape and strides."""
+        return self.expand(a.make(), meta)
+
+    def go(self, final, device):
+        """Launch with the launcher's arguments ``final`` (:meth:`final`) on the current
+        stream of ``device``."""
         gx, gy, gz = self.grid
-        self.raw(gx, gy, gz, stream, self.function, self.coop, self.pdl, None, None, self.packed,
-                 None, None, None, *final, *self.tail)
+        self.raw(gx, gy, gz, driver.active.get_current_stream(device), self.function, self.coop,
+                 self.pdl, None, None, self.packed, None, None, None, *final, *self.tail)
         return self.compiled
 
 
