@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import importlib
+import threading
 import types
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -357,14 +358,14 @@ def _side_stream(x: torch.Tensor):
         return
     # each stream function through replay.step: a call being recorded keeps it as a step of
     # its program (torch's dispatch, which records the rest, does not see them)
-    main = step(torch.cuda.current_stream, x.device)
+    main = step(_current_stream, x.device)
     side = _SIDE_STREAMS.get(x.device)
     if side is None:
         side = _SIDE_STREAMS[x.device] = torch.cuda.Stream(x.device)
-    step(torch.cuda.Stream.wait_stream, side, main)
+    step(_wait_for, side, main, 0)
 
     def join(*outputs):
-        step(torch.cuda.Stream.wait_stream, main, side)
+        step(_wait_for, main, side, 1)
         for t in outputs:
             step(torch.Tensor.record_stream, t, main)
 
@@ -381,6 +382,49 @@ def _side_stream(x: torch.Tensor):
         yield types.SimpleNamespace(main=lambda: _on_stream(main, side), join=join)
     finally:
         step(torch.cuda.set_stream, main)
+
+
+def _current_stream(device: torch.device) -> torch.cuda.Stream:
+    """The current stream of a CUDA ``device``: one ``torch.cuda.Stream`` object per stream,
+    found by its handle (``torch.cuda.current_stream`` builds a new object on every call;
+    docs/kernels.md, "Host time")."""
+    index = device.index if device.index is not None else torch.cuda.current_device()
+    key = (index, torch._C._cuda_getCurrentRawStream(index))
+    found = _STREAMS.get(key)
+    if found is None:
+        if len(_STREAMS) >= 64:
+            _STREAMS.clear()
+        found = _STREAMS[key] = torch.cuda.current_stream(index)
+    return found
+
+
+#: streams by (device index, handle) (:func:`_current_stream`)
+_STREAMS: dict = {}
+#: the fork's and the join's event, by device index and thread (:func:`_events`)
+_EVENTS: dict = {}
+#: the C++ base of ``torch.cuda.Event`` (its record and wait without the Python wrappers)
+_EVENT_BASE = getattr(torch._C, "_CudaEventBase", None)
+
+
+def _events(index: int) -> tuple:
+    """Two CUDA events of device ``index`` for this thread's forks and joins, made once and
+    recorded again by every call: a stream's wait takes the event as it was recorded when
+    the wait was queued, so a later recording does not move an earlier wait."""
+    key = (index, threading.get_ident())
+    found = _EVENTS.get(key)
+    if found is None:
+        with torch.cuda.device(index):
+            found = _EVENTS[key] = (torch.cuda.Event(), torch.cuda.Event())
+    return found
+
+
+def _wait_for(waiter: torch.cuda.Stream, stream: torch.cuda.Stream, which: int) -> None:
+    """``waiter`` runs what is queued on it after what is queued on ``stream`` so far
+    (``torch.cuda.Stream.wait_stream``, without its Python wrappers, through this thread's
+    kept event ``which``: 0 the fork's, 1 the join's)."""
+    event = _events(waiter.device_index)[which]
+    _EVENT_BASE.record(event, stream)
+    _EVENT_BASE.wait(event, waiter)
 
 
 @contextlib.contextmanager

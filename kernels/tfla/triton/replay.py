@@ -188,34 +188,72 @@ _FAST = {
 }
 
 
-def _launch_step(kept, template, device):
+class _Lazy:
+    """A view that only launches read (:meth:`Recorder._program`): made from the tensor in
+    slot ``root`` by ``chain`` (view functions and their other arguments) only where a
+    launch needs its shape or strides (a TMA descriptor at a new address) or its address
+    differs from the root's; a pointer argument at the root's address takes the root."""
+
+    __slots__ = ("root", "chain", "same_ptr")
+
+    def __init__(self, root, chain, same_ptr):
+        self.root, self.chain, self.same_ptr = root, chain, same_ptr
+
+    def make(self, env):
+        t = env[self.root]
+        for fn, rest in self.chain:
+            t = fn(t, *rest)
+        return t
+
+
+def _launch_step(kept, template, device, lazy):
     """A step that launches the kept launch ``kept`` (``fastlaunch``) with the bound
-    arguments on the stream current at replay. Where the launch takes TMA descriptors, the
-    launcher's arguments are kept per the descriptors' addresses (their shapes, strides,
-    blocks and layouts are the program's): a call with the tensors at the same addresses
-    (the caching allocator hands them out again) only puts its tensors in."""
-    slots = [(j, a.i) for j, a in enumerate(template) if type(a) is _Slot]
+    arguments on the stream current at replay; ``lazy`` the views made only where needed
+    (slot -> :class:`_Lazy`). Where the launch takes TMA descriptors, the launcher's
+    arguments are kept per the descriptors' addresses (their shapes, strides, blocks and
+    layouts are the program's): a call with the tensors at the same addresses (the caching
+    allocator hands them out again) only puts its tensors in."""
+    slots, made = [], []
+    for j, a in enumerate(template):
+        if type(a) is _Slot:
+            v = lazy.get(a.i)
+            if v is None:
+                slots.append((j, a.i))
+            elif v.same_ptr:
+                slots.append((j, v.root))
+            else:
+                made.append((j, v))
     descs = [(j, a.i, a.block, a.layout) for j, a in enumerate(template) if type(a) is _Tma]
     base = list(template)
     tma = fast.TmaArg
+
+    def tensor(env, i):
+        v = lazy.get(i)
+        return env[i] if v is None else v.make(env)
+
     if not descs:
         def run(env):
             args = base.copy()
             for j, i in slots:
                 args[j] = env[i]
+            for j, v in made:
+                args[j] = v.make(env)
             kept.go(args, device)
         return run
-    if (any(meta is None for _, meta in kept.descs)
+    if (made or any(meta is None for _, meta in kept.descs)
             or [j for j, _ in kept.descs] != [j for j, _, _, _ in descs]):
         def run(env):                  # descriptors that hold their tensor: none kept
             args = base.copy()
             for j, i in slots:
                 args[j] = env[i]
+            for j, v in made:
+                args[j] = v.make(env)
             for j, i, block, layout in descs:
-                args[j] = tma(env[i], block, layout)
+                args[j] = tma(tensor(env, i), block, layout)
             kept(args, device)
         return run
-    desc_slots = tuple(i for _, i, _, _ in descs)
+    # a lazy view's address is its root's plus a constant: the root's keys it
+    desc_slots = tuple(lazy[i].root if i in lazy else i for _, i, _, _ in descs)
     at = {j: (i, block, layout) for j, i, block, layout in descs}
     metas = dict(kept.descs)
     slot_at = dict(slots)
@@ -227,7 +265,7 @@ def _launch_step(kept, template, device):
         for j, a in enumerate(base):
             if j in at:
                 i, block, layout = at[j]
-                final.extend(kept.encode(tma(env[i], block, layout), metas[j]))
+                final.extend(kept.encode(tma(tensor(env, i), block, layout), metas[j]))
             else:
                 if j in slot_at:
                     where.append((len(final), slot_at[j]))
@@ -293,9 +331,11 @@ class Recorder(TorchDispatchMode):
         self.held: list = []           # every object with a slot, alive while recording
         self.views: dict = {}          # (view op, frozen arguments) -> its output's slot
         self.launches = 0
+        self.objects: dict = {}        # slot -> the object it held in this call
         self.n_inputs = len(inputs)
         for j, t in enumerate(inputs):
             self.held.append(t)
+            self.objects[j] = t
             if t is not None:
                 if id(t) in self.slots:   # one tensor twice: a later call may pass two
                     self.ok = False
@@ -312,6 +352,7 @@ class Recorder(TorchDispatchMode):
         self.size += 1
         self.slots[id(obj)] = i
         self.held.append(obj)
+        self.objects[i] = obj
         return i
 
     def _alias(self, obj, i: int) -> None:
@@ -415,9 +456,32 @@ class Recorder(TorchDispatchMode):
             if kind == "op":
                 _uses(kw, live)
             kept.append(rec)
-        steps = []
+        kept.reverse()
+        # views that only launches (or such views) read: made where a launch needs them
+        forced = {i for i in outs if i is not None}
+        lazy_out = set()
         for kind, fn, template, kw, res, _ in reversed(kept):
-            steps.append(_launch_step(fn, template, kw) if kind == "launch"
+            if kind == "launch":
+                continue
+            if (type(res) is int and res not in forced and fn in _VIEWS and not kw
+                    and type(template[0]) is _Slot and not _has_slot(template[1:])):
+                lazy_out.add(res)
+                continue
+            _uses(template, forced)
+            _uses(kw, forced)
+        lazy: dict = {}
+        steps = []
+        for kind, fn, template, kw, res, _ in kept:
+            if kind == "op" and res in lazy_out and type(res) is int:
+                src = template[0].i
+                root, chain = ((lazy[src].root, lazy[src].chain) if src in lazy
+                               else (src, ()))
+                view, base = self.objects[res], self.objects[root]
+                lazy[res] = _Lazy(root, (*chain, (_fast(fn), tuple(template[1:]))),
+                                  view.data_ptr() == base.data_ptr()
+                                  and view.dtype == base.dtype)
+                continue
+            steps.append(_launch_step(fn, template, kw, lazy) if kind == "launch"
                          else _op_step(fn, template, kw, res))
         return Program(tuple(steps), self.n_inputs, self.size, tuple(outs), self.launches)
 
@@ -442,9 +506,13 @@ class Recorder(TorchDispatchMode):
         self.slots.clear()
         self.views.clear()
         self.records.clear()
+        self.objects.clear()
 
 
 _DETACH = torch.ops.aten.detach.default
+#: view operators a program may make only where a launch needs them (:class:`_Lazy`)
+_VIEWS = {_aten.view.default, _aten._unsafe_view.default, _aten.reshape.default,
+          _aten.alias.default}
 
 
 def program(number):
