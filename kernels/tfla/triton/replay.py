@@ -13,7 +13,10 @@ the output of an earlier operation) and everything else as constants. Later call
 signature run the program: the same operations on the same kind of arguments, the same
 launches through the same C launchers, without the Python of the plan, the configuration
 and the launch sites in between; the kernels see the same arguments, so the results are
-bit for bit those of the recorded path.
+bit for bit those of the recorded path. A program calls torch's own bindings of the
+operators it recorded, drops what nothing reads, takes a view once, makes the views that
+only launches read where a launch needs them (:class:`_Lazy`) and keeps each launch's
+launcher arguments per descriptor address.
 
 Not recorded (the body runs as before): the first call of a signature (its launches go
 through Triton), a call with a launch that was not kept, a torch operation that returns
