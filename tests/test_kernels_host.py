@@ -237,7 +237,25 @@ from tfla.triton import fastlaunch
 fastlaunch.VERIFY = True     # every key found by its place in a call is checked against key_of
 """
 
-_CHILD_SAME = _CHILD_SETUP + r"""
+#: the children's inputs: q, k, v, i, f (and C0) requiring gradients, and dh; ``offset``: every
+#: input at that element offset, q, k, v at an odd one (no TMA, unaligned pointers)
+_CHILD_INPUTS = r"""
+def inputs(dtype, S, d_qk, d_hv, offset=0, c0=False):
+    g = torch.Generator().manual_seed(0)
+    def t(*shape):
+        x = torch.randn(int(torch.tensor(shape).prod()) + offset, generator=g)
+        return x[offset:].view(*shape)
+    xs = [t(1, 2, S, d_qk).to(dtype), t(1, 2, S, d_qk).to(dtype), t(1, 2, S, d_hv).to(dtype),
+          t(1, 2, S), t(1, 2, S) + 2]
+    if offset:
+        xs[:3] = [torch.empty(x.numel() + 1, dtype=dtype)[1:].view(x.shape).copy_(x)
+                  for x in xs[:3]]
+    if c0:
+        xs.append(torch.randn(1, 2, d_qk, d_hv, generator=g))
+    return [x.requires_grad_() for x in xs], torch.ones(1, 2, S, d_hv, dtype=dtype)
+"""
+
+_CHILD_SAME = _CHILD_SETUP + _CHILD_INPUTS + r"""
 from triton.knobs import HookChain
 from tfla.triton import replay
 replay.ENABLED = False        # every launch through the kept launch (replay: _CHILD_REPLAY)
@@ -272,18 +290,6 @@ def compare(self, args, device):
     return out
 
 fastlaunch._Launch.__call__ = compare
-
-def inputs(dtype, S, d_qk, d_hv, offset=0):
-    g = torch.Generator().manual_seed(0)
-    def t(*shape):
-        x = torch.randn(int(torch.tensor(shape).prod()) + offset, generator=g)
-        return x[offset:].view(*shape)
-    xs = [t(1, 2, S, d_qk).to(dtype), t(1, 2, S, d_qk).to(dtype), t(1, 2, S, d_hv).to(dtype),
-          t(1, 2, S), t(1, 2, S) + 2]
-    if offset:     # q, k, v at an odd element offset: no TMA, unaligned pointers
-        xs[:3] = [torch.empty(x.numel() + 1, dtype=dtype)[1:].view(x.shape).copy_(x)
-                  for x in xs[:3]]
-    return [x.requires_grad_() for x in xs], torch.ones(1, 2, S, d_hv, dtype=dtype)
 
 out = {}
 for name, fn, dtype, S, d_qk, d_hv, offset, kw in (
@@ -353,7 +359,7 @@ def test_kept_launch_passes_the_launcher_what_triton_passes():
     assert got["sig bf16 unaligned again"]["places"] == got["exp fp32 states"]["places"]
 
 
-_CHILD_REPLAY = _CHILD_SETUP + r"""
+_CHILD_REPLAY = _CHILD_SETUP + _CHILD_INPUTS + r"""
 from tfla.triton import replay
 
 fastlaunch.VERIFY = False
@@ -391,17 +397,6 @@ def canon(calls, inputs, outputs):
     outs = [None if o is None else (addr(o.data_ptr()), tuple(o.shape), o.stride(), str(o.dtype))
             for o in outputs]
     return launches, outs
-
-def inputs(dtype, S, d_qk, d_hv, offset, c0):
-    g = torch.Generator().manual_seed(0)
-    xs = [torch.randn(1, 2, S, d, generator=g).to(dtype) for d in (d_qk, d_qk, d_hv)]
-    xs += [torch.randn(1, 2, S, generator=g), torch.randn(1, 2, S, generator=g) + 2]
-    if offset:
-        xs[:3] = [torch.empty(x.numel() + 1, dtype=dtype)[1:].view(x.shape).copy_(x)
-                  for x in xs[:3]]
-    if c0:
-        xs.append(torch.randn(1, 2, d_qk, d_hv, generator=g))
-    return [x.requires_grad_() for x in xs], torch.ones(1, 2, S, d_hv, dtype=dtype)
 
 out = {}
 for name, fn, dtype, S, d_qk, d_hv, offset, kw in (
