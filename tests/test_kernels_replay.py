@@ -47,7 +47,7 @@ def body_of(kept):
     def body(a, b):
         flat = a.reshape(-1, 4)                  # a view only the launch reads
         out = torch.empty((2, 4))
-        replay._ACTIVE.rec.launch(kept, [flat, out, 7], 0)   # as fastlaunch.run reports it
+        fastlaunch.recorder().launch(kept, [flat, out, 7], 0)   # as fastlaunch.run reports it
         total = (a * b).sum((-1,))                # torch work whose values are returned
         last = out.reshape(8)[-1:].clone()
         return [out.reshape(1, 8), total, last]
@@ -76,7 +76,7 @@ def test_views_only_launches_read_are_not_made_and_a_view_is_taken_once():
 
     def body(a):
         v1, v2 = a.view(8), a.view(8)             # the same view twice
-        replay._ACTIVE.rec.launch(kept, [v1, v2], 0)
+        fastlaunch.recorder().launch(kept, [v1, v2], 0)
         return [a.view(4, 2)]
 
     _, prog = record(body, (torch.zeros(2, 4),))
@@ -95,7 +95,7 @@ def test_what_nothing_reads_is_dropped():
         torch.empty(100)                          # unread
         a.view(8)                                 # unread
         out = torch.zeros(3)
-        replay._ACTIVE.rec.launch(kept, [out], 0)
+        fastlaunch.recorder().launch(kept, [out], 0)
         return []
 
     _, prog = record(body, (torch.zeros(2, 4),))
@@ -113,7 +113,7 @@ def test_calls_that_cannot_be_replayed_make_no_program(why):
         if why == "a launch through Triton":
             fastlaunch.unkept()                   # as common.launch reports it
         if why != "no launch":
-            replay._ACTIVE.rec.launch(kept, [a], 0)
+            fastlaunch.recorder().launch(kept, [a], 0)
         return [a * 2]
 
     a = torch.ones(3)
@@ -149,7 +149,7 @@ def test_step_records_a_function_outside_torch_dispatch_with_its_result_as_a_slo
     def body(a):
         s = replay.step(stream_like)
         replay.step(lambda t, handle: None, a, s)
-        replay._ACTIVE.rec.launch(kept, [a], 0)
+        fastlaunch.recorder().launch(kept, [a], 0)
         return []
 
     _, prog = record(body, (torch.zeros(1),))

@@ -30,7 +30,7 @@ from typing import NamedTuple
 import torch
 import triton
 
-from tfla.triton import replay
+from tfla.triton import fastlaunch as fast
 from tfla.triton.common import num_sms, placeholder, pow2
 from tfla.triton.replay import step
 from tfla.triton.tuning import DEFAULT, Tuning, active_tuning
@@ -370,7 +370,7 @@ def _side_stream(x: torch.Tensor):
             step(torch.Tensor.record_stream, t, main)
 
     if x.device.index != torch.cuda.current_device():
-        replay.unrecordable()
+        fast.unkept()               # a program would switch streams the other way
         with torch.cuda.stream(side):
             yield types.SimpleNamespace(main=lambda: torch.cuda.stream(main), join=join)
         return

@@ -38,7 +38,7 @@ from triton.runtime import driver
 from triton.runtime.jit import JITFunction
 
 __all__ = ["TmaArg", "key_of", "run", "keep", "clear", "kept", "begin_call", "end_call",
-           "call_key", "key_in_call", "remember", "set_recorder", "unkept"]
+           "call_key", "key_in_call", "remember", "set_recorder", "recorder", "unkept"]
 
 #: Triton's launch path as imported: where a test or a harness replaces it, launches go
 #: through the replacement (no cached launch)
@@ -209,9 +209,15 @@ def set_recorder(rec) -> None:
     _CALL.rec = rec
 
 
+def recorder():
+    """The ``tfla.triton.replay.Recorder`` of this thread's current call, or None."""
+    return getattr(_CALL, "rec", None)
+
+
 def unkept() -> None:
-    """A launch of this thread goes through Triton (``kernel[grid]``): the call being
-    recorded, if any, cannot be replayed."""
+    """This thread's current call does what its program could not replay (a launch through
+    Triton, ``kernel[grid]``; a stream of another device): the call being recorded, if any,
+    makes no program."""
     rec = getattr(_CALL, "rec", None)
     if rec is not None:
         rec.fail()

@@ -27,16 +27,14 @@ signature failed.
 
 from __future__ import annotations
 
-import threading
-
 import torch
 from torch import Tensor
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from tfla.triton import fastlaunch as fast
 
-__all__ = ["Program", "Recorder", "program", "recorder", "step", "unrecordable", "clear",
-           "ENABLED", "MAX_TRIES"]
+__all__ = ["Program", "Recorder", "program", "recorder", "step", "clear", "ENABLED",
+           "MAX_TRIES"]
 
 #: programs by call signature number (``fastlaunch.begin_call``)
 _PROGRAMS: dict = {}
@@ -46,8 +44,6 @@ _SEEN: dict = {}
 MAX_TRIES = 3
 #: replay at all (the tests switch it off to compare with the plain path)
 ENABLED = True
-#: the recorder of this thread's current call, or None
-_ACTIVE = threading.local()
 
 
 class _Slot:
@@ -70,13 +66,13 @@ class _Tma:
 
 def _binder(template):
     """A function env -> the arguments ``template`` names (slots looked up in ``env``,
-    descriptors rebuilt around their tensors, nested lists and tuples followed)."""
+    nested lists and tuples followed)."""
     pos = []
     for j, a in enumerate(template):
         t = type(a)
         if t is _Slot:
             pos.append((j, a.i))
-        elif t is _Tma or (t is list or t is tuple) and _has_slot(a):
+        elif (t is list or t is tuple) and _has_slot(a):
             pos = None
             break
     if pos is None:
@@ -86,14 +82,6 @@ def _binder(template):
     base = list(template)
     if not pos:
         return lambda env: base
-    if len(pos) == 1:
-        (j0, i0), = pos
-
-        def bind(env):
-            args = base.copy()
-            args[j0] = env[i0]
-            return args
-        return bind
 
     def bind(env):
         args = base.copy()
@@ -116,8 +104,6 @@ def _resolve(a, env):
     t = type(a)
     if t is _Slot:
         return env[a.i]
-    if t is _Tma:
-        return fast.TmaArg(env[a.i], a.block, a.layout)
     if t is list:
         return [_resolve(x, env) for x in a]
     if t is tuple:
@@ -437,12 +423,10 @@ class Recorder(TorchDispatchMode):
                                  None if out is None else self._new(out), False))
 
     def __enter__(self):
-        _ACTIVE.rec = self
         fast.set_recorder(self)
         return super().__enter__()
 
     def __exit__(self, *exc):
-        _ACTIVE.rec = None
         fast.set_recorder(None)
         return super().__exit__(*exc)
 
@@ -554,7 +538,7 @@ def step(fn, *args):
     """``fn(*args)``, recorded as a step of the current call's program where one is being
     recorded (stream functions, which torch's dispatch does not see: the side stream's fork
     and join). Returns what ``fn`` returns."""
-    rec = getattr(_ACTIVE, "rec", None)
+    rec = fast.recorder()
     if rec is None:
         return fn(*args)
     rec.quiet += 1
@@ -564,14 +548,6 @@ def step(fn, *args):
         rec.quiet -= 1
     rec.step(fn, args, out)
     return out
-
-
-def unrecordable() -> None:
-    """The current call does something its program could not replay (a stream of another
-    device than the current one): it is not recorded."""
-    rec = getattr(_ACTIVE, "rec", None)
-    if rec is not None:
-        rec.fail()
 
 
 def clear() -> None:
