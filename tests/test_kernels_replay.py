@@ -8,8 +8,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from tfla.triton import fastlaunch
-from tfla.triton import replay
+# imported by the fixture, under TRITON_INTERPRET=1 as every kernel test imports tfla: a
+# module-level import at collection would fix tfla's shared @triton.jit helpers as compiled
+# ones for every later test of the process
+fastlaunch = replay = None
 
 
 class Kept:
@@ -28,7 +30,9 @@ class Kept:
 
 
 @pytest.fixture(autouse=True)
-def fresh():
+def fresh(interpret):
+    global fastlaunch, replay
+    from tfla.triton import fastlaunch, replay
     replay.clear()
     yield
     replay.clear()
