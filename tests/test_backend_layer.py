@@ -75,3 +75,18 @@ def test_layer_training_step_reaches_every_weight():
 def test_layer_params_refuse_a_cell_that_does_not_fit(raw, match):
     with pytest.raises(ValidationError, match=match):
         get_backend("layer").parse_params(raw)
+
+
+def test_attention_cell_layout_is_read_off_the_family_not_a_probe(monkeypatch):
+    """A bfloat16-only cell (FlashAttention 3 through the fa3_fwd wheel) must still place the
+    layer's heads: the layout comes from the cell family's declaration, so no float32 probe
+    reaches the cell's input check (which refused it: ValueError in every layer case)."""
+    from tflabench.backends import flash_attn
+    from tflabench.backends.layer import _seq_major
+
+    monkeypatch.setattr(flash_attn, "resolve_fa3_interface", lambda interface: "fa3_fwd_interface")
+    fa3 = get_backend("fa3")
+    with pytest.raises(ValueError, match="bfloat16 only"):   # what a float32 probe ran into
+        fa3.family.make_inputs(fa3.parse_params({}), Shape(1, 5, 2, 3, 7, "float32"), torch.float32, "cpu", 0)
+    assert _seq_major("fa3") and _seq_major("fa4")
+    assert not _seq_major("sdpa")

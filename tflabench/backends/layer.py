@@ -21,7 +21,6 @@ cell's numerics are those of its kernel suites (``tflabench verify``), and no an
 
 from __future__ import annotations
 
-import functools
 import math
 from typing import Any, Literal
 
@@ -80,15 +79,12 @@ def _cell(params: LayerParams) -> tuple[Backend, BackendParams]:
     return get_backend(params.cell), params._cell_parsed
 
 
-@functools.lru_cache(maxsize=None)
-def _seq_major(cell: str, params: BackendParams) -> bool:
-    """Whether the cell backend's q is (B, S, NH, D) (FlashAttention's layout) rather than
-    (B, NH, S, D): read off its inputs at a tiny CPU shape whose S and NH differ."""
-    backend = get_backend(cell)
-    import torch
-
-    q = backend.family.make_inputs(params, Shape(1, 5, 2, 3, 7, "float32"), torch.float32, "cpu", 0)["q"]
-    return tuple(q.shape) == (1, 5, 2, 3)
+def _seq_major(cell: str) -> bool:
+    """Whether the attention cell's q is (B, S, NH, D) (FlashAttention's layout) rather than
+    (B, NH, S, D): its family's declared ``layout``. Read off the declaration, not off
+    inputs made for a probe: a cell that runs bfloat16 only (the ``fa3_fwd`` wheel) refuses
+    a probe in another dtype."""
+    return get_backend(cell).family.layout == "BSHD"
 
 
 class LayerFamily(Family):
@@ -191,7 +187,7 @@ def layer_forward(params: LayerParams, inputs: dict[str, Any]):
         h = F.rms_norm(h, (d_hv,), inputs["w_hnorm"]).transpose(1, 2).reshape(B, S, E)
         mixed = h * torch.sigmoid(xn @ inputs["W_o"])
     else:
-        seq_major = _seq_major(params.cell, cell_params)
+        seq_major = _seq_major(params.cell)
         q, k, v = (xn @ inputs["W_qkv"]).split([NH * d_qk, NH * d_qk, NH * d_hv], dim=-1)
         o = backend.forward(cell_params, {"q": heads(q, d_qk), "k": heads(k, d_qk), "v": heads(v, d_hv)})
         mixed = (o if seq_major else o.transpose(1, 2)).reshape(B, S, E)
