@@ -159,3 +159,21 @@ def test_step_records_a_function_outside_torch_dispatch_with_its_result_as_a_slo
     _, prog = record(body, (torch.zeros(1),))
     prog.run((torch.zeros(1),))
     assert len(made) == 2                         # made again by the replay
+
+
+def test_taking_the_kernel_modules_anew_forgets_kept_launches_and_programs(monkeypatch):
+    """Kept launches and programs hold the compiled kernels of the modules they were made
+    with; once ``chunkwise.kernels`` takes the modules anew (TRITON_INTERPRET switched), a
+    kept one would launch the old modules' kernels, so none may survive."""
+    from tfla.triton import chunkwise
+
+    mods = chunkwise.kernels()
+    assert chunkwise.kernels() is mods                    # the kept modules: nothing forgotten
+    fastlaunch._KEPT["sentinel"] = object()
+    replay._PROGRAMS[-1] = object()
+    assert chunkwise.kernels() is mods and "sentinel" in fastlaunch._KEPT and -1 in replay._PROGRAMS
+    stale = type("Stale", (), {"INTERPRET": not mods[0].INTERPRET})()
+    monkeypatch.setitem(chunkwise._KERNEL_MODULES, "mods", (stale,))  # as after the switch changed
+    again = chunkwise.kernels()
+    assert all(m.INTERPRET == mods[0].INTERPRET for m in again)
+    assert "sentinel" not in fastlaunch._KEPT and -1 not in replay._PROGRAMS

@@ -32,6 +32,7 @@ import triton
 
 from tfla.triton import fastlaunch as fast
 from tfla.triton.common import num_sms, placeholder, pow2
+from tfla.triton import replay
 from tfla.triton.replay import step
 from tfla.triton.tuning import DEFAULT, Tuning, active_tuning
 
@@ -65,22 +66,28 @@ def kernels() -> KernelModules:
     imported; a test that sets TRITON_INTERPRET=1 after an import would otherwise get
     compiled kernels for CPU tensors. Returns a :class:`KernelModules` (reach a module by
     its name: ``kernels().sig_walk_fw``); every call of a fwd+bwd asks, so the modules are kept and only checked
-    against the switch (docs/kernels.md, "Host time").
+    against the switch (docs/kernels.md, "Host time"). Taking the modules anew after the
+    switch changed forgets every kept launch and recorded program.
     """
     want = bool(triton.knobs.runtime.interpret)
-    mods = _KERNEL_MODULES.get("mods")
-    if mods is not None:
-        for m in mods:          # a loop, not all(generator): every call of a fwd+bwd asks
+    taken = _KERNEL_MODULES.get("mods")
+    if taken is not None:
+        for m in taken:         # a loop, not all(generator): every call of a fwd+bwd asks
             if m.INTERPRET != want:
                 break
         else:
-            return mods
+            return taken
     if want:
         from tfla.triton.common import _fix_interpreter_index
         _fix_interpreter_index()
     mods = [importlib.import_module(name) for name in _MODULES]
     if any(m.INTERPRET != want for m in mods):
         mods = [importlib.reload(m) for m in mods]   # chunkwise_recurrent first: the others import it
+    if taken is not None:
+        # kept launches and recorded programs hold the compiled kernels of the modules they
+        # were made with: after the switch they would launch those, not the modules' own
+        fast.clear()
+        replay.clear()
     _KERNEL_MODULES["mods"] = KernelModules(*mods)
     return _KERNEL_MODULES["mods"]
 

@@ -317,7 +317,8 @@ class _Launch:
 
 
 def clear() -> None:
-    """Forget every kept launch and every key by place (tests)."""
+    """Forget every kept launch and every key by place (tests; ``chunkwise.kernels`` when it takes
+    the kernel modules anew)."""
     _KEPT.clear()
     _BY_CALL.clear()
     _SIGNATURES.clear()

@@ -551,6 +551,6 @@ def step(fn, *args):
 
 
 def clear() -> None:
-    """Forget every program (tests; ``fastlaunch.clear`` calls it too)."""
+    """Forget every program (tests; ``chunkwise.kernels`` when it takes the kernel modules anew)."""
     _PROGRAMS.clear()
     _SEEN.clear()
