@@ -190,10 +190,16 @@ def walk_forward_kernels(q, k, v, i, f, C0, n0, cfg: Config, with_last: bool):
     rec, walk = mods.recurrent, mods.sig_walk_fw
     BNH = q.shape[0]
     wcfg = dict(cfg.walk)
-    gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=False)
+    # the backward's gates at L: before the walk only where its segment pass reads them;
+    # else after it, so that the walk's launch does not wait on their allocations and launch
+    # (a caller that synchronises each call sees that time: docs/kernels.md, "Host time")
+    early = wcfg.get("segments", 1) > 1 and cfg.L == 2 * wcfg["L"]
+    gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=False) if early else None
     h, C_last, n_last, C_st = walk.sig_walk_fw(
         q, k, v, i, f, C0, n0, **wcfg, with_last=with_last, states_every=cfg.L // wcfg["L"],
-        gates_2l=gates if cfg.L == 2 * wcfg["L"] else None)
+        gates_2l=gates)
+    if gates is None:
+        gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=False)
     # unread (mLSTMsig has no max state), but an output of tfla::mlstm_fwd: zeros, so that
     # the operator's outputs are determined (torch.library.opcheck compares them)
     m_st = torch.zeros((BNH, C_st.shape[1]), device=q.device, dtype=torch.float32)
