@@ -88,5 +88,5 @@ def test_attention_cell_layout_is_read_off_the_family_not_a_probe(monkeypatch):
     fa3 = get_backend("fa3")
     with pytest.raises(ValueError, match="bfloat16 only"):   # what a float32 probe ran into
         fa3.family.make_inputs(fa3.parse_params({}), Shape(1, 5, 2, 3, 7, "float32"), torch.float32, "cpu", 0)
-    assert _seq_major("fa3") and _seq_major("fa4")
-    assert not _seq_major("sdpa")
+    assert _seq_major(fa3) and _seq_major(get_backend("fa4"))
+    assert not _seq_major(get_backend("sdpa"))

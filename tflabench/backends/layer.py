@@ -79,12 +79,12 @@ def _cell(params: LayerParams) -> tuple[Backend, BackendParams]:
     return get_backend(params.cell), params._cell_parsed
 
 
-def _seq_major(cell: str) -> bool:
-    """Whether the attention cell's q is (B, S, NH, D) (FlashAttention's layout) rather than
-    (B, NH, S, D): its family's declared ``layout``. Read off the declaration, not off
+def _seq_major(cell: Backend) -> bool:
+    """Whether the attention cell backend's q is (B, S, NH, D) (FlashAttention's layout) rather
+    than (B, NH, S, D): its family's declared ``layout``. Read off the declaration, not off
     inputs made for a probe: a cell that runs bfloat16 only (the ``fa3_fwd`` wheel) refuses
     a probe in another dtype."""
-    return get_backend(cell).family.layout == "BSHD"
+    return cell.family.layout == "BSHD"
 
 
 class LayerFamily(Family):
@@ -187,7 +187,7 @@ def layer_forward(params: LayerParams, inputs: dict[str, Any]):
         h = F.rms_norm(h, (d_hv,), inputs["w_hnorm"]).transpose(1, 2).reshape(B, S, E)
         mixed = h * torch.sigmoid(xn @ inputs["W_o"])
     else:
-        seq_major = _seq_major(params.cell)
+        seq_major = _seq_major(backend)
         q, k, v = (xn @ inputs["W_qkv"]).split([NH * d_qk, NH * d_qk, NH * d_hv], dim=-1)
         o = backend.forward(cell_params, {"q": heads(q, d_qk), "k": heads(k, d_qk), "v": heads(v, d_hv)})
         mixed = (o if seq_major else o.transpose(1, 2)).reshape(B, S, E)

@@ -31,8 +31,8 @@ import torch
 import triton
 
 from tfla.triton import fastlaunch as fast
-from tfla.triton.common import num_sms, placeholder, pow2
 from tfla.triton import replay
+from tfla.triton.common import num_sms, placeholder, pow2
 from tfla.triton.replay import step
 from tfla.triton.tuning import DEFAULT, Tuning, active_tuning
 
@@ -192,7 +192,7 @@ def walk_forward_kernels(q, k, v, i, f, C0, n0, cfg: Config, with_last: bool):
     wcfg = dict(cfg.walk)
     # the backward's gates at L: before the walk only where its segment pass reads them;
     # else after it, so that the walk's launch does not wait on their allocations and launch
-    # (a caller that synchronises each call sees that time: docs/kernels.md, "Host time")
+    # (a caller that synchronises each call sees that time: docs/kernel-measurements.md)
     early = wcfg.get("segments", 1) > 1 and cfg.L == 2 * wcfg["L"]
     gates = rec.chunk_gates(i, f, L=cfg.L, is_exp=False) if early else None
     h, C_last, n_last, C_st = walk.sig_walk_fw(
